@@ -1,0 +1,228 @@
+"""LaunchConfig: the one seam between resolvers and the launcher.
+
+Every value carries its source. Precedence, highest first:
+
+1. a command-line flag (``cli``)
+2. a ``TRACEML_<KEY>`` environment variable (``env:TRACEML_<KEY>``)
+3. the detected cluster plugin (for example ``slurm:SLURM_NNODES``)
+4. the default (``default``), or a value derived from others (``derived:<key>``)
+
+``--print-config``, the doctor and the launcher all read the same :class:`LaunchConfig`; nothing
+re-reads scheduler variables after resolution. This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from .errors import ConfigError
+from .options import BY_KEY, OPTIONS, Option
+from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
+
+SCHEMA_VERSION = 1
+#: keys that are not options but context a cluster may provide (job identity)
+CONTEXT_KEYS = ("job_id", "node_name")
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+    run_name: str
+    logs_dir: str
+    mode: str
+    aggregator_port: int
+    aggregator_host: str
+    aggregator_bind_host: str
+    aggregator_wait: float
+    cluster: str
+    job_id: Optional[str] = None
+    node_name: Optional[str] = None
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.logs_dir) / self.run_name
+
+    @property
+    def is_multinode(self) -> bool:
+        return self.nnodes > 1
+
+    def source(self, key: str) -> str:
+        return self.sources.get(key, "default")
+
+    def items(self) -> list[tuple[str, Any, str]]:
+        keys = [o.key for o in OPTIONS] + list(CONTEXT_KEYS)
+        return [(k, getattr(self, k), self.source(k)) for k in keys]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "config": {k: {"value": v, "source": s} for k, v, s in self.items()},
+            "warnings": list(self.warnings),
+        }
+
+
+def _parse(option: Option, raw: Any, origin: str) -> Any:
+    """Parse ``raw`` for ``option``; ``origin`` names the flag or variable for the error."""
+    if not isinstance(raw, str):
+        return raw
+    try:
+        return option.parse(raw)
+    except ValueError as exc:
+        raise ConfigError(
+            f"{origin}={raw!r} is invalid: {option.key.replace('_', ' ')} {exc}. "
+            f"Fix the value, or unset it to use the default ({option.default_doc or option.default}).",
+            variable=origin,
+        ) from None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def select_cluster(
+    name: str, environ: Mapping[str, str], available: Sequence[type[ClusterEnvironment]]
+) -> Optional[ClusterEnvironment]:
+    if name == "none":
+        return None
+    if name == "auto":
+        for cls in available:
+            if cls.detect(environ):
+                return cls()
+        return None
+    for cls in available:
+        if cls.name == name:
+            return cls()
+    names = ", ".join(["auto", "none"] + [c.name for c in available])
+    raise ConfigError(
+        f"--cluster/TRACEML_CLUSTER={name!r} names no installed cluster environment. "
+        f"Use one of: {names}.",
+        variable="TRACEML_CLUSTER",
+    )
+
+
+def resolve(
+    cli: Mapping[str, Any],
+    environ: Mapping[str, str],
+    clusters: Optional[Sequence[type[ClusterEnvironment]]] = None,
+    *,
+    script: Optional[str] = None,
+) -> LaunchConfig:
+    """Merge flags, ``TRACEML_*`` variables, the cluster plugin and defaults into a LaunchConfig.
+
+    ``cli`` maps option keys to the raw strings given on the command line (absent = not given).
+    ``clusters`` defaults to the installed plugins. Pure apart from plugin discovery.
+    """
+    if clusters is None:
+        from .plugins import cluster_environments
+
+        clusters = cluster_environments()
+
+    chosen: dict[str, Setting] = {}
+
+    def explicit(option: Option) -> Optional[Setting]:
+        if cli.get(option.key) is not None:
+            return Setting(_parse(option, cli[option.key], option.flag), "cli")
+        raw = environ.get(option.env)
+        if raw is not None and raw != "":
+            return Setting(_parse(option, raw, option.env), f"env:{option.env}")
+        return None
+
+    for option in OPTIONS:
+        s = explicit(option)
+        if s is not None:
+            chosen[option.key] = s
+
+    cluster_name = chosen["cluster"].value if "cluster" in chosen else "auto"
+    plugin = select_cluster(cluster_name, environ, clusters)
+    contribution = plugin.contribute(environ) if plugin is not None else Contribution()
+    warnings: list[str] = list(contribution.warnings)
+
+    for key, setting in contribution.values.items():
+        if key not in chosen:
+            chosen[key] = setting
+
+    # Defaults and derived values.
+    for option in OPTIONS:
+        if option.key in chosen or option.default is None:
+            continue
+        chosen[option.key] = Setting(option.default, "default")
+    chosen["cluster"] = Setting(plugin.name if plugin else "none", chosen["cluster"].source)
+    if "run_name" not in chosen:
+        stem = Path(script).stem if script else "run"
+        stem = "".join(c if (c.isalnum() or c in "_.-") else "_" for c in stem) or "run"
+        chosen["run_name"] = Setting(f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}", "default")
+    if "aggregator_host" not in chosen:
+        chosen["aggregator_host"] = Setting(chosen["master_addr"].value, "derived:master_addr")
+    if "aggregator_bind_host" not in chosen:
+        multi = chosen["nnodes"].value > 1
+        chosen["aggregator_bind_host"] = Setting("0.0.0.0" if multi else "127.0.0.1", "derived:nnodes")
+
+    values = {k: s.value for k, s in chosen.items()}
+    sources = {k: s.source for k, s in chosen.items()}
+    config = LaunchConfig(**values, sources=sources)
+
+    refusals = list(contribution.refusals)
+    if plugin is not None:
+        refusals += plugin.validate(config, environ)
+    refusals += _core_checks(config)
+    for refusal in refusals:
+        from_plugin = [k for k in refusal.keys if not (sources.get(k, "default") == "cli" or sources.get(k, "").startswith("env:TRACEML_"))]
+        if from_plugin or not refusal.keys:
+            raise ConfigError(refusal.message, variable=refusal.variable)
+        warnings.append(refusal.message + " (continuing: every value it concerns was set explicitly)")
+
+    return LaunchConfig(**values, sources=sources, warnings=tuple(warnings))
+
+
+def _core_checks(c: LaunchConfig) -> list[Refusal]:
+    """Checks that hold for every cluster; an empty ``keys`` makes the refusal unconditional."""
+    out: list[Refusal] = []
+    if c.node_rank >= c.nnodes:
+        out.append(Refusal(
+            f"node rank {c.node_rank} (from {c.source('node_rank')}) is not below the node count "
+            f"{c.nnodes} (from {c.source('nnodes')}). Node ranks run 0..{c.nnodes - 1}: fix --node-rank "
+            f"or --nnodes.", frozenset(), "node_rank"))
+    if c.nnodes > 1 and c.mode != "summary":
+        out.append(Refusal(
+            f"--mode={c.mode} (from {c.source('mode')}) is for a single node, but this run has "
+            f"{c.nnodes} nodes. Use --mode=summary (the default) for multi-node runs; watch a single-node "
+            f"run live instead.", frozenset(), "mode"))
+    if c.nnodes > 1 and _is_loopback(c.master_addr):
+        out.append(Refusal(
+            f"the master address {c.master_addr!r} (from {c.source('master_addr')}) is a loopback address, "
+            f"but this run has {c.nnodes} nodes: the other nodes cannot reach it. Pass node 0's hostname "
+            f"or IP with --master-addr.", frozenset(), "master_addr"))
+    if c.nnodes > 1 and _is_loopback(c.aggregator_host):
+        out.append(Refusal(
+            f"the aggregator host {c.aggregator_host!r} (from {c.source('aggregator_host')}) is a loopback "
+            f"address, but this run has {c.nnodes} nodes. Pass node 0's address with --aggregator-host.",
+            frozenset(), "aggregator_host"))
+    if c.master_port == c.aggregator_port:
+        out.append(Refusal(
+            f"--master-port and --aggregator-port are both {c.master_port}; node 0 needs two different "
+            f"ports. Change one of them.", frozenset(), "aggregator_port"))
+    return out
+
+
+def from_environ(cli: Mapping[str, Any], script: Optional[str] = None) -> LaunchConfig:
+    return resolve(cli, os.environ, script=script)

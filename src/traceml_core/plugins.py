@@ -1,0 +1,103 @@
+"""Cluster environments and CLI subcommands contributed by plugins.
+
+Core knows nothing of any particular scheduler. A cluster plugin registers a subclass of
+:class:`ClusterEnvironment` under the ``traceml.clusters`` entry-point group; a plugin that adds
+``traceml <name> ...`` subcommands registers a ``register(subparsers)`` callable under
+``traceml.commands``. Discovery reads entry-point metadata only: a plugin module is imported when
+it is used, so ``traceml --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+CLUSTER_GROUP = "traceml.clusters"
+COMMAND_GROUP = "traceml.commands"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value together with where it came from (``cli``, ``env:VAR``, ``slurm:VAR``, ``default``)."""
+
+    value: Any
+    source: str
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A reason the plugin cannot vouch for some keys.
+
+    It becomes an error only if one of ``keys`` ends up taken from the plugin; when the user sets
+    all of them explicitly (flags or ``TRACEML_*``), it is shown as a warning instead. This is how a
+    site that launches one ``traceml run`` per node by other means can still pass every flag.
+    """
+
+    message: str
+    keys: frozenset[str]
+    variable: str | None = None
+
+
+@dataclass
+class Contribution:
+    """What a cluster environment says about this process's launch."""
+
+    values: dict[str, Setting] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    refusals: list[Refusal] = field(default_factory=list)
+
+
+class ClusterEnvironment(ABC):
+    """One cluster type: ``detect()`` whether we run inside it, ``contribute()`` launch values.
+
+    Both are pure functions of an environment mapping, so they are testable with a dict.
+    ``contribute`` raises :class:`~traceml_core.errors.ConfigError` for malformed values.
+    ``validate`` sees the final, merged config and may object to explicit values that contradict
+    what the cluster knows (for example a node rank expanded once in a batch shell).
+    """
+
+    name: ClassVar[str] = "cluster"
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool: ...
+
+    @abstractmethod
+    def contribute(self, environ: Mapping[str, str]) -> Contribution: ...
+
+    def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
+        return []
+
+
+def _entry_points(group: str) -> Sequence[metadata.EntryPoint]:
+    try:
+        return list(metadata.entry_points(group=group))
+    except TypeError:  # Python < 3.10
+        return list(metadata.entry_points().get(group, []))  # type: ignore[attr-defined]
+
+
+def cluster_environments() -> list[type[ClusterEnvironment]]:
+    """All installed cluster environments, in entry-point name order."""
+    found = []
+    for ep in sorted(_entry_points(CLUSTER_GROUP), key=lambda e: e.name):
+        cls = ep.load()
+        found.append(cls)
+    return found
+
+
+def cluster_environment_names() -> list[str]:
+    return sorted(ep.name for ep in _entry_points(CLUSTER_GROUP))
+
+
+def load_cluster_environment(name: str) -> type[ClusterEnvironment] | None:
+    for ep in _entry_points(CLUSTER_GROUP):
+        if ep.name == name:
+            return ep.load()
+    return None
+
+
+def command_registrars() -> list[tuple[str, Callable[..., Any]]]:
+    """``(name, lazy loader)`` for each plugin subcommand; loading is deferred until used."""
+    return [(ep.name, ep.load) for ep in sorted(_entry_points(COMMAND_GROUP), key=lambda e: e.name)]

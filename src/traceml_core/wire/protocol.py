@@ -1,0 +1,144 @@
+"""TraceML wire protocol, version 1. Both ends import this module; nothing else defines frames.
+
+Transport: TCP. Each frame is a 4-byte big-endian unsigned length followed by that many bytes of
+one msgpack map. A frame longer than :data:`MAX_FRAME` is a protocol error: the receiver closes the
+connection and counts it. Every map has a ``"t"`` key naming its type.
+
+Handshake: the client's first frame is ``hello``; nothing else is accepted before the server
+answers ``welcome`` (or ``refused`` with a reason, then closes). The hello proves knowledge of the
+run's token without sending it: ``mac = HMAC-SHA256(token, canonical hello fields)`` over a fresh
+16-byte nonce and a timestamp, so a captured hello cannot be replayed (the server remembers nonces
+inside the accepted clock window and refuses a repeat or a stale timestamp).
+
+Client → server frames after ``welcome``:
+
+``steps``   ``{"t","rank","seq","n","cols","dropped"}``: ``n`` step records of one rank, columnar
+            (``cols`` maps each of :data:`STEP_COLUMNS` to a list of ``n`` ints); ``seq`` is the
+            per-rank sequence number of the first record (0-based, +1 per record), so the server
+            counts gaps; ``dropped`` is the client's cumulative count of records it had to drop.
+``system``  ``{"t","node","host","samples"}``: node-level samples (see :data:`SYSTEM_FIELDS`).
+``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
+``bye``     ``{"t","rank","status","steps","dropped","error"}``: a rank's clean or failed end;
+            ``steps`` is the total number of records it produced.
+
+Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import struct
+import time
+from typing import Any, Iterator, Optional
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct(">I")
+MAX_FRAME = 8 * 1024 * 1024
+#: a hello whose timestamp differs from the server clock by more than this is refused
+HELLO_WINDOW_S = 300.0
+
+#: step record columns, all integers (nanoseconds, bytes); -1 means "not measured this step"
+STEP_COLUMNS = (
+    "step",          # user-visible step index (0-based count of trace_step entries on this rank)
+    "t_end_ns",      # wall clock (time.time_ns) at step end
+    "step_ns",       # whole step, from entering trace_step (or the input fetch before it) to exit
+    "input_ns",      # waiting for the next batch (DataLoader __next__) credited to this step
+    "forward_ns",
+    "backward_ns",
+    "optimizer_ns",
+    "h2d_ns",        # host-to-device copies (CUDA only)
+    "mem_peak",      # peak memory during the step: CUDA allocator on GPU, process RSS on CPU
+)
+SYSTEM_FIELDS = ("ts", "cpu_pct", "ram_used", "ram_total", "gpus")
+GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")
+RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "running")
+
+
+class ProtocolError(Exception):
+    """The peer sent something that is not a valid frame; the connection must be closed."""
+
+
+def encode(message: dict[str, Any]) -> bytes:
+    body = msgpack.packb(message, use_bin_type=True)
+    if len(body) > MAX_FRAME:
+        raise ProtocolError(f"frame of {len(body)} bytes exceeds the maximum of {MAX_FRAME}")
+    return HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict[str, Any]:
+    try:
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=False, max_buffer_size=MAX_FRAME)
+    except Exception as exc:  # msgpack raises several types for garbage
+        raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from None
+    if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):
+        raise ProtocolError("frame is not a map with a string 't'")
+    return msg
+
+
+class FrameBuffer:
+    """Incremental decoder for a byte stream: ``feed()`` bytes, iterate complete frames."""
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def feed(self, data: bytes) -> Iterator[dict[str, Any]]:
+        self._buf += data
+        while True:
+            if len(self._buf) < HEADER.size:
+                return
+            (length,) = HEADER.unpack_from(self._buf)
+            if length > MAX_FRAME:
+                raise ProtocolError(f"length prefix {length} exceeds the maximum of {MAX_FRAME}")
+            end = HEADER.size + length
+            if len(self._buf) < end:
+                return
+            body = bytes(self._buf[HEADER.size:end])
+            del self._buf[:end]
+            yield decode_body(body)
+
+    @property
+    def pending(self) -> int:
+        return len(self._buf)
+
+
+def _canonical(fields: dict[str, Any]) -> bytes:
+    keys = ("v", "run", "job", "node", "rank", "kind", "nonce", "ts")
+    return msgpack.packb([fields.get(k) for k in keys], use_bin_type=True)
+
+
+def make_hello(
+    token: str,
+    *,
+    run: str,
+    job: Optional[str],
+    node: int,
+    rank: int,
+    kind: str = "rank",
+    host: str = "",
+    world: int = 0,
+    extra: Optional[dict[str, Any]] = None,
+) -> dict[str, Any]:
+    """Build a hello frame that proves knowledge of ``token`` (never sent itself)."""
+    hello: dict[str, Any] = {
+        "t": "hello", "v": PROTOCOL_VERSION, "run": run, "job": job, "node": node, "rank": rank,
+        "kind": kind, "host": host, "world": world, "pid": os.getpid(),
+        "nonce": os.urandom(16), "ts": time.time(),
+    }
+    if extra:
+        hello.update(extra)
+    hello["mac"] = hmac.new(token.encode(), _canonical(hello), hashlib.sha256).digest()
+    return hello
+
+
+def verify_hello_mac(token: str, hello: dict[str, Any]) -> bool:
+    mac = hello.get("mac")
+    if not isinstance(mac, (bytes, bytearray)):
+        return False
+    want = hmac.new(token.encode(), _canonical(hello), hashlib.sha256).digest()
+    return hmac.compare_digest(bytes(mac), want)

@@ -1,0 +1,1 @@
+"""Slurm plugin for TraceML: environment resolver, doctor, sbatch templates."""
