@@ -166,7 +166,10 @@ def resolve(
         if option.key in chosen or option.default is None:
             continue
         chosen[option.key] = Setting(option.default, "default")
-    chosen["cluster"] = Setting(plugin.name if plugin else "none", chosen["cluster"].source)
+    cluster_source = chosen["cluster"].source
+    if cluster_name == "auto":
+        cluster_source = f"detected:{plugin.name}" if plugin else "default"
+    chosen["cluster"] = Setting(plugin.name if plugin else "none", cluster_source)
     if "run_name" not in chosen:
         stem = Path(script).stem if script else "run"
         stem = "".join(c if (c.isalnum() or c in "_.-") else "_" for c in stem) or "run"

@@ -1,0 +1,144 @@
+"""``traceml``: run | summarize | compare, plus subcommands contributed by plugins (``traceml slurm``).
+
+Start-up must stay light: nothing here imports torch, and heavy modules are imported inside the
+command that needs them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+from typing import Optional, Sequence
+
+from . import __version__
+from .errors import TraceMLError
+from .options import OPTIONS
+
+RUN_EPILOG = """\
+TraceML flags may come before or after the script; arguments it does not know go to the script.
+Put `--` before script arguments that share a name with a TraceML flag.
+Every flag can also be set as TRACEML_<FLAG> (for example TRACEML_LOGS_DIR). Precedence:
+flag > TRACEML_* variable > cluster plugin (Slurm) > default. See --print-config.
+"""
+
+
+def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="launch a training script with telemetry (wraps torchrun)",
+                       description="Launch SCRIPT on this node with torchrun and collect telemetry.",
+                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for o in OPTIONS:
+        default = o.default_doc or o.default
+        p.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None,
+                       help=f"{o.help} [{o.env}; default: {default}]")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved launch config with the source of each value, then exit")
+    p.add_argument("--json", action="store_true", help="with --print-config: print JSON only")
+    p.add_argument("script", nargs="?", help="the training script")
+    return p
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    parser = argparse.ArgumentParser(prog="traceml", description="Training telemetry for PyTorch on Slurm.")
+    parser.add_argument("--version", action="version", version=f"traceml {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    run = _add_run_parser(sub)
+    s = sub.add_parser("summarize", help="(re)build a run's final summary from its run directory")
+    s.add_argument("run_dir")
+    c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--fail-on-regression", type=float, metavar="PCT", default=None)
+    from .plugins import command_registrars
+
+    for name, _loader in command_registrars():
+        sub.add_parser(name, help=f"commands of the {name} plugin (traceml {name} --help)", add_help=False)
+    return parser, run
+
+
+def _split_run_args(run: argparse.ArgumentParser, argv: Sequence[str]):
+    argv = list(argv)
+    after: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, after = argv[:i], argv[i + 1:]
+    ns, extra = run.parse_known_args(argv)
+    return ns, extra + after
+
+
+def cmd_run(run: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+    ns, script_args = _split_run_args(run, argv)
+    if ns.script is None and script_args and not script_args[0].startswith("-"):
+        ns.script, script_args = script_args[0], script_args[1:]
+    unknown_flags = [a for a in script_args if a.startswith("--") and ns.script is None]
+    if unknown_flags:
+        run.error(f"unrecognised argument {unknown_flags[0]}")
+    cli = {o.key: getattr(ns, o.key) for o in OPTIONS if getattr(ns, o.key) is not None}
+    from .config import resolve
+
+    config = resolve(cli, os.environ, script=ns.script)
+    if ns.print_config:
+        return print_config(config, ns.script, script_args, as_json=ns.json)
+    if ns.script is None:
+        run.error("the training script is missing: traceml run [flags] SCRIPT [script args]")
+    from .launcher.run import launch
+
+    return launch(config, ns.script, script_args)
+
+
+def print_config(config, script: Optional[str], script_args: Sequence[str], *, as_json: bool) -> int:
+    from .launcher.torchrun import torchrun_command
+
+    cmd = torchrun_command(config, script or "SCRIPT", script_args)
+    if as_json:
+        data = config.to_json()
+        sys.stdout.write(json.dumps(data) + "\n")
+        return 0
+    rows = [(k, "" if v is None else str(v), s) for k, v, s in config.items()]
+    w0 = max(len(r[0]) for r in rows)
+    w1 = max(len(r[1]) for r in rows)
+    print(f"{'key':<{w0}}  {'value':<{w1}}  source")
+    for k, v, s in rows:
+        print(f"{k:<{w0}}  {v:<{w1}}  {s}")
+    for w in config.warnings:
+        print(f"warning: {w}")
+    print("\ntorchrun command on this node:")
+    print("  " + shlex.join(cmd))
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] not in ("run", "summarize", "compare", "-h", "--help", "--version"):
+            from .plugins import command_registrars
+
+            for name, loader in command_registrars():
+                if argv[0] == name:
+                    return int(loader()(argv[1:]) or 0)
+        parser, run = build_parser()
+        if argv and argv[0] == "run":
+            return cmd_run(run, argv[1:])
+        ns = parser.parse_args(argv)
+        if ns.command == "summarize":
+            from .report.summarize import summarize_cli
+
+            return summarize_cli(ns.run_dir)
+        if ns.command == "compare":
+            from .report.compare import compare_cli
+
+            return compare_cli(ns.a, ns.b, as_json=ns.json, fail_on_regression=ns.fail_on_regression)
+        parser.print_help()
+        return 0
+    except TraceMLError as exc:
+        sys.stderr.write(f"traceml: error: {exc}\n")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

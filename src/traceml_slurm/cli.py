@@ -1,0 +1,27 @@
+"""``traceml slurm {env,doctor,template}``: entry point registered under ``traceml.commands``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Optional, Sequence
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traceml slurm", description="Slurm helpers for TraceML.")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    e = sub.add_parser("env", help="show how this Slurm context resolves (same as traceml run --print-config)")
+    e.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    if ns.command == "env":
+        from traceml_core.cli import main as core_main
+
+        return core_main(["run", "--print-config", "--cluster=slurm"] + (["--json"] if ns.json else []))
+    parser.print_help()
+    return 0

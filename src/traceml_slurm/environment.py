@@ -1,0 +1,224 @@
+"""The Slurm cluster environment: detect a Slurm job and contribute launch values, with sources.
+
+A pure function of the environment mapping (no ``scontrol``: container images often lack it).
+Inside an srun step the step's values win over the job's: a ``srun -N1 -w node02`` step inside a
+2-node job is a one-node launch whose master is node02.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any, ClassVar, Mapping, Optional
+
+from traceml_core.errors import ConfigError
+from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
+
+from .context import Context, classify
+from .hostlists import expand_nodelist, expand_tasks_per_node
+from .settings import SlurmVars
+
+_RUN_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+LAUNCH_KEYS = frozenset({"nnodes", "node_rank", "master_addr"})
+
+
+def launcher_srun_line(nnodes: Optional[int]) -> str:
+    n = f"--nodes={nnodes} " if nnodes else ""
+    return f"srun {n}--ntasks-per-node=1 traceml run train.py"
+
+
+def sanitise_run_name(name: str) -> str:
+    cleaned = _RUN_NAME_BAD.sub("_", name).strip("._-")
+    return cleaned[:80] or "job"
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class SlurmEnvironment(ClusterEnvironment):
+    name: ClassVar[str] = "slurm"
+
+    @classmethod
+    def detect(cls, environ: Mapping[str, str]) -> bool:
+        return bool(environ.get("SLURM_JOB_ID", "").strip())
+
+    def contribute(self, environ: Mapping[str, str]) -> Contribution:
+        v = SlurmVars.from_environ(environ)
+        ctx = classify(v)
+        out = Contribution()
+        values = out.values
+        if ctx is Context.NONE:
+            return out
+
+        values["job_id"] = Setting(v.job_id, v.source("job_id"))
+        if v.nodename:
+            values["node_name"] = Setting(v.nodename, v.source("nodename"))
+        if v.submit_dir:
+            values["logs_dir"] = Setting(v.submit_dir.rstrip("/") + "/logs", v.source("submit_dir"))
+        values["run_name"] = self._run_name(v)
+
+        job_nodes = v.job_num_nodes or v.nnodes
+        if ctx is Context.SALLOC_SHELL:
+            out.refusals.append(Refusal(
+                f"this is an salloc shell on the login host (SLURM_JOB_ID={v.job_id}, no SLURM_NODEID), not "
+                f"a compute node of the allocation. Start one launcher per node with: "
+                f"`{launcher_srun_line(job_nodes)}`.",
+                LAUNCH_KEYS | {"nproc_per_node"}, "SLURM_STEP_ID"))
+        if ctx is Context.INTERACTIVE_STEP and (job_nodes or 1) > 1:
+            out.refusals.append(Refusal(
+                f"this is an interactive step (SLURM_STEP_ID={v.step_id}) of a {job_nodes}-node allocation: "
+                f"a launch from here would use one node only. Start one launcher per node from this shell "
+                f"with: `srun --overlap --nodes={job_nodes} --ntasks-per-node=1 traceml run train.py`.",
+                LAUNCH_KEYS, "SLURM_STEP_ID"))
+
+        in_step = ctx in (Context.STEP, Context.INTERACTIVE_STEP)
+        if in_step:
+            self._step_values(v, out)
+        else:
+            self._shell_values(v, ctx, out)
+
+        self._gpu_values(v, in_step, out)
+        self._master_addr_env(environ, out)
+        if v.het_size and v.het_size > 1 and in_step:
+            out.refusals.append(Refusal(
+                f"this srun step spans {v.het_size} heterogeneous job components (SLURM_HET_SIZE="
+                f"{v.het_size}); TraceML needs one homogeneous set of nodes. Launch in one component: "
+                f"`srun --het-group=0 --ntasks-per-node=1 traceml run train.py`.",
+                LAUNCH_KEYS | {"nproc_per_node"}, "SLURM_HET_SIZE"))
+        return out
+
+    # -- pieces -------------------------------------------------------------------------------
+
+    def _run_name(self, v: SlurmVars) -> Setting:
+        name = sanitise_run_name(v.job_name or "job")
+        if v.array_job_id and v.array_task_id:
+            ident, src = f"{v.array_job_id}_{v.array_task_id}", "slurm:SLURM_ARRAY_JOB_ID+SLURM_ARRAY_TASK_ID"
+        else:
+            ident, src = str(v.job_id), "slurm:SLURM_JOB_NAME+SLURM_JOB_ID"
+        run = f"{name}-{sanitise_run_name(ident)}"
+        if v.restart_count:
+            run += f"-r{v.restart_count}"
+            src += "+SLURM_RESTART_COUNT"
+        return Setting(run, src)
+
+    def _step_values(self, v: SlurmVars, out: Contribution) -> None:
+        values = out.values
+        nnodes_src = "step_num_nodes" if v.step_num_nodes is not None else "nnodes"
+        nnodes = v.step_num_nodes if v.step_num_nodes is not None else v.nnodes
+        if nnodes is None:
+            raise ConfigError(
+                "SLURM_STEP_NUM_NODES is not set inside this srun step, so the node count is unknown. "
+                "Pass --nnodes explicitly.", variable="SLURM_STEP_NUM_NODES")
+        values["nnodes"] = Setting(nnodes, v.source(nnodes_src))
+        if v.nodeid is None:
+            raise ConfigError(
+                "SLURM_NODEID is not set inside this srun step, so this node's rank is unknown. Pass "
+                "--node-rank explicitly.", variable="SLURM_NODEID")
+        if v.nodeid >= nnodes:
+            raise ConfigError(
+                f"SLURM_NODEID={v.nodeid} is not below the step's node count {nnodes} "
+                f"({v.source(nnodes_src)[6:]}). These come from Slurm; if your script sets either, remove that.",
+                variable="SLURM_NODEID")
+        values["node_rank"] = Setting(v.nodeid, v.source("nodeid"))
+        list_field = "step_nodelist" if v.step_nodelist is not None else "job_nodelist"
+        nodelist = getattr(v, list_field)
+        hosts = expand_nodelist(nodelist or "", type(v).model_fields[list_field].alias or list_field)
+        if len(hosts) != nnodes:
+            out.warnings.append(
+                f"{v.source(list_field)[6:]} has {len(hosts)} hosts but the step has {nnodes} nodes; "
+                f"using {hosts[0]} as the master.")
+        values["master_addr"] = Setting(hosts[0], v.source(list_field) + "[0]")
+        if v.step_tasks_per_node:
+            counts = expand_tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE")
+            if any(c > 1 for c in counts):
+                out.refusals.append(Refusal(
+                    f"this srun step runs {max(counts)} tasks on a node (SLURM_STEP_TASKS_PER_NODE="
+                    f"{v.step_tasks_per_node}), but TraceML needs ONE launcher per node: it starts one worker "
+                    f"per GPU itself. Use `srun --ntasks-per-node=1` (with --gres=gpu:N or --gpus-per-node=N "
+                    f"for the GPUs): `{launcher_srun_line(nnodes)}`.",
+                    LAUNCH_KEYS, "SLURM_STEP_TASKS_PER_NODE"))
+
+    def _shell_values(self, v: SlurmVars, ctx: Context, out: Contribution) -> None:
+        values = out.values
+        nnodes = v.job_num_nodes if v.job_num_nodes is not None else v.nnodes
+        field = "job_num_nodes" if v.job_num_nodes is not None else "nnodes"
+        if nnodes is None:
+            return
+        values["nnodes"] = Setting(nnodes, v.source(field))
+        if v.job_nodelist is not None:
+            hosts = expand_nodelist(v.job_nodelist, "SLURM_JOB_NODELIST")
+            values["master_addr"] = Setting(hosts[0], v.source("job_nodelist") + "[0]")
+        if ctx is Context.BATCH_SHELL:
+            values["node_rank"] = Setting(0, "slurm:batch-shell")
+            if nnodes > 1:
+                out.refusals.append(Refusal(
+                    f"this is the batch shell of a {nnodes}-node job (no SLURM_STEP_ID): it runs on the first "
+                    f"node only, and SLURM_NODEID=0 here would be the rank of every node. Start one launcher "
+                    f"per node from the sbatch script with `{launcher_srun_line(nnodes)}` (or "
+                    f"`srun launch.sh`); each node then reads its own rank.",
+                    LAUNCH_KEYS, "SLURM_STEP_ID"))
+
+    def _gpu_values(self, v: SlurmVars, in_step: bool, out: Contribution) -> None:
+        values = out.values
+        if v.gpus_on_node is not None and v.gpus_on_node > 0:
+            values["nproc_per_node"] = Setting(v.gpus_on_node, v.source("gpus_on_node"))
+            return
+        if v.gpus_on_node is None and in_step and v.step_gpus:
+            # Slurm < 21.08 has no SLURM_GPUS_ON_NODE: count this step's GPUs on this node.
+            gpus = [g for g in v.step_gpus.split(",") if g.strip()]
+            if gpus:
+                values["nproc_per_node"] = Setting(len(gpus), v.source("step_gpus") + "(count)")
+                return
+        if v.ntasks_per_node is not None and v.ntasks_per_node > 1:
+            values["nproc_per_node"] = Setting(v.ntasks_per_node, v.source("ntasks_per_node"))
+            out.warnings.append(
+                f"no GPU is allocated to this job; starting {v.ntasks_per_node} CPU workers per node "
+                f"(SLURM_NTASKS_PER_NODE). Request GPUs with --gres=gpu:N or --gpus-per-node=N.")
+            return
+        values["nproc_per_node"] = Setting(1, "slurm:no-gpu")
+        out.warnings.append(
+            "no GPU is allocated to this job (no SLURM_GPUS_ON_NODE); starting 1 worker per node. Request "
+            "GPUs with --gres=gpu:N or --gpus-per-node=N, or set --nproc-per-node.")
+
+    def _master_addr_env(self, environ: Mapping[str, str], out: Contribution) -> None:
+        stale = environ.get("MASTER_ADDR", "").strip()
+        master = out.values.get("master_addr")
+        if not stale or master is None or stale == master.value:
+            return
+        why = "a loopback address" if _is_loopback(stale) else "not the first node of this step"
+        out.warnings.append(
+            f"MASTER_ADDR={stale} in the environment is ignored ({why}; perhaps left over from the login "
+            f"shell): the master is {master.value} ({master.source}). To override, pass --master-addr or "
+            f"set TRACEML_MASTER_ADDR.")
+
+    # -- checks on the merged config -------------------------------------------------------------
+
+    def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
+        v = SlurmVars.from_environ(environ)
+        if classify(v) not in (Context.STEP, Context.INTERACTIVE_STEP):
+            return []
+        out: list[Refusal] = []
+        step_nodes = v.step_num_nodes or v.nnodes
+        if config.source("node_rank") != "slurm:SLURM_NODEID" and v.nodeid is not None \
+                and config.node_rank != v.nodeid and (step_nodes or 1) > 1:
+            out.append(Refusal(
+                f"--node-rank={config.node_rank} (from {config.source('node_rank')}) contradicts this node's "
+                f"SLURM_NODEID={v.nodeid} ({v.nodename or 'this node'}). This is the per-node expansion "
+                f"gotcha: `srun traceml run ... --node-rank=$SLURM_NODEID` expands the variable ONCE in the "
+                f"batch shell, so every node claims rank 0 and the rendezvous never completes. Drop "
+                f"--node-rank (TraceML reads SLURM_NODEID on each node), or put the command in a wrapper "
+                f"script that srun runs on each node. To override Slurm anyway, pass --cluster=none.",
+                frozenset(), "node_rank"))
+        if config.source("nnodes").startswith(("cli", "env:")) and step_nodes and config.nnodes != step_nodes:
+            out.append(Refusal(
+                f"--nnodes={config.nnodes} (from {config.source('nnodes')}) but this srun step spans "
+                f"{step_nodes} nodes (SLURM_STEP_NUM_NODES). Drop --nnodes, or run the step on "
+                f"{config.nnodes} nodes (`srun --nodes={config.nnodes} --ntasks-per-node=1 ...`). "
+                f"To override Slurm anyway, pass --cluster=none.", frozenset(), "nnodes"))
+        return out
