@@ -59,7 +59,10 @@ class SlurmVars(BaseSettings):
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> "SlurmVars":
         names = {f.alias for f in cls.model_fields.values() if f.alias}
-        raw: dict[str, Any] = {k: v.strip() for k, v in environ.items() if k in names and v.strip() != ""}
+        # Blank node lists are kept (and refused later, naming them); other blanks count as unset.
+        keep_blank = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"}
+        raw: dict[str, Any] = {k: v.strip() for k, v in environ.items()
+                               if k in names and (v.strip() != "" or k in keep_blank)}
         try:
             return cls(**raw)
         except ValidationError as exc:

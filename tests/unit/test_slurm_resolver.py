@@ -1,0 +1,170 @@
+"""The Slurm resolver over environment mappings: each situation of the resolver issue.
+
+Synthetic cases live here; real dumps captured on the local cluster are exercised by
+test_slurm_env_dumps.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from traceml_core.config import resolve
+from traceml_core.errors import ConfigError
+from traceml_slurm.environment import SlurmEnvironment, sanitise_run_name
+from traceml_slurm.hostlists import expand_nodelist, expand_tasks_per_node
+
+SLURM = [SlurmEnvironment]
+JOB = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ddp", "SLURM_SUBMIT_DIR": "/home/u/p",
+       "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]"}
+
+
+def step(**kw):
+    env = dict(JOB, SLURM_STEP_ID="0", SLURM_STEP_NUM_NODES="2", SLURM_STEP_NODELIST="gpu[07-08]",
+               SLURM_STEP_TASKS_PER_NODE="1(x2)", SLURM_NODEID="0", SLURMD_NODENAME="gpu07",
+               SLURM_GPUS_ON_NODE="4", SLURM_JOB_GPUS="0,1,2,3")
+    env.update({k: v for k, v in kw.items() if v is not None})
+    for k in [k for k, v in kw.items() if v is None]:
+        env.pop(k, None)
+    return env
+
+
+def r(env, **cli):
+    return resolve(cli, env, SLURM)
+
+
+def test_step_on_each_node():
+    for nodeid in (0, 1):
+        c = r(step(SLURM_NODEID=str(nodeid), SLURMD_NODENAME=f"gpu0{7 + nodeid}"))
+        assert (c.nnodes, c.node_rank, c.nproc_per_node, c.master_addr) == (2, nodeid, 4, "gpu07")
+        assert c.aggregator_bind_host == "0.0.0.0" and c.aggregator_host == "gpu07"
+        assert c.run_name == "ddp-4242" and c.logs_dir == "/home/u/p/logs" and c.job_id == "4242"
+
+
+def test_node_rank_is_nodeid_not_procid():
+    c = r(step(SLURM_NODEID="1", SLURM_PROCID="7"))
+    assert c.node_rank == 1 and c.source("node_rank") == "slurm:SLURM_NODEID"
+
+
+def test_step_values_beat_job_values():
+    c = r(step(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="gpu08", SLURM_STEP_TASKS_PER_NODE="1"))
+    assert (c.nnodes, c.master_addr, c.aggregator_bind_host) == (1, "gpu08", "127.0.0.1")
+
+
+def test_multinode_batch_shell_refused_with_srun_line():
+    env = dict(JOB, SLURM_NODEID="0", SLURM_PROCID="0", SLURMD_NODENAME="gpu07", SLURM_GPUS_ON_NODE="4")
+    with pytest.raises(ConfigError) as err:
+        r(env)
+    assert "batch shell" in str(err.value) and "srun --nodes=2 --ntasks-per-node=1 traceml run" in str(err.value)
+
+
+def test_single_node_batch_shell_allowed():
+    env = dict(JOB, SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_JOB_NODELIST="gpu07", SLURM_NODEID="0",
+               SLURMD_NODENAME="gpu07", SLURM_GPUS_ON_NODE="2")
+    c = r(env)
+    assert (c.nnodes, c.node_rank, c.nproc_per_node, c.master_addr) == (1, 0, 2, "gpu07")
+
+
+def test_explicit_flags_in_batch_shell_downgrade_refusal_to_warning():
+    env = dict(JOB, SLURM_NODEID="0", SLURMD_NODENAME="gpu07", SLURM_GPUS_ON_NODE="4")
+    c = r(env, nnodes="2", node_rank="0", master_addr="gpu07")
+    assert c.nnodes == 2 and any("batch shell" in w for w in c.warnings)
+
+
+def test_salloc_shell_refused():
+    with pytest.raises(ConfigError) as err:
+        r(dict(JOB))
+    assert "salloc shell" in str(err.value) and "srun --nodes=2 --ntasks-per-node=1" in str(err.value)
+
+
+def test_interactive_step_of_multinode_allocation_refused():
+    env = step(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="gpu07", SLURM_STEP_TASKS_PER_NODE="1",
+               SLURM_PTY_PORT="40000")
+    with pytest.raises(ConfigError) as err:
+        r(env)
+    assert "interactive step" in str(err.value) and "srun --overlap --nodes=2" in str(err.value)
+
+
+@pytest.mark.parametrize("tpn", ["2(x2)", "1,2", "4"])
+def test_more_than_one_task_per_node_refused(tpn):
+    with pytest.raises(ConfigError) as err:
+        r(step(SLURM_STEP_TASKS_PER_NODE=tpn))
+    assert "ONE launcher per node" in str(err.value) and "--ntasks-per-node=1" in str(err.value)
+
+
+def test_gpus_per_node_with_type_is_never_parsed():
+    c = r(step(SLURM_GPUS_PER_NODE="a100:4", SLURM_GPUS_ON_NODE="4"))
+    assert c.nproc_per_node == 4 and c.source("nproc_per_node") == "slurm:SLURM_GPUS_ON_NODE"
+
+
+def test_old_slurm_counts_step_gpus_not_job_gpus():
+    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_STEP_GPUS="2,3", SLURM_JOB_GPUS="0,1,2,3", SLURM_GPUS="8"))
+    assert c.nproc_per_node == 2 and c.source("nproc_per_node") == "slurm:SLURM_STEP_GPUS(count)"
+
+
+def test_no_gpu_uses_tasks_per_node_else_one():
+    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="4"))
+    assert c.nproc_per_node == 4 and any("no GPU" in w for w in c.warnings)
+    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None))
+    assert c.nproc_per_node == 1 and any("no GPU" in w for w in c.warnings)
+
+
+@pytest.mark.parametrize("nodelist,first", [
+    ("gpu[07-08]", "gpu07"), ("rack1-n[01-02],rack2-n[01-02]", "rack1-n01"), ("a[3,1-2]", "a3"),
+    ("login,compute", "login"), (" gpu[1-2] \n", "gpu1"), ("node[001-002]", "node001"),
+])
+def test_master_is_first_host_of_step_nodelist(nodelist, first):
+    assert r(step(SLURM_STEP_NODELIST=nodelist)).master_addr == first
+
+
+def test_hostlist_helpers():
+    assert expand_nodelist("a[1-2],b[3,5-6]", "X") == ["a1", "a2", "b3", "b5", "b6"]
+    assert expand_nodelist("n1,n1,n2", "X") == ["n1", "n2"]
+    assert expand_tasks_per_node("2(x3),1", "X") == [2, 2, 2, 1]
+    with pytest.raises(ConfigError, match="X='2\\(x'"):
+        expand_tasks_per_node("2(x", "X")
+
+
+@pytest.mark.parametrize("stale", ["127.0.0.1", "localhost", "login01"])
+def test_stale_master_addr_is_ignored_with_warning(stale):
+    c = r(step(MASTER_ADDR=stale))
+    assert c.master_addr == "gpu07" and any(f"MASTER_ADDR={stale}" in w for w in c.warnings)
+
+
+def test_array_task_and_requeue_get_unique_run_names():
+    c = r(step(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="3"))
+    assert c.run_name == "ddp-4240_3"
+    c = r(step(SLURM_RESTART_COUNT="2", SLURM_JOB_NAME="my job!/x"))
+    assert c.run_name == "my_job_x-4242-r2"
+    assert sanitise_run_name("../..") == "job"
+
+
+def test_het_step_refused():
+    with pytest.raises(ConfigError, match="heterogeneous"):
+        r(step(SLURM_HET_SIZE="2"))
+
+
+@pytest.mark.parametrize("var,value", [
+    ("SLURM_NNODES", "two"), ("SLURM_STEP_NUM_NODES", "0"), ("SLURM_NODEID", "-1"), ("SLURM_NODEID", "5"),
+    ("SLURM_STEP_NODELIST", "gpu[07-"), ("SLURM_STEP_TASKS_PER_NODE", "x"), ("SLURM_GPUS_ON_NODE", "four"),
+])
+def test_malformed_values_name_the_variable(var, value):
+    with pytest.raises(ConfigError) as err:
+        r(step(**{var: value}))
+    assert var in str(err.value) and "\n" not in str(err.value)
+
+
+def test_empty_nodelist_is_an_error():
+    with pytest.raises(ConfigError, match="SLURM_STEP_NODELIST is empty"):
+        r(step(SLURM_STEP_NODELIST=" "))
+
+
+def test_seed_wrong_command_refused_on_other_nodes():
+    with pytest.raises(ConfigError) as err:
+        r(step(SLURM_NODEID="1"), node_rank="0")
+    assert "per-node expansion gotcha" in str(err.value)
+    assert r(step(SLURM_NODEID="0"), node_rank="0").node_rank == 0
+
+
+def test_explicit_nnodes_contradicting_step_refused():
+    with pytest.raises(ConfigError, match="spans 2 nodes"):
+        r(step(), nnodes="3")
