@@ -1,0 +1,15 @@
+#!/bin/bash
+# The same launch with every value passed explicitly, for sites that want to see or pin them.
+# Flags beat what Slurm says. This script runs once per node, so $SLURM_NODEID is expanded on
+# each node (never write these flags directly on the srun line in the sbatch file).
+MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)}"
+exec traceml run examples/ddp_minimal.py \
+  --mode=summary \
+  --run-name="${RUN_NAME:-ddp-${SLURM_JOB_ID}}" \
+  --nnodes="${SLURM_NNODES}" \
+  --node-rank="${SLURM_NODEID}" \
+  --nproc-per-node="${SLURM_GPUS_ON_NODE:-1}" \
+  --master-addr="${MASTER_ADDR}" \
+  --master-port=29500 \
+  --aggregator-port=29765 \
+  "$@"

@@ -1,0 +1,93 @@
+"""``traceml run``: one launcher per node.
+
+Node 0 starts the aggregator (a child process, so training survives its death) before anything
+else, so a port clash is reported before training starts. Every node's launcher then joins the
+aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still be in a slow
+``module load``), starts torchrun with the run's details in the workers' environment, supervises
+it, and on node 0 asks the aggregator for the final summary, which it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from typing import Mapping, Optional, Sequence
+
+from ..config import LaunchConfig
+from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
+from .supervise import Supervisor, log
+from .telemetry import NodeTelemetry
+from .token import resolve_token
+from .torchrun import torchrun_command
+
+#: seconds torchrun gets after SIGTERM before its process group is killed; with the aggregator's
+#: finalisation budget this stays inside Slurm's default KillWait of 30 s
+STOP_GRACE_S = 15.0
+#: seconds a worker's init() may spend connecting; the launcher has already waited for the aggregator
+WORKER_CONNECT_WAIT_S = 5.0
+
+
+def worker_aggregator_host(config: LaunchConfig) -> str:
+    if config.node_rank == 0:
+        return "127.0.0.1" if config.aggregator_bind_host in ("0.0.0.0", "::") else config.aggregator_bind_host
+    return config.aggregator_host
+
+
+def exit_status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
+           environ: Optional[Mapping[str, str]] = None) -> int:
+    environ = os.environ if environ is None else environ
+    for warning in config.warnings:
+        log(f"warning: {warning}")
+    token = resolve_token(config, environ)
+    if token.warning:
+        log(f"warning: {token.warning}")
+    log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
+        f"master {config.master_addr}:{config.master_port}, aggregator "
+        f"{config.aggregator_host}:{config.aggregator_port}")
+
+    telemetry = NodeTelemetry(config, token.value)
+    started = time.time()
+    if config.node_rank == 0:
+        telemetry.start_aggregator()  # raises TraceMLError (port in use, ...) before training starts
+    joined = telemetry.join(config.aggregator_wait)
+
+    info = RunInfo(
+        run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
+        nproc_per_node=config.nproc_per_node, aggregator_host=worker_aggregator_host(config),
+        aggregator_port=config.aggregator_port, token=token.value,
+        connect_wait=WORKER_CONNECT_WAIT_S if joined else 0.0, mode=config.mode, logs_dir=config.logs_dir)
+    env = dict(environ)
+    env[RUN_INFO_VAR] = info.to_env()
+    env.setdefault("PYTHONUNBUFFERED", "1")
+
+    sup = Supervisor(torchrun_command(config, script, script_args), env, grace=STOP_GRACE_S)
+    sup.start()
+    telemetry.attach(sup)
+    try:
+        code = sup.wait(on_tick=telemetry.tick)
+    finally:
+        sup.restore()
+    interrupted = sup.interrupted_by is not None
+    reason = telemetry.failure_reason()
+    if interrupted:
+        reason = reason or f"interrupted by {signal.Signals(sup.interrupted_by).name}"
+    status = exit_status(code)
+    if interrupted and status == 0:
+        status = 128 + int(sup.interrupted_by)
+    if reason and status == 0:
+        status = 1
+    log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
+        + (f" ({reason})" if reason else ""))
+    text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+    if text:
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        sys.stdout.flush()
+    if reason and not interrupted:
+        log(f"error: {reason}")
+    return status

@@ -1,0 +1,114 @@
+"""Run torchrun as a child, forward termination signals, and never die of Slurm's USR1/USR2.
+
+Slurm's time limit sends SIGTERM to every process of the step and SIGKILL ``KillWait`` seconds
+later (30 s by default). The launcher forwards SIGTERM to torchrun (which stops its workers),
+waits at most ``grace`` seconds, then kills the process group, leaving the rest of the budget for
+the summary. ``--signal=USR1@N`` without ``B:`` signals every process of the step: torchrun and the
+workers are started with USR1/USR2 ignored (an inherited disposition; a training script that
+installs its own handler still gets them), and the launcher logs them.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Sequence
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+LOGGED = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"[traceml] {msg}\n")
+    sys.stderr.flush()
+
+
+def _ignore_user_signals() -> None:
+    for sig in LOGGED:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+@dataclass
+class Supervisor:
+    """Owns the torchrun child; ``wait()`` returns its exit code."""
+
+    cmd: Sequence[str]
+    env: Mapping[str, str]
+    grace: float = 15.0
+    on_signal: Optional[Callable[[int], None]] = None
+    interrupted_by: Optional[int] = None
+    proc: Optional[subprocess.Popen] = None
+    _old: dict = field(default_factory=dict)
+    _kill_timer: Optional[threading.Timer] = None
+
+    def start(self) -> None:
+        for sig in FORWARDED + LOGGED:
+            self._old[sig] = signal.signal(sig, self._handle)
+        # own process group: we decide when the workers get signals, and can kill them all at once
+        self.proc = subprocess.Popen(list(self.cmd), env=dict(self.env), preexec_fn=_ignore_user_signals,
+                                     start_new_session=True)
+
+    def _handle(self, signum: int, _frame) -> None:
+        name = signal.Signals(signum).name
+        if signum in LOGGED:
+            log(f"received {name} (Slurm --signal?); ignored, training goes on")
+            return
+        if self.interrupted_by is None:
+            self.interrupted_by = signum
+            log(f"received {name}: stopping the workers (up to {self.grace:.0f} s), then writing the summary")
+            if self.on_signal:
+                self.on_signal(signum)
+            self._signal_group(signal.SIGTERM)
+            self._kill_timer = threading.Timer(self.grace, self._signal_group, (signal.SIGKILL,))
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+        else:
+            log(f"received {name} again: killing the workers now")
+            self._signal_group(signal.SIGKILL)
+
+    def _signal_group(self, sig: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self, reason: str) -> None:
+        """Stop the workers on our own initiative (a node vanished, a rank hung)."""
+        if self.proc is not None and self.proc.poll() is None:
+            log(f"stopping the workers: {reason}")
+            self._signal_group(signal.SIGTERM)
+            self._kill_timer = threading.Timer(self.grace, self._signal_group, (signal.SIGKILL,))
+            self._kill_timer.daemon = True
+            self._kill_timer.start()
+
+    def poll(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait(self, tick: float = 0.2, on_tick: Optional[Callable[[], None]] = None) -> int:
+        assert self.proc is not None
+        while True:
+            try:
+                code = self.proc.wait(timeout=tick)
+                break
+            except subprocess.TimeoutExpired:
+                if on_tick:
+                    on_tick()
+        if self._kill_timer:
+            self._kill_timer.cancel()
+        # the group may still hold orphaned workers if torchrun itself died hard
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        return code
+
+    def restore(self) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
