@@ -114,7 +114,8 @@ def render(summary: dict[str, Any]) -> str:
     bad = [r for r in summary["ranks"] if r["status"] not in ("clean", "running")]
     for r in bad[:MAX_RANK_LINES]:
         err = f": {r['error'].strip().splitlines()[-1][:100]}" if r.get("error") else ""
-        lines.append(f"  rank {r['rank']} (node {r['node']}, {r['host'] or '?'}) {r['status']}{err}")
+        lines.append(f"  rank {r['rank']} (node {r['node']}, {r['host'] or '?'}) "
+                     f"{r['status'].replace('_', ' ')}{err}")
     if len(bad) > MAX_RANK_LINES:
         lines.append(f"  ... and {len(bad) - MAX_RANK_LINES} more (see final_summary.json)")
     loss = (f"Telemetry: {tel['records_received']:,} step records received of "
@@ -126,6 +127,9 @@ def render(summary: dict[str, Any]) -> str:
         loss += f"{tel['records_lost']:,} lost ({worst})"
     else:
         loss += "none lost"
+    silent = endings.get("never_joined", 0)
+    if silent:
+        loss += f"; {silent} rank(s) never connected"
     lines.append(loss)
     wire = tel.get("wire") or {}
     bad_wire = {k: v for k, v in wire.items() if v and k not in ("connections", "replaced")}

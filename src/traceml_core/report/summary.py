@@ -44,7 +44,8 @@ def _phase(ph: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dict[int, Any],
-                 failed_nodes: set[int]) -> str:
+                 failed_nodes: set[int], provisional: bool) -> str:
+    """How a rank ended: its own bye wins; else what the launcher reported decides."""
     bye = r.get("bye")
     if bye:
         return bye["status"]
@@ -53,7 +54,9 @@ def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dic
     if node in failed_nodes or (ni is not None and ni.get("left_at") is not None):
         return "vanished"
     if finish is None:
-        return "running" if r.get("connected") else "vanished"
+        # provisional (SIGTERM, launcher still to report): still connected = still running;
+        # otherwise (rebuilt, or all ranks gone) we cannot know more than "vanished"
+        return "running" if provisional and r.get("connected") else "vanished"
     if finish.get("interrupted"):
         return "interrupted"
     code = finish.get("exit_code")
@@ -188,7 +191,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         if r is None:
             ranks.append(_never_joined(rank, rank // nproc if nproc else 0))
         else:
-            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes)))
+            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional)))
 
     hostnames = list(s.get("hostnames") or [])
     topo_nodes = []
