@@ -44,6 +44,8 @@ log = logging.getLogger("traceml")
 
 #: the most bytes gathered into one ``send`` round
 _SEND_CHUNK = 1 << 20
+#: a blocked send wakes this often to check close()'s deadline
+_SEND_SLICE = 0.05
 
 
 class RecordSource(Protocol):
@@ -352,7 +354,7 @@ class TelemetryClient:
             reply = self._read_one(sock)
             kind = reply.get("t")
             if kind == "welcome":
-                sock.settimeout(self.send_timeout)
+                sock.settimeout(_SEND_SLICE)
                 self._sock = sock
                 if hasattr(select, "poll"):
                     self._poller = select.poll()
@@ -496,8 +498,6 @@ class TelemetryClient:
                 items.append(("batch", batch, src.records(batch), size))
             if not items:
                 return
-            if self._closing:
-                self._sock.settimeout(max(0.01, self._deadline - time.monotonic()))
             sent, err = self._send(b"".join(chunks))
             requeue: list[tuple[str, Any]] = []
             for kind, obj, nrec, end in items:
@@ -518,17 +518,32 @@ class TelemetryClient:
                 return
 
     def _send(self, data: bytes) -> tuple[int, Optional[str]]:
-        """Send ``data``; returns (bytes accepted by the kernel, error or None)."""
+        """Send ``data``; returns (bytes accepted by the kernel, error or None).
+
+        The socket waits in short slices so that a server which stops reading cannot hold this
+        thread past ``close()``'s deadline; a server that accepts nothing for ``send_timeout``
+        seconds is treated as gone."""
         sock = self._sock
+        assert sock is not None
         view = memoryview(data)
         sent = 0
+        stalled_since = time.monotonic()
         try:
             while sent < len(data):
-                n = sock.send(view[sent:])  # type: ignore[union-attr]
+                try:
+                    n = sock.send(view[sent:])
+                except socket.timeout:
+                    now = time.monotonic()
+                    if self._closing and now >= self._deadline:
+                        return sent, "close deadline reached while the aggregator was not reading"
+                    if now - stalled_since >= self.send_timeout:
+                        return sent, f"the aggregator accepted nothing for {self.send_timeout:.0f}s"
+                    continue
                 if n <= 0:
                     return sent, "send returned 0"
                 sent += n
                 self._bytes_sent += n
+                stalled_since = time.monotonic()
         except OSError as exc:
             self._last_error = f"{type(exc).__name__}: {exc}"
             return sent, f"{type(exc).__name__}: {exc}"
@@ -540,7 +555,6 @@ class TelemetryClient:
             return
         try:
             frame = bye() if callable(bye) else bye
-            self._sock.settimeout(max(0.01, self._deadline - time.monotonic()))
             sent, err = self._send(encode(frame))
         except Exception as exc:
             self._last_error = f"bye: {exc}"

@@ -45,7 +45,7 @@ class RankLog:
     bye: Optional[dict[str, Any]] = None
     events: list[dict[str, Any]] = field(default_factory=list)
     hellos: int = 0
-    steps: list[int] = field(default_factory=list)       # "step" column, when keep_columns
+    hello: dict[str, Any] = field(default_factory=dict)     # the latest accepted hello
     columns: dict[str, list[int]] = field(default_factory=dict)
 
 
@@ -209,7 +209,9 @@ class SinkServer:
             self._drop(sock)
             return False
         with self.lock:
-            self._rank(int(hello.get("rank", -1))).hellos += 1
+            log = self._rank(int(hello.get("rank", -1)))
+            log.hellos += 1
+            log.hello = {k: v for k, v in hello.items() if k not in ("mac", "nonce")}
         return True
 
     def _rank(self, rank: int) -> RankLog:
