@@ -605,7 +605,10 @@ class Server:
         return {"t": "status",
                 "nodes_joined": sorted(n for n, ni in st.nodes.items() if ni.joined_at is not None),
                 "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed),
-                "ranks_seen": len(st.ranks), "records": st.records}
+                "ranks_seen": len(st.ranks), "records": st.records,
+                "nodes_lost": sorted(n for n, ni in st.nodes.items()
+                                     if ni.left_at is not None and ni.bye is None),
+                "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host}}
 
     # --- persistence and the end ----------------------------------------------------------------
     def checkpoint(self, *, final: bool = False,
