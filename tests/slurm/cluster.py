@@ -148,7 +148,8 @@ class Cluster:
             path = text
         args = list(sbatch_args)
         if not any(a in ("-o", "--output") or a.startswith("--output=") for a in args):
-            args.append(f"--output={self.jobs_dir}/%j.out")
+            # first, so it applies to the whole job also when ':' separates het components
+            args.insert(0, f"--output={self.jobs_dir}/%j.out")
         out = self.run("sbatch", "--parsable", *args, path, env=env, cwd=cwd).stdout.strip()
         job_id = out.split(";")[0]
         if not job_id.isdigit():
