@@ -608,6 +608,8 @@ class Server:
                 "ranks_seen": len(st.ranks), "records": st.records,
                 "nodes_lost": sorted(n for n, ni in st.nodes.items()
                                      if ni.left_at is not None and ni.bye is None),
+                "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
+                                 if ni.bye is not None and ni.bye.get("status") not in ("clean", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host}}
 
     # --- persistence and the end ----------------------------------------------------------------

@@ -151,7 +151,30 @@ class NodeTelemetry:
             self._sup.terminate(self._failure)
 
     def failure_reason(self) -> Optional[str]:
-        return self._failure
+        """Why the run failed from node 0's point of view: a node that never joined, vanished or failed."""
+        if self._failure is not None or self.handle is None or self.config.nnodes == 1:
+            return self._failure
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if not status:
+            return None
+        hosts = status.get("hosts", {})
+
+        def name(n: int) -> str:
+            return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
+
+        parts = []
+        failed = {int(n): code for n, code in status.get("nodes_failed", {}).items()}
+        if failed:
+            parts.append(", ".join(f"{name(n)} failed (exit code {code})" for n, code in sorted(failed.items())))
+        lost = [n for n in status.get("nodes_lost", []) if n not in failed]
+        if lost:
+            parts.append(", ".join(name(n) for n in lost) + " vanished (its launcher's connection closed)")
+        missing = [n for n in range(self.config.nnodes) if n not in set(status.get("nodes_joined", []))]
+        if missing:
+            parts.append(", ".join(name(n) for n in missing) + " never joined")
+        self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
+        return "; ".join(parts) or None
 
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
