@@ -18,12 +18,15 @@ from typing import Any, Sequence
 BUCKETS = 256
 
 
-def _zeros() -> array:
-    return array("q", bytes(8 * BUCKETS))
+_ONES = array("q", [1]) * BUCKETS
+
+
+def _zeros(code: str = "q") -> array:
+    return array(code, bytes(8 * BUCKETS))
 
 
 def _merge_pairs(a: array, combine: str) -> array:
-    out = _zeros()
+    out = _zeros(a.typecode)
     for i in range(BUCKETS // 2):
         x, y = a[2 * i], a[2 * i + 1]
         out[i] = x + y if combine == "sum" else max(x, y)
@@ -35,7 +38,7 @@ class Series:
 
     def __init__(self) -> None:
         self.width = 1
-        self.step_sum = _zeros()
+        self.step_sum = _zeros("d")  # float: sums can never overflow
         self.step_cnt = _zeros()
         self.step_max = _zeros()
         self.mem_max = array("q", [-1]) * BUCKETS
@@ -67,7 +70,13 @@ class Series:
             self._grow(last)
         w = self.width
         first_b, last_b = seq // w, last // w
-        if first_b == last_b:
+        if w == 1 and step_cnt == n and self.used <= first_b:
+            # the start of a run (one record per bucket, fresh buckets): whole-slice copies
+            self.step_sum[first_b:last_b + 1] = array("d", steps)
+            self.step_max[first_b:last_b + 1] = array("q", steps)
+            self.step_cnt[first_b:last_b + 1] = _ONES[:n]
+            self.mem_max[first_b:last_b + 1] = array("q", mems)
+        elif first_b == last_b:
             self._put(first_b, step_cnt, step_sum, step_max, mem_max)
         else:
             for b in range(first_b, last_b + 1):
@@ -95,7 +104,7 @@ class Series:
         u = self.used
         return {
             "width": self.width,
-            "step_sum": list(self.step_sum[:u]),
+            "step_sum": [int(v) for v in self.step_sum[:u]],
             "step_cnt": list(self.step_cnt[:u]),
             "step_max": list(self.step_max[:u]),
             "mem_max": list(self.mem_max[:u]),

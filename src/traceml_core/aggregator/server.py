@@ -43,6 +43,8 @@ from .state import RunState
 MAX_HELLO = 64 * 1024
 RECV_SIZE = 256 * 1024
 TICK_S = 0.2
+#: pending step records are turned into statistics at least this often
+FLUSH_S = 1.0
 _BYE_STATUSES = ("clean", "error", "interrupted")
 _unpackb = msgpack.unpackb
 _unpack_header = HEADER.unpack_from
@@ -150,7 +152,9 @@ class Server:
         self.control: Optional[Conn] = None
         self.control_seen = False
         self.buffered = 0
-        self.cap = max(1, settings.sketch_sample_cap)
+        #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
+        self.unflushed: set[RankState] = set()
+        self._next_flush = 0.0
         self.done = False
         self.result: Optional[dict[str, Any]] = None
         # ending state
@@ -208,6 +212,9 @@ class Server:
                 break
             self.state.counters["handshake_timeouts"] += 1
             self._close(c)
+        if now >= self._next_flush:
+            self.flush_ranks()
+            self._next_flush = now + FLUSH_S
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -317,6 +324,12 @@ class Server:
                 del self.rank_conns[i.rank]
                 rs = c.rs
                 if rs is not None:
+                    if rs.pending:
+                        self.unflushed.discard(rs)
+                        rejected = rs.flush()  # the connection is gone anyway
+                        if rejected:
+                            self.state.records -= rejected
+                            self.state.counters["malformed"] += 1
                     rs.connected = False
                     rs.closed_at = now
                     self.state.dirty = True
@@ -437,8 +450,9 @@ class Server:
                     if msg.get("rank") != i.rank:
                         raise ProtocolError(f"steps for rank {msg.get('rank')!r} on rank {i.rank}'s connection")
                     rs = c.rs
-                    got = rs.ingest_steps(msg, self.cap)  # type: ignore[union-attr]
-                    self.state.records += got
+                    self.state.records += rs.ingest_steps(msg)  # type: ignore[union-attr]
+                    if rs.pending:  # type: ignore[union-attr]
+                        self.unflushed.add(rs)  # type: ignore[arg-type]
                     rs.last_seen = time.time()  # type: ignore[union-attr]
                     self.state.dirty = True
                 elif t == "bye":
@@ -456,7 +470,9 @@ class Server:
                         raise ProtocolError(f"relayed frame for rank {rank} outside the world")
                     rs = self.state.rank(rank)
                     if t == "steps":
-                        self.state.records += rs.ingest_steps(msg, self.cap)
+                        self.state.records += rs.ingest_steps(msg)
+                        if rs.pending:
+                            self.unflushed.add(rs)
                         rs.last_seen = time.time()
                     elif t == "bye":
                         self._rank_bye(rs, msg)
@@ -567,6 +583,9 @@ class Server:
             raise ProtocolError("bye: steps must be an integer")
         if type(dropped) is int and dropped > rs.client_dropped:
             rs.client_dropped = dropped
+        if rs.pending:
+            self.unflushed.discard(rs)
+            self._flush_rank(rs)
         rs.bye = {"status": status, "steps": steps,
                   "error": error[:4000] if isinstance(error, str) else None, "at": time.time()}
         self.state.dirty = True
@@ -607,6 +626,23 @@ class Server:
                 "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed),
                 "ranks_seen": len(st.ranks), "records": st.records}
 
+    def flush_ranks(self) -> None:
+        """Compute pending statistics; close connections whose frames proved malformed."""
+        todo, self.unflushed = self.unflushed, set()
+        for rs in todo:
+            self._flush_rank(rs)
+
+    def _flush_rank(self, rs: RankState) -> None:
+        rejected = rs.flush()
+        if rejected:
+            self.state.records -= rejected
+            self.state.counters["malformed"] += 1
+            c = self.rank_conns.get(rs.rank)
+            log(f"rank {rs.rank}: {rejected} step records rejected (malformed values)"
+                + ("; closing its connection" if c is not None else ""))
+            if c is not None:
+                self._close(c)
+
     # --- persistence and the end ----------------------------------------------------------------
     def checkpoint(self, *, final: bool = False,
                    data: Optional[dict[str, Any]] = None) -> Optional[float]:
@@ -616,6 +652,8 @@ class Server:
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
+        if data is None:
+            self.flush_ranks()
         try:
             blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
@@ -630,6 +668,7 @@ class Server:
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
+        self.flush_ranks()
         data = self.state.to_data()
         self.checkpoint(final=not provisional, data=data)
         data["run_dir_note"] = self.run_dir.note

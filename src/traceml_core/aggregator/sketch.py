@@ -38,7 +38,7 @@ ENCODING = "f32top15"
 #: at most this many buckets per sketch (2,048 = 32 octaves, e.g. 1 us to 1 h at full accuracy)
 MAX_BUCKETS = 2048
 #: fold the uncompacted counts into the dense store when they hold more distinct keys than this
-_HOT_MAX = 256
+HOT_MAX = 128
 #: index of the top 16 bits of each float32 when viewed as uint16 pairs
 _TOP = 1 if sys.byteorder == "little" else 0
 _NEG = 0x8000  # sign bit of a top-16 key: a negative value ("not measured")
@@ -64,7 +64,7 @@ def value_bucket(value: float) -> int:
 class QuantileSketch:
     """Counts of values per relative-accuracy bucket; mergeable; bounded memory."""
 
-    __slots__ = ("lo", "counts", "zero", "negative", "_hot")
+    __slots__ = ("lo", "counts", "zero", "negative", "hot", "_hot")
 
     def __init__(self) -> None:
         self.lo = 0
@@ -72,16 +72,22 @@ class QuantileSketch:
         self.zero = 0
         #: values below zero seen in sketched samples (-1 = "not measured"); not in quantiles
         self.negative = 0
+        #: uncompacted counts of weight 1 (the common case: the hot path counts straight into it
+        #: with ``_count_elements`` and calls :meth:`fold` when it holds > HOT_MAX keys)
+        self.hot: dict[int, int] = {}
         self._hot: dict[int, dict[int, int]] = {}
 
     # --- ingest ----------------------------------------------------------------------------
     def add_keys(self, keys: Iterable[int], weight: int = 1) -> None:
         """Count top-16 keys (from :func:`column_keys`), each standing for ``weight`` values."""
-        hot = self._hot.get(weight)
-        if hot is None:
-            hot = self._hot[weight] = {}
+        if weight == 1:
+            hot = self.hot
+        else:
+            hot = self._hot.get(weight)
+            if hot is None:
+                hot = self._hot[weight] = {}
         _count_elements(hot, keys)
-        if len(hot) > _HOT_MAX:
+        if len(hot) > HOT_MAX:
             self.fold()
 
     def add(self, values: Sequence[int], weight: int = 1) -> None:
@@ -89,7 +95,7 @@ class QuantileSketch:
 
     def fold(self) -> None:
         """Move the uncompacted counts into the dense store (work per distinct key, not value)."""
-        for weight, hot in self._hot.items():
+        for weight, hot in [(1, self.hot), *self._hot.items()]:
             for key, count in hot.items():
                 if key >= _NEG:
                     self.negative += count * weight
@@ -97,6 +103,7 @@ class QuantileSketch:
                     self.zero += count * weight
                 else:
                     self._bump(key >> 1, count * weight)
+        self.hot = {}
         self._hot.clear()
 
     def _bump(self, idx: int, count: int) -> None:

@@ -85,6 +85,7 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
         "telemetry": {"received": r["received"], "expected": expected,
                       "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
                       "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
+                      "rejected": r.get("rejected", 0),
                       "reconnects": max(0, r["connections"] - 1),
                       "sketched": r.get("sketched", r["received"])},
         "events": r.get("event_count", 0),
@@ -98,7 +99,7 @@ def _never_joined(rank: int, node: int) -> dict[str, Any]:
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
             "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
-                          "client_dropped": 0, "reconnects": 0, "sketched": 0},
+                          "client_dropped": 0, "rejected": 0, "reconnects": 0, "sketched": 0},
             "events": 0, "last_events": []}
 
 
