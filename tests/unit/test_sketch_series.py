@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from traceml_core.aggregator.rankstate import RankState
-from traceml_core.aggregator.series import BUCKETS, Series
+from traceml_core.aggregator.series import BUCKETS, Series, series_values
 from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
@@ -105,7 +105,8 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
         seq += n
         total += sum(steps)
         mx = max(mx, max(mems))
-    d = s.to_data()
+    d = {k: series_values(s.to_data(), k) for k in ("step_cnt", "step_sum", "mem_max")}
+    d["width"] = s.width
     assert len(d["step_cnt"]) <= BUCKETS
     assert sum(d["step_cnt"]) == seq and sum(d["step_sum"]) == total
     assert max(d["mem_max"]) == mx

@@ -7,18 +7,22 @@ Per bucket: step-time sum, count and max (mean and worst for live views and ``co
 maximum peak memory (its trend is the memory-creep evidence).
 
 A batch usually falls into one bucket, so the caller passes the batch totals it already computed;
-only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice).
+only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice), and the width also
+doubles until a batch spans at most about four buckets, so a rank with very fast steps never costs
+a Python loop per record.
 """
 
 from __future__ import annotations
 
 from array import array
+from operator import add
 from typing import Any, Sequence
 
 BUCKETS = 256
 
 
 _ONES = array("q", [1]) * BUCKETS
+_NONE = array("q", [-1]) * BUCKETS
 
 
 def _zeros(code: str = "q") -> array:
@@ -26,10 +30,10 @@ def _zeros(code: str = "q") -> array:
 
 
 def _merge_pairs(a: array, combine: str) -> array:
+    """Buckets (2i, 2i+1) -> i, in C (``map`` over strided slices); the upper half is zeroed."""
     out = _zeros(a.typecode)
-    for i in range(BUCKETS // 2):
-        x, y = a[2 * i], a[2 * i + 1]
-        out[i] = x + y if combine == "sum" else max(x, y)
+    fn = add if combine == "sum" else max
+    out[:BUCKETS // 2] = array(a.typecode, map(fn, a[0::2], a[1::2]))
     return out
 
 
@@ -41,21 +45,25 @@ class Series:
         self.step_sum = _zeros("d")  # float: sums can never overflow
         self.step_cnt = _zeros()
         self.step_max = _zeros()
-        self.mem_max = array("q", [-1]) * BUCKETS
+        self.mem_max = array("q", _NONE)
         #: number of buckets touched so far (index of the last one + 1)
         self.used = 0
 
-    def _grow(self, last_index: int) -> None:
-        while last_index // self.width >= BUCKETS:
-            self.step_sum = _merge_pairs(self.step_sum, "sum")
-            self.step_cnt = _merge_pairs(self.step_cnt, "sum")
-            self.step_max = _merge_pairs(self.step_max, "max")
-            mem = _merge_pairs(self.mem_max, "max")
-            for i in range(BUCKETS // 2, BUCKETS):
-                mem[i] = -1
-            self.mem_max = mem
-            self.width *= 2
-            self.used = (self.used + 1) // 2
+    def _double(self) -> None:
+        self.step_sum = _merge_pairs(self.step_sum, "sum")
+        self.step_cnt = _merge_pairs(self.step_cnt, "sum")
+        self.step_max = _merge_pairs(self.step_max, "max")
+        mem = _merge_pairs(self.mem_max, "max")
+        mem[BUCKETS // 2:] = _NONE[:BUCKETS // 2]
+        self.mem_max = mem
+        self.width *= 2
+        self.used = (self.used + 1) // 2
+
+    def _grow(self, last_index: int, n: int) -> None:
+        # past the last bucket, or a batch that would span more than 4 buckets (fast steps: a
+        # per-record series at the start of the run is not worth a Python loop per bucket)
+        while last_index // self.width >= BUCKETS or n > 4 * self.width:
+            self._double()
 
     def add(self, seq: int, steps: Sequence[int], mems: Sequence[int],
             step_sum: int, step_cnt: int, step_max: int, mem_max: int) -> None:
@@ -66,8 +74,8 @@ class Series:
         """
         n = len(steps)
         last = seq + n - 1
-        if last // self.width >= BUCKETS:
-            self._grow(last)
+        if last // self.width >= BUCKETS or n > 4 * self.width:
+            self._grow(last, n)
         w = self.width
         first_b, last_b = seq // w, last // w
         if w == 1 and step_cnt == n and self.used <= first_b:
@@ -101,11 +109,19 @@ class Series:
             self.mem_max[b] = mmax
 
     def to_data(self) -> dict[str, Any]:
+        """Plain data: the used buckets as raw arrays (bytes; see :func:`series_values`)."""
         u = self.used
         return {
-            "width": self.width,
-            "step_sum": [int(v) for v in self.step_sum[:u]],
-            "step_cnt": list(self.step_cnt[:u]),
-            "step_max": list(self.step_max[:u]),
-            "mem_max": list(self.mem_max[:u]),
+            "width": self.width, "used": u,
+            "step_sum": self.step_sum[:u].tobytes(),  # float64
+            "step_cnt": self.step_cnt[:u].tobytes(),  # int64
+            "step_max": self.step_max[:u].tobytes(),  # int64
+            "mem_max": self.mem_max[:u].tobytes(),  # int64, -1 = no data
         }
+
+
+def series_values(data: dict[str, Any], key: str) -> list:
+    """One metric of a serialised series as a list of numbers."""
+    arr = array("d" if key == "step_sum" else "q")
+    arr.frombytes(data[key])
+    return arr.tolist()

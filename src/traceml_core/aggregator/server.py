@@ -624,7 +624,8 @@ class Server:
         return {"t": "status",
                 "nodes_joined": sorted(n for n, ni in st.nodes.items() if ni.joined_at is not None),
                 "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed),
-                "ranks_seen": len(st.ranks), "records": st.records}
+                "ranks_seen": len(st.ranks), "records": st.records,
+                "checkpoint_s": round(self.checkpoint_seconds, 4)}
 
     def flush_ranks(self) -> None:
         """Compute pending statistics; close connections whose frames proved malformed."""

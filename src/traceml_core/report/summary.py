@@ -11,6 +11,7 @@ import time
 from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
+from ..aggregator.series import series_values
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
 from .verdicts import judge
@@ -81,7 +82,7 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
         "phases": phases,
         "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
         "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
-                      "trend": mem_trend(r["series"]["mem_max"])} if mem["count"] else None),
+                      "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
         "telemetry": {"received": r["received"], "expected": expected,
                       "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
                       "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
