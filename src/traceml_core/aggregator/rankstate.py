@@ -19,7 +19,7 @@ from typing import Any, Optional
 from ..report.thresholds import WARMUP_STEPS
 from ..wire.protocol import STEP_COLUMNS, ProtocolError
 from .series import BUCKETS, Series
-from .sketch import HOT_MAX, QuantileSketch, _count_elements, column_keys
+from .sketch import QuantileSketch, column_keys
 
 #: step columns that are durations in ns and get full statistics (order = report order)
 DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
@@ -262,14 +262,7 @@ class RankState:
                 ph.min = mn
             if cnt != n:
                 ph.unmeasured += n - cnt
-            sk = ph.sketch
-            if stride == 1:
-                hot = sk.hot
-                _count_elements(hot, keys[pos:pos + m])
-                if len(hot) > HOT_MAX:
-                    sk.fold()
-            else:
-                sk.add_keys(keys[pos:pos + m], stride)
+            ph.sketch.add_keys(keys[pos:pos + m], stride)
             pos += m
         if seq < WARMUP_STEPS:
             warm = min(n, WARMUP_STEPS - seq)

@@ -74,6 +74,9 @@ class Series:
         """
         n = len(steps)
         last = seq + n - 1
+        if not self.used:  # first data: start at a width that fits it, no merging needed
+            while last // self.width >= BUCKETS or n > 4 * self.width:
+                self.width *= 2
         if last // self.width >= BUCKETS or n > 4 * self.width:
             self._grow(last, n)
         w = self.width

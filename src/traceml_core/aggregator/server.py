@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import resource
-import selectors
 import signal
 import socket
 import sys
@@ -34,6 +33,7 @@ import msgpack
 
 from ..wire.protocol import HEADER, MAX_FRAME, PROTOCOL_VERSION, ProtocolError, encode
 from .handshake import Identity, NonceCache, check_hello
+from .poller import READ, WRITE, Poller
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
 from .rankstate import RankState
 from .settings import AggregatorSettings
@@ -59,10 +59,11 @@ def log(msg: str) -> None:
 
 
 class Conn:
-    __slots__ = ("sock", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
+    __slots__ = ("sock", "fd", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
 
     def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
         self.sock = sock
+        self.fd = sock.fileno()
         self.addr = addr
         self.buf = bytearray()
         self.out = bytearray()
@@ -143,8 +144,8 @@ class Server:
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
         self._finalize_cb = finalize
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(listener, selectors.EVENT_READ, None)
+        self.poller = Poller()
+        self.poller.register(listener.fileno(), READ, None)
         self.nonces = NonceCache()
         self.pending: dict[Conn, None] = {}  # waiting for their hello, oldest first
         self.rank_conns: dict[int, Conn] = {}
@@ -152,6 +153,8 @@ class Server:
         self.control: Optional[Conn] = None
         self.control_seen = False
         self.buffered = 0
+        self._scratch = bytearray(RECV_SIZE)
+        self._scratch_view = memoryview(self._scratch)
         #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
         self.unflushed: set[RankState] = set()
         self._next_flush = 0.0
@@ -186,18 +189,13 @@ class Server:
 
     def step(self, timeout: float) -> None:
         """One turn of the loop: serve ready sockets, then the periodic work when due."""
-        try:
-            events = self.sel.select(timeout)
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            events = []
-        for key, mask in events:
-            conn = key.data
+        for conn, readable, writable in self.poller.poll(timeout):
             if conn is None:
                 self._accept()
                 continue
-            if mask & selectors.EVENT_READ and not conn.closed:
+            if readable and not conn.closed:
                 self._read(conn)
-            if mask & selectors.EVENT_WRITE and not conn.closed:
+            if writable and not conn.closed:
                 self._flush(conn)
         now = time.monotonic()
         if now >= self._next_tick:
@@ -298,7 +296,7 @@ class Server:
                 self._close(next(iter(self.pending)))
             c = Conn(sock, addr, time.monotonic() + self.settings.handshake_timeout_s)
             self.pending[c] = None
-            self.sel.register(sock, selectors.EVENT_READ, c)
+            self.poller.register(c.fd, READ, c)
 
     def _close(self, c: Conn) -> None:
         if c.closed:
@@ -307,10 +305,7 @@ class Server:
         self.buffered -= len(c.buf)
         c.buf = bytearray()
         self.pending.pop(c, None)
-        try:
-            self.sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
+        self.poller.unregister(c.fd)
         try:
             c.sock.close()
         except OSError:
@@ -369,10 +364,7 @@ class Server:
             return
         if sent < len(data):
             c.out += data[sent:]
-            try:
-                self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
-            except (KeyError, ValueError):
-                pass
+            self.poller.modify(c.fd, READ | WRITE)
 
     def _flush(self, c: Conn) -> None:
         try:
@@ -384,54 +376,58 @@ class Server:
             return
         del c.out[:sent]
         if not c.out:
-            try:
-                self.sel.modify(c.sock, selectors.EVENT_READ, c)
-            except (KeyError, ValueError):
-                pass
+            self.poller.modify(c.fd, READ)
 
     def _read(self, c: Conn) -> None:
+        # recv_into one reused buffer (sock.recv(256 KiB) would allocate 256 KiB per call); whole
+        # frames are decoded straight from it, only a partial frame is copied to the connection
         try:
-            data = c.sock.recv(RECV_SIZE)
+            got = c.sock.recv_into(self._scratch)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(c)
             return
-        if not data:
+        if not got:
             self._close(c)
             return
         buf = c.buf
-        buf += data
-        self.buffered += len(data)
+        if buf:
+            buf += self._scratch_view[:got]
+            self.buffered += got
+            data = buf
+            size = len(buf)
+        else:
+            data = self._scratch_view
+            size = got
         limit = MAX_FRAME if c.ident is not None else MAX_HELLO
-        size = len(buf)
         off = 0
-        mv = memoryview(buf)
-        try:
-            while size - off >= 4:
-                (length,) = _unpack_header(buf, off)
-                if length > limit:
-                    self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
-                    return
-                end = off + 4 + length
-                if end > size:
-                    break
-                try:
-                    msg = _unpackb(mv[off + 4:end], raw=False, strict_map_key=False)
-                except Exception as exc:
-                    self._malformed(c, f"undecodable frame ({type(exc).__name__})")
-                    return
-                off = end
-                if type(msg) is not dict:
-                    self._malformed(c, "frame is not a map")
-                    return
-                if not self._dispatch(c, msg):
-                    return
-        finally:
-            mv.release()
-        if off:
-            del buf[:off]
-            self.buffered -= off
+        while size - off >= 4:
+            (length,) = _unpack_header(data, off)
+            if length > limit:
+                self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
+                return
+            end = off + 4 + length
+            if end > size:
+                break
+            try:
+                msg = _unpackb(data[off + 4:end], raw=False, strict_map_key=False)
+            except Exception as exc:
+                self._malformed(c, f"undecodable frame ({type(exc).__name__})")
+                return
+            off = end
+            if type(msg) is not dict:
+                self._malformed(c, "frame is not a map")
+                return
+            if not self._dispatch(c, msg):
+                return
+        if data is buf:
+            if off:
+                del buf[:off]
+                self.buffered -= off
+        elif off < size:
+            buf += self._scratch_view[off:size]
+            self.buffered += size - off
         if buf and self.buffered > self.settings.max_buffered_bytes:
             self.state.counters["overload"] += 1
             log(f"closing {c.label()}: aggregator buffers full ({self.buffered} bytes)")
@@ -706,12 +702,9 @@ class Server:
                 time.sleep(0.005)
 
     def close(self) -> None:
-        try:
-            self.sel.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
+        self.poller.unregister(self.listener.fileno())
         self.listener.close()
-        self.sel.close()
+        self.poller.close()
 
 
 __all__ = ["Server", "BindError", "open_listener", "raise_fd_limit", "log", "MAX_HELLO"]
