@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from traceml_core.aggregator.process import start_aggregator  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
-from traceml_core.wire.protocol import HEADER, STEP_COLUMNS, FrameBuffer, encode, make_hello  # noqa: E402
+from traceml_core.wire.protocol import HEADER, FrameBuffer, encode, make_hello  # noqa: E402
 
 TOKEN = "bench-token"
 RUN = "bench"

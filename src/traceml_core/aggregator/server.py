@@ -1,4 +1,4 @@
-"""The aggregator's network loop: one ``selectors`` loop, non-blocking sockets, no thread per peer.
+"""The aggregator's network loop: one epoll/selectors loop, non-blocking sockets, no thread per peer.
 
 Defences (issue 9): a hello must arrive within ``handshake_timeout_s`` and fit in
 :data:`MAX_HELLO` bytes; at most ``max_pending_handshakes`` connections may wait for their hello
@@ -170,6 +170,7 @@ class Server:
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self._refusal_logs = 0
+        self._listener_paused_until: Optional[float] = None
         self.checkpoint_seconds = 0.0
 
     # --- loop --------------------------------------------------------------------------------
@@ -203,6 +204,9 @@ class Server:
             self._tick(now)
 
     def _tick(self, now: float) -> None:
+        if self._listener_paused_until is not None and now >= self._listener_paused_until:
+            self._listener_paused_until = None
+            self.poller.register(self.listener.fileno(), READ, None)
         # slowloris: pending connections past their deadline
         while self.pending:
             c = next(iter(self.pending))
@@ -278,11 +282,17 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and self.pending:
-                    # out of descriptors: make room by dropping the oldest unauthenticated peer
-                    self.state.counters["evicted"] += 1
-                    self._close(next(iter(self.pending)))
-                    continue
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    if self.pending:
+                        # out of descriptors: make room by dropping the oldest unauthenticated peer
+                        self.state.counters["evicted"] += 1
+                        self._close(next(iter(self.pending)))
+                        continue
+                    # nothing to drop: stop accepting for a moment instead of spinning on it
+                    log("out of file descriptors: not accepting new connections for 1 s")
+                    self.poller.unregister(self.listener.fileno())
+                    self._listener_paused_until = time.monotonic() + 1.0
+                    return
                 log(f"accept failed: {exc}")
                 return
             sock.setblocking(False)
