@@ -220,15 +220,16 @@ class RankState:
                 continue
             if mx > MAX_VALUE:
                 raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+            total = sum(col)  # over every value: one float anywhere makes it a float
+            if type(total) is not int:
+                raise ProtocolError(f"steps: column {name!r} holds non-integers")
             sample = col if stride == 1 else col[off::stride]
             mn = min(sample)
             if mn < 0:  # some records not measured: filter exactly (rare; not the fast path)
                 col = [v for v in col if v >= 0]
                 sample = col if stride == 1 else (col[off % len(col)::stride] or col)
                 mn = min(sample)
-            total = sum(col)
-            if type(total) is not int:
-                raise ProtocolError(f"steps: column {name!r} holds non-integers")
+                total = sum(col)
             measured.append((ph, col, len(sample), total, mx, mn))
             flat += sample
         keys = column_keys(flat)  # one C conversion for every sketched value of the frame
@@ -237,13 +238,16 @@ class RankState:
         mem_sum = mem_n = 0
         if mem_max > MAX_VALUE:
             raise ProtocolError("steps: mem_peak holds a value out of range")
+        mem_series = None
         if mem_max >= 0:
-            if min(mem if stride == 1 else mem[off::stride]) < 0:
-                mem = [v for v in mem if v >= 0]
+            mem_series = mem
             mem_sum = sum(mem)
-            mem_n = len(mem)
             if type(mem_sum) is not int:
                 raise ProtocolError("steps: mem_peak holds non-integers")
+            if min(mem if stride == 1 else mem[off::stride]) < 0:
+                mem = [v for v in mem if v >= 0]
+                mem_sum = sum(mem)
+            mem_n = len(mem)
 
         # --- apply -------------------------------------------------------------------------------
         contiguous = seq == self._proc_next
@@ -308,7 +312,7 @@ class RankState:
             if b >= series.used:
                 series.used = b + 1
         else:
-            series.add(seq, cols["step_ns"], cols["mem_peak"], step_sum, step_cnt, step_max, mem_max)
+            series.add(seq, cols["step_ns"], mem_series, step_sum, step_cnt, step_max, mem_max)
         # raw tail for live views (cli/dashboard modes): references to whole batches, trimmed
         # by record count; summary mode keeps none (it is never read, and costs memory per rank)
         keep = self.tail_keep

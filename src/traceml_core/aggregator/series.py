@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from array import array
 from operator import add
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 BUCKETS = 256
 
@@ -65,12 +65,13 @@ class Series:
         while last_index // self.width >= BUCKETS or n > 4 * self.width:
             self._double()
 
-    def add(self, seq: int, steps: Sequence[int], mems: Sequence[int],
+    def add(self, seq: int, steps: Sequence[int], mems: Optional[Sequence[int]],
             step_sum: int, step_cnt: int, step_max: int, mem_max: int) -> None:
         """Record ``len(steps)`` records starting at ``seq``; negative values mean not measured.
 
         ``step_sum``/``step_cnt``/``step_max``/``mem_max`` are the batch totals over measured values
-        (the caller passes ``-1`` for a max when that column holds no measurement).
+        (the caller passes ``-1`` for a max, and ``None`` for ``mems``, when that column holds no
+        measurement).
         """
         n = len(steps)
         last = seq + n - 1
@@ -86,7 +87,8 @@ class Series:
             self.step_sum[first_b:last_b + 1] = array("d", steps)
             self.step_max[first_b:last_b + 1] = array("q", steps)
             self.step_cnt[first_b:last_b + 1] = _ONES[:n]
-            self.mem_max[first_b:last_b + 1] = array("q", mems)
+            if mems is not None:
+                self.mem_max[first_b:last_b + 1] = array("q", mems)
         elif first_b == last_b:
             self._put(first_b, step_cnt, step_sum, step_max, mem_max)
         else:
@@ -97,8 +99,8 @@ class Series:
                 smax = max(st)
                 if smax >= 0 and min(st) < 0:
                     st = [v for v in st if v >= 0]
-                self._put(b, len(st) if smax >= 0 else 0, sum(st) if smax >= 0 else 0, smax,
-                          max(mems[lo:hi]))
+                self._put(b, len(st) if smax >= 0 else 0, sum(st) if smax >= 0 else 0,
+                          smax if smax >= 0 else -1, max(mems[lo:hi]) if mems is not None else -1)
         if last_b + 1 > self.used:
             self.used = last_b + 1
 
