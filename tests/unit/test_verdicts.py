@@ -22,7 +22,7 @@ def _run(nnodes: int, nproc: int, per_rank: Callable[[int], dict[str, Any]], ste
         t0 = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
             rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0,
-                             "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))}, 64)
+                             "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))})
     for node, samples in (system or {}).items():
         st.node_system(node).ingest(f"gpu-node-{node}", samples)
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}

@@ -54,7 +54,7 @@ class AggregatorSettings:
     max_pending_handshakes: int = 1024
     #: at most this many records of one batch feed the quantile sketches (systematic sample,
     #: weighted); counts, sums and maxima always use every record
-    sketch_sample_cap: int = 64
+    sketch_sample_cap: int = 16
     #: upper bound on bytes buffered across all connections before the biggest is cut
     max_buffered_bytes: int = 512 * 1024 * 1024
 

@@ -45,7 +45,7 @@ On the ``control`` connection (launcher → aggregator):
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
 ``query``   ``{"t"}``: answered with ``status`` ``{"t","nodes_joined","ranks_connected",
-            "ranks_seen","records"}`` (e.g. for the launcher's node-join wait).
+            "ranks_seen","records","checkpoint_s"}`` (e.g. for the launcher's node-join wait).
 """
 
 from __future__ import annotations
