@@ -27,6 +27,9 @@ from . import hotpath
 _installed = False
 _copy_installed = False
 _patched_classes: set[type] = set()
+#: (owner, attribute, original) of everything replaced, for :func:`uninstall`
+_originals: list[tuple[Any, str, Any]] = []
+_hook_handles: list[Any] = []
 
 
 def install_global() -> None:
@@ -42,16 +45,18 @@ def install_global() -> None:
     if not getattr(base.__next__, "_traceml", False):
         wrapped = hotpath.timed_next(base.__next__)
         wrapped._traceml = True  # type: ignore[attr-defined]
+        _originals.append((base, "__next__", base.__next__))
         base.__next__ = wrapped  # type: ignore[method-assign]
 
     if not getattr(torch.autograd.backward, "_traceml", False):
         orig = torch.autograd.backward
         wrapped_bwd = functools.wraps(orig)(hotpath.timed_backward(orig))
         wrapped_bwd._traceml = True  # type: ignore[attr-defined]
+        _originals.append((torch.autograd, "backward", orig))
         torch.autograd.backward = wrapped_bwd  # type: ignore[assignment]
 
-    optim_mod.register_optimizer_step_pre_hook(hotpath.optimizer_pre_hook)
-    optim_mod.register_optimizer_step_post_hook(hotpath.optimizer_post_hook)
+    _hook_handles.append(optim_mod.register_optimizer_step_pre_hook(hotpath.optimizer_pre_hook))
+    _hook_handles.append(optim_mod.register_optimizer_step_post_hook(hotpath.optimizer_post_hook))
     _installed = True
 
 
@@ -68,6 +73,7 @@ def install_copy_timing() -> None:
             continue
         wrapped = functools.wraps(orig)(hotpath.timed_copy(orig))
         wrapped._traceml = True  # type: ignore[attr-defined]
+        _originals.append((torch.Tensor, name, orig))
         setattr(torch.Tensor, name, wrapped)
     _copy_installed = True
 
@@ -87,15 +93,41 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
             if not getattr(orig, "_traceml", False):
                 wrapped = functools.wraps(orig)(hotpath.timed_forward(orig))
                 wrapped._traceml = True  # type: ignore[attr-defined]
+                _originals.append((cls, "forward", cls.__dict__.get("forward", _INHERITED)))
                 cls.forward = wrapped
             _patched_classes.add(cls)
         key = id(model)
         recorder.models.add(key)
+        recorder.model = model
+        recorder.fwd0 = 0
         try:
             weakref.finalize(model, recorder.models.discard, key)
         except TypeError:
             pass
     return _cuda_device(model)
+
+
+_INHERITED = object()
+
+
+def uninstall() -> None:
+    """Put every patched attribute back (benchmarks compare against a truly untouched torch).
+
+    Training code never needs this: with tracing off every wrapper is a pass-through."""
+    global _installed, _copy_installed
+    while _originals:
+        owner, name, orig = _originals.pop()
+        if orig is _INHERITED:
+            try:
+                delattr(owner, name)
+            except AttributeError:
+                pass
+        else:
+            setattr(owner, name, orig)
+    while _hook_handles:
+        _hook_handles.pop().remove()
+    _patched_classes.clear()
+    _installed = _copy_installed = False
 
 
 def _cuda_device(model: Any) -> Optional[Any]:
