@@ -402,9 +402,122 @@ def timed_copy(orig_method: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
+def timed_step(orig_step: Callable[..., Any]) -> Callable[..., Any]:
+    """Generic wrapper of an optimizer class's ``step`` (see :func:`make_step`)."""
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        r = REC
+        if r is None or not r.active or r.opt_owner is not None:
+            return orig_step(self, *args, **kwargs)
+        r.opt_owner = self
+        if r.gpu is not None:
+            r.gpu.opt_start()
+        t0 = perf_counter_ns()
+        out = orig_step(self, *args, **kwargs)
+        r.opt += perf_counter_ns() - t0
+        r.opt_owner = None
+        if r.gpu is not None:
+            r.gpu.opt_stop()
+        return out
+
+    return step
+
+
+# ---- the same wrappers generated with the wrapped function's own parameters (codegen.py) ----------
+# Only ``_tm_``-prefixed names are used inside, so no parameter of the wrapped function can shadow
+# them (codegen refuses parameters with that prefix).
+
+_tm_REC: Optional[StepRecorder] = None
+_tm_pc = perf_counter_ns
+_tm_id = id
+_TM_C_FWD, _TM_C_BWD = C_FWD, C_BWD
+
+_FORWARD_TEMPLATE = """
+    def _tm_wrapper({params}):
+        _tm_r = _tm_REC
+        if _tm_r is None or ({self} is not _tm_r.model and _tm_id({self}) not in _tm_r.models):
+            return _tm_orig({call})
+        if not _tm_r.active:
+            _tm_r.pending_input = 0
+            if _tm_r.gpu is not None:
+                _tm_r.gpu.clear_pre()
+            return _tm_orig({call})
+        if _tm_r.in_fwd:
+            return _tm_orig({call})
+        _tm_r.in_fwd = True
+        if _tm_r.gpu is None:
+            _tm_t0 = _tm_pc()
+            _tm_out = _tm_orig({call})
+            _tm_r.fwd += _tm_pc() - _tm_t0
+        else:
+            _tm_gpu = _tm_r.gpu
+            _tm_ev = _tm_gpu.start()
+            _tm_t0 = _tm_pc()
+            _tm_out = _tm_orig({call})
+            _tm_r.fwd += _tm_pc() - _tm_t0
+            _tm_gpu.stop(_TM_C_FWD, _tm_ev)
+        _tm_r.in_fwd = False
+        return _tm_out"""
+
+_BACKWARD_TEMPLATE = """
+    def _tm_wrapper({params}):
+        _tm_r = _tm_REC
+        if _tm_r is None or not _tm_r.active:
+            return _tm_orig({call})
+        if _tm_r.gpu is None:
+            _tm_t0 = _tm_pc()
+            _tm_out = _tm_orig({call})
+            _tm_r.bwd += _tm_pc() - _tm_t0
+            return _tm_out
+        _tm_gpu = _tm_r.gpu
+        _tm_ev = _tm_gpu.start()
+        _tm_t0 = _tm_pc()
+        _tm_out = _tm_orig({call})
+        _tm_r.bwd += _tm_pc() - _tm_t0
+        _tm_gpu.stop(_TM_C_BWD, _tm_ev)
+        return _tm_out"""
+
+_STEP_TEMPLATE = """
+    def _tm_wrapper({params}):
+        _tm_r = _tm_REC
+        if _tm_r is None or not _tm_r.active or _tm_r.opt_owner is not None:
+            return _tm_orig({call})
+        _tm_r.opt_owner = {self}
+        if _tm_r.gpu is not None:
+            _tm_r.gpu.opt_start()
+        _tm_t0 = _tm_pc()
+        _tm_out = _tm_orig({call})
+        _tm_r.opt += _tm_pc() - _tm_t0
+        _tm_r.opt_owner = None
+        if _tm_r.gpu is not None:
+            _tm_r.gpu.opt_stop()
+        return _tm_out"""
+
+
+def make_forward(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from .codegen import specialise
+
+    return specialise(orig, _FORWARD_TEMPLATE, timed_forward, globals(), first_param="self")
+
+
+def make_backward(orig: Callable[..., Any]) -> Callable[..., Any]:
+    from .codegen import specialise
+
+    return specialise(orig, _BACKWARD_TEMPLATE, timed_backward, globals())
+
+
+def make_step(orig: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap an optimizer class's ``step``: one call per step instead of torch's two global hooks
+    (pre and post), which was measured ~0.3 us cheaper per step; an optimizer stepping inside
+    another (a wrapper such as ZeroRedundancyOptimizer) is counted once, by the outer one."""
+    from .codegen import specialise
+
+    return specialise(orig, _STEP_TEMPLATE, timed_step, globals(), first_param="self")
+
+
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-    """Global ``Optimizer.step`` pre-hook; an optimizer stepping inside another (a wrapper such as
-    ZeroRedundancyOptimizer) is counted once, by the outer one."""
+    """Global ``Optimizer.step`` pre-hook: the fallback when an optimizer class's ``step`` cannot
+    be wrapped (see patches.py). Nested optimizers are counted once, by the outer one."""
     r = REC
     if r is not None and r.active and r.opt_owner is None:
         r.opt_owner = optimizer
@@ -423,5 +536,5 @@ def optimizer_post_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def set_recorder(recorder: Optional[StepRecorder]) -> None:
-    global REC
-    REC = recorder
+    global REC, _tm_REC
+    REC = _tm_REC = recorder

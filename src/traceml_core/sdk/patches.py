@@ -4,13 +4,16 @@
   inherit it) -- so the user's iterator keeps its type, ``len()`` and every attribute;
 * backward: ``torch.autograd.backward``, which ``Tensor.backward`` calls (so ``loss.backward()``,
   AMP's ``scaler.scale(loss).backward()`` and direct calls are all seen);
-* optimizer: torch's global ``register_optimizer_step_pre_hook``/``post_hook``;
+* optimizer: each optimizer class's ``step`` (one call per step; torch's global pre/post hooks
+  would be two), see :func:`_install_optimizer_timing`;
 * forward: the ``forward`` of each traced model's *class*, checking ``id(self)`` against the
   traced set. Module hooks (``register_forward_pre_hook``) were measured first: they push
   ``nn.Module.__call__`` onto its slow path and cost about 2 us per call on our test machine,
   half the whole budget; the class-level wrapper costs about 0.2 us. Patching the class, not the
   instance, keeps ``copy.deepcopy(model)`` (EMA copies) and ``torch.save(model)`` working, and
   ``functools.wraps`` keeps ``inspect.signature(model.forward)``;
+* the forward, backward and step wrappers are generated with the wrapped function's own
+  parameters (codegen.py), which avoids packing ``*args, **kwargs`` on every call;
 * CUDA only: ``Tensor.to``/``Tensor.cuda`` for host-to-device copies.
 
 Every wrapper passes straight through when tracing is off (``hotpath.REC is None``).
@@ -33,12 +36,11 @@ _hook_handles: list[Any] = []
 
 
 def install_global() -> None:
-    """DataLoader, backward and optimizer hooks (idempotent)."""
+    """DataLoader, backward and optimizer timing (idempotent)."""
     global _installed
     if _installed:
         return
     import torch
-    import torch.optim.optimizer as optim_mod
     from torch.utils.data import dataloader as dl
 
     base = dl._BaseDataLoaderIter
@@ -50,14 +52,61 @@ def install_global() -> None:
 
     if not getattr(torch.autograd.backward, "_traceml", False):
         orig = torch.autograd.backward
-        wrapped_bwd = functools.wraps(orig)(hotpath.timed_backward(orig))
+        wrapped_bwd = hotpath.make_backward(orig)
         wrapped_bwd._traceml = True  # type: ignore[attr-defined]
         _originals.append((torch.autograd, "backward", orig))
         torch.autograd.backward = wrapped_bwd  # type: ignore[assignment]
 
-    _hook_handles.append(optim_mod.register_optimizer_step_pre_hook(hotpath.optimizer_pre_hook))
-    _hook_handles.append(optim_mod.register_optimizer_step_post_hook(hotpath.optimizer_post_hook))
+    _install_optimizer_timing()
     _installed = True
+
+
+def _install_optimizer_timing() -> None:
+    """Time ``Optimizer.step`` by wrapping each optimizer class's (torch-hooked) ``step``.
+
+    torch wraps a class's ``step`` the first time an instance is created
+    (``Optimizer._patch_step_function`` via the ``profile_hook_step`` staticmethod). So: classes
+    already wrapped (optimizers created before ``init()``) are found among ``Optimizer``'s
+    subclasses and wrapped now; classes created later go through our ``profile_hook_step``. One
+    wrapper call per step, where torch's global pre/post hooks would be two.
+    """
+    from torch.optim import optimizer as optim_mod
+    from torch.optim.optimizer import Optimizer
+
+    orig_phs = Optimizer.__dict__.get("profile_hook_step")
+    if isinstance(orig_phs, staticmethod) and not getattr(orig_phs.__func__, "_traceml", False):
+        torch_hook_step = orig_phs.__func__
+
+        def profile_hook_step(func: Any) -> Any:
+            return _wrap_step(torch_hook_step(func))
+
+        profile_hook_step._traceml = True  # type: ignore[attr-defined]
+        _originals.append((Optimizer, "profile_hook_step", orig_phs))
+        Optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[method-assign]
+    else:   # an unexpected torch: fall back to the global hooks
+        _hook_handles.append(optim_mod.register_optimizer_step_pre_hook(hotpath.optimizer_pre_hook))
+        _hook_handles.append(optim_mod.register_optimizer_step_post_hook(hotpath.optimizer_post_hook))
+        return
+
+    stack = list(Optimizer.__subclasses__())
+    seen: set[type] = set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        step = cls.__dict__.get("step")
+        if step is not None and getattr(step, "hooked", False) and not getattr(step, "_traceml", False):
+            _originals.append((cls, "step", step))
+            cls.step = _wrap_step(step)
+
+
+def _wrap_step(step: Any) -> Any:
+    wrapped = hotpath.make_step(step)
+    wrapped._traceml = True
+    wrapped.hooked = True       # torch's marker: "already wrapped, do not wrap again"
+    return wrapped
 
 
 def install_copy_timing() -> None:
@@ -91,7 +140,7 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
         if cls not in _patched_classes:
             orig = cls.forward
             if not getattr(orig, "_traceml", False):
-                wrapped = functools.wraps(orig)(hotpath.timed_forward(orig))
+                wrapped = hotpath.make_forward(orig)
                 wrapped._traceml = True  # type: ignore[attr-defined]
                 _originals.append((cls, "forward", cls.__dict__.get("forward", _INHERITED)))
                 cls.forward = wrapped
