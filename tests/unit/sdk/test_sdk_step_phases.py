@@ -209,3 +209,32 @@ def test_exception_inside_a_step_propagates_and_the_step_is_kept(sdk, sink):
         pass
     cols = finish(sdk, sink).columns
     assert cols["step"] == [0, 1]
+
+
+def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
+    from traceml_core.sdk import patches
+
+    patches.uninstall()                               # a fresh process: nothing patched yet
+
+    class EarlyOpt(torch.optim.SGD):
+        pass
+
+    class LateOpt(torch.optim.SGD):
+        pass
+
+    model = tiny_mlp()
+    early = EarlyOpt(model.parameters(), lr=0.01)     # torch wraps EarlyOpt.step now
+    start(sdk, sink)
+    late = LateOpt(model.parameters(), lr=0.01)       # and LateOpt.step after init
+    x, y = torch.randn(8, 32), torch.randn(8, 1)
+    for opt in (early, late, early):
+        with sdk.trace_step(model):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with sdk.trace_step(model):       # a step without an optimizer step
+        model(x)
+    cols = finish(sdk, sink).columns
+    assert all(v > 0 for v in cols["optimizer_ns"][:3]) and cols["optimizer_ns"][3] == 0
+    assert cols["backward_ns"][3] == 0
