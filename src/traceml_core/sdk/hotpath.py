@@ -90,7 +90,7 @@ class StepRecorder:
     __slots__ = (
         # hot fields first
         "active", "t0", "inp", "fwd", "bwd", "opt", "opt_t0", "opt_owner", "pending_input",
-        "in_fwd", "depth", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model",
+        "in_fwd", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model",
         "models", "fwd0",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
@@ -119,8 +119,7 @@ class StepRecorder:
         self.seal_at = perf_counter_ns() + self.seal_ns
         self.dropped = 0      # records the hot path dropped (no free batch); hot path writes it
         self.discarded = 0    # records the client thread discarded (refused, flush timed out)
-        self.depth = 0        # nested trace_step blocks inside the active one
-        self.active = False
+        self.active = 0       # 0 outside a step; 1 inside; 1 + n inside n nested trace_step blocks
         self.t0 = 0           # step start, moved back by the input wait credited before entry
         self.pending_input = 0
         self.inp = 0
@@ -240,17 +239,15 @@ class StepContext:
 
     def __enter__(self) -> "StepContext":
         r = self.r
-        if r.active:
-            r.depth += 1
+        if r.active:            # nested trace_step: counts toward the outer step
+            r.active += 1
             return self
-        r.active = True
+        r.active = 1
         inp = r.pending_input
         r.inp = inp
         r.pending_input = 0
         r.fwd = r.fwd0
         r.bwd = r.opt = 0
-        r.in_fwd = False
-        r.opt_owner = None
         if r.gpu is not None:
             r.gpu.begin_step()
         # the fetch made just before entering is part of the step: start the clock that much earlier
@@ -260,12 +257,12 @@ class StepContext:
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
         t1 = perf_counter_ns()
         r = self.r
-        if r.depth:
-            r.depth -= 1
+        a = r.active
+        if a != 1:
+            if a:
+                r.active = a - 1
             return False
-        if not r.active:
-            return False
-        r.active = False
+        r.active = 0
         mem = r.mem
         r.mem = r.mem_last
         if r.gpu is not None:
@@ -333,18 +330,20 @@ def timed_forward(orig_forward: Callable[..., Any]) -> Callable[..., Any]:
         if r.in_fwd:    # a traced model inside another traced model: counted once, by the outer
             return orig_forward(self, *args, **kwargs)
         r.in_fwd = True
-        if r.gpu is None:
-            t0 = perf_counter_ns()
-            out = orig_forward(self, *args, **kwargs)
-            r.fwd += perf_counter_ns() - t0
-        else:
-            gpu = r.gpu
-            ev = gpu.start()
-            t0 = perf_counter_ns()
-            out = orig_forward(self, *args, **kwargs)
-            r.fwd += perf_counter_ns() - t0
-            gpu.stop(C_FWD, ev)
-        r.in_fwd = False        # (left True by an exception; the next step's entry resets it)
+        try:
+            if r.gpu is None:
+                t0 = perf_counter_ns()
+                out = orig_forward(self, *args, **kwargs)
+                r.fwd += perf_counter_ns() - t0
+            else:
+                gpu = r.gpu
+                ev = gpu.start()
+                t0 = perf_counter_ns()
+                out = orig_forward(self, *args, **kwargs)
+                r.fwd += perf_counter_ns() - t0
+                gpu.stop(C_FWD, ev)
+        finally:                # (free in 3.11+ when nothing is raised)
+            r.in_fwd = False
         return out
 
     return forward
@@ -410,14 +409,16 @@ def timed_step(orig_step: Callable[..., Any]) -> Callable[..., Any]:
         if r is None or not r.active or r.opt_owner is not None:
             return orig_step(self, *args, **kwargs)
         r.opt_owner = self
-        if r.gpu is not None:
-            r.gpu.opt_start()
-        t0 = perf_counter_ns()
-        out = orig_step(self, *args, **kwargs)
-        r.opt += perf_counter_ns() - t0
-        r.opt_owner = None
-        if r.gpu is not None:
-            r.gpu.opt_stop()
+        try:
+            if r.gpu is not None:
+                r.gpu.opt_start()
+            t0 = perf_counter_ns()
+            out = orig_step(self, *args, **kwargs)
+            r.opt += perf_counter_ns() - t0
+            if r.gpu is not None:
+                r.gpu.opt_stop()
+        finally:
+            r.opt_owner = None
         return out
 
     return step
@@ -445,18 +446,20 @@ _FORWARD_TEMPLATE = """
         if _tm_r.in_fwd:
             return _tm_orig({call})
         _tm_r.in_fwd = True
-        if _tm_r.gpu is None:
-            _tm_t0 = _tm_pc()
-            _tm_out = _tm_orig({call})
-            _tm_r.fwd += _tm_pc() - _tm_t0
-        else:
-            _tm_gpu = _tm_r.gpu
-            _tm_ev = _tm_gpu.start()
-            _tm_t0 = _tm_pc()
-            _tm_out = _tm_orig({call})
-            _tm_r.fwd += _tm_pc() - _tm_t0
-            _tm_gpu.stop(_TM_C_FWD, _tm_ev)
-        _tm_r.in_fwd = False
+        try:
+            if _tm_r.gpu is None:
+                _tm_t0 = _tm_pc()
+                _tm_out = _tm_orig({call})
+                _tm_r.fwd += _tm_pc() - _tm_t0
+            else:
+                _tm_gpu = _tm_r.gpu
+                _tm_ev = _tm_gpu.start()
+                _tm_t0 = _tm_pc()
+                _tm_out = _tm_orig({call})
+                _tm_r.fwd += _tm_pc() - _tm_t0
+                _tm_gpu.stop(_TM_C_FWD, _tm_ev)
+        finally:
+            _tm_r.in_fwd = False
         return _tm_out"""
 
 _BACKWARD_TEMPLATE = """
@@ -483,14 +486,16 @@ _STEP_TEMPLATE = """
         if _tm_r is None or not _tm_r.active or _tm_r.opt_owner is not None:
             return _tm_orig({call})
         _tm_r.opt_owner = {self}
-        if _tm_r.gpu is not None:
-            _tm_r.gpu.opt_start()
-        _tm_t0 = _tm_pc()
-        _tm_out = _tm_orig({call})
-        _tm_r.opt += _tm_pc() - _tm_t0
-        _tm_r.opt_owner = None
-        if _tm_r.gpu is not None:
-            _tm_r.gpu.opt_stop()
+        try:
+            if _tm_r.gpu is not None:
+                _tm_r.gpu.opt_start()
+            _tm_t0 = _tm_pc()
+            _tm_out = _tm_orig({call})
+            _tm_r.opt += _tm_pc() - _tm_t0
+            if _tm_r.gpu is not None:
+                _tm_r.gpu.opt_stop()
+        finally:
+            _tm_r.opt_owner = None
         return _tm_out"""
 
 
@@ -519,7 +524,8 @@ def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:
     """Global ``Optimizer.step`` pre-hook: the fallback when an optimizer class's ``step`` cannot
     be wrapped (see patches.py). Nested optimizers are counted once, by the outer one."""
     r = REC
-    if r is not None and r.active and r.opt_owner is None:
+    # (an owner left from an earlier step means that step's optimizer raised: start afresh)
+    if r is not None and r.active and (r.opt_owner is None or r.opt_t0 < r.t0):
         r.opt_owner = optimizer
         if r.gpu is not None:
             r.gpu.opt_start()
