@@ -29,6 +29,8 @@ from . import hotpath
 
 _installed = False
 _copy_installed = False
+#: wrappers are generated in their CUDA variant once a CUDA model is traced (see enable_gpu)
+_gpu_mode = False
 _patched_classes: set[type] = set()
 #: (owner, attribute, original) of everything replaced, for :func:`uninstall`
 _originals: list[tuple[Any, str, Any]] = []
@@ -52,7 +54,7 @@ def install_global() -> None:
 
     if not getattr(torch.autograd.backward, "_traceml", False):
         orig = torch.autograd.backward
-        wrapped_bwd = hotpath.make_backward(orig)
+        wrapped_bwd = hotpath.make_backward(orig, gpu=_gpu_mode)
         wrapped_bwd._traceml = True  # type: ignore[attr-defined]
         _originals.append((torch.autograd, "backward", orig))
         torch.autograd.backward = wrapped_bwd  # type: ignore[assignment]
@@ -103,7 +105,7 @@ def _install_optimizer_timing() -> None:
 
 
 def _wrap_step(step: Any) -> Any:
-    wrapped = hotpath.make_step(step)
+    wrapped = hotpath.make_step(step, gpu=_gpu_mode)
     wrapped._traceml = True
     wrapped.hooked = True       # torch's marker: "already wrapped, do not wrap again"
     return wrapped
@@ -136,15 +138,7 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
     """Time ``model``'s forward from now on; returns the CUDA device its parameters live on."""
     model, compiled = unwrap_compiled(model)
     if not compiled:
-        cls = type(model)
-        if cls not in _patched_classes:
-            orig = cls.forward
-            if not getattr(orig, "_traceml", False):
-                wrapped = hotpath.make_forward(orig)
-                wrapped._traceml = True  # type: ignore[attr-defined]
-                _originals.append((cls, "forward", cls.__dict__.get("forward", _INHERITED)))
-                cls.forward = wrapped
-            _patched_classes.add(cls)
+        _patch_forward(type(model))
         key = id(model)
         recorder.models.add(key)
         recorder.model = model
@@ -154,6 +148,34 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
         except TypeError:
             pass
     return _cuda_device(model)
+
+
+def _patch_forward(cls: type) -> None:
+    if cls in _patched_classes:
+        return
+    orig = cls.forward
+    if not getattr(orig, "_traceml", False):
+        wrapped = hotpath.make_forward(orig, gpu=_gpu_mode)
+        wrapped._traceml = True  # type: ignore[attr-defined]
+        _originals.append((cls, "forward", cls.__dict__.get("forward", _INHERITED)))
+        cls.forward = wrapped  # type: ignore[method-assign]
+    _patched_classes.add(cls)
+
+
+def enable_gpu() -> None:
+    """Regenerate every wrapper in its CUDA variant (once, when a CUDA model is first traced)."""
+    global _gpu_mode
+    if _gpu_mode:
+        return
+    classes = list(_patched_classes)
+    was_installed = _installed
+    uninstall()
+    _gpu_mode = True
+    if was_installed:
+        install_global()
+    for cls in classes:
+        _patch_forward(cls)
+    install_copy_timing()
 
 
 _INHERITED = object()

@@ -8,7 +8,7 @@ completes events only when the test says so, like a GPU running behind the host.
 from __future__ import annotations
 
 from traceml_core.sdk.cuda_timing import CudaPhaseTimer
-from traceml_core.sdk.hotpath import C_BWD, C_FWD, C_H2D, StepContext, StepRecorder
+from traceml_core.sdk.hotpath import C_BWD, C_FWD, C_H2D, GpuStepContext, StepRecorder
 
 
 class Device:
@@ -48,7 +48,7 @@ def setup(max_pending=4):
 
 
 def gpu_step(dev, rec, fwd_ms, bwd_ms, h2d_ms=None):
-    ctx = StepContext(rec)
+    ctx = GpuStepContext(rec)
     if h2d_ms is not None:                # a copy right after the fetch, before the step
         ev = rec.gpu.start()
         dev.clock_ms += h2d_ms
@@ -111,3 +111,43 @@ def test_an_evaluation_forward_between_steps_drops_pending_copies():
     dev.completed_upto = 10**9
     timer.drain(rec, final=True)
     assert committed(rec)[0][C_H2D] == 0
+
+
+def test_cuda_variant_wrappers_bracket_each_phase_with_events():
+    from traceml_core.sdk import hotpath
+    from traceml_core.sdk.hotpath import C_OPT
+
+    dev, rec, timer = setup()
+
+    class Net:
+        pass
+
+    net = Net()
+    rec.model = net
+
+    def forward(self, x):
+        dev.clock_ms += 2.0
+        return x
+
+    def backward(tensors, grad_tensors=None):
+        dev.clock_ms += 4.0
+
+    def step(self, closure=None):
+        dev.clock_ms += 1.0
+
+    fwd = hotpath.make_forward(forward, gpu=True)
+    bwd = hotpath.make_backward(backward, gpu=True)
+    opt = hotpath.make_step(step, gpu=True)
+    hotpath.set_recorder(rec)
+    try:
+        with GpuStepContext(rec):
+            fwd(net, 1)
+            bwd("loss")
+            opt("optimizer")
+        dev.completed_upto = 10**9
+        timer.drain(rec, final=True)
+    finally:
+        hotpath.set_recorder(None)
+    (row,) = committed(rec)
+    assert (row[C_FWD], row[C_BWD], row[C_OPT]) == (2_000_000, 4_000_000, 1_000_000)
+    assert row[C_H2D] == 0 and timer.fallbacks == 0
