@@ -174,6 +174,7 @@ class Server:
         self._next_tick = now + TICK_S
         self._refusal_logs = 0
         self._listener_paused_until: Optional[float] = None
+        self._world_warned = False
         self.checkpoint_seconds = 0.0
 
     # --- loop --------------------------------------------------------------------------------
@@ -543,6 +544,13 @@ class Server:
         c.ident = result
         st = self.state
         if result.kind == "rank":
+            world = msg.get("world")
+            if type(world) is int and world > 0 and world != self.settings.world_size \
+                    and not self._world_warned:
+                self._world_warned = True
+                log(f"rank {result.rank} reports a world of {world} processes, but this run was "
+                    f"launched for {self.settings.world_size} ({self.settings.nnodes} node(s) x "
+                    f"{self.settings.nproc_per_node}); ranks beyond that are refused")
             old = self.rank_conns.get(result.rank)
             if old is not None and old is not c:
                 st.counters["replaced"] += 1
