@@ -59,7 +59,7 @@ class RankState:
         "next_seq", "last_step", "first_t_end", "last_t_end", "phases", "_phase_items",
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
-        "pending", "pending_n", "_proc_next", "sketch_cap",
+        "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -80,6 +80,8 @@ class RankState:
         self.gaps = 0  # records skipped in seq (never received)
         self.duplicates = 0  # records received twice (a batch resent after a reconnect)
         self.client_dropped = 0  # the client's own cumulative drop count
+        self.relay_dropped = 0  # records its node's relay had to drop (budget full), cumulative
+        self.relay_seq_end = 0  # seq after the last record the relay received from it
         self.next_seq = 0
         self.last_step = -1
         self.first_t_end: Optional[int] = None
@@ -352,6 +354,7 @@ class RankState:
             "connected": self.connected, "closed_at": self.closed_at,
             "connections": self.connections, "bye": self.bye, "received": self.received,
             "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
+            "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
             "next_seq": self.next_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {name: ph.to_data() for name, ph in self._phase_items},

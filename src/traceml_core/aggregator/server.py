@@ -48,6 +48,10 @@ TICK_S = 0.2
 #: pending step records are turned into statistics at least this often
 FLUSH_S = 1.0
 _BYE_STATUSES = ("clean", "error", "interrupted")
+#: frames a node's relay forwards or writes for one of its ranks (they carry ``rank``)
+_RELAYED = frozenset(("steps", "event", "bye", "join", "gone", "dropped"))
+#: relayed frames rejected as malformed are logged this many times, then every 1,000th
+_RELAY_ERROR_LOGS = 20
 _unpackb = msgpack.unpackb
 _unpack_header = HEADER.unpack_from
 
@@ -61,7 +65,8 @@ def log(msg: str) -> None:
 
 
 class Conn:
-    __slots__ = ("sock", "fd", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
+    __slots__ = ("sock", "fd", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye",
+                 "relayed")
 
     def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
         self.sock = sock
@@ -74,6 +79,7 @@ class Conn:
         self.deadline = deadline
         self.closed = False
         self.bye = False  # a node connection's launcher said bye
+        self.relayed: Optional[set[int]] = None  # node connection: ranks its relay announced
 
     def label(self) -> str:
         peer = f"{self.addr[0]}:{self.addr[1]}" if isinstance(self.addr, tuple) else str(self.addr)
@@ -151,6 +157,9 @@ class Server:
         self.nonces = NonceCache()
         self.pending: dict[Conn, None] = {}  # waiting for their hello, oldest first
         self.rank_conns: dict[int, Conn] = {}
+        #: ranks connected through a node's relay (announced by ``join``, not yet ``gone``)
+        self.relayed: dict[int, Conn] = {}
+        self._relay_errors = 0
         #: per node, its launcher's connections (a presence link and, e.g., a system sampler)
         self.node_conns: dict[int, list[Conn]] = {}
         self.control: Optional[Conn] = None
@@ -246,7 +255,7 @@ class Server:
     def _should_finalize(self, now: float) -> bool:
         st = self.state
         if self.drain_until is not None:
-            open_ranks = any(not c.closed for c in self.rank_conns.values())
+            open_ranks = bool(self.relayed) or any(not c.closed for c in self.rank_conns.values())
             return not open_ranks or now >= self.drain_until
         if self.term_until is not None and (now >= self.term_until or
                                             (self.control is None and self.control_seen)):
@@ -257,7 +266,7 @@ class Server:
                              "source": "aggregator"}
             return True
         if self.launcher_lost_until is not None:
-            open_ranks = any(not c.closed for c in self.rank_conns.values())
+            open_ranks = bool(self.relayed) or any(not c.closed for c in self.rank_conns.values())
             if not open_ranks or now >= self.launcher_lost_until:
                 if st.finish is None:
                     st.finish = {"exit_code": None, "interrupted": False,
@@ -344,6 +353,11 @@ class Server:
                     self.state.dirty = True
         elif i.kind == "node":
             conns = self.node_conns.get(i.node, [])
+            if c.relayed:  # the relay's link is gone: so are the rank connections it carried
+                for rank in c.relayed:
+                    if self.relayed.get(rank) is c:
+                        self._relayed_closed(rank, now)
+                c.relayed = None
             if c in conns:
                 conns.remove(c)
                 self._node_presence_changed(i.node, now)
@@ -485,20 +499,8 @@ class Server:
                     self.state.counters["ignored_frames"] += 1
             elif i.kind == "node":
                 rank = msg.get("rank")
-                if t in ("steps", "event", "bye") and type(rank) is int:
-                    if not 0 <= rank < self.settings.world_size:
-                        raise ProtocolError(f"relayed frame for rank {rank} outside the world")
-                    rs = self.state.rank(rank)
-                    if t == "steps":
-                        self.state.records += rs.ingest_steps(msg)
-                        if rs.pending:
-                            self.unflushed.add(rs)
-                        rs.last_seen = time.time()
-                    elif t == "bye":
-                        self._rank_bye(rs, msg)
-                    else:
-                        self._event(rs, msg)
-                    self.state.dirty = True
+                if type(rank) is int and t in _RELAYED:
+                    self._relayed_frame(c, i, rank, t, msg)
                 elif t == "system":
                     self._system(i, msg)
                 elif t == "bye":  # the node's launcher ends (no "rank": not a relayed rank bye)
@@ -598,6 +600,87 @@ class Server:
         self._send(c, {"t": "welcome", "v": PROTOCOL_VERSION, "server_time": now})
         return not c.closed
 
+    def _relayed_frame(self, c: Conn, i: Identity, rank: int, t: str, msg: dict[str, Any]) -> None:
+        """A frame a node's relay sent for one of its ranks. A bad one is counted and skipped:
+        the link carries the node's other ranks, so it is not closed for it (the relay checks
+        every frame before forwarding it; see launcher/relayframes.py)."""
+        try:
+            if not 0 <= rank < self.settings.world_size:
+                raise ProtocolError(f"relayed frame for rank {rank} outside the world")
+            st = self.state
+            if t == "steps":
+                rs = st.rank(rank)
+                st.records += rs.ingest_steps(msg)
+                if rs.pending:
+                    self.unflushed.add(rs)
+                rs.last_seen = time.time()
+            elif t == "join":
+                self._relayed_join(c, i, st.rank(rank), msg)
+            elif t == "gone" or t == "dropped":
+                rs = st.rank(rank)
+                dropped, seq_end = msg.get("relay_dropped"), msg.get("seq_end")
+                if type(dropped) is not int or type(seq_end) is not int:
+                    raise ProtocolError(f"{t}: relay_dropped and seq_end must be integers")
+                if dropped > rs.relay_dropped:
+                    rs.relay_dropped = dropped
+                if seq_end > rs.relay_seq_end:
+                    rs.relay_seq_end = seq_end
+                if t == "gone" and self.relayed.get(rank) is c:
+                    self._relayed_closed(rank, time.time())
+            elif t == "bye":
+                self._rank_bye(st.rank(rank), msg)
+            else:
+                self._event(st.rank(rank), msg)
+            st.dirty = True
+        except (ProtocolError, TypeError, ValueError, KeyError, AttributeError, OverflowError,
+                IndexError) as exc:
+            self.state.counters["malformed"] += 1
+            self._relay_errors += 1
+            n = self._relay_errors
+            if n <= _RELAY_ERROR_LOGS or n % 1000 == 0:
+                log(f"{c.label()}: skipped a bad relayed {t!r} frame for rank {rank}: "
+                    f"{str(exc)[:200]}" + (f" ({n} so far)" if n > _RELAY_ERROR_LOGS else ""))
+
+    def _relayed_join(self, c: Conn, i: Identity, rs: RankState, msg: dict[str, Any]) -> None:
+        """A node's relay accepted this rank's hello (checked exactly as here); ``new`` is false
+        when the relay only re-announces it after re-establishing its own link."""
+        now = time.time()
+        host, pid, local_rank = msg.get("host"), msg.get("pid"), msg.get("local_rank")
+        rs.node = i.node
+        rs.host = host[:255] if isinstance(host, str) else i.host
+        rs.pid = pid if type(pid) is int else None
+        rs.local_rank = local_rank if type(local_rank) is int else None
+        rs.connected = True
+        if msg.get("new", True) or rs.connections == 0:
+            rs.connections += 1
+        if rs.joined_at is None:
+            rs.joined_at = now
+        rs.last_seen = now
+        old = self.relayed.get(rs.rank)
+        if old is not None and old is not c and old.relayed:
+            old.relayed.discard(rs.rank)
+        self.relayed[rs.rank] = c
+        if c.relayed is None:
+            c.relayed = set()
+        c.relayed.add(rs.rank)
+        self.state.note_join(i.node, rs.host, "rank", now)
+
+    def _relayed_closed(self, rank: int, now: float) -> None:
+        """A relayed rank's connection ended (its relay said ``gone``, or the relay's link closed):
+        the same as a direct rank connection closing."""
+        c = self.relayed.pop(rank, None)
+        if c is not None and c.relayed:
+            c.relayed.discard(rank)
+        rs = self.state.ranks.get(rank)
+        if rs is None:
+            return
+        if rs.pending:
+            self.unflushed.discard(rs)
+            self._flush_rank(rs)
+        rs.connected = False
+        rs.closed_at = now
+        self.state.dirty = True
+
     def _rank_bye(self, rs: RankState, msg: dict[str, Any]) -> None:
         status = msg.get("status")
         steps = msg.get("steps")
@@ -649,7 +732,8 @@ class Server:
         st = self.state
         return {"t": "status",
                 "nodes_joined": sorted(n for n, ni in st.nodes.items() if ni.joined_at is not None),
-                "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed),
+                "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed)
+                + len(self.relayed),
                 "ranks_seen": len(st.ranks), "records": st.records,
                 "nodes_lost": sorted(n for n, ni in st.nodes.items()
                                      if ni.left_at is not None and ni.bye is None),

@@ -72,7 +72,8 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
     steady = max(0, step["count"] - step["warm_count"])
     out = r["outside"]
     mem = r["mem"]
-    expected = max(r["next_seq"], (r.get("bye") or {}).get("steps") or 0)
+    # a rank's relay reports how far its seq went, so records it had to drop at the end count too
+    expected = max(r["next_seq"], (r.get("bye") or {}).get("steps") or 0, r.get("relay_seq_end", 0))
     bye = r.get("bye") or {}
     errors = [e["text"] for e in r.get("events", []) if e.get("kind") in ("exception", "error")]
     return {
@@ -86,6 +87,7 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
         "telemetry": {"received": r["received"], "expected": expected,
                       "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
                       "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
+                      "relay_dropped": r.get("relay_dropped", 0),
                       "rejected": r.get("rejected", 0),
                       "reconnects": max(0, r["connections"] - 1),
                       "sketched": r.get("sketched", r["received"])},
@@ -100,7 +102,8 @@ def _never_joined(rank: int, node: int) -> dict[str, Any]:
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
             "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
-                          "client_dropped": 0, "rejected": 0, "reconnects": 0, "sketched": 0},
+                          "client_dropped": 0, "relay_dropped": 0, "rejected": 0, "reconnects": 0,
+                          "sketched": 0},
             "events": 0, "last_events": []}
 
 
@@ -256,6 +259,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "records_lost": max(0, expected - received),
             "gaps": sum(t["gaps"] for t in tel), "duplicates": sum(t["duplicates"] for t in tel),
             "client_dropped": sum(t["client_dropped"] for t in tel),
+            "relay_dropped": sum(t.get("relay_dropped", 0) for t in tel),
             "complete": expected == received and endings.get("never_joined", 0) == 0,
             "sketched_fraction": round(sum(t["sketched"] for t in tel) / received, 4) if received else None,
             "wire": data.get("counters", {}),

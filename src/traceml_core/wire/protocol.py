@@ -34,8 +34,27 @@ Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against t
 ``control``  node 0's own launcher (``node`` 0).
 
 On a ``node`` connection: ``system`` frames (that node's sampler) and
-``bye`` ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit code;
-``steps``/``event``/``bye`` carrying a ``rank`` are accepted too (for a per-node relay).
+``bye`` ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit code.
+
+The same connection carries the node's **relay** stream (launcher/relay.py): the node's ranks
+connect to their launcher, which checks their hellos exactly as the aggregator does and forwards
+their ``steps``/``event``/``bye`` frames as they are (``steps`` frames of one rank whose ``seq``
+ranges touch may be merged into one: ``seq`` of the first, ``n`` the sum, ``dropped`` the larger),
+plus three frames of its own, all carrying the ``rank`` they concern:
+
+``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
+             hello; ``new`` is false when the relay only re-announces its connected ranks after
+             re-establishing its own connection (not a reconnect of the rank).
+``gone``     ``{"t","rank","relay_dropped","seq_end"}``: the rank's connection to the relay
+             closed (after its ``bye``, or without one: it crashed or was killed). Treated like a
+             direct rank connection closing; the relay's own connection closing means ``gone``
+             for every rank it carried.
+``dropped``  ``{"t","rank","relay_dropped","seq_end"}``: the relay's byte budget was full (node 0
+             slow or unreachable) and it dropped ``relay_dropped`` step records of this rank so far
+             (cumulative); ``seq_end`` is the seq after the last record it received from the rank,
+             so records dropped at the very end still count as lost. Also carried by ``gone``.
+
+A malformed relayed frame is counted and skipped; it does not close the node's connection.
 
 On the ``control`` connection (launcher → aggregator):
 
