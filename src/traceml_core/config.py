@@ -44,6 +44,7 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
+    relay: bool = True
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -82,6 +82,15 @@ def _mode(text: str) -> str:
     return value
 
 
+def _switch(text: str) -> bool:
+    value = _nonempty(text).lower()
+    if value in ("1", "on", "true", "yes"):
+        return True
+    if value in ("0", "off", "false", "no"):
+        return False
+    raise ValueError("must be on or off (or 1/0)")
+
+
 def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
@@ -126,6 +135,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("aggregator_wait", _float(0), 60.0,
            "Seconds a node waits for the aggregator (and node 0 for the other nodes) before giving up.", "S"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
+    Option("relay", _switch, True,
+           "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
+           "(off: every rank connects to node 0 itself).", "on|off", default_doc="on"),
 )
 
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}

@@ -140,8 +140,10 @@ class Relay:
                  nproc_per_node: int, connect: Callable[[], socket.socket],
                  upstream: Optional[socket.socket] = None, budget_bytes: int = DEFAULT_BUDGET,
                  flush_s: float = FLUSH_S, bind_host: str = "127.0.0.1",
-                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S) -> None:
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
+                 warn: Optional[Callable[[str], None]] = None) -> None:
         self.node = node
+        self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
         self._auth = AggregatorSettings(run_name=run_name, token=token, run_dir=Path("."),
                                         job_id=job_id, nnodes=nnodes, nproc_per_node=nproc_per_node)
         self._nonces = NonceCache()
@@ -307,8 +309,7 @@ class Relay:
                 if self._closing and self._close_done(now):
                     return
         except Exception as exc:  # never take the launcher down; ranks then see a closed relay
-            log.warning("traceml: the node relay stopped after an internal error: %s: %s",
-                        type(exc).__name__, exc)
+            self._warn(f"the node relay stopped after an internal error: {type(exc).__name__}: {exc}")
         finally:
             self._shutdown()
 
@@ -345,8 +346,8 @@ class Relay:
         self._finished.set()
         self._drained.set()
         if unsent:
-            log.warning("traceml: the node relay closed with %d step records not forwarded "
-                        "(node 0 unreachable at the end)", unsent)
+            self._warn(f"the node relay closed with {unsent} step records not forwarded (node 0 "
+                       "unreachable at the end)")
 
     # ---- rank connections ------------------------------------------------------------------
     def _accept(self) -> None:
@@ -448,7 +449,7 @@ class Relay:
     def _bad(self, c: _RankConn, why: str) -> None:
         self._malformed += 1
         who = f"rank {c.lane.rank}" if c.lane is not None else "an unauthenticated connection"
-        log.warning("traceml: node relay: closing %s: %s", who, why)
+        self._warn(f"node relay: closing {who}: {why}")
         self._close_conn(c)
 
     def _hello(self, c: _RankConn, msg: dict[str, Any]) -> bool:
@@ -467,7 +468,7 @@ class Relay:
         if isinstance(result, str):
             self._refused += 1
             if self._refused <= 20:
-                log.warning("traceml: node relay refused a connection: %s", result)
+                self._warn(f"node relay refused a connection: {result}")
             self._send_small(c, {"t": "refused", "reason": result})
             self._close_conn(c)
             return False
@@ -637,7 +638,7 @@ class Relay:
         self._up_connects += 1
         self._backoff = BACKOFF_INITIAL_S
         if self._up_connects > 1:
-            log.warning("traceml: node relay reconnected to the aggregator")
+            self._warn("node relay reconnected to the aggregator")
             # re-announce the ranks connected now, ahead of everything queued
             for lane in sorted(self._lanes.values(), key=lambda ln: -ln.rank):
                 if lane.conn is not None:
@@ -677,9 +678,9 @@ class Relay:
             return
         if not self._lost_logged and not self._closing:
             self._lost_logged = True
-            log.warning("traceml: node relay lost its connection to the aggregator (%s); "
-                        "reconnecting in the background, holding up to %d MB and counting "
-                        "what it must drop", why, self.budget >> 20)
+            self._warn(f"node relay lost its connection to the aggregator ({why}); reconnecting in "
+                       f"the background, holding up to {self.budget >> 20} MB and counting what "
+                       "it must drop")
         self._drop_up(reconnect=True)
 
     def _drop_up(self, reconnect: bool) -> None:
@@ -706,8 +707,8 @@ class Relay:
                     self._adopt(res)
             elif isinstance(res, LinkRefused):
                 self._up_refused = res.reason
-                log.warning("traceml: node 0's aggregator refused this node's relay: %s; "
-                            "telemetry from this node is off", res.reason)
+                self._warn(f"node 0's aggregator refused this node's relay: {res.reason}; "
+                           "telemetry from this node is off")
             else:
                 self._next_connect = now + self._backoff
                 self._backoff = min(self._backoff * 2, BACKOFF_MAX_S)

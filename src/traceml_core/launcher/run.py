@@ -56,12 +56,15 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     if config.node_rank == 0:
         telemetry.start_aggregator()  # raises TraceMLError (port in use, ...) before training starts
     joined = telemetry.join(config.aggregator_wait)
+    relay = telemetry.start_relay() if config.relay else None
 
     info = RunInfo(
         run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
-        nproc_per_node=config.nproc_per_node, aggregator_host=worker_aggregator_host(config),
-        aggregator_port=config.aggregator_port, token=token.value,
-        connect_wait=WORKER_CONNECT_WAIT_S if joined else 0.0, mode=config.mode, logs_dir=config.logs_dir)
+        nproc_per_node=config.nproc_per_node,
+        aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
+        aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
+        connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
+        logs_dir=config.logs_dir)
     env = dict(environ)
     env[RUN_INFO_VAR] = info.to_env()
     env.setdefault("PYTHONUNBUFFERED", "1")

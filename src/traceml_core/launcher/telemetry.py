@@ -1,4 +1,10 @@
-"""The launcher's telemetry duties on one node: aggregator (node 0), join, system samples, watch.
+"""The launcher's telemetry duties on one node: aggregator (node 0), join, relay, system samples,
+watch.
+
+With the relay on (the default), this node's ranks send to the launcher's :class:`~.relay.Relay`
+on loopback, which forwards one stream to node 0; on nodes other than 0 the relay takes over the
+node's link (so the launcher's system samples and final ``bye`` follow every rank's frames on
+it), on node 0 it opens its own ``node`` link next to the launcher's control connection.
 
 Node 0 owns the aggregator and watches the other nodes through it. A node that never joins, or
 whose launcher vanishes, ends the run only when training is provably stuck (no step reached the
@@ -16,6 +22,7 @@ from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
+from .relay import Relay
 from .supervise import Supervisor, log
 
 #: seconds between two status queries of node 0's launcher
@@ -31,6 +38,8 @@ class NodeTelemetry:
         self.hostname = socket.gethostname()
         self.handle: Optional[AggregatorHandle] = None
         self.link: Optional[Link] = None
+        self.relay: Optional[Relay] = None
+        self.join_refused = False
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._sampler_thread: Optional[threading.Thread] = None
@@ -68,14 +77,49 @@ class NodeTelemetry:
                                             hostname=self.hostname, wait_s=wait)
             except LinkRefused as exc:
                 log(f"warning: {exc}. Training goes on without telemetry from this node.")
+                self.join_refused = True
                 return False
             except LinkError as exc:
+                later = (" (its relay keeps trying in the background)" if c.relay else "")
                 log(f"warning: {exc} after {time.monotonic() - t0:.0f} s. Training goes on without "
-                    f"telemetry from this node; raise --aggregator-wait if node 0 starts slowly.")
+                    f"telemetry from this node{later}; raise --aggregator-wait if node 0 starts "
+                    f"slowly.")
                 return False
             log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
         self._start_sampler()
         return True
+
+    def start_relay(self) -> Optional[Relay]:
+        """Start this node's relay (after :meth:`join`); None when node 0 refused this node."""
+        c = self.config
+        if self.join_refused:
+            return None
+        if self.handle is not None:
+            host = "127.0.0.1" if c.aggregator_bind_host in ("0.0.0.0", "::") else c.aggregator_bind_host
+            port = self.handle.port
+        else:
+            host, port = c.aggregator_host, c.aggregator_port
+
+        def connect():
+            return join_aggregator(host, port, token=self.token, run_name=c.run_name, job_id=c.job_id,
+                                   node=c.node_rank, nproc=c.nproc_per_node, hostname=self.hostname,
+                                   wait_s=0).sock
+
+        upstream = None
+        with self._lock:
+            if self.handle is None and self.link is not None:
+                upstream, self.link = self.link.sock, None  # the relay owns the node's link now
+        try:
+            self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
+                               node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
+                               connect=connect, upstream=upstream,
+                               warn=lambda msg: log(f"warning: {msg}")).start()
+        except OSError as exc:
+            log(f"warning: cannot start this node's relay ({exc}); ranks connect to node 0 directly")
+            if upstream is not None:
+                upstream.close()
+            return None
+        return self.relay
 
     def _start_sampler(self) -> None:
         def run() -> None:
@@ -101,6 +145,10 @@ class NodeTelemetry:
         self._sampler_thread.start()
 
     def _send(self, frame: dict[str, Any]) -> bool:
+        relay = self.relay
+        if relay is not None and self.handle is None:
+            relay.submit(frame)  # a sample dropped while node 0 is unreachable is no reason to stop
+            return True
         with self._lock:
             if self.link is None:
                 return False
@@ -180,11 +228,18 @@ class NodeTelemetry:
     def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
         self._stop.set()
+        relay = self.relay
         if self.handle is not None:
+            if relay is not None:
+                # every rank's last frames reach the aggregator before it drains and summarises
+                relay.drain(2.0)
+                relay.upstream_ending()
             with self._lock:
                 result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
                                             failed_nodes=self.failed_nodes)
                 self.link = None
+            if relay is not None:
+                self._relay_report(relay.close(1.0))
             if result.summary_txt is None:
                 log(f"error: no summary could be written: {result.error}")
                 return None
@@ -195,9 +250,12 @@ class NodeTelemetry:
             except OSError as exc:
                 log(f"warning: cannot read {result.summary_txt}: {exc}")
                 return None
+        status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
+        if relay is not None:
+            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code}))
+            return None
         with self._lock:
             if self.link is not None:
-                status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
                 try:
                     self.link.bye(exit_code, status)
                 except LinkError:
@@ -205,6 +263,14 @@ class NodeTelemetry:
                 self.link.close()
                 self.link = None
         return None
+
+    @staticmethod
+    def _relay_report(st) -> None:
+        lost = st.records_dropped + st.records_unsent
+        if lost:
+            log(f"warning: this node's relay could not forward {lost:,} of {st.records_in:,} step "
+                f"records ({st.records_dropped:,} dropped while node 0 was slow or unreachable, "
+                f"{st.records_unsent:,} still held at the end); the summary counts them as lost")
 
 
 def _flag_source(config: LaunchConfig, key: str) -> str:
