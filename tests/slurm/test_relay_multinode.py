@@ -1,0 +1,36 @@
+"""The per-node relay on the real local Slurm: node 0's fan-in is the number of nodes.
+
+Same 2-node x 2-worker job with the relay (the default) and with ``TRACEML_RELAY=0``: identical
+record counts and rank identities; with the relay node 0's aggregator accepts one connection per
+node plus its launcher's control connection, without it one per rank as well.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e import REPO, job_env, summary
+
+SCRIPT = f"""#!/bin/bash
+export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 80 --run-name=relay
+"""
+
+
+@pytest.mark.parametrize("relay,connections", [("1", 3), ("0", 2 + 4)])
+def test_relay_fan_in_and_exact_counts(slurm_cluster, tmp_path, relay, connections):
+    job, state, out = slurm_cluster.run_job(SCRIPT, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2",
+                                            "--cpus-per-task=1", timeout=150,
+                                            env=job_env(tmp_path, TRACEML_RELAY=relay))
+    assert state == "COMPLETED", out
+    data = summary(tmp_path, "relay")
+    tel = data["telemetry"]
+    assert tel["records_received"] == tel["records_expected"] == 4 * 80 and tel["complete"]
+    assert tel["relay_dropped"] == 0 and tel["wire"]["malformed"] == 0
+    # control + one link per node (+ one per rank without the relay)
+    assert tel["wire"]["connections"] == connections, tel["wire"]
+    ranks = data["ranks"]
+    assert [(r["rank"], r["status"], r["steps"]) for r in ranks] == [(i, "clean", 80) for i in range(4)]
+    assert [r["host"] for r in ranks] == ["node1", "node1", "node2", "node2"]
+    assert [r["node"] for r in ranks] == [0, 0, 1, 1]
+    assert data["topology"]["nodes_joined"] == 2
