@@ -18,12 +18,16 @@ def _run(script, *args):
     return out.stdout
 
 
-def test_ingest_benchmark_runs_without_loss():
-    out = _run("aggregator_ingest.py", "--ranks", "3", "--seconds", "1", "--records", "5")
-    row = [line.split() for line in out.splitlines() if line.split()[:1] == ["3"]]
-    assert row, out
-    ranks, sent, lost = row[0][:3]
-    assert int(sent.replace(",", "")) > 0 and lost == "0", out
+def test_ingest_benchmark_runs_without_loss_direct_and_through_relays():
+    out = _run("aggregator_ingest.py", "--ranks", "4", "--per-relay", "2", "--seconds", "1",
+               "--records", "5", "--flush", "0.1")
+    rows = {line.split()[1]: line.split() for line in out.splitlines() if line.split()[:1] == ["4"]}
+    assert set(rows) == {"direct", "relay"}, out
+    for mode, row in rows.items():
+        sent, lost = row[2:4]
+        assert int(sent.replace(",", "")) > 0 and lost == "0", out
+    # fan-in: 4 rank connections + control directly; 2 relay links + control through relays
+    assert rows["direct"][-1] == "5" and rows["relay"][-1] == "3", out
     assert "ceiling" in out and "!!" not in out
 
 

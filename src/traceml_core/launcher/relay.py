@@ -53,8 +53,11 @@ log = logging.getLogger("traceml.relay")
 
 #: default cap on the bytes the relay holds for its upstream (per node)
 DEFAULT_BUDGET = 64 * 1024 * 1024
-#: frames of a rank wait this long to be merged before they go upstream (the added latency)
-FLUSH_S = 0.25
+#: frames of a rank wait this long to be merged before they go upstream (the added latency). A
+#: second: multi-node runs are summary-only, and bigger frames are what makes node 0's aggregator
+#: cheap per record (benchmarks/README.md); live views (one node) use LIVE_FLUSH_S
+FLUSH_S = 1.0
+LIVE_FLUSH_S = 0.1
 #: ... or until this many bytes wait
 FLUSH_BYTES = 1 << 20
 SEND_CHUNK = 1 << 20
@@ -81,6 +84,8 @@ class RelayStats:
     ranks_seen: int
     records_in: int          # step records received from ranks
     records_forwarded: int   # ... handed to the upstream socket in full frames
+    frames_in: int           # steps frames received from ranks
+    frames_forwarded: int    # steps frames handed to the upstream socket (fewer: merged)
     records_dropped: int     # ... dropped because the byte budget was full (reported upstream)
     records_unsent: int      # ... still held when the relay closed (upstream gone at the end)
     events_dropped: int
@@ -197,6 +202,8 @@ class Relay:
         # counters
         self._records_in = 0
         self._records_forwarded = 0
+        self._frames_in = 0
+        self._frames_forwarded = 0
         self._records_dropped = 0
         self._records_unsent = 0
         self._events_dropped = 0
@@ -258,6 +265,7 @@ class Relay:
         return RelayStats(
             ranks_connected=len(self._rank_conns), ranks_seen=len(self._lanes),
             records_in=self._records_in, records_forwarded=self._records_forwarded,
+            frames_in=self._frames_in, frames_forwarded=self._frames_forwarded,
             records_dropped=self._records_dropped, records_unsent=self._records_unsent,
             events_dropped=self._events_dropped, malformed=self._malformed, refused=self._refused,
             upstream_connects=self._up_connects, upstream_connected=self._up is not None,
@@ -503,6 +511,7 @@ class Relay:
             if last > lane.seen_end:
                 lane.seen_end = last
             self._records_in += n
+            self._frames_in += 1
             queued = self._pending_bytes + self._out_bytes + size
             if queued > self.budget:
                 lane.dropped += n
@@ -612,7 +621,9 @@ class Relay:
                     self._out_off = 0
                     out.popleft()
                     self._out_bytes -= len(item[0])
-                    self._records_forwarded += item[2]
+                    if item[2]:
+                        self._records_forwarded += item[2]
+                        self._frames_forwarded += 1
                 else:
                     self._out_off += left
                     left = 0
@@ -728,4 +739,4 @@ class Relay:
         self._wake()
 
 
-__all__ = ["Relay", "RelayStats", "DEFAULT_BUDGET", "FLUSH_S"]
+__all__ = ["Relay", "RelayStats", "DEFAULT_BUDGET", "FLUSH_S", "LIVE_FLUSH_S"]

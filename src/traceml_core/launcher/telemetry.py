@@ -22,7 +22,7 @@ from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
-from .relay import Relay
+from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
 
 #: seconds between two status queries of node 0's launcher
@@ -113,6 +113,7 @@ class NodeTelemetry:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
                                connect=connect, upstream=upstream,
+                               flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                warn=lambda msg: log(f"warning: {msg}")).start()
         except OSError as exc:
             log(f"warning: cannot start this node's relay ({exc}); ranks connect to node 0 directly")
