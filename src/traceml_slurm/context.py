@@ -9,8 +9,10 @@ Slurm's ``use_interactive_step``) has a pty port or the step id ``interactive``.
 from __future__ import annotations
 
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from .settings import SlurmVars
+if TYPE_CHECKING:  # pydantic-settings costs ~0.2 s to import: only Slurm jobs pay it (see settings)
+    from .settings import SlurmVars
 
 #: Slurm's numeric id of the interactive step (SLURM_INTERACTIVE_STEP)
 INTERACTIVE_STEP_IDS = {"interactive", "4294967290"}

@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, ClassVar, Mapping, Optional
+from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from traceml_core.errors import ConfigError
 from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 from .context import Context, classify
 from .hostlists import expand_nodelist, expand_tasks_per_node
-from .settings import SlurmVars
+
+if TYPE_CHECKING:
+    from .settings import SlurmVars
+
+
+def _slurm_vars(environ: Mapping[str, str]) -> "SlurmVars":
+    # imported here: pydantic-settings costs ~0.2 s, paid only inside a Slurm job (after detect)
+    from .settings import SlurmVars
+
+    return SlurmVars.from_environ(environ)
 
 _RUN_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 LAUNCH_KEYS = frozenset({"nnodes", "node_rank", "master_addr"})
@@ -60,7 +69,7 @@ class SlurmEnvironment(ClusterEnvironment):
         return bool(environ.get("SLURM_JOB_ID", "").strip())
 
     def contribute(self, environ: Mapping[str, str]) -> Contribution:
-        v = SlurmVars.from_environ(environ)
+        v = _slurm_vars(environ)
         ctx = classify(v)
         out = Contribution()
         values = out.values
@@ -215,7 +224,7 @@ class SlurmEnvironment(ClusterEnvironment):
     # -- checks on the merged config -------------------------------------------------------------
 
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
-        v = SlurmVars.from_environ(environ)
+        v = _slurm_vars(environ)
         if classify(v) not in (Context.STEP, Context.INTERACTIVE_STEP):
             return []
         out: list[Refusal] = []
