@@ -42,7 +42,7 @@ def state_for(ranks: int) -> RunState:
                                        nnodes=1, nproc_per_node=ranks))
 
 
-def memory(args: argparse.Namespace) -> None:
+def memory(args: argparse.Namespace) -> dict:
     rnd = random.Random(0)
     variants = [make_cols(args.batch, rnd) for _ in range(8)]
     st = state_for(args.ranks)
@@ -64,9 +64,11 @@ def memory(args: argparse.Namespace) -> None:
         el = time.perf_counter() - t0
         now = rss_mb()
         print(f"{done:>12,} {now:>8.0f} {now - base:>10.1f} {el:>9.1f} {done * args.ranks / el:>11,.0f}")
+    return {"ranks": args.ranks, "steps_per_rank": done, "rss_mb": now, "growth_mb": now - base,
+            "records_per_s": done * args.ranks / el}
 
 
-def finalize(args: argparse.Namespace) -> None:
+def finalize(args: argparse.Namespace) -> dict:
     rnd = random.Random(1)
     variants = [make_cols(50, rnd) for _ in range(8)]
     st = state_for(args.summary_ranks)
@@ -93,6 +95,8 @@ def finalize(args: argparse.Namespace) -> None:
     print(f"final summary for {args.summary_ranks:,} ranks: {t5 - t0:.2f} s in all "
           f"(state {t1 - t0:.2f}, checkpoint pack {t2 - t1:.2f} [{len(blob) / 1e6:.1f} MB], "
           f"summary {t3 - t2:.2f}, JSON {t4 - t3:.2f} [{len(text) / 1e6:.1f} MB], text {t5 - t4:.2f})")
+    return {"ranks": args.summary_ranks, "total_s": t5 - t0, "state_s": t1 - t0, "pack_s": t2 - t1,
+            "summary_s": t3 - t2, "json_s": t4 - t3, "text_s": t5 - t4}
 
 
 def main() -> None:
@@ -101,9 +105,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100_000, help="steps per rank")
     ap.add_argument("--batch", type=int, default=1000, help="records per frame")
     ap.add_argument("--summary-ranks", type=int, default=4096)
+    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
-    memory(args)
-    finalize(args)
+    out = {"memory": memory(args), "final_summary": finalize(args)}
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":

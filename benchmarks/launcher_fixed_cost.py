@@ -41,6 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--nproc", type=int, default=2)
+    ap.add_argument("--json", help="also write the figures to this file")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="traceml-bench-"))
     script = work / "tiny.py"
@@ -61,6 +62,12 @@ def main() -> None:
     print(f"  plain torchrun  median {p:6.2f} s  (min {min(plain):.2f}, max {max(plain):.2f})")
     print(f"  traceml run     median {o:6.2f} s  (min {min(ours):.2f}, max {max(ours):.2f})")
     print(f"  fixed cost      {o - p:+6.2f} s   ratio {o / p:.2f}x   (target: at most about +1 s)")
+    if args.json:
+        import json
+
+        Path(args.json).write_text(json.dumps({"reps": args.reps, "nproc": args.nproc, "torchrun_s": p,
+                                               "traceml_s": o, "fixed_cost_s": o - p,
+                                               "ratio": o / p}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
