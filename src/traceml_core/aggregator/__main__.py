@@ -23,6 +23,23 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+def tune_gc() -> None:
+    """Keep the cyclic garbage collector off the ingest path.
+
+    The aggregator allocates a few containers per frame (the decoded map and its column lists)
+    and holds them until their statistics are computed, while its long-lived state (per rank:
+    phases, sketches, series) is acyclic and large at scale; with the default thresholds a young
+    collection runs every ~70 frames and full collections keep re-walking thousands of ranks'
+    state (measured: a quarter of the ingest CPU at 4,096 ranks). Start-up objects are frozen
+    out of collection, and young collections wait for 50,000 allocations; cycles (rare: an
+    exception's traceback) are still collected, just less often."""
+    import gc
+
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(50_000, 20, 100)
+
+
 def main() -> int:
     from .persist import prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
@@ -59,6 +76,7 @@ def main() -> int:
 
     server = Server(settings, listener, run_dir, finalize)
     server.install_signal_handlers()
+    tune_gc()
     _say(f"{READY} " + json.dumps({"port": server.port, "run_dir": str(run_dir.path),
                                    "run_dir_note": run_dir.note, "pid": os.getpid()}))
     try:  # nothing more goes to stdout: the parent stops reading it
