@@ -656,6 +656,8 @@ class Relay:
                     data = encode_frame(lane.join_frame(False))
                     self._outq.appendleft([data, -1, 0])
                     self._out_bytes += len(data)
+                if lane.dropped > lane.reported:  # what was dropped while it was gone
+                    self._dirty[lane] = None
             self._out_off = 0
 
     def _read_up(self) -> None:
