@@ -10,6 +10,7 @@ assumed from the sender's counters.
 
     python benchmarks/fast_steps.py                 # 1 rank, 20,000 steps/s for 5 s, then max
     python benchmarks/fast_steps.py --quick         # 2 s each
+    python benchmarks/fast_steps.py --relay         # also through a relay into a real aggregator
     python benchmarks/fast_steps.py --ranks 2
 
 Target: zero lost steps at 20,000 steps/s per rank.
@@ -99,6 +100,54 @@ def run(rate: float, seconds: float, ranks: int) -> dict:
     return {"rate_target": rate, "seconds": seconds, "ranks": results}
 
 
+def run_via_relay(rate: float, seconds: float, ranks: int) -> dict:
+    """The same, through the real path of ``traceml run``: ranks -> this node's relay (a thread
+    here) -> a real aggregator process; loss read from the aggregator's final summary."""
+    import tempfile
+
+    from traceml_core.aggregator.control import join_aggregator
+    from traceml_core.aggregator.process import start_aggregator
+    from traceml_core.aggregator.settings import AggregatorSettings
+    from traceml_core.launcher.relay import Relay
+
+    tmp = Path(tempfile.mkdtemp(prefix="traceml-bench-"))
+    h = start_aggregator(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=tmp / RUN, port=0,
+                                            nnodes=1, nproc_per_node=ranks, drain_s=5.0))
+    relay = Relay(token=TOKEN, run_name=RUN, job_id=None, node=0, nnodes=1, nproc_per_node=ranks,
+                  connect=lambda: join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN,
+                                                  job_id=None, node=0, nproc=ranks, wait_s=5).sock).start()
+    procs = []
+    try:
+        for r in range(ranks):
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "--worker", "--port", str(relay.port), "--rank", str(r),
+                 "--ranks", str(ranks), "--rate", str(rate), "--seconds", str(seconds)],
+                stdout=subprocess.PIPE, text=True, cwd=REPO,
+            ))
+        results = [json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
+                   for p in procs]
+        relay.drain(10.0)
+        relay.upstream_ending()
+        res = h.finish(0)
+        relay_stats = relay.close(1.0)
+        summary = json.loads(res.summary_json.read_text())
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        if h.alive():
+            h.kill()
+    by_rank = {r["rank"]: r for r in summary["ranks"]}
+    for res_ in results:
+        got = by_rank.get(res_["rank"], {})
+        res_["received"] = got.get("steps", 0)
+        res_["gaps"] = (got.get("telemetry") or {}).get("gaps", 0)
+        res_["lost_end_to_end"] = res_["steps"] - res_["received"]
+    return {"rate_target": rate, "seconds": seconds, "ranks": results,
+            "relay_dropped": relay_stats.records_dropped,
+            "relay_frames": [relay_stats.frames_in, relay_stats.frames_forwarded]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=TARGET_RATE, help="steps per second per rank")
@@ -106,6 +155,8 @@ def main() -> int:
     ap.add_argument("--ranks", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="2 s per run")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--relay", action="store_true",
+                    help="also run the paced case through a relay into a real aggregator")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)
@@ -117,16 +168,19 @@ def main() -> int:
 
     print(f"machine: {machine()}")
     out = {}
-    for label, rate in (("paced", args.rate), ("unthrottled", 0.0)):
-        res = run(rate, args.seconds, args.ranks)
+    runs = [("paced", args.rate, run), ("unthrottled", 0.0, run)]
+    if args.relay:
+        runs.append(("paced+relay", args.rate, run_via_relay))
+    for label, rate, fn in runs:
+        res = fn(rate, args.seconds, args.ranks)
         out[label] = res
         for r in res["ranks"]:
             want = f"{rate:,.0f}/s target" if rate else "as fast as possible"
-            print(f"{label:12} rank {r['rank']}: {r['steps']:>9,} steps in {r['elapsed_s']:.2f} s = "
+            print(f"{label:13} rank {r['rank']}: {r['steps']:>9,} steps in {r['elapsed_s']:.2f} s = "
                   f"{r['rate']:>9,.0f} steps/s ({want}); received {r['received']:,}, "
                   f"lost {r['lost_end_to_end']} (client counted {r['lost']}, gaps {r['gaps']}), "
                   f"exit flush {r['flush_s'] * 1000:.0f} ms")
-    paced = out["paced"]["ranks"]
+    paced = out["paced"]["ranks"] + (out["paced+relay"]["ranks"] if args.relay else [])
     met = all(r["lost_end_to_end"] == 0 and r["rate"] >= 0.98 * args.rate for r in paced)
     print(f"target: zero lost steps at {args.rate:,.0f} steps/s per rank: {'MET' if met else 'NOT MET'}")
     out["met"] = met

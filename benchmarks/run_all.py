@@ -36,7 +36,7 @@ def plan(quick: bool) -> list[tuple[str, str, list[str]]]:
     return [
         ("cli", "cli_latency.py", ["--reps", "5" if quick else "10"]),
         ("step", "step_overhead.py", ["--quick"] if quick else []),
-        ("fast", "fast_steps.py", ["--quick"] if quick else []),
+        ("fast", "fast_steps.py", ["--relay"] + (["--quick"] if quick else [])),
         ("ingest", "aggregator_ingest.py",
          ["--ranks", "1,64,512" if quick else "1,64,512,4096", "--records", "5",
           "--seconds", "3" if quick else "6"]),
@@ -71,7 +71,10 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str, str, Optional[bool
         v is not None and v <= 5.0)
     fast = results.get("fast")
     paced = _get(fast, "paced", "ranks")
-    add("fast steps, zero loss (per rank)", paced,
+    relayed = _get(fast, "paced+relay", "ranks")
+    if paced is not None and relayed is not None:
+        paced = paced + [dict(r, rate=r["rate"]) for r in relayed]
+    add("fast steps, zero loss (per rank; direct, then via relay)", paced,
         lambda rs: ", ".join(f"{r['rate']:,.0f} steps/s, lost {r['lost_end_to_end']}" for r in rs),
         ">= 20,000/s, 0 lost", bool(fast and fast.get("met")))
     ingest = results.get("ingest") or []

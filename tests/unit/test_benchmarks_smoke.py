@@ -35,3 +35,21 @@ def test_memory_benchmark_runs():
     out = _run("aggregator_memory.py", "--ranks", "2", "--steps", "2000", "--batch", "100",
                "--summary-ranks", "16")
     assert "final summary for 16 ranks" in out
+
+
+def test_cli_paths_do_not_import_torch():
+    out = _run("cli_latency.py", "--reps", "1")
+    rows = {line[:28].strip(): line.split() for line in out.splitlines()[1:] if line.strip()}
+    for name in ("help", "print-config", "print-config (Slurm step)"):
+        assert name in rows, out
+        assert "YES" not in rows[name], f"{name} imports torch:\n{out}"
+
+
+def test_gpu_check_skips_cleanly_without_cuda():
+    import pytest
+
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: gpu_check.py is a device run, not a CI test")
+    out = _run("gpu_check.py", "--quick")
+    assert "SKIPPED" in out and "no CUDA device" in out
