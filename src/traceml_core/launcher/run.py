@@ -54,7 +54,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     telemetry = NodeTelemetry(config, token.value)
     started = time.time()
     if config.node_rank == 0:
-        telemetry.start_aggregator()  # raises TraceMLError (port in use, ...) before training starts
+        telemetry.start_aggregator(script, script_args)  # raises TraceMLError (port in use, ...) before training starts
     joined = telemetry.join(config.aggregator_wait)
 
     info = RunInfo(
