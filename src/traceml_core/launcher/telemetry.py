@@ -177,6 +177,16 @@ class NodeTelemetry:
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
 
+    def snapshot(self, request: dict[str, Any], timeout: float = 1.0) -> Optional[dict[str, Any]]:
+        """Live views (views/): one ``snapshot`` frame from node 0's aggregator, or None."""
+        with self._lock:
+            if self.handle is None or self.link is None or not self.handle.alive():
+                return None
+            try:
+                return self.link.snapshot(request, timeout)
+            except LinkError:
+                return None
+
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
