@@ -164,7 +164,11 @@ class PhaseChange:
 
 
 def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float,
-                  block_hw: tuple[Optional[float], Optional[float]] = (None, None)) -> PhaseChange:
+                  block_hw: tuple[Optional[float], Optional[float]] = (None, None),
+                  min_ms: float = COMPARE_MIN_CHANGE_MS) -> PhaseChange:
+    """One row: B's ``q``-quantile of ``phase`` against A's, its interval and verdict. A change
+    counts when the interval excludes zero, it is at least ``floor_pct`` of A's value and at
+    least ``min_ms``."""
     va, ca = histogram(a.summary["compare"]["sketches"].get(phase))
     vb, cb = histogram(b.summary["compare"]["sketches"].get(phase))
     stat = "median" if q == 0.5 else f"p{round(q * 100)}"
@@ -186,7 +190,7 @@ def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: floa
     if pc.a_ms > 0:
         pc.change_pct = round(100.0 * d / pc.a_ms, 2)
         pc.interval_pct = (round(100.0 * lo / pc.a_ms, 2), round(100.0 * hi / pc.a_ms, 2))
-    relevant = abs(d) >= COMPARE_MIN_CHANGE_MS and (pc.change_pct is None
+    relevant = abs(d) >= min_ms and (pc.change_pct is None
                                                     or abs(pc.change_pct) >= floor_pct)
     if relevant and lo > 0:
         pc.verdict = "slower"
@@ -304,9 +308,12 @@ def compare(a: Run, b: Run) -> Comparison:
     hw = (block_relative_halfwidth(blocks_a), block_relative_halfwidth(blocks_b))
     names = [p for p in (sa.get("phases") or []) if p in sa["compare"]["sketches"]]
     names += [p for p in sb["compare"]["sketches"] if p not in names]
-    phases = [compare_phase(p, a, b, floor_pct=floor, block_hw=hw if p == "step" else (None, None))
-              for p in names]
-    extra = [compare_phase("step", a, b, q=0.9, floor_pct=floor)]
+    step_a = _quantile(*histogram(sa["compare"]["sketches"].get("step")), 0.5)
+    # a phase change smaller than the step's noise floor cannot move the step beyond noise
+    phase_min = max(COMPARE_MIN_CHANGE_MS, floor / 100.0 * (step_a or 0.0))
+    phases = [compare_phase(p, a, b, floor_pct=floor, block_hw=hw) if p == "step" else
+              compare_phase(p, a, b, floor_pct=floor, min_ms=phase_min) for p in names]
+    extra = [compare_phase("step", a, b, q=0.9, floor_pct=floor, block_hw=hw)]
     for pc in phases:
         if pc.verdict in ("only_in_a", "only_in_b"):
             diffs.append(Difference(f"phase {pc.phase} measured", pc.a_ms is not None,

@@ -90,7 +90,9 @@ COMPARE_LEVEL = 0.95
 #: this floor further, see report/uncertainty.py).
 COMPARE_MIN_CHANGE_PCT = 2.0
 #: ...and at least 10 us per step: below that a phase's change is timer granularity and
-#: scheduler jitter, not something a code change did.
+#: scheduler jitter, not something a code change did. A phase other than the step must also
+#: change by at least the floor above times A's median step: a smaller change cannot move the
+#: step beyond noise (0.02 ms more backward in a 6 ms step is scheduling, not a regression).
 COMPARE_MIN_CHANGE_MS = 0.01
 #: With fewer step records than this (all ranks together) a run is not compared: a median of a
 #: handful of steps is mostly warm-up.

@@ -62,9 +62,23 @@ def sparkline(values: list[float], width: int = 16) -> str:
 
 
 def rate(r: RankLive) -> Optional[float]:
+    """Steps/s now: from the last poll's counts, 0 for a rank that stopped sending."""
     if r.state in ("stale", "gone", "ended"):
-        return r.rate if r.rate is not None else 0.0
+        return 0.0
+    if r.last_step < 0:
+        return None
     return r.rate if r.rate is not None else r.steps_per_s
+
+
+#: the verdict so far is shown once a rank has this many steps (before that it can only say
+#: "too few steps"): thresholds.WARMUP_STEPS + thresholds.MIN_STEPS
+VERDICT_AFTER_STEPS = 25
+
+
+def verdict_so_far(st: LiveState) -> Optional[dict]:
+    if st.verdict and max((r.received for r in st.ranks), default=0) >= VERDICT_AFTER_STEPS:
+        return st.verdict
+    return None
 
 
 def _median(xs: list[float]) -> Optional[float]:
@@ -81,19 +95,20 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
     if st is None:
         return f"[traceml] live: waiting for the aggregator{'' if err is None else f' ({err})'}"
     active = [r for r in st.ranks if r.state in ("ok", "starting")]
-    steps = [r.ms.get("step") for r in st.ranks if r.ms.get("step") is not None and r.state != "ended"]
+    timed = [r for r in active if r.ms.get("step") is not None]
+    last = max((r.last_step for r in st.ranks), default=-1)
     parts = [f"[traceml] {fmt_elapsed(st.elapsed_s)}",
-             f"step {max((r.last_step for r in st.ranks), default=-1) + 1}",
+             f"step {last + 1}" if last >= 0 else "no step yet",
              f"ranks {len(active)}/{st.world_size} ok"]
-    if steps:
-        worst = max((r for r in st.ranks if r.ms.get("step") is not None and r.state != "ended"),
-                    key=lambda r: r.ms["step"])
-        parts.append(f"{fmt_ms(_median(steps))} ms/step (worst rank {worst.rank} {fmt_ms(worst.ms['step'])})")
+    if timed:
+        worst = max(timed, key=lambda r: r.ms["step"])
+        parts.append(f"{fmt_ms(_median([r.ms['step'] for r in timed]))} ms/step "
+                     f"(worst rank {worst.rank} {fmt_ms(worst.ms['step'])})")
     rates = [x for x in (rate(r) for r in st.ranks) if x is not None]
-    if rates:
+    if rates and last >= 0:
         parts.append(f"{sum(rates):.1f} steps/s")
     inputs = [r.ms.get("input") for r in active if r.ms.get("input") is not None]
-    if inputs and steps:
+    if inputs and timed:
         parts.append(f"input {fmt_ms(_median(inputs))} ms")
     mems = [r.mem_peak for r in st.ranks if r.mem_peak]
     if mems:
@@ -104,8 +119,9 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
         text = " ".join(p for p in sysp if p)
         if text:
             parts.append(("" if st.nnodes == 1 else f"node {n.node} ") + text)
-    if st.verdict:
-        parts.append(f"so far: {st.verdict.get('kind', '').replace('_', '-')}")
+    v = verdict_so_far(st)
+    if v:
+        parts.append(f"so far: {v.get('kind', '').replace('_', '-')}")
     line = " | ".join(parts)
     stale = st.stale_ranks
     if stale:
@@ -177,8 +193,8 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
         items.append(Text("  ".join(parts), style="dim"))
     for r in st.stale_ranks[:8]:
         items.append(Text(f"rank {r.rank}: {r.note}", style="bold red"))
-    if st.verdict:
-        v = st.verdict
+    v = verdict_so_far(st)
+    if v:
         items.append(Text.assemble(("so far: ", "bold"), (f"{v.get('kind', '').upper().replace('_', '-')}",
                                                           "bold magenta"),
                                    f" ({v.get('severity')}): {v.get('why')}"))
