@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from .snapshot import LiveState, read_snapshot
+from .snapshot import VERDICT_AFTER_STEPS, LiveState, read_snapshot
 
 #: seconds between two verdict computations in the aggregator (a provisional summary)
 VERDICT_EVERY_S = 5.0
@@ -66,7 +66,9 @@ class LiveFeed:
     def poll(self) -> Optional[LiveState]:
         """One request now (also used for the final picture); never raises."""
         now = time.monotonic()
-        want_verdict = now >= self._next_verdict
+        st = self._state
+        want_verdict = (now >= self._next_verdict and st is not None
+                        and max((r.received for r in st.ranks), default=0) >= VERDICT_AFTER_STEPS)
         try:
             frame = self._fetch({"series": self.series, "verdict": want_verdict})
         except Exception as exc:  # the fetch is the launcher's; still never raise from here

@@ -35,6 +35,10 @@ STALE_STEPS = 5.0
 #: a rank that has not connected this long after the start is flagged
 JOIN_GRACE_S = 30.0
 
+#: the verdict so far is asked for (and shown) once a rank has this many steps; before that it
+#: could only say "too few steps" (thresholds.WARMUP_STEPS + thresholds.MIN_STEPS)
+VERDICT_AFTER_STEPS = 25
+
 PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d")
 _COLS = tuple(p + "_ns" for p in PHASES)
 

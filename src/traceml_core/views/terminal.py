@@ -20,7 +20,7 @@ import time
 from typing import Any, Callable, Optional, TextIO
 
 from .feed import LiveFeed
-from .snapshot import PHASES, LiveState, RankLive
+from .snapshot import PHASES, VERDICT_AFTER_STEPS, LiveState, RankLive
 
 SPARK = "▁▂▃▄▅▆▇█"
 MAX_ROWS = 32
@@ -68,11 +68,6 @@ def rate(r: RankLive) -> Optional[float]:
     if r.last_step < 0:
         return None
     return r.rate if r.rate is not None else r.steps_per_s
-
-
-#: the verdict so far is shown once a rank has this many steps (before that it can only say
-#: "too few steps"): thresholds.WARMUP_STEPS + thresholds.MIN_STEPS
-VERDICT_AFTER_STEPS = 25
 
 
 def verdict_so_far(st: LiveState) -> Optional[dict]:
