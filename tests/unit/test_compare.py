@@ -22,13 +22,18 @@ STEPS = "80"
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The four runs, started together: a machine shared with other work (CI, the other test
-    files) changes speed from minute to minute, and that would be a real difference between two
-    runs made one after the other, which no statistic on the runs themselves can tell from a code
-    change. Side by side they share the machine's conditions, so what differs is the script."""
+    """The four runs, started together and stepping together (a barrier after start-up): a
+    machine shared with other work (CI, the other test files) changes speed from minute to
+    minute, and that would be a real difference between two runs made one after the other,
+    which no statistic on the runs themselves can tell from a code change. Side by side, with
+    no run stepping while another imports torch, they share the machine's conditions, so what
+    differs is the script."""
     logs = tmp_path_factory.mktemp("compare-runs")
+    ready = tmp_path_factory.mktemp("compare-barrier")
     spec = {"base": ("6", 2), "again": ("6", 2), "slow": ("12", 2), "single": ("6", 1)}
-    procs = {name: start_tiny(logs, name, nproc=nproc, TINY_STEPS=STEPS, TINY_SLEEP_MS=sleep_ms)
+    workers = sum(nproc for _, nproc in spec.values())
+    procs = {name: start_tiny(logs, name, nproc=nproc, TINY_STEPS=STEPS, TINY_SLEEP_MS=sleep_ms,
+                              TINY_BARRIER=f"{ready}:{workers}")
              for name, (sleep_ms, nproc) in spec.items()}
     try:
         for name, p in procs.items():

@@ -84,11 +84,13 @@ COMPUTE_GPU_UTIL_PCT = 70.0
 # --- compare (traceml compare A B) -----------------------------------------------------------------
 #: Confidence level of the intervals `compare` prints and judges by.
 COMPARE_LEVEL = 0.95
-#: A change is called faster/slower only when it is at least 2 % of A's median: below that, two
-#: runs of the same script on the same node differ by that much from clock boost, page cache and
-#: neighbours, whatever the per-step statistics say (a run's own drift between its halves raises
-#: this floor further, see report/uncertainty.py).
-COMPARE_MIN_CHANGE_PCT = 2.0
+#: A change is called faster/slower only when it is at least 3 % of A's median. Two reasons: the
+#: summary's histograms resolve a step time to one bucket, about 1.1 % wide, so medians one or
+#: two buckets apart (up to ~2.2 %) are at the resolution limit; and two runs of the same script
+#: on the same node differ by a percent or two from clock boost, page cache and neighbours,
+#: whatever the per-step statistics of each run say. A run's own drift between its halves raises
+#: this floor further (see report/uncertainty.py).
+COMPARE_MIN_CHANGE_PCT = 3.0
 #: ...and at least 10 us per step: below that a phase's change is timer granularity and
 #: scheduler jitter, not something a code change did. A phase other than the step must also
 #: change by at least the floor above times A's median step: a smaller change cannot move the

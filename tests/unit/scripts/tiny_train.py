@@ -8,6 +8,8 @@ others). Knobs, all environment variables:
                             dominates the step, so step times are stable on a busy machine)
 ``TINY_PRINT_EVERY`` (0)    print a "tiny: rank R step S" training line every N steps on rank 0
 ``TINY_KILL_RANK`` / ``TINY_KILL_AT``   that rank SIGKILLs itself at that step
+``TINY_BARRIER`` (``DIR:N``)  before the first step, wait until N workers (of any runs sharing
+                            DIR) are ready, so runs started together also step together
 """
 
 from __future__ import annotations
@@ -34,6 +36,14 @@ class Sleepy(nn.Module):
         return self.lin(x)
 
 
+def barrier(spec: str) -> None:
+    where, _, n = spec.rpartition(":")
+    open(os.path.join(where, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 120
+    while len(os.listdir(where)) < int(n) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def main() -> None:
     steps = int(os.environ.get("TINY_STEPS", "100"))
     sleep_s = float(os.environ.get("TINY_SLEEP_MS", "3")) / 1000.0
@@ -47,6 +57,8 @@ def main() -> None:
     model = Sleepy(sleep_s)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = [(torch.randn(8, 16), torch.randn(8, 1)) for _ in range(16)]
+    if os.environ.get("TINY_BARRIER"):
+        barrier(os.environ["TINY_BARRIER"])
     for step in range(steps):
         if rank == kill_rank and step == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
