@@ -65,20 +65,17 @@ def tmux(tmp_path, request):
     t.kill()
 
 
-def rank_rows(screen: str) -> dict[int, str]:
-    """The live table's rows by rank (the last drawing on the screen)."""
-    rows: dict[int, str] = {}
+ROW = re.compile(r"^\s+(\d+)\s+\S+:\d+\s+(.+?)\s{2,}(\d+|-)\s")
+
+
+def rank_rows(screen: str) -> dict[int, tuple[str, int]]:
+    """The live table's rows by rank: (status cell, step), from the last drawing on the screen."""
+    rows: dict[int, tuple[str, int]] = {}
     for line in screen.splitlines():
-        m = re.match(r"\s+(\d+)\s+\S+:\d+\s+(.*)$", line)
+        m = ROW.match(line)
         if m:
-            rows[int(m.group(1))] = m.group(2)
+            rows[int(m.group(1))] = (m.group(2), -1 if m.group(3) == "-" else int(m.group(3)))
     return rows
-
-
-def step_of(row: str) -> int:
-    # status text, then the step column: the first integer after the status
-    m = re.search(r"(?:ago\)|bye, no data for [\d.]+ s|no data for [\d.]+ s|ended \w+)\s+(\d+)", row)
-    return int(m.group(1)) if m else -1
 
 
 def test_cli_view_shows_each_rank_updates_and_keeps_training_output(tmux, tmp_path):
@@ -87,12 +84,11 @@ def test_cli_view_shows_each_rank_updates_and_keeps_training_output(tmux, tmp_pa
 
     def two_running_ranks(s):
         rows = rank_rows(s)
-        return rows if "steps/s" in s and len(rows) == 2 and all("ok (" in r for r in rows.values()) and \
-            all(step_of(r) > 0 for r in rows.values()) else None
+        return rows if "steps/s" in s and len(rows) == 2 and \
+            all(st.startswith("ok ") and step > 0 for st, step in rows.values()) else None
 
     first = tmux.wait(two_running_ranks, 60, "both ranks running in the live table")
-    first_steps = {k: step_of(v) for k, v in first.items()}
-    later = tmux.wait(lambda s: (r := two_running_ranks(s)) and all(step_of(r[k]) > first_steps[k] + 20 for k in r) and r,
+    later = tmux.wait(lambda s: (r := two_running_ranks(s)) and all(r[k][1] > first[k][1] + 20 for k in r) and r,
                       20, "the step counts to advance")
     assert later, "the table redraws with new numbers"
     screen = tmux.screen()
@@ -102,8 +98,8 @@ def test_cli_view_shows_each_rank_updates_and_keeps_training_output(tmux, tmp_pa
 
     end = tmux.wait(lambda s: "TRACEML-EXIT" in s and s, 60, "the run to end", history=400)
     assert "TRACEML-EXIT 0" in end
-    final = end[:end.index("TraceML summary:")]
-    assert "ended clean" in final, "the last drawing shows how each rank ended"
+    final = rank_rows(end[:end.index("TraceML summary:")])
+    assert final == {0: ("ended clean", 500), 1: ("ended clean", 500)}, "the last drawing shows the end"
     assert end.index("tiny: done 500 steps") < end.index("TraceML summary:")
 
 
@@ -118,15 +114,16 @@ def test_a_killed_rank_shows_as_stale_while_the_others_go_on(tmux, tmp_path):
     def dead_rank_visible(s):
         rows = rank_rows(s)
         m = re.search(r"^rank 1: connection lost without a bye, no data for ([\d.]+) s", s, re.M)
-        if m and float(m.group(1)) >= 3 and "ok (" in rows.get(0, "") and "no data for" in rows.get(1, ""):
+        if m and float(m.group(1)) >= 3 and rows.get(0, ("",))[0].startswith("ok ") and \
+                rows.get(1, ("",))[0].startswith("lost, no data "):
             return rows
         return None
 
     rows = tmux.wait(dead_rank_visible, 90, "rank 1 to show as stale while rank 0 is ok")
-    step0 = step_of(rows[0])
-    assert step_of(rows[1]) <= 60 < step0, rows
+    step0 = rows[0][1]
+    assert rows[1][1] <= 60 < step0, rows
     # still redrawn, not frozen: rank 1's silence keeps growing while rank 0 advances
-    tmux.wait(lambda s: (r := rank_rows(s)) and step_of(r.get(0, "")) > step0 and
+    tmux.wait(lambda s: (r := rank_rows(s)) and r.get(0, ("", 0))[1] > step0 and
               re.search(r"^rank 1: .*no data for ([4-9]|\d\d)", s, re.M), 15, "the view to keep updating")
     end = tmux.wait(lambda s: "TRACEML-EXIT" in s and s, 60, "torchrun to end the run", history=400)
     assert "TRACEML-EXIT 0" not in end

@@ -58,6 +58,7 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
         d = asdict(r)
         d.pop("series", None)
         d["stale"] = r.stale
+        d["short"] = r.short
         d["rate_now"] = rate(r)
         ranks.append(d)
         s = r.series

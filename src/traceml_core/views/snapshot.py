@@ -156,6 +156,14 @@ class RankLive:
     rate: Optional[float] = None
 
     @property
+    def short(self) -> str:
+        """The state in a few words, for a table cell (``note`` has the sentence)."""
+        age = _secs(self.age_s)
+        return {"ok": f"ok {age}", "starting": "no step yet", "stale": f"no data {age}",
+                "gone": f"lost, no data {age}", "ended": f"ended {self.bye}",
+                "waiting": f"waiting {age}" if self.note else "waiting"}.get(self.state, self.state)
+
+    @property
     def stale(self) -> bool:
         return self.state in ("stale", "gone") or (self.state == "waiting" and bool(self.note))
 

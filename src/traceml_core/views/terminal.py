@@ -161,7 +161,7 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     for r in st.ranks[:MAX_ROWS]:
         rt = rate(r)
         where = f"{r.host or '?'}:{r.local_rank}" if r.local_rank is not None else (r.host or "-")
-        t.add_row(str(r.rank), where, Text(r.note or r.state, style=_STATE_STYLE.get(r.state, "")),
+        t.add_row(str(r.rank), where, Text(r.short, style=_STATE_STYLE.get(r.state, "")),
                   str(r.last_step + 1 if r.last_step >= 0 else "-"),
                   "-" if rt is None else f"{rt:.1f}", fmt_ms(r.ms.get("step")),
                   *[fmt_ms(r.ms.get(p)) for p in phases], fmt_bytes(r.mem_peak),
