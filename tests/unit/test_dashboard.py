@@ -1,7 +1,7 @@
 """``traceml run --mode dashboard`` in headless Chromium (Debian's ``chromium`` package).
 
 One real run: two ranks of tests/unit/scripts/tiny_train.py, rank 1 SIGKILLs itself early and
-torchrun notices only after 8 s (``PET_MONITOR_INTERVAL``), so the page must show live numbers
+torchrun checks its workers only every 15 s (``PET_MONITOR_INTERVAL``), so the page must show live numbers
 for rank 0 and a stale rank 1. The browser is driven over the DevTools protocol on a pipe
 (tests/unit/chromium.py). A screenshot is saved to ``artifacts/dashboard.png``.
 """
@@ -47,7 +47,7 @@ def outward_ip():
 @pytest.fixture
 def run(tmp_path):
     p = start_tiny(tmp_path, "dash", mode="dashboard", TINY_STEPS="4000", TINY_SLEEP_MS="5",
-                   TINY_KILL_RANK="1", TINY_KILL_AT="100", PET_MONITOR_INTERVAL="8")
+                   TINY_KILL_RANK="1", TINY_KILL_AT="100", PET_MONITOR_INTERVAL="15")
     err_lines: list[str] = []
     out_chunks: list[str] = []
     url_seen = threading.Event()
@@ -105,14 +105,15 @@ def test_dashboard_in_chromium_updates_and_shows_a_dead_rank(run, tmp_path):
         browser.wait_for(f"{points} > {first} + 20", 20)  # charts grow as telemetry arrives
         assert browser.eval("Number(document.body.dataset.updates)") > updates
         assert browser.eval("document.querySelectorAll('#c-step canvas, #c-rate canvas').length") >= 2
-        # rank 1 died at step 100: its row turns stale and the count of its silence grows
+        # rank 1 died at step 100: its row turns stale and the count of its silence grows, while
+        # rank 0 is still live (one look at the page, so both hold at the same moment)
         stale = browser.wait_for(
             "(() => { const t = document.getElementById('stale').textContent;"
             " const m = t.match(/rank 1: connection lost without a bye, no data for ([\\d.]+) s/);"
-            " return m && Number(m[1]) >= 2 && t; })()", 30)
-        assert "rank 0" not in stale or "rank 1" in stale
-        assert browser.eval("document.querySelector(\"tr[data-rank='1']\").className") == "stale"
-        assert browser.eval("document.querySelector(\"tr[data-rank='0']\").dataset.state") == "ok"
+            " const r0 = document.querySelector(\"tr[data-rank='0']\").dataset.state;"
+            " const r1 = document.querySelector(\"tr[data-rank='1']\").className;"
+            " return m && Number(m[1]) >= 2 && r0 === 'ok' && r1 === 'stale' && t; })()", 30)
+        assert "rank 0" not in stale
         shot = browser.screenshot(ARTIFACTS / "dashboard.png")
         assert shot.stat().st_size > 20_000
         # the run ends (torchrun notices the dead rank): the page says so instead of freezing
