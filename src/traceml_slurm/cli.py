@@ -12,6 +12,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     e = sub.add_parser("env", help="show how this Slurm context resolves (same as traceml run --print-config)")
     e.add_argument("--json", action="store_true")
+    from .template.cli import add_template_parser
+
+    add_template_parser(sub)
     return p
 
 
@@ -23,5 +26,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from traceml_core.cli import main as core_main
 
         return core_main(["run", "--print-config", "--cluster=slurm"] + (["--json"] if ns.json else []))
+    if ns.command == "template":
+        from .template.cli import run_template
+
+        return run_template(ns, argv[argv.index("template") + 1:])
     parser.print_help()
     return 0
