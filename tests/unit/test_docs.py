@@ -171,7 +171,10 @@ def _traceml(argv, tmp_path, capsys):
         build_parser()[0].parse_args(args)
         return ""
     capsys.readouterr()
-    code = main(args)
+    try:
+        code = main(args)
+    except SystemExit as done:  # --help
+        code = done.code or 0
     out, err = capsys.readouterr()
     assert code == 0, f"`{shlex.join(argv)}` exited {code}: {err}"
     return out

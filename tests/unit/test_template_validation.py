@@ -117,6 +117,16 @@ def test_contradictions_are_refused_with_the_fix(in_tmp, args, words):
         assert word in str(err.value), str(err.value)
 
 
+def test_help_lists_every_option(capsys):
+    with pytest.raises(SystemExit) as done:
+        slurm_main(["template", "--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    for o in TEMPLATE_OPTIONS:
+        assert o.flag in out
+    assert "%x-%j.out" in out  # Slurm's % patterns survive argparse's %-formatting
+
+
 def test_missing_script_is_refused(in_tmp):
     from traceml_core.errors import ConfigError
 

@@ -53,15 +53,14 @@ def add_template_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     groups = {key: p.add_argument_group(title.lower()) for key, title in OPTIONS_GROUPS.items()}
     for o in TEMPLATE_OPTIONS:
         g = groups[o.group]
-        default = f" [default: {o.describe_default()}]"
+        # argparse %-formats help texts: escape the % of Slurm's file name patterns (%x-%j.out)
+        text = (o.help + ("" if o.kind == "list" else f" [default: {o.describe_default()}]")).replace("%", "%%")
         if o.kind == "value":
-            g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None, help=o.help + default)
+            g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None, help=text)
         elif o.kind == "list":
-            g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, action="append", default=None,
-                           help=o.help)
+            g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, action="append", default=None, help=text)
         else:
-            g.add_argument(o.flag, dest=o.key, action=argparse.BooleanOptionalAction, default=None,
-                           help=o.help + default)
+            g.add_argument(o.flag, dest=o.key, action=argparse.BooleanOptionalAction, default=None, help=text)
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script, relative to the submit directory")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     return p
