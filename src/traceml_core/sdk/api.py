@@ -272,7 +272,7 @@ def trace_step(model: Any = None) -> Any:
 
 
 def _register_model(model: Any) -> None:
-    global _LAST_MODEL
+    global _LAST_MODEL, _CTX
     _LAST_MODEL = model
     r = hotpath.REC
     if r is None:
@@ -283,9 +283,11 @@ def _register_model(model: Any) -> None:
         device = patches.register_model(r, model)
         if device is not None and r.gpu is None:
             from .cuda_timing import CudaPhaseTimer
+            from .hotpath import GpuStepContext
 
             r.gpu = CudaPhaseTimer(device)
-            patches.install_copy_timing()
+            patches.enable_gpu()
+            _CTX = GpuStepContext(r)
             s = _session
             if s is not None and s.probe is not None:
                 s.probe.use_cuda(device)

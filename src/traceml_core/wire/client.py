@@ -389,7 +389,6 @@ class TelemetryClient:
 
     def _refuse(self, reason: str) -> None:
         self._refused = reason
-        self._settled.set()
         log.warning(
             "traceml: the aggregator at %s:%d refused this %s: %s -- telemetry is off for this "
             "process (training continues)", self.host, self.port, self.kind, reason,
@@ -399,6 +398,7 @@ class TelemetryClient:
                 self._on_refused(reason)
             except Exception:
                 pass
+        self._settled.set()      # after the callback: a waiter sees the refusal fully applied
 
     def _peer_alive(self) -> bool:
         """The server sends nothing after welcome; readable means it closed (or refused late)."""
