@@ -71,7 +71,8 @@ def encode(message: dict[str, Any]) -> bytes:
 
 def decode_body(body: bytes) -> dict[str, Any]:
     try:
-        msg = msgpack.unpackb(body, raw=False, strict_map_key=False, max_buffer_size=MAX_FRAME)
+        # (no max_buffer_size: unpackb does not take it; callers bound the body by MAX_FRAME)
+        msg = msgpack.unpackb(body, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ProtocolError(f"undecodable frame: {type(exc).__name__}") from None
     if not isinstance(msg, dict) or not isinstance(msg.get("t"), str):

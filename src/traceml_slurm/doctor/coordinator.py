@@ -73,6 +73,7 @@ class Agents:
     locals: dict[str, dict[str, Any]] = field(default_factory=dict)
     answered_after: dict[str, float] = field(default_factory=dict)
     srun_note: Optional[str] = None
+    waited_s: float = 0.0
 
 
 class Coordinator:
@@ -90,7 +91,7 @@ class Coordinator:
 
     def srun_command(self, n: int) -> list[str]:
         return [str(self.srun), "--overlap", f"--nodes={n}", f"--ntasks={n}", "--ntasks-per-node=1",
-                "--kill-on-bad-exit=0", "--export=ALL", "--job-name=traceml-doctor", "--input=none",
+                "--kill-on-bad-exit=0", "--export=ALL", "--input=none",
                 self.ctx.python, "-m", AGENT_MODULE]
 
     def start(self, nodes: list[str]) -> None:
@@ -214,6 +215,7 @@ class Coordinator:
                         link.close()
                         del pending[conn]
         sel.close()
+        out.waited_s = time.monotonic() - t0
         for name in missing():
             if name in out.answered_after:
                 out.answered_after.pop(name)
@@ -390,6 +392,8 @@ class Coordinator:
             return not is_ignored(cid, opts.ignore)
 
         res["cross.answers"] = crossnode.answers(nodes, agents.answered_after, opts.timeout, agents.srun_note)
+        for o in res["cross.answers"].values():
+            o.duration_s = agents.waited_s
         answered = list(facts)
         node0 = crossnode.node0_of(facts)
         nnodes = len(nodes)
@@ -403,18 +407,24 @@ class Coordinator:
         res["cross.master-address"] = crossnode.master_address(facts) if facts else {}
         res["cross.versions"] = crossnode.versions(facts) if facts else {}
         if want("cross.clock-skew") and links:
+            t = time.monotonic()
             res["cross.clock-skew"] = crossnode.clock_skew(self.clock_phase(links), node0)
+            self._timed(res, "cross.clock-skew", t)
         have0 = node0 is not None and (facts.get(node0) or {}).get("config") is not None
         no0 = ("node 0 did not answer" if node0 is None else "node 0's launch config does not resolve")
         if want("cross.ports-reachable"):
             if have0:
+                t = time.monotonic()
                 reach, listening, bind = self.ports_phase(facts, links, str(node0))
                 res["cross.ports-reachable"] = crossnode.ports_reachable(reach, listening, str(node0), bind)
+                self._timed(res, "cross.ports-reachable", t)
             else:
                 res["cross.ports-reachable"] = crossnode.skip_all(answered, no0)
         if want("cross.logs-shared"):
+            t = time.monotonic()
             res["cross.logs-shared"] = (self.fs_phase(facts, links, str(node0)) if node0 is not None
                                         else crossnode.skip_all(answered, "node 0 did not answer"))
+            self._timed(res, "cross.logs-shared", t)
         all_in = len(facts) == nnodes and all(f.get("config") for f in facts.values())
         ranks_ok = sorted(f.get("node_rank") for f in facts.values() if f.get("node_rank") is not None) == list(range(nnodes))
         why_not = ("not every node answered (see cross.answers)" if len(facts) != nnodes else
@@ -422,8 +432,10 @@ class Coordinator:
                    "node ranks are not 0..N-1 (see cross.node-ranks)")
         if want("cross.gloo-allreduce"):
             if all_in and ranks_ok:
+                t = time.monotonic()
                 got = self.torch_phase("gloo", facts, links, min(opts.timeout, 30.0))
                 res["cross.gloo-allreduce"] = crossnode.gloo_allreduce(got, nnodes)
+                self._timed(res, "cross.gloo-allreduce", t)
             else:
                 res["cross.gloo-allreduce"] = crossnode.skip_all(answered, why_not)
         if want("cross.nccl-bandwidth"):
@@ -432,11 +444,18 @@ class Coordinator:
             elif not all(f.get("gpus") and f.get("torch_cuda") and f.get("torch_devices") for f in facts.values()):
                 res["cross.nccl-bandwidth"] = crossnode.skip_all(answered, "no GPU with a CUDA torch on every node")
             elif all_in and ranks_ok:
+                t = time.monotonic()
                 got = self.torch_phase("nccl", facts, links, max(60.0, opts.timeout))
                 res["cross.nccl-bandwidth"] = crossnode.nccl_bandwidth(got)
+                self._timed(res, "cross.nccl-bandwidth", t)
             else:
                 res["cross.nccl-bandwidth"] = crossnode.skip_all(answered, why_not)
         return self._as_results(res)
+
+    @staticmethod
+    def _timed(res: dict[str, dict[str, Outcome]], cid: str, t0: float) -> None:
+        for o in (res.get(cid) or {}).values():
+            o.duration_s = time.monotonic() - t0
 
     def _as_results(self, res: dict[str, dict[str, Outcome]]) -> list[CheckResult]:
         out = []

@@ -17,6 +17,8 @@ UNICODE = {Status.PASS: "✓", Status.WARN: "!", Status.FAIL: "✗", Status.SKIP
 ASCII = {Status.PASS: "[ok]", Status.WARN: "[!!]", Status.FAIL: "[XX]", Status.SKIP: "[--]"}
 COLOURS = {Status.PASS: "\033[32m", Status.WARN: "\033[33m", Status.FAIL: "\033[31m", Status.SKIP: "\033[2m"}
 DIM, BOLD, RESET = "\033[2m", "\033[1m", "\033[0m"
+#: a passing check whose nodes observed different values shows this many inline (-v shows all)
+INLINE_NODES = 3
 
 
 class Style:
@@ -76,9 +78,12 @@ def check_lines(r: CheckResult, style: Style, verbose: bool) -> list[str]:
         where = f" {style.dim('(' + _hosts(names) + ')')}" if many else ""
         lines.append(f"  {style.mark(status)} {r.title}: {obs}{where}  {tag}")
     elif status is Status.PASS and not verbose:
-        first = next(iter(r.nodes))
-        lines.append(f"  {style.mark(status)} {r.title}: {first}: {r.nodes[first].observed} "
-                     f"{style.dim(f'(all {len(r.nodes)} nodes ok; -v shows each)')}  {tag}")
+        shown = list(r.nodes.items())[:INLINE_NODES]
+        more = len(r.nodes) - len(shown)
+        text = "; ".join(f"{name}: {o.observed}" for name, o in shown)
+        if more:
+            text += " " + style.dim(f"(and {more} more nodes, all ok; -v shows each)")
+        lines.append(f"  {style.mark(status)} {r.title}: {text}  {tag}")
     else:
         lines.append(f"  {style.mark(status)} {r.title}  {tag}")
         ok_names: list[str] = []
