@@ -19,7 +19,9 @@ only the job's processes on that node see them; each is undone in a finally bloc
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -121,6 +123,7 @@ def test_launch_config_is_the_one_print_config_resolves(slurm_cluster, workdir):
         assert doctor == printed, name
 
 
+@pytest.mark.skipif(shutil.which("nft") is None, reason="needs nftables (apt-get install nftables) for the firewall rule")
 def test_firewall_version_logs_clock_and_ifname_faults_on_one_node(slurm_cluster, workdir):
     logs = workdir / "logs"
     logs.mkdir()
@@ -173,7 +176,7 @@ def test_no_route_to_node0_from_an_salloc_shell(slurm_cluster, workdir):
     n1 = slurm_cluster.node_ip("node1")
     slurm_cluster.on_node("node2", "ip", "route", "add", "unreachable", f"{n1}/32")
     try:
-        env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("TRACEML_DOCTOR_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_DOCTOR_")}
         env.update(PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}:{env.get('PATH', '')}")
         p = slurm_cluster.run("salloc", *TWO, PY, "-m", "traceml_core.cli", "slurm", "doctor", "--json",
                               "--ignore", "cross.gloo-allreduce", env=env, cwd=workdir, check=False, timeout=120)

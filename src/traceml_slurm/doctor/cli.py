@@ -13,13 +13,15 @@ import sys
 import threading
 import time
 import traceback
-from typing import Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
-from ..context import Context
-from .model import CheckResult, JobInfo, Report
-from .node import DEFAULT_TIMEOUT_S, NodeContext, Options, node_name
+from .model import TORCH_CHECKS, CheckResult, JobInfo, Report, is_ignored
 from .progress import Progress
-from .registry import ALL_IDS, JOB_SPECS, NODE_SPECS, UnknownCheck, is_ignored, parse_ignore, run_checks
+from .thresholds import DEFAULT_TIMEOUT_S
+
+if TYPE_CHECKING:  # the heavy modules (pydantic via the resolver) load after the torch child starts
+    from .node import NodeContext, Options
+    from .torchprobe import ProbeProcess
 
 EPILOG = """\
 Run it where the training will run: in the sbatch script before `srun`, or in an salloc shell.
@@ -27,8 +29,9 @@ From there it starts one agent per node (srun --overlap --ntasks-per-node=1) and
 the nodes; --local checks only the node it runs on.
 
 Exit codes: 0 passed (warnings allowed), 1 a check failed (--strict: or warned), 2 bad usage,
-3 the doctor itself could not run. Check ids for --ignore (a group name ignores the group):
-""" + "\n".join(f"  {i}" for i in ALL_IDS)
+3 the doctor itself could not run. `traceml slurm doctor --list` shows the check ids for --ignore
+(a group name such as `gpu` ignores the whole group).
+"""
 
 
 class UsageError(Exception):
@@ -48,10 +51,14 @@ def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
                    help=f"seconds any one wait may take: agents starting, a node answering, torch importing "
                         f"(default {DEFAULT_TIMEOUT_S:.0f})")
     p.add_argument("-v", "--verbose", action="store_true", help="show every node's values, sources, and what runs")
+    p.add_argument("--list", action="store_true", help="list the checks (id and title) and exit")
     return p
 
 
-def parse_options(ns: argparse.Namespace) -> Options:
+def parse_options(ns: argparse.Namespace) -> "Options":
+    from .node import Options
+    from .registry import UnknownCheck, parse_ignore
+
     try:
         timeout = float(ns.timeout)
     except ValueError:
@@ -67,7 +74,7 @@ def parse_options(ns: argparse.Namespace) -> Options:
     return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose)
 
 
-def _results(outcomes: Mapping[str, object], specs, host: str, options: Options) -> list[CheckResult]:  # type: ignore[no-untyped-def]
+def _results(outcomes: Mapping[str, object], specs, host: str, options: "Options") -> list[CheckResult]:  # type: ignore[no-untyped-def]
     out = []
     for spec in specs:
         r = CheckResult(spec.id, spec.title, spec.scope, ignored=is_ignored(spec.id, options.ignore))
@@ -77,10 +84,45 @@ def _results(outcomes: Mapping[str, object], specs, host: str, options: Options)
     return out
 
 
-def run_doctor(options: Options, environ: Mapping[str, str], progress: Progress, *,
-               ctx: Optional[NodeContext] = None) -> Report:
+def early_torch_probe(ns: argparse.Namespace, environ: Mapping[str, str]) -> "Optional[ProbeProcess]":
+    """With --local, start `import torch` in its child before loading anything else: it is the
+    slowest part of the 2 s budget. Only when a torch check will run; killed if usage is bad."""
+    if not ns.local:
+        return None
+    ignore = [p.strip() for p in (ns.ignore or "").split(",") if p.strip()]
+    if all(is_ignored(cid, ignore) for cid in TORCH_CHECKS):
+        return None
+    try:
+        timeout = float(ns.timeout)
+    except ValueError:
+        return None
+    if not timeout > 0:
+        return None
+    from .torchprobe import ProbeProcess
+
+    raw = environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    gpus = raw.isdigit() and int(raw) > 0
+    if not gpus:
+        from .nvml import NvmlUnavailable, load_nvml
+
+        try:
+            gpus = bool(load_nvml().devices())
+        except (NvmlUnavailable, Exception):  # noqa: BLE001 - the GPU checks report NVML trouble
+            gpus = False
+    try:
+        return ProbeProcess(["info"] + (["--cuda-init"] if gpus else []), timeout, environ)
+    except OSError:
+        return None
+
+
+def run_doctor(options: "Options", environ: Mapping[str, str], progress: Progress, *,
+               ctx: "Optional[NodeContext]" = None, torch_process: "Optional[ProbeProcess]" = None) -> Report:
+    from ..context import Context
+    from .node import NodeContext, node_name
+    from .registry import JOB_SPECS, NODE_SPECS, run_checks
+
     t0 = time.monotonic()
-    ctx = ctx or NodeContext(environ, options, progress=progress)
+    ctx = ctx or NodeContext(environ, options, progress=progress, torch_process=torch_process)
     host = node_name(ctx.environ)
     kind = ctx.context
     job_nodes = ctx.job_nodes()
@@ -127,11 +169,19 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = "traceml slurm doc
         ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     except SystemExit as exc:  # argparse: --help (0) or bad usage (2)
         return int(exc.code or 0)
+    if ns.list:
+        from .registry import ALL_IDS, TITLES
+
+        sys.stdout.write("".join(f"{cid:<24} {TITLES[cid]}\n" for cid in ALL_IDS))
+        return 0
     progress = Progress(verbose=ns.verbose)
+    early = early_torch_probe(ns, os.environ)
     try:
         options = parse_options(ns)
-        report = run_doctor(options, os.environ, progress)
+        report = run_doctor(options, os.environ, progress, torch_process=early)
     except UsageError as exc:
+        if early is not None:
+            early.kill()
         sys.stderr.write(f"traceml slurm doctor: error: {exc}\n")
         return 2
     except KeyboardInterrupt:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 
 class Status(str, enum.Enum):
@@ -229,3 +229,12 @@ class Report:
 
 
 SCHEMA_VERSION = 1
+
+#: checks that need torch (in a child process); the child starts early only if one of them runs
+TORCH_CHECKS = frozenset({"gpu.count", "gpu.cuda-init", "sw.torch", "sw.nccl"})
+
+
+def is_ignored(check_id: str, ignore: Iterable[str]) -> bool:
+    """``--ignore`` takes exact ids or whole groups (``gpu`` or ``gpu.*``)."""
+    group = check_id.split(".", 1)[0]
+    return any(i == check_id or i.rstrip(".*") == group for i in ignore)

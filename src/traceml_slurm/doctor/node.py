@@ -24,9 +24,9 @@ from ..hostlists import expand_nodelist
 from ..settings import SlurmVars
 from .nvml import Nvml, NvmlUnavailable, load_nvml
 from .progress import Progress, Quiet
+from .thresholds import DEFAULT_TIMEOUT_S
 from .torchprobe import ProbeProcess, TorchInfo
 
-DEFAULT_TIMEOUT_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -85,6 +85,7 @@ class NodeContext:
         cwd: Optional[str] = None,
         progress: Optional[Progress] = None,
         controller: Any = None,
+        torch_process: Optional[ProbeProcess] = None,
     ) -> None:
         self.environ = dict(environ)
         self.options = options
@@ -94,7 +95,7 @@ class NodeContext:
         self._nvml_error: Optional[str] = None
         self._nvml_loaded = False
         self._torch_info = torch_info
-        self._torch_proc: Optional[ProbeProcess] = None
+        self._torch_proc: Optional[ProbeProcess] = torch_process
         self._interfaces = interfaces
         self.shm_path = shm_path
         self.clock = clock

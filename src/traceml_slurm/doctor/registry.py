@@ -10,7 +10,7 @@ import time
 from typing import Iterable, Optional
 
 from . import context, controller, crossnode, filesystem, gpu, network, software, walltime
-from .model import CheckSpec, Outcome, Status, failed
+from .model import TORCH_CHECKS, CheckSpec, Outcome, Status, failed, is_ignored
 from .node import NodeContext
 
 LOCAL_SPECS: tuple[CheckSpec, ...] = (
@@ -19,8 +19,6 @@ LOCAL_SPECS: tuple[CheckSpec, ...] = (
 )
 NODE_SPECS = tuple(s for s in LOCAL_SPECS if s.scope == "node")
 JOB_SPECS = tuple(s for s in LOCAL_SPECS if s.scope == "job")
-#: checks that need torch (in a child process); the probe starts early only if one of them runs
-TORCH_CHECKS = frozenset({"gpu.count", "gpu.cuda-init", "sw.torch", "sw.nccl"})
 
 ALL_IDS: tuple[str, ...] = tuple(s.id for s in LOCAL_SPECS) + tuple(i for i, _ in crossnode.CROSS)
 TITLES: dict[str, str] = {**{s.id: s.title for s in LOCAL_SPECS}, **dict(crossnode.CROSS)}
@@ -43,11 +41,6 @@ def parse_ignore(text: Optional[str]) -> frozenset[str]:
     return frozenset(items)
 
 
-def is_ignored(check_id: str, ignore: Iterable[str]) -> bool:
-    group = check_id.split(".", 1)[0]
-    return any(i == check_id or i.rstrip(".*") == group for i in ignore)
-
-
 def run_checks(specs: Iterable[CheckSpec], ctx: NodeContext) -> dict[str, Outcome]:
     """Run ``specs`` (skipping ignored ones) on this node; the torch child starts first."""
     specs = [s for s in specs if not is_ignored(s.id, ctx.options.ignore)]
@@ -67,5 +60,5 @@ def run_checks(specs: Iterable[CheckSpec], ctx: NodeContext) -> dict[str, Outcom
     return out
 
 
-__all__ = ["ALL_IDS", "JOB_SPECS", "LOCAL_SPECS", "NODE_SPECS", "Status", "TITLES", "UnknownCheck", "is_ignored",
+__all__ = ["ALL_IDS", "JOB_SPECS", "LOCAL_SPECS", "NODE_SPECS", "Status", "TITLES", "TORCH_CHECKS", "UnknownCheck", "is_ignored",
            "parse_ignore", "run_checks"]

@@ -40,3 +40,7 @@ GPU_FOREIGN_MEMORY_BYTES = 1024 * 1024 * 1024
 
 #: NCCL all-reduce sizes of the --full bandwidth sweep (bytes): from latency-bound to bandwidth-bound
 NCCL_SWEEP_BYTES = (1 << 20, 16 << 20, 128 << 20)
+
+#: default for --timeout: the longest any one wait may take (agents starting, a node answering, torch
+#: importing on a slow shared filesystem). Healthy nodes answer in 1-3 s; 15 s tolerates a cold cache.
+DEFAULT_TIMEOUT_S = 15.0
