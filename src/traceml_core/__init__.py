@@ -18,5 +18,9 @@ def __getattr__(name: str) -> Any:
     if name in _SDK_NAMES:
         from .sdk import api
 
-        return getattr(api, name)
+        value = getattr(api, name)
+        # cache it in the module dict: ``traceml.trace_step`` is looked up every step, and a
+        # module __getattr__ call on each lookup would cost more than the step's bookkeeping
+        globals()[name] = value
+        return value
     raise AttributeError(name)

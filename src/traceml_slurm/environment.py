@@ -41,6 +41,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _spans_het_components(v: SlurmVars, environ: Mapping[str, str]) -> bool:
+    """Whether this step's nodes come from more than one heterogeneous job component."""
+    step_hosts = set(expand_nodelist(v.step_nodelist or v.job_nodelist or "", "SLURM_STEP_NODELIST"))
+    touched = 0
+    for i in range(v.het_size or 0):
+        group = environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{i}", "")
+        if group.strip() and step_hosts & set(expand_nodelist(group, f"SLURM_JOB_NODELIST_HET_GROUP_{i}")):
+            touched += 1
+    return touched > 1
+
+
 class SlurmEnvironment(ClusterEnvironment):
     name: ClassVar[str] = "slurm"
 
@@ -85,7 +96,7 @@ class SlurmEnvironment(ClusterEnvironment):
 
         self._gpu_values(v, in_step, out)
         self._master_addr_env(environ, out)
-        if v.het_size and v.het_size > 1 and in_step:
+        if v.het_size and v.het_size > 1 and in_step and _spans_het_components(v, environ):
             out.refusals.append(Refusal(
                 f"this srun step spans {v.het_size} heterogeneous job components (SLURM_HET_SIZE="
                 f"{v.het_size}); TraceML needs one homogeneous set of nodes. Launch in one component: "
@@ -175,7 +186,9 @@ class SlurmEnvironment(ClusterEnvironment):
             if gpus:
                 values["nproc_per_node"] = Setting(len(gpus), v.source("step_gpus") + "(count)")
                 return
-        if v.ntasks_per_node is not None and v.ntasks_per_node > 1:
+        if not in_step and v.ntasks_per_node is not None and v.ntasks_per_node > 1:
+            # Only the batch shell still has the job's value: inside the launcher step
+            # (`srun --ntasks-per-node=1`) Slurm replaces SLURM_NTASKS_PER_NODE with the step's 1.
             values["nproc_per_node"] = Setting(v.ntasks_per_node, v.source("ntasks_per_node"))
             out.warnings.append(
                 f"no GPU is allocated to this job; starting {v.ntasks_per_node} CPU workers per node "
@@ -183,8 +196,10 @@ class SlurmEnvironment(ClusterEnvironment):
             return
         values["nproc_per_node"] = Setting(1, "slurm:no-gpu")
         out.warnings.append(
-            "no GPU is allocated to this job (no SLURM_GPUS_ON_NODE); starting 1 worker per node. Request "
-            "GPUs with --gres=gpu:N or --gpus-per-node=N, or set --nproc-per-node.")
+            "no GPU is allocated to this job (no SLURM_GPUS_ON_NODE); starting 1 worker per node. For a "
+            "CPU job with N workers per node, export TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE in the "
+            "sbatch script before srun (inside the launcher step Slurm sets SLURM_NTASKS_PER_NODE to the "
+            "step's 1), or request GPUs with --gres=gpu:N.")
 
     def _master_addr_env(self, environ: Mapping[str, str], out: Contribution) -> None:
         stale = environ.get("MASTER_ADDR", "").strip()

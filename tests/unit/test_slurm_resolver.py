@@ -101,11 +101,15 @@ def test_old_slurm_counts_step_gpus_not_job_gpus():
     assert c.nproc_per_node == 2 and c.source("nproc_per_node") == "slurm:SLURM_STEP_GPUS(count)"
 
 
-def test_no_gpu_uses_tasks_per_node_else_one():
-    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="4"))
+def test_no_gpu_batch_shell_uses_tasks_per_node_step_uses_one_with_fix():
+    env = dict(JOB, SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_JOB_NODELIST="gpu07", SLURM_NODEID="0",
+               SLURMD_NODENAME="gpu07", SLURM_NTASKS_PER_NODE="4")
+    c = r(env)
     assert c.nproc_per_node == 4 and any("no GPU" in w for w in c.warnings)
-    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None))
-    assert c.nproc_per_node == 1 and any("no GPU" in w for w in c.warnings)
+    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="1"))
+    assert c.nproc_per_node == 1 and any("TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE" in w for w in c.warnings)
+    c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None), nproc_per_node="4")
+    assert c.nproc_per_node == 4
 
 
 @pytest.mark.parametrize("nodelist,first", [
@@ -138,9 +142,12 @@ def test_array_task_and_requeue_get_unique_run_names():
     assert sanitise_run_name("../..") == "job"
 
 
-def test_het_step_refused():
+def test_het_step_refused_only_when_spanning_components():
+    het = dict(SLURM_HET_SIZE="2", SLURM_JOB_NODELIST_HET_GROUP_0="gpu07", SLURM_JOB_NODELIST_HET_GROUP_1="gpu08")
     with pytest.raises(ConfigError, match="heterogeneous"):
-        r(step(SLURM_HET_SIZE="2"))
+        r(step(**het))
+    c = r(step(SLURM_STEP_NUM_NODES="1", SLURM_STEP_NODELIST="gpu08", SLURM_STEP_TASKS_PER_NODE="1", **het))
+    assert c.master_addr == "gpu08"
 
 
 @pytest.mark.parametrize("var,value", [

@@ -74,9 +74,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     finally:
         sup.restore()
     interrupted = sup.interrupted_by is not None
-    reason = telemetry.failure_reason()
+    reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:
-        reason = reason or f"interrupted by {signal.Signals(sup.interrupted_by).name}"
+        sig = f"interrupted by {signal.Signals(sup.interrupted_by).name}"
+        reason = f"{reason}; {sig}" if reason else sig
     status = exit_status(code)
     if interrupted and status == 0:
         status = 128 + int(sup.interrupted_by)

@@ -22,6 +22,30 @@ Client → server frames after ``welcome``:
             ``steps`` is the total number of records it produced.
 
 Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
+
+Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against the launch):
+
+``rank``     a training process; ``rank`` is its global rank. Optional extra field ``local_rank``.
+``node``     a node's ``traceml run`` launcher joining node 0 (how node 0 learns which nodes
+             joined); ``rank`` is ignored (send -1). Optional extra field ``nproc`` (processes that
+             node starts). Closing the connection without a ``bye`` before the run's ``finish``
+             means the node vanished.
+``control``  node 0's own launcher (``node`` 0).
+
+On a ``node`` connection: ``system`` frames (that node's sampler) and
+``bye`` ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit code;
+``steps``/``event``/``bye`` carrying a ``rank`` are accepted too (for a per-node relay).
+
+On the ``control`` connection (launcher → aggregator):
+
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes"}``: training is over
+            (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit), ``reason`` one
+            line, ``failed_nodes`` list of node ranks the launcher saw fail or vanish). The
+            aggregator drains what is in flight (bounded), writes the summary, answers
+            ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
+            ``"error"`` string) and exits.
+``query``   ``{"t"}``: answered with ``status`` ``{"t","nodes_joined","ranks_connected",
+            "ranks_seen","records"}`` (e.g. for the launcher's node-join wait).
 """
 
 from __future__ import annotations

@@ -1,0 +1,86 @@
+"""``python -m traceml_core.aggregator``: the aggregator process (started by the launcher).
+
+Protocol with the parent (see :mod:`.process`): the parent writes :class:`AggregatorSettings` as
+one JSON line on stdin; the child answers one line on stdout, either
+``TRACEML_AGGREGATOR_READY {"port": P, "run_dir": ..., "run_dir_note": ..., "pid": ...}`` or
+``TRACEML_AGGREGATOR_ERROR {"kind": ..., "message": ...}`` (then exits 3), and never writes to
+stdout again. Logs go to stderr (the job's log). Exit status 0 after the summary is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from typing import Any
+
+READY = "TRACEML_AGGREGATOR_READY"
+ERROR = "TRACEML_AGGREGATOR_ERROR"
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def main() -> int:
+    from .persist import prepare_run_dir
+    from .server import BindError, Server, log, open_listener, raise_fd_limit
+    from .settings import AggregatorSettings
+
+    try:
+        settings = AggregatorSettings.from_json(sys.stdin.readline())
+    except (ValueError, TypeError, KeyError) as exc:
+        _say(f"{ERROR} " + json.dumps({"kind": "settings", "message": f"bad aggregator settings: {exc}"}))
+        return 3
+    try:
+        run_dir = prepare_run_dir(settings.run_dir, settings.run_name)
+    except OSError as exc:
+        _say(f"{ERROR} " + json.dumps({"kind": "run_dir", "message": (
+            f"Neither the run directory {settings.run_dir} nor the fallback under the temporary "
+            f"directory can be written ({exc.strerror or exc}). Set --logs-dir to a writable "
+            "directory.")}))
+        return 3
+    if run_dir.note:
+        log(run_dir.note)
+    raise_fd_limit()
+    try:
+        listener = open_listener(settings)
+    except BindError as exc:
+        _say(f"{ERROR} " + json.dumps({"kind": "bind", "message": str(exc)}))
+        return 3
+
+    def finalize(server: Server, data: dict[str, Any], provisional: bool) -> dict[str, Any]:
+        from ..report.output import write_summary
+        out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
+        if not provisional:
+            log(f"summary written to {out['summary_json']}")
+        return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
+
+    server = Server(settings, listener, run_dir, finalize)
+    server.install_signal_handlers()
+    _say(f"{READY} " + json.dumps({"port": server.port, "run_dir": str(run_dir.path),
+                                   "run_dir_note": run_dir.note, "pid": os.getpid()}))
+    try:  # nothing more goes to stdout: the parent stops reading it
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    try:
+        server.serve_forever()
+    except Exception:  # a bug of ours: say so, still try to leave a summary behind
+        log("internal error, writing what we have:\n" + traceback.format_exc())
+        try:
+            server.write_outputs()
+        except Exception as exc:
+            log(f"could not write the summary either: {exc}")
+        return 1
+    finally:
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

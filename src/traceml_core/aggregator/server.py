@@ -1,0 +1,682 @@
+"""The aggregator's network loop: one ``selectors`` loop, non-blocking sockets, no thread per peer.
+
+Defences (issue 9): a hello must arrive within ``handshake_timeout_s`` and fit in
+:data:`MAX_HELLO` bytes; at most ``max_pending_handshakes`` connections may wait for their hello
+(the oldest is dropped past that, so a flood of idle sockets cannot lock real ranks out); a frame
+longer than its limit, undecodable bytes or wrong types inside a frame close that one connection
+and are counted; the bytes buffered over all connections are capped. Nothing a peer sends can
+raise out of the loop.
+
+Ending (whichever comes first):
+
+* ``finish`` from the launcher: read what is still in flight for up to ``drain_s`` (or until every
+  rank connection closed), write the summary, answer ``finished``, exit 0;
+* SIGTERM/SIGINT: checkpoint and write a provisional summary at once, then wait up to
+  ``term_grace_s`` for the launcher's ``finish`` (a second signal ends the wait);
+* every expected rank said ``bye`` and no launcher is connected;
+* the launcher's connection dropped without ``finish``: wait up to ``launcher_lost_grace_s`` for
+  the ranks to close, then finish with what we have.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import resource
+import selectors
+import signal
+import socket
+import sys
+import time
+from typing import Any, Callable, Optional
+
+import msgpack
+
+from ..wire.protocol import HEADER, MAX_FRAME, PROTOCOL_VERSION, ProtocolError, encode
+from .handshake import Identity, NonceCache, check_hello
+from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
+from .rankstate import RankState
+from .settings import AggregatorSettings
+from .state import RunState
+
+#: a hello is a few hundred bytes; nothing bigger is read from an unauthenticated peer
+MAX_HELLO = 64 * 1024
+RECV_SIZE = 256 * 1024
+TICK_S = 0.2
+_BYE_STATUSES = ("clean", "error", "interrupted")
+_unpackb = msgpack.unpackb
+_unpack_header = HEADER.unpack_from
+
+
+def log(msg: str) -> None:
+    try:
+        sys.stderr.write(f"traceml-aggregator: {msg}\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+class Conn:
+    __slots__ = ("sock", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
+
+    def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.buf = bytearray()
+        self.out = bytearray()
+        self.ident: Optional[Identity] = None
+        self.rs: Optional[RankState] = None
+        self.deadline = deadline
+        self.closed = False
+        self.bye = False  # a node connection's launcher said bye
+
+    def label(self) -> str:
+        peer = f"{self.addr[0]}:{self.addr[1]}" if isinstance(self.addr, tuple) else str(self.addr)
+        i = self.ident
+        if i is None:
+            return f"connection from {peer}"
+        who = f"rank {i.rank}" if i.kind == "rank" else f"{i.kind} (node {i.node})"
+        return f"{who} from {peer}"
+
+
+class BindError(Exception):
+    """The listening socket could not be opened; ``str()`` is the user-facing paragraph."""
+
+
+def open_listener(settings: AggregatorSettings) -> socket.socket:
+    host = settings.bind_host
+    try:
+        family = socket.AF_INET6 if ipaddress.ip_address(host).version == 6 else socket.AF_INET
+    except ValueError:
+        family = socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, settings.port))
+        sock.listen(min(socket.SOMAXCONN, 4096) if socket.SOMAXCONN > 128 else 4096)
+    except OSError as exc:
+        sock.close()
+        where = f"{host}:{settings.port}"
+        src = f" (from {settings.port_source})" if settings.port_source != "default" else ""
+        if exc.errno == errno.EADDRINUSE:
+            raise BindError(
+                f"The TraceML aggregator cannot listen on {where}: port {settings.port}{src} is "
+                "already in use on this node, probably by another job or a previous run that is "
+                f"still shutting down. Pass a free port with --aggregator-port PORT (or "
+                f"TRACEML_AGGREGATOR_PORT), the same on every node of the job; or leave it unset "
+                f"so a job-derived port is used.") from None
+        if exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
+            raise BindError(
+                f"The TraceML aggregator cannot listen on {where}: {host} is not an address of "
+                "this node. Set --aggregator-bind-host (or TRACEML_AGGREGATOR_BIND_HOST) to an "
+                "interface address of node 0, or 0.0.0.0.") from None
+        if exc.errno == errno.EACCES:
+            raise BindError(
+                f"The TraceML aggregator cannot listen on {where}: permission denied (ports below "
+                "1024 need root). Choose --aggregator-port above 1024.") from None
+        raise BindError(f"The TraceML aggregator cannot listen on {where}: {exc.strerror}. "
+                        "Check --aggregator-bind-host and --aggregator-port.") from None
+    sock.setblocking(False)
+    return sock
+
+
+def raise_fd_limit() -> None:
+    """Thousands of ranks need thousands of sockets; lift the soft limit to the hard one."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft < want:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    except (ValueError, OSError):
+        pass
+
+
+class Server:
+    def __init__(self, settings: AggregatorSettings, listener: socket.socket, run_dir: RunDir,
+                 finalize: Callable[["Server", dict[str, Any], bool], dict[str, Any]]) -> None:
+        self.settings = settings
+        self.listener = listener
+        self.port = listener.getsockname()[1]
+        self.run_dir = run_dir
+        self.state = RunState(settings)
+        self.state.run_dir_note = run_dir.note
+        self._finalize_cb = finalize
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(listener, selectors.EVENT_READ, None)
+        self.nonces = NonceCache()
+        self.pending: dict[Conn, None] = {}  # waiting for their hello, oldest first
+        self.rank_conns: dict[int, Conn] = {}
+        self.node_conns: dict[int, Conn] = {}
+        self.control: Optional[Conn] = None
+        self.control_seen = False
+        self.buffered = 0
+        self.cap = max(1, settings.sketch_sample_cap)
+        self.done = False
+        self.result: Optional[dict[str, Any]] = None
+        # ending state
+        self.finish_conn: Optional[Conn] = None
+        self.drain_until: Optional[float] = None
+        self.signals = 0
+        self.term_until: Optional[float] = None
+        self.launcher_lost_until: Optional[float] = None
+        now = time.monotonic()
+        self._next_checkpoint = now + settings.checkpoint_interval_s
+        self._next_tick = now + TICK_S
+        self._refusal_logs = 0
+        self.checkpoint_seconds = 0.0
+
+    # --- loop --------------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        def on_signal(signum: int, _frame: Any) -> None:
+            self.signals += 1
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        for name in ("SIGUSR1", "SIGUSR2", "SIGHUP"):
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+    def serve_forever(self) -> dict[str, Any]:
+        while not self.done:
+            self.step(TICK_S)
+        return self.result or {}
+
+    def step(self, timeout: float) -> None:
+        """One turn of the loop: serve ready sockets, then the periodic work when due."""
+        try:
+            events = self.sel.select(timeout)
+        except InterruptedError:  # pragma: no cover - PEP 475 retries
+            events = []
+        for key, mask in events:
+            conn = key.data
+            if conn is None:
+                self._accept()
+                continue
+            if mask & selectors.EVENT_READ and not conn.closed:
+                self._read(conn)
+            if mask & selectors.EVENT_WRITE and not conn.closed:
+                self._flush(conn)
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self._next_tick = now + TICK_S
+            self._tick(now)
+
+    def _tick(self, now: float) -> None:
+        # slowloris: pending connections past their deadline
+        while self.pending:
+            c = next(iter(self.pending))
+            if c.deadline > now:
+                break
+            self.state.counters["handshake_timeouts"] += 1
+            self._close(c)
+        if self.signals:
+            self._on_signal(now)
+        if self._should_finalize(now):
+            self.finalize()
+            return
+        if now >= self._next_checkpoint:
+            self.checkpoint()
+
+    def _on_signal(self, now: float) -> None:
+        if self.term_until is None:
+            self.term_until = now + self.settings.term_grace_s
+            log("SIGTERM: writing a provisional summary, then waiting "
+                f"{self.settings.term_grace_s:.0f} s for the launcher's exit report")
+            self.signals = 1
+            try:
+                self.write_outputs(provisional=True)
+            except Exception as exc:  # never die here: the final write may still succeed
+                log(f"could not write the provisional summary: {exc}")
+        elif self.signals > 1:
+            log("second signal: finishing now")
+            self.term_until = now
+
+    def _should_finalize(self, now: float) -> bool:
+        st = self.state
+        if self.drain_until is not None:
+            open_ranks = any(not c.closed for c in self.rank_conns.values())
+            return not open_ranks or now >= self.drain_until
+        if self.term_until is not None and (now >= self.term_until or
+                                            (self.control is None and self.control_seen)):
+            if st.finish is None:
+                st.finish = {"exit_code": None, "interrupted": True,
+                             "reason": "the aggregator received SIGTERM (scancel or time limit?) "
+                                       "and the launcher sent no exit report", "failed_nodes": [],
+                             "source": "aggregator"}
+            return True
+        if self.launcher_lost_until is not None:
+            open_ranks = any(not c.closed for c in self.rank_conns.values())
+            if not open_ranks or now >= self.launcher_lost_until:
+                if st.finish is None:
+                    st.finish = {"exit_code": None, "interrupted": False,
+                                 "reason": "the launcher's connection to the aggregator closed "
+                                           "without an exit report (launcher killed?)",
+                                 "failed_nodes": [], "source": "aggregator"}
+                return True
+            return False
+        if self.control is None and len(st.ranks) >= self.settings.world_size:
+            byes = [rs.bye for rs in st.ranks.values()]
+            if all(byes):
+                if st.finish is None:
+                    failed = any(b["status"] != "clean" for b in byes)  # type: ignore[index]
+                    st.finish = {"exit_code": None, "interrupted": False,
+                                 "reason": "every rank ended (" + ("some with an error" if failed
+                                                                   else "all cleanly") + ")",
+                                 "failed_nodes": [], "source": "ranks"}
+                return True
+        return False
+
+    # --- connections --------------------------------------------------------------------------
+    def _accept(self) -> None:
+        for _ in range(256):
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE) and self.pending:
+                    # out of descriptors: make room by dropping the oldest unauthenticated peer
+                    self.state.counters["evicted"] += 1
+                    self._close(next(iter(self.pending)))
+                    continue
+                log(f"accept failed: {exc}")
+                return
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+            self.state.counters["connections"] += 1
+            if len(self.pending) >= self.settings.max_pending_handshakes:
+                self.state.counters["evicted"] += 1
+                self._close(next(iter(self.pending)))
+            c = Conn(sock, addr, time.monotonic() + self.settings.handshake_timeout_s)
+            self.pending[c] = None
+            self.sel.register(sock, selectors.EVENT_READ, c)
+
+    def _close(self, c: Conn) -> None:
+        if c.closed:
+            return
+        c.closed = True
+        self.buffered -= len(c.buf)
+        c.buf = bytearray()
+        self.pending.pop(c, None)
+        try:
+            self.sel.unregister(c.sock)
+        except (KeyError, ValueError):
+            pass
+        try:
+            c.sock.close()
+        except OSError:
+            pass
+        i = c.ident
+        if i is None:
+            return
+        now = time.time()
+        if i.kind == "rank":
+            if self.rank_conns.get(i.rank) is c:
+                del self.rank_conns[i.rank]
+                rs = c.rs
+                if rs is not None:
+                    rs.connected = False
+                    rs.closed_at = now
+                    self.state.dirty = True
+        elif i.kind == "node":
+            if self.node_conns.get(i.node) is c:
+                del self.node_conns[i.node]
+                ni = self.state.node(i.node)
+                ni.connected = False
+                if not c.bye and self.state.finish is None and self.drain_until is None:
+                    ni.left_at = now
+                    log(f"node {i.node} ({ni.host or '?'}) left before the run finished")
+                self.state.dirty = True
+        elif i.kind == "control" and self.control is c:
+            self.control = None
+            self.state.node(0).connected = False
+            if self.state.finish is None and self.drain_until is None and self.term_until is None:
+                self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
+                log("the launcher's control connection closed without an exit report; "
+                    f"finishing within {self.settings.launcher_lost_grace_s:.0f} s")
+
+    def _malformed(self, c: Conn, why: str) -> None:
+        self.state.counters["malformed"] += 1
+        log(f"closing {c.label()}: {why}")
+        self._close(c)
+
+    def _send(self, c: Conn, msg: dict[str, Any]) -> None:
+        data = encode(msg)
+        if c.out:
+            c.out += data
+            return
+        try:
+            sent = c.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError:
+            self._close(c)
+            return
+        if sent < len(data):
+            c.out += data[sent:]
+            try:
+                self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
+            except (KeyError, ValueError):
+                pass
+
+    def _flush(self, c: Conn) -> None:
+        try:
+            sent = c.sock.send(c.out)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(c)
+            return
+        del c.out[:sent]
+        if not c.out:
+            try:
+                self.sel.modify(c.sock, selectors.EVENT_READ, c)
+            except (KeyError, ValueError):
+                pass
+
+    def _read(self, c: Conn) -> None:
+        try:
+            data = c.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self._close(c)
+            return
+        if not data:
+            self._close(c)
+            return
+        buf = c.buf
+        buf += data
+        self.buffered += len(data)
+        limit = MAX_FRAME if c.ident is not None else MAX_HELLO
+        size = len(buf)
+        off = 0
+        mv = memoryview(buf)
+        try:
+            while size - off >= 4:
+                (length,) = _unpack_header(buf, off)
+                if length > limit:
+                    self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
+                    return
+                end = off + 4 + length
+                if end > size:
+                    break
+                try:
+                    msg = _unpackb(mv[off + 4:end], raw=False, strict_map_key=False)
+                except Exception as exc:
+                    self._malformed(c, f"undecodable frame ({type(exc).__name__})")
+                    return
+                off = end
+                if type(msg) is not dict:
+                    self._malformed(c, "frame is not a map")
+                    return
+                if not self._dispatch(c, msg):
+                    return
+        finally:
+            mv.release()
+        if off:
+            del buf[:off]
+            self.buffered -= off
+        if buf and self.buffered > self.settings.max_buffered_bytes:
+            self.state.counters["overload"] += 1
+            log(f"closing {c.label()}: aggregator buffers full ({self.buffered} bytes)")
+            self._close(c)
+
+    # --- frames -------------------------------------------------------------------------------
+    def _dispatch(self, c: Conn, msg: dict[str, Any]) -> bool:
+        """Handle one frame; False when the connection was closed."""
+        i = c.ident
+        if i is None:
+            return self._hello(c, msg)
+        t = msg.get("t")
+        try:
+            if i.kind == "rank":
+                if t == "steps":
+                    if msg.get("rank") != i.rank:
+                        raise ProtocolError(f"steps for rank {msg.get('rank')!r} on rank {i.rank}'s connection")
+                    rs = c.rs
+                    got = rs.ingest_steps(msg, self.cap)  # type: ignore[union-attr]
+                    self.state.records += got
+                    rs.last_seen = time.time()  # type: ignore[union-attr]
+                    self.state.dirty = True
+                elif t == "bye":
+                    self._rank_bye(c.rs, msg)  # type: ignore[arg-type]
+                elif t == "event":
+                    self._event(c.rs, msg)  # type: ignore[arg-type]
+                elif t == "system":
+                    self._system(i, msg)
+                else:
+                    self.state.counters["ignored_frames"] += 1
+            elif i.kind == "node":
+                rank = msg.get("rank")
+                if t in ("steps", "event", "bye") and type(rank) is int:
+                    if not 0 <= rank < self.settings.world_size:
+                        raise ProtocolError(f"relayed frame for rank {rank} outside the world")
+                    rs = self.state.rank(rank)
+                    if t == "steps":
+                        self.state.records += rs.ingest_steps(msg, self.cap)
+                        rs.last_seen = time.time()
+                    elif t == "bye":
+                        self._rank_bye(rs, msg)
+                    else:
+                        self._event(rs, msg)
+                    self.state.dirty = True
+                elif t == "system":
+                    self._system(i, msg)
+                elif t == "bye":
+                    code = msg.get("exit_code")
+                    status = msg.get("status")
+                    c.bye = True
+                    self.state.node(i.node).bye = {
+                        "status": status if isinstance(status, str) else None,
+                        "exit_code": code if type(code) is int else None, "at": time.time()}
+                    self.state.dirty = True
+                else:
+                    self.state.counters["ignored_frames"] += 1
+            else:  # control
+                if t == "finish":
+                    self._finish(c, msg)
+                elif t == "query":
+                    self._send(c, self.status_frame())
+                elif t == "system":
+                    self._system(i, msg)
+                else:
+                    self.state.counters["ignored_frames"] += 1
+        except ProtocolError as exc:
+            self._malformed(c, str(exc))
+            return False
+        except (TypeError, ValueError, KeyError, AttributeError, OverflowError, IndexError) as exc:
+            self._malformed(c, f"bad {str(t)[:20]!r} frame ({type(exc).__name__}: {str(exc)[:120]})")
+            return False
+        return not c.closed
+
+    def _hello(self, c: Conn, msg: dict[str, Any]) -> bool:
+        now = time.time()
+        result = check_hello(msg, self.settings, self.nonces, now)
+        if isinstance(result, str):
+            self.state.counters["refused"] += 1
+            self._refusal_logs += 1
+            n = self._refusal_logs
+            if n <= 50 or n % 100 == 0:
+                log(f"refused {c.label()}: {result}" + (f" ({n} refusals so far)" if n > 50 else ""))
+            self._send(c, {"t": "refused", "reason": result})
+            self._close(c)
+            return False
+        self.pending.pop(c, None)
+        c.ident = result
+        st = self.state
+        if result.kind == "rank":
+            old = self.rank_conns.get(result.rank)
+            if old is not None and old is not c:
+                st.counters["replaced"] += 1
+                log(f"rank {result.rank} reconnected; closing its previous connection")
+                self.rank_conns.pop(result.rank, None)
+                self._close(old)
+            rs = st.rank(result.rank)
+            rs.node = result.node
+            rs.host = result.host
+            rs.pid = result.pid
+            rs.local_rank = result.local_rank
+            rs.connected = True
+            rs.connections += 1
+            if rs.joined_at is None:
+                rs.joined_at = now
+            rs.last_seen = now
+            c.rs = rs
+            self.rank_conns[result.rank] = c
+            st.note_join(result.node, result.host, "rank", now)
+        elif result.kind == "node":
+            old = self.node_conns.get(result.node)
+            if old is not None and old is not c:
+                st.counters["replaced"] += 1
+                self.node_conns.pop(result.node, None)
+                self._close(old)
+            self.node_conns[result.node] = c
+            st.note_join(result.node, result.host, "node", now)
+            ni = st.node(result.node)
+            ni.connected = True
+            ni.left_at = None
+            if result.nproc is not None:
+                ni.nproc = result.nproc
+            late = now - self.settings.started_at > self.settings.node_join_window_s
+            log(f"node {result.node} ({result.host or '?'}) joined" + (" late" if late else ""))
+        else:
+            if self.control is not None and self.control is not c:
+                st.counters["replaced"] += 1
+                old, self.control = self.control, None
+                self._close(old)
+            self.control = c
+            self.control_seen = True
+            self.launcher_lost_until = None
+            st.note_join(0, result.host, "control", now)
+            st.node(0).connected = True
+        st.dirty = True
+        self._send(c, {"t": "welcome", "v": PROTOCOL_VERSION, "server_time": now})
+        return not c.closed
+
+    def _rank_bye(self, rs: RankState, msg: dict[str, Any]) -> None:
+        status = msg.get("status")
+        steps = msg.get("steps")
+        dropped = msg.get("dropped")
+        error = msg.get("error")
+        if status not in _BYE_STATUSES:
+            raise ProtocolError(f"bye: unknown status {str(status)[:20]!r}")
+        if steps is not None and type(steps) is not int:
+            raise ProtocolError("bye: steps must be an integer")
+        if type(dropped) is int and dropped > rs.client_dropped:
+            rs.client_dropped = dropped
+        rs.bye = {"status": status, "steps": steps,
+                  "error": error[:4000] if isinstance(error, str) else None, "at": time.time()}
+        self.state.dirty = True
+
+    def _event(self, rs: RankState, msg: dict[str, Any]) -> None:
+        kind, text, ts = msg.get("kind"), msg.get("text"), msg.get("ts")
+        if not isinstance(kind, str) or not isinstance(text, str):
+            raise ProtocolError("event: kind and text must be strings")
+        rs.note_event(kind, text, float(ts) if type(ts) in (int, float) else time.time())
+        self.state.dirty = True
+
+    def _system(self, i: Identity, msg: dict[str, Any]) -> None:
+        node = msg.get("node", i.node)
+        if node != i.node:
+            raise ProtocolError(f"system frame for node {node!r} on node {i.node}'s connection")
+        self.state.node_system(i.node).ingest(msg.get("host") or i.host, msg.get("samples"))
+        self.state.dirty = True
+
+    def _finish(self, c: Conn, msg: dict[str, Any]) -> None:
+        code = msg.get("exit_code")
+        failed = msg.get("failed_nodes") or []
+        reason = msg.get("reason") or ""
+        if code is not None and type(code) is not int:
+            raise ProtocolError("finish: exit_code must be an integer")
+        if type(failed) is not list or not all(type(n) is int for n in failed):
+            raise ProtocolError("finish: failed_nodes must be a list of node ranks")
+        self.state.finish = {"exit_code": code, "interrupted": bool(msg.get("interrupted")),
+                             "reason": str(reason)[:500], "failed_nodes": failed[:100000],
+                             "source": "launcher", "at": time.time()}
+        self.finish_conn = c
+        self.drain_until = time.monotonic() + self.settings.drain_s
+        self.state.dirty = True
+
+    def status_frame(self) -> dict[str, Any]:
+        st = self.state
+        return {"t": "status",
+                "nodes_joined": sorted(n for n, ni in st.nodes.items() if ni.joined_at is not None),
+                "ranks_connected": sum(1 for c in self.rank_conns.values() if not c.closed),
+                "ranks_seen": len(st.ranks), "records": st.records,
+                "nodes_lost": sorted(n for n, ni in st.nodes.items()
+                                     if ni.left_at is not None and ni.bye is None),
+                "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
+                                 if ni.bye is not None and ni.bye.get("status") not in ("clean", None)},
+                "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host}}
+
+    # --- persistence and the end ----------------------------------------------------------------
+    def checkpoint(self, *, final: bool = False,
+                   data: Optional[dict[str, Any]] = None) -> Optional[float]:
+        """Write the aggregate state atomically; returns the seconds it took (None = skipped)."""
+        now = time.monotonic()
+        if not self.state.dirty and not final and data is None:
+            self._next_checkpoint = now + self.settings.checkpoint_interval_s
+            return None
+        t0 = time.perf_counter()
+        try:
+            blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
+            write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
+            self.state.run_dir_note = self.run_dir.note
+            self.state.dirty = False
+        except OSError as exc:
+            log(f"could not write the checkpoint: {exc}")
+        dt = time.perf_counter() - t0
+        self.checkpoint_seconds += dt
+        # never spend more than ~5 % of the loop on checkpoints
+        self._next_checkpoint = time.monotonic() + max(self.settings.checkpoint_interval_s, 20 * dt)
+        return dt
+
+    def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
+        data = self.state.to_data()
+        self.checkpoint(final=not provisional, data=data)
+        data["run_dir_note"] = self.run_dir.note
+        return self._finalize_cb(self, data, provisional)
+
+    def finalize(self) -> None:
+        try:
+            result = self.write_outputs()
+        except Exception as exc:  # the summary must never take the loop down silently
+            log(f"could not write the final summary: {type(exc).__name__}: {exc}")
+            result = {"summary_json": None, "summary_txt": None,
+                      "error": f"{type(exc).__name__}: {exc}"}
+        self.result = result
+        reply = {"t": "finished", "summary_json": result.get("summary_json"),
+                 "summary_txt": result.get("summary_txt"), "rebuilt": False}
+        if result.get("error"):
+            reply["error"] = result["error"]
+        target = self.finish_conn if self.finish_conn is not None and not self.finish_conn.closed \
+            else self.control
+        if target is not None and not target.closed:
+            self._send(target, reply)
+            self._drain_writes(target, 2.0)
+        for c in list(self.rank_conns.values()) + list(self.node_conns.values()) + list(self.pending):
+            self._close(c)
+        if self.control is not None:
+            self._close(self.control)
+        self.done = True
+
+    def _drain_writes(self, c: Conn, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while c.out and not c.closed and time.monotonic() < end:
+            self._flush(c)
+            if c.out:
+                time.sleep(0.005)
+
+    def close(self) -> None:
+        try:
+            self.sel.unregister(self.listener)
+        except (KeyError, ValueError):
+            pass
+        self.listener.close()
+        self.sel.close()
+
+
+__all__ = ["Server", "BindError", "open_listener", "raise_fd_limit", "log", "MAX_HELLO"]

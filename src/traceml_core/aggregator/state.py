@@ -1,0 +1,103 @@
+"""The whole aggregate of one run: ranks, nodes, system evidence, counters and the launcher's finish.
+
+:meth:`RunState.to_data` turns it into plain data (dicts, lists, ints, bytes). That one shape is
+what checkpoints store and what :func:`traceml_core.report.summary.build_summary` reads, so a
+summary rebuilt from a checkpoint after the aggregator died goes through exactly the same code as
+the live one.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from .rankstate import DURATION_COLUMNS, RankState
+from .settings import AggregatorSettings
+from .system import NodeSystem
+
+#: counters of things that went wrong on the wire (all reported in the summary)
+COUNTERS = (
+    "connections",          # TCP connections accepted
+    "refused",              # hellos refused (bad token, run, version, replay, ...)
+    "malformed",            # connections closed for a bad frame (garbage, oversize, wrong types)
+    "handshake_timeouts",   # connections that sent no hello in time (slowloris)
+    "evicted",              # pre-handshake connections dropped because too many were pending
+    "overload",             # connections cut because the aggregator's buffers were full
+    "ignored_frames",       # frames of an unknown type (newer client), skipped
+    "replaced",             # connections superseded by a reconnect of the same rank/node
+)
+
+
+class NodeInfo:
+    __slots__ = ("node", "host", "joined_at", "via", "nproc", "connected", "left_at", "bye")
+
+    def __init__(self, node: int) -> None:
+        self.node = node
+        self.host = ""
+        self.joined_at: Optional[float] = None
+        self.via = ""  # "control" (node 0's launcher), "node" (a node launcher) or "rank"
+        self.nproc: Optional[int] = None
+        self.connected = False  # a node/control connection is open
+        self.left_at: Optional[float] = None  # its launcher connection closed without a bye
+        self.bye: Optional[dict[str, Any]] = None  # the node launcher's own end (exit code)
+
+    def to_data(self) -> dict[str, Any]:
+        return {"node": self.node, "host": self.host, "joined_at": self.joined_at, "via": self.via,
+                "nproc": self.nproc, "connected": self.connected, "left_at": self.left_at,
+                "bye": self.bye}
+
+
+class RunState:
+    def __init__(self, settings: AggregatorSettings) -> None:
+        self.settings = settings
+        self.aggregator_started_at = time.time()
+        self.ranks: dict[int, RankState] = {}
+        self.nodes: dict[int, NodeInfo] = {}
+        self.system: dict[int, NodeSystem] = {}
+        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.finish: Optional[dict[str, Any]] = None
+        self.run_dir_note: Optional[str] = None
+        self.records = 0
+        self.dirty = True
+
+    def rank(self, rank: int) -> RankState:
+        rs = self.ranks.get(rank)
+        if rs is None:
+            rs = self.ranks[rank] = RankState(rank)
+        return rs
+
+    def node(self, node: int) -> NodeInfo:
+        ni = self.nodes.get(node)
+        if ni is None:
+            ni = self.nodes[node] = NodeInfo(node)
+        return ni
+
+    def node_system(self, node: int) -> NodeSystem:
+        ns = self.system.get(node)
+        if ns is None:
+            ns = self.system[node] = NodeSystem(node)
+        return ns
+
+    def note_join(self, node: int, host: str, via: str, now: float) -> None:
+        ni = self.node(node)
+        if host and (not ni.host or via != "rank"):
+            ni.host = host
+        if ni.joined_at is None:
+            ni.joined_at = now
+            ni.via = via
+        elif via != "rank" and ni.via == "rank":
+            ni.via = via
+
+    def to_data(self) -> dict[str, Any]:
+        return {
+            "settings": self.settings.public(),
+            "aggregator_started_at": self.aggregator_started_at,
+            "phases": list(DURATION_COLUMNS),
+            "ranks": [self.ranks[r].to_data() for r in sorted(self.ranks)],
+            "nodes": [self.nodes[n].to_data() for n in sorted(self.nodes)],
+            "system": [self.system[n].to_data() for n in sorted(self.system)],
+            "counters": dict(self.counters),
+            "records": self.records,
+            "finish": self.finish,
+            "run_dir_note": self.run_dir_note,
+        }

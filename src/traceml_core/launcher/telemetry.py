@@ -1,0 +1,212 @@
+"""The launcher's telemetry duties on one node: aggregator (node 0), join, system samples, watch.
+
+Node 0 owns the aggregator and watches the other nodes through it. A node that never joins, or
+whose launcher vanishes, ends the run only when training is provably stuck (no step reached the
+aggregator for ``aggregator_wait`` seconds): telemetry trouble alone never stops a healthy run.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any, Optional
+
+from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
+from ..aggregator.process import AggregatorHandle, start_aggregator
+from ..aggregator.settings import AggregatorSettings
+from ..config import LaunchConfig
+from .supervise import Supervisor, log
+
+#: seconds between two status queries of node 0's launcher
+WATCH_INTERVAL_S = 1.0
+#: seconds between two system samples of a node
+SYSTEM_INTERVAL_S = 1.0
+
+
+class NodeTelemetry:
+    def __init__(self, config: LaunchConfig, token: str) -> None:
+        self.config = config
+        self.token = token
+        self.hostname = socket.gethostname()
+        self.handle: Optional[AggregatorHandle] = None
+        self.link: Optional[Link] = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._sampler_thread: Optional[threading.Thread] = None
+        self._sup: Optional[Supervisor] = None
+        self._started = time.monotonic()
+        self._next_watch = 0.0
+        self._last_records = -1
+        self._last_progress = time.monotonic()
+        self._failure: Optional[str] = None
+        self.failed_nodes: list[int] = []
+
+    # -- start -----------------------------------------------------------------------------------
+    def start_aggregator(self) -> None:
+        c = self.config
+        settings = AggregatorSettings(
+            run_name=c.run_name, token=self.token, run_dir=c.run_dir, job_id=c.job_id,
+            bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
+            nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
+            master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"))
+        self.handle = start_aggregator(settings)
+        self.link = self.handle.control
+        if self.handle.run_dir_note:
+            log(f"warning: {self.handle.run_dir_note}")
+
+    def join(self, wait: float) -> bool:
+        """Join the aggregator (node 0's launcher already has its control link). Never raises."""
+        c = self.config
+        if self.link is None:
+            host = c.aggregator_host
+            log(f"joining the aggregator at {host}:{c.aggregator_port} (waiting up to {wait:.0f} s)")
+            t0 = time.monotonic()
+            try:
+                self.link = join_aggregator(host, c.aggregator_port, token=self.token, run_name=c.run_name,
+                                            job_id=c.job_id, node=c.node_rank, nproc=c.nproc_per_node,
+                                            hostname=self.hostname, wait_s=wait)
+            except LinkRefused as exc:
+                log(f"warning: {exc}. Training goes on without telemetry from this node.")
+                return False
+            except LinkError as exc:
+                log(f"warning: {exc} after {time.monotonic() - t0:.0f} s. Training goes on without "
+                    f"telemetry from this node; raise --aggregator-wait if node 0 starts slowly.")
+                return False
+            log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
+        self._start_sampler()
+        return True
+
+    def _start_sampler(self) -> None:
+        def run() -> None:
+            try:
+                from ..sdk.samplers.system import SystemSampler, visible_gpus_from_env
+                import os
+
+                sampler = SystemSampler(gpus=visible_gpus_from_env(os.environ))
+            except Exception as exc:  # never let sampling take the launcher down
+                log(f"warning: no system sampling on this node ({type(exc).__name__}: {exc})")
+                return
+            while not self._stop.wait(SYSTEM_INTERVAL_S):
+                try:
+                    frame = {"t": "system", "node": self.config.node_rank, "host": self.hostname,
+                             "samples": [sampler.sample()]}
+                except Exception:
+                    continue
+                if not self._send(frame):
+                    return
+            sampler.close()
+
+        self._sampler_thread = threading.Thread(target=run, name="traceml-node-sampler", daemon=True)
+        self._sampler_thread.start()
+
+    def _send(self, frame: dict[str, Any]) -> bool:
+        with self._lock:
+            if self.link is None:
+                return False
+            try:
+                self.link.send(frame)
+                return True
+            except LinkError:
+                return False
+
+    # -- during the run --------------------------------------------------------------------------
+    def attach(self, sup: Supervisor) -> None:
+        self._sup = sup
+        self._started = time.monotonic()
+        self._last_progress = time.monotonic()
+
+    def tick(self) -> None:
+        """Called by the supervisor loop on node 0: notice nodes that never join or vanish."""
+        if self.handle is None or self._failure is not None or self.config.nnodes == 1:
+            return
+        now = time.monotonic()
+        if now < self._next_watch:
+            return
+        self._next_watch = now + WATCH_INTERVAL_S
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if status is None:
+            return
+        records = int(status.get("records", 0))
+        if records != self._last_records:
+            self._last_records, self._last_progress = records, now
+        stalled = now - self._last_progress
+        wait = self.config.aggregator_wait
+        joined = set(status.get("nodes_joined", []))
+        missing = [n for n in range(self.config.nnodes) if n not in joined]
+        lost = list(status.get("nodes_lost", []))
+        hosts = status.get("hosts", {})
+        if missing and now - self._started > wait and stalled > wait:
+            self._fail(missing, hosts, f"never joined within {wait:.0f} s")
+        elif lost and stalled > min(wait, 30.0):
+            self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
+                                    f"no progress for {stalled:.0f} s")
+
+    def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:
+        names = ", ".join(f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "") for n in nodes)
+        self.failed_nodes = nodes
+        self._failure = f"{names} {what}"
+        if self._sup is not None:
+            self._sup.terminate(self._failure)
+
+    def failure_reason(self) -> Optional[str]:
+        """Why the run failed from node 0's point of view: a node that never joined, vanished or failed."""
+        if self._failure is not None or self.handle is None or self.config.nnodes == 1:
+            return self._failure
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if not status:
+            return None
+        hosts = status.get("hosts", {})
+
+        def name(n: int) -> str:
+            return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
+
+        parts = []
+        failed = {int(n): code for n, code in status.get("nodes_failed", {}).items()}
+        if failed:
+            parts.append(", ".join(f"{name(n)} failed (exit code {code})" for n, code in sorted(failed.items())))
+        lost = [n for n in status.get("nodes_lost", []) if n not in failed]
+        if lost:
+            parts.append(", ".join(name(n) for n in lost) + " vanished (its launcher's connection closed)")
+        missing = [n for n in range(self.config.nnodes) if n not in set(status.get("nodes_joined", []))]
+        if missing:
+            parts.append(", ".join(name(n) for n in missing) + " never joined")
+        self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
+        return "; ".join(parts) or None
+
+    # -- the end ---------------------------------------------------------------------------------
+    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
+        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
+        self._stop.set()
+        if self.handle is not None:
+            with self._lock:
+                result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
+                                            failed_nodes=self.failed_nodes)
+                self.link = None
+            if result.summary_txt is None:
+                log(f"error: no summary could be written: {result.error}")
+                return None
+            note = " (rebuilt from the last checkpoint)" if result.rebuilt else ""
+            log(f"summary{note}: {result.summary_json}")
+            try:
+                return result.summary_txt.read_text()
+            except OSError as exc:
+                log(f"warning: cannot read {result.summary_txt}: {exc}")
+                return None
+        with self._lock:
+            if self.link is not None:
+                status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
+                try:
+                    self.link.bye(exit_code, status)
+                except LinkError:
+                    pass
+                self.link.close()
+                self.link = None
+        return None
+
+
+def _flag_source(config: LaunchConfig, key: str) -> str:
+    src = config.source(key)
+    return "--" + key.replace("_", "-") if src == "cli" else src

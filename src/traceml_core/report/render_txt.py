@@ -1,0 +1,143 @@
+"""The human summary: plain text, about 25 lines, readable in an sbatch log (no colour codes)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+MAX_RANK_LINES = 16
+
+
+def _f(v: Optional[float], unit: str = "", digits: int = 1) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}{unit}"
+
+
+def _bytes(v: Optional[float]) -> str:
+    if v is None or v < 0:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if v >= scale:
+            return f"{v / scale:.1f} {unit}"
+    return f"{int(v)} B"
+
+
+def _ranges(ranks: Sequence[int]) -> str:
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:  # type: ignore[operator]
+            prev = r
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(out)
+
+
+def _verdict_line(v: dict[str, Any], lead: str) -> list[str]:
+    return [f"{lead}{v['kind'].upper().replace('_', '-')} ({v['severity']}): {v['why']}",
+            f"{' ' * len(lead)}next: {v['next_step']}"]
+
+
+def render(summary: dict[str, Any]) -> str:
+    run, topo, tel = summary["run"], summary["topology"], summary["telemetry"]
+    lines = []
+    head = f"TraceML summary: run {run['name']}"
+    if run.get("job_id"):
+        head += f" (job {run['job_id']})"
+    head += f" - {run['status']}"
+    if run.get("exit_code") is not None:
+        head += f", exit {run['exit_code']}"
+    head += f", {run['duration_s']:.1f} s"
+    lines.append(head)
+    if summary.get("provisional"):
+        lines.append("  (provisional: written on SIGTERM before the launcher reported the exit)")
+    if summary.get("rebuilt"):
+        rb = summary["rebuilt"]
+        lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
+                     "it is missing)")
+    if run.get("reason"):
+        lines.append(f"  reason: {run['reason']}")
+    nodes = topo["nodes"]
+    missing = [n for n in nodes if not n["joined"]]
+    topo_line = (f"Topology: {topo['nnodes']} node(s) x {topo['nproc_per_node']} = "
+                 f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
+                 f"{len(missing)} node(s) never joined: " +
+                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing)))
+    lines.append(topo_line)
+    if topo["nnodes"] > 1:
+        parts = [f"{n['node']}={n['hostname'] or '?'}[{_ranges(n['ranks'])}]"
+                 + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
+                 for n in nodes[:MAX_RANK_LINES]]
+        lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
+    lines.append("")
+    lines += _verdict_line(summary["verdict"], "Verdict: ")
+    for v in summary["other_verdicts"]:
+        lines += _verdict_line(v, "   also: ")
+    lines.append("")
+    ac = summary["across_ranks"]
+    lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    for name in summary["phases"]:
+        a = ac.get(name)
+        if not a:
+            continue
+        lines.append(f"  {name:<10}                         {_f(a['median_ms'], '', 2):>9} "
+                     f"{_f(a['worst_ms'], '', 2):>9} ({a['worst_rank']:>4})  {_f(a['skew'], 'x', 2):>6}")
+    ranks = [r for r in summary["ranks"] if r["phases"].get("step")]
+    if ranks:
+        step = sorted(ranks, key=lambda r: r["phases"]["step"]["steady_mean_ms"] or 0)[len(ranks) // 2]
+        p = step["phases"]["step"]
+        lines.append(f"  median rank {step['rank']} step: p50 {_f(p['p50_ms'], '', 2)}  p90 "
+                     f"{_f(p['p90_ms'], '', 2)}  p99 {_f(p['p99_ms'], '', 2)}  max {_f(p['max_ms'], '', 2)} ms")
+    mems = [(r["mem_peak"]["max_bytes"], r) for r in summary["ranks"] if r.get("mem_peak")]
+    if mems:
+        mx, r = max(mems, key=lambda x: x[0])
+        tr = r["mem_peak"].get("trend")
+        trend = "" if not tr or tr.get("growth_pct") is None else f", trend {tr['growth_pct']:+.1f}% over the run"
+        lines.append(f"Memory peak: {_bytes(mx)} (rank {r['rank']}){trend}")
+    sysd = summary["system"]
+    sys_parts = []
+    for n in sysd["nodes"][:MAX_RANK_LINES]:
+        part = f"node {n['node']}: cpu {_f(n['cpu_pct_mean'], '%', 0)}"
+        if n["gpus"]:
+            utils = [g["util_pct_mean"] for g in n["gpus"] if g["util_pct_mean"] is not None]
+            temps = [g["temp_c_max"] for g in n["gpus"] if g["temp_c_max"] is not None]
+            part += f", {len(n['gpus'])} GPU util {_f(sum(utils) / len(utils) if utils else None, '%', 0)}"
+            if temps:
+                part += f" (max {max(temps):.0f}C)"
+        sys_parts.append(part)
+    if sys_parts:
+        lines.append("System: " + "; ".join(sys_parts))
+    endings = summary["rank_endings"]
+    lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
+    bad = [r for r in summary["ranks"] if r["status"] not in ("clean", "running")]
+    for r in bad[:MAX_RANK_LINES]:
+        err = f": {r['error'].strip().splitlines()[-1][:100]}" if r.get("error") else ""
+        lines.append(f"  rank {r['rank']} (node {r['node']}, {r['host'] or '?'}) "
+                     f"{r['status'].replace('_', ' ')}{err}")
+    if len(bad) > MAX_RANK_LINES:
+        lines.append(f"  ... and {len(bad) - MAX_RANK_LINES} more (see final_summary.json)")
+    loss = (f"Telemetry: {tel['records_received']:,} step records received of "
+            f"{tel['records_expected']:,} produced; ")
+    if tel["records_lost"]:
+        lossy = sorted(summary["ranks"], key=lambda r: -(r["telemetry"]["lost"] or 0))
+        worst = ", ".join(f"rank {r['rank']}: {r['telemetry']['lost']}" for r in lossy[:3]
+                          if r["telemetry"]["lost"])
+        loss += f"{tel['records_lost']:,} lost ({worst})"
+    else:
+        loss += "none lost"
+    silent = endings.get("never_joined", 0)
+    if silent:
+        loss += f"; {silent} rank(s) never connected"
+    lines.append(loss)
+    wire = tel.get("wire") or {}
+    bad_wire = {k: v for k, v in wire.items() if v and k not in ("connections", "replaced")}
+    if bad_wire:
+        lines.append("  wire: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad_wire.items()))
+    for note in summary.get("notes", []):
+        lines.append(f"Note: {note}")
+    files = summary.get("files") or {}
+    if files.get("json"):
+        lines.append(f"Files: {files['json']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,119 @@
+"""Small statistics over aggregate plain data: medians, merged series, memory trend, sketches.
+
+Everything here reads the plain-data shape of :meth:`RunState.to_data` (the checkpoint shape), so
+the live summary and a summary rebuilt from a checkpoint share it. Cost is proportional to ranks x
+buckets, never to the number of steps.
+"""
+
+from __future__ import annotations
+
+from array import array
+from operator import add
+from typing import Any, Iterable, Optional, Sequence
+
+from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
+from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
+
+NS_PER_MS = 1_000_000.0
+
+
+def median(values: Sequence[float]) -> Optional[float]:
+    vals = sorted(values)
+    if not vals:
+        return None
+    mid = len(vals) // 2
+    return float(vals[mid]) if len(vals) % 2 else (vals[mid - 1] + vals[mid]) / 2.0
+
+
+def ms(ns: Optional[float], digits: int = 4) -> Optional[float]:
+    return None if ns is None else round(ns / NS_PER_MS, digits)
+
+
+def sketch_counts(sk: dict[str, Any]) -> array:
+    counts = array("Q")
+    counts.frombytes(sk["counts"])
+    return counts
+
+
+def phase_quantiles(ph: dict[str, Any], qs: Sequence[float]) -> list[Optional[float]]:
+    """Quantiles (ns) of one rank's phase, clamped to the exact maximum."""
+    sk = ph["sketch"]
+    est = quantiles_of(sk["lo"], sketch_counts(sk), sk["zero"], qs)
+    mx = ph["max"]
+    return [None if v is None else float(min(v, mx)) if mx >= 0 else v for v in est]
+
+
+def merge_sketches(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One sketch for all ranks of a phase, compact (trimmed list of counts) for the JSON."""
+    lo, counts, zero = 0, [], 0
+    for sk in sketches:
+        zero += sk["zero"]
+        lo, counts = merge_dense(lo, counts, sk["lo"], sketch_counts(sk))
+    lo, counts = trimmed(lo, counts)
+    return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}
+
+
+def merged_quantiles(merged: dict[str, Any], qs: Sequence[float]) -> list[Optional[float]]:
+    return quantiles_of(merged["lo"], merged["counts"], merged["zero"], qs)
+
+
+def _regroup(values: Sequence[int], factor: int, combine: str) -> list[int]:
+    out = []
+    for i in range(0, len(values), factor):
+        chunk = values[i:i + factor]
+        out.append(sum(chunk) if combine == "sum" else max(chunk))
+    return out
+
+
+def merged_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Step time per series bucket over all ranks: mean and worst, at the coarsest rank width."""
+    width = max((r["series"]["width"] for r in ranks), default=1)
+    tot_sum: list[int] = []
+    tot_cnt: list[int] = []
+    tot_max: list[int] = []
+    for r in ranks:
+        s = r["series"]
+        f = width // s["width"]
+        ssum, scnt, smax = s["step_sum"], s["step_cnt"], s["step_max"]
+        if f > 1:
+            ssum, scnt, smax = _regroup(ssum, f, "sum"), _regroup(scnt, f, "sum"), _regroup(smax, f, "max")
+        if len(ssum) > len(tot_sum):
+            grow = len(ssum) - len(tot_sum)
+            tot_sum += [0] * grow
+            tot_cnt += [0] * grow
+            tot_max += [-1] * grow
+        n = len(ssum)
+        tot_sum[:n] = map(add, tot_sum[:n], ssum)
+        tot_cnt[:n] = map(add, tot_cnt[:n], scnt)
+        tot_max[:n] = map(max, tot_max[:n], smax)
+    return {
+        "steps_per_bucket": width,
+        "mean_ms": [ms(s / c) if c else None for s, c in zip(tot_sum, tot_cnt)],
+        "max_ms": [ms(m) if m >= 0 else None for m in tot_max],
+    }
+
+
+def mem_trend(mem_max: Sequence[int]) -> Optional[dict[str, Any]]:
+    """Peak-memory trend over a rank's run from its series buckets (-1 = no data).
+
+    Early = median of the buckets right after the skipped start, late = median of the last fifth,
+    middle = median of the middle fifth; ``rising`` when early < middle < late.
+    """
+    vals = [v for v in mem_max if v >= 0]
+    if len(vals) < MEM_MIN_BUCKETS:
+        return None
+    skip = int(len(vals) * MEM_SKIP_FRACTION)
+    body = vals[skip:]
+    k = max(1, len(body) // 5)
+    early = median(body[:k])
+    mid_start = (len(body) - k) // 2
+    middle = median(body[mid_start:mid_start + k])
+    late = median(body[-k:])
+    assert early is not None and middle is not None and late is not None
+    growth = late - early
+    return {
+        "early_bytes": int(early), "middle_bytes": int(middle), "late_bytes": int(late),
+        "growth_bytes": int(growth),
+        "growth_pct": round(100.0 * growth / early, 2) if early > 0 else None,
+        "rising": early < middle < late,
+    }

@@ -1,0 +1,86 @@
+"""Rebuild a run's summary from the aggregator's last checkpoint (``traceml summarize RUN_DIR``).
+
+The aggregator checkpoints its whole aggregate to ``<run_dir>/aggregate.state`` every couple of
+seconds, so when it is killed (OOM killer, SIGKILL, node 0 rebooted) no run is lost: this
+rebuilds ``final_summary.{json,txt}`` through the same code as the live summary, marked
+``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
+calls it itself when its aggregator is gone at the end of a run; users can call it any time.
+
+Usage: ``python -m traceml_core.report.summarize RUN_DIR``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+from ..aggregator.persist import CHECKPOINT_NAME, fallback_dir, load_checkpoint, prepare_run_dir
+from ..errors import TraceMLError
+from .output import write_summary
+from .summary import iso
+
+
+class SummarizeError(TraceMLError):
+    """No usable checkpoint."""
+
+
+def find_checkpoint(run_dir: Path) -> Path:
+    for cand in (run_dir / CHECKPOINT_NAME, fallback_dir(run_dir.name) / CHECKPOINT_NAME):
+        if cand.is_file():
+            return cand
+    raise SummarizeError(
+        f"No TraceML checkpoint found for RUN_DIR {run_dir}: neither {run_dir / CHECKPOINT_NAME} "
+        f"nor the fallback {fallback_dir(run_dir.name) / CHECKPOINT_NAME} exists. Pass the run "
+        "directory (<logs-dir>/<run-name>) of a run started by `traceml run`; the aggregator "
+        "writes its first checkpoint about 2 s after the run starts.")
+
+
+def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+    """Rebuild the summary files; returns ``{"summary_json", "summary_txt", "summary"}``.
+
+    ``finish`` (``exit_code``, ``interrupted``, ``reason``, ``failed_nodes``) is what the launcher
+    knows about the end when the aggregator could not be told; it fills in a checkpoint taken
+    before the end. An unwritable run directory falls back like the live aggregator does.
+    """
+    run_dir = Path(run_dir)
+    path = find_checkpoint(run_dir)
+    try:
+        doc = load_checkpoint(path)
+    except (OSError, ValueError) as exc:
+        raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {exc}. The checkpoint is "
+                             "damaged or from another traceml version.") from None
+    data = doc["state"]
+    if finish is not None and data.get("finish") is None:
+        data["finish"] = {"exit_code": finish.get("exit_code"),
+                          "interrupted": bool(finish.get("interrupted")),
+                          "reason": str(finish.get("reason") or ""),
+                          "failed_nodes": list(finish.get("failed_nodes") or []),
+                          "source": "launcher (after the aggregator was gone)",
+                          "at": finish.get("at")}
+    run_name = data["settings"]["run_name"]
+    try:
+        rd = prepare_run_dir(path.parent, run_name)
+    except OSError as exc:
+        raise SummarizeError(f"Cannot write the rebuilt summary for {run_dir}: {exc}") from None
+    rebuilt = {"checkpoint": str(path), "taken_at": doc["taken_at"],
+               "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": bool(doc.get("final"))}
+    return write_summary(data, rd, run_name, rebuilt=rebuilt)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1 or args[0].startswith("-"):
+        print("usage: python -m traceml_core.report.summarize RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        out = summarize(args[0])
+    except TraceMLError as exc:
+        print(f"traceml: {exc}", file=sys.stderr)
+        return exc.exit_code
+    sys.stdout.write(Path(out["summary_txt"]).read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

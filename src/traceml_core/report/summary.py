@@ -1,0 +1,268 @@
+"""Build ``final_summary.json`` (``schema_version`` 1) from aggregate plain data.
+
+The input is :meth:`RunState.to_data` (live) or the ``state`` of a checkpoint (rebuilt); the shape
+of the output is documented in ``docs/summary-schema.md``. Cost is proportional to ranks x
+(phases x sketch buckets + series buckets), never to steps.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ..aggregator.rankstate import DURATION_COLUMNS
+from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
+from .thresholds import WARMUP_STEPS
+from .verdicts import judge
+
+SCHEMA_VERSION = 1
+QUANTILES = (0.5, 0.9, 0.99)
+#: how each rank ended; "never_joined" is summary-only (the rank never completed a hello)
+RANK_ENDINGS = ("clean", "error", "crashed", "vanished", "interrupted", "running", "never_joined")
+
+
+def phase_name(column: str) -> str:
+    return column[:-3] if column.endswith("_ns") else column
+
+
+def iso(ts: Optional[float]) -> Optional[str]:
+    if ts is None:
+        return None
+    lt = time.localtime(ts)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", lt) + f".{int((ts % 1) * 1000):03d}" + time.strftime("%z", lt)
+
+
+def _phase(ph: dict[str, Any]) -> Optional[dict[str, Any]]:
+    if ph["count"] <= 0:
+        return None
+    steady_n = ph["count"] - ph["warm_count"]
+    mean = ph["sum"] / ph["count"]
+    steady = (ph["sum"] - ph["warm_sum"]) / steady_n if steady_n > 0 else mean
+    p50, p90, p99 = phase_quantiles(ph, QUANTILES)
+    return {"count": ph["count"], "mean_ms": ms(mean), "steady_mean_ms": ms(steady),
+            "p50_ms": ms(p50), "p90_ms": ms(p90), "p99_ms": ms(p99), "max_ms": ms(ph["max"])}
+
+
+def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dict[int, Any],
+                 failed_nodes: set[int], provisional: bool) -> str:
+    """How a rank ended: its own bye wins; else what the launcher reported decides."""
+    bye = r.get("bye")
+    if bye:
+        return bye["status"]
+    node = r.get("node")
+    ni = nodes.get(node) if node is not None else None
+    if node in failed_nodes or (ni is not None and ni.get("left_at") is not None):
+        return "vanished"
+    if finish is None:
+        # provisional (SIGTERM, launcher still to report): still connected = still running;
+        # otherwise (rebuilt, or all ranks gone) we cannot know more than "vanished"
+        return "running" if provisional and r.get("connected") else "vanished"
+    if finish.get("interrupted"):
+        return "interrupted"
+    code = finish.get("exit_code")
+    if code is not None and code != 0:
+        return "crashed"
+    return "vanished"
+
+
+def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
+    phases = {phase_name(c): _phase(r["phases"][c]) for c in DURATION_COLUMNS}
+    step = r["phases"]["step_ns"]
+    steady = max(0, step["count"] - step["warm_count"])
+    out = r["outside"]
+    mem = r["mem"]
+    expected = max(r["next_seq"], (r.get("bye") or {}).get("steps") or 0)
+    bye = r.get("bye") or {}
+    errors = [e["text"] for e in r.get("events", []) if e.get("kind") in ("exception", "error")]
+    return {
+        "rank": r["rank"], "node": r["node"], "host": r["host"], "local_rank": r["local_rank"],
+        "status": status, "error": bye.get("error") or (errors[-1] if errors else None),
+        "steps": r["received"], "steady_steps": steady, "last_step": r["last_step"],
+        "phases": phases,
+        "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
+        "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
+                      "trend": mem_trend(r["series"]["mem_max"])} if mem["count"] else None),
+        "telemetry": {"received": r["received"], "expected": expected,
+                      "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
+                      "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
+                      "reconnects": max(0, r["connections"] - 1),
+                      "sketched": r.get("sketched", r["received"])},
+        "events": r.get("event_count", 0),
+        "last_events": r.get("events", [])[-3:],
+    }
+
+
+def _never_joined(rank: int, node: int) -> dict[str, Any]:
+    return {"rank": rank, "node": node, "host": "", "local_rank": None, "status": "never_joined",
+            "error": None, "steps": 0, "steady_steps": 0, "last_step": -1,
+            "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
+            "mem_peak": None,
+            "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
+                          "client_dropped": 0, "reconnects": 0, "sketched": 0},
+            "events": 0, "last_events": []}
+
+
+def _across(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for c in DURATION_COLUMNS + ("outside",):
+        name = phase_name(c)
+        vals = []
+        for r in ranks:
+            v = r["outside_ms"] if name == "outside" else (r["phases"][name] or {}).get("steady_mean_ms")
+            if v is not None:
+                vals.append((v, r["rank"], r["node"]))
+        if not vals:
+            out[name] = None
+            continue
+        mid = median([v for v, _, _ in vals])
+        worst = max(vals)
+        out[name] = {"ranks": len(vals), "median_ms": round(mid, 4) if mid is not None else None,
+                     "worst_rank": worst[1], "worst_node": worst[2], "worst_ms": worst[0],
+                     "skew": round(worst[0] / mid, 3) if mid else None}
+    return out
+
+
+def _mean(run: dict[str, Any]) -> Optional[float]:
+    return run["sum"] / run["n"] if run["n"] else None
+
+
+def _system(data: dict[str, Any]) -> dict[str, Any]:
+    nodes = []
+    gpus_flat = []
+    for ns in data.get("system", []):
+        gpus = []
+        for g in ns["gpus"]:
+            util = _mean(g["util_pct"])
+            gs = {"index": g["index"], "samples": g["util_pct"]["n"],
+                  "util_pct_mean": None if util is None else round(util, 2),
+                  "util_pct_max": g["util_pct"]["max"], "mem_used_max": g["mem_used"]["max"],
+                  "mem_total": g["mem_total"]["max"], "temp_c_max": g["temp_c"]["max"],
+                  "power_w_mean": None if _mean(g["power_w"]) is None else round(_mean(g["power_w"]), 2),
+                  "power_w_max": g["power_w"]["max"]}
+            gpus.append(gs)
+            gpus_flat.append({**gs, "node": ns["node"]})
+        cpu = _mean(ns["cpu_pct"])
+        nodes.append({"node": ns["node"], "host": ns["host"], "samples": ns["samples"],
+                      "cpu_pct_mean": None if cpu is None else round(cpu, 2),
+                      "cpu_pct_max": ns["cpu_pct"]["max"], "ram_used_max": ns["ram_used"]["max"],
+                      "ram_total": ns["ram_total"]["max"], "gpus": gpus})
+    utils = [g["util_pct_mean"] for g in gpus_flat if g["util_pct_mean"] is not None]
+    return {"nodes": nodes,
+            "gpu_util_pct_mean": round(sum(utils) / len(utils), 2) if utils else None,
+            "gpus": gpus_flat}
+
+
+def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool) -> str:
+    if finish is None:
+        if provisional:
+            return "running"
+        statuses = {r["status"] for r in ranks}
+        if statuses == {"clean"}:
+            return "completed"
+        return "failed" if statuses & {"error", "crashed"} else "unknown"
+    if finish.get("interrupted"):
+        return "interrupted"
+    code = finish.get("exit_code")
+    if code is None:
+        statuses = {r["status"] for r in ranks}
+        if statuses == {"clean"}:
+            return "completed"
+        return "failed" if statuses & {"error", "crashed"} else "unknown"
+    return "completed" if code == 0 else "failed"
+
+
+def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = None,
+                  rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
+                  now: Optional[float] = None) -> dict[str, Any]:
+    """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
+    from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
+    the launcher reported the exit (a later write replaces it)."""
+    now = time.time() if now is None else now
+    s = data["settings"]
+    finish = data.get("finish")
+    nnodes, nproc = s["nnodes"], s["nproc_per_node"]
+    world = nnodes * nproc
+    nodes_data = {n["node"]: n for n in data.get("nodes", [])}
+    failed_nodes = set((finish or {}).get("failed_nodes") or [])
+    by_rank = {r["rank"]: r for r in data.get("ranks", [])}
+    ranks: list[dict[str, Any]] = []
+    for rank in range(max([world] + [k + 1 for k in by_rank])):
+        r = by_rank.get(rank)
+        if r is None:
+            ranks.append(_never_joined(rank, rank // nproc if nproc else 0))
+        else:
+            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional)))
+
+    hostnames = list(s.get("hostnames") or [])
+    topo_nodes = []
+    for node in range(nnodes):
+        ni = nodes_data.get(node) or {}
+        host = ni.get("host") or (hostnames[node] if node < len(hostnames) else "")
+        joined_at = ni.get("joined_at")
+        topo_nodes.append({
+            "node": node, "hostname": host or None, "joined": joined_at is not None,
+            "joined_at": iso(joined_at),
+            "late": bool(joined_at is not None and joined_at - s["started_at"] > s["node_join_window_s"]),
+            "left_early": ni.get("left_at") is not None or node in failed_nodes,
+            "exit_code": (ni.get("bye") or {}).get("exit_code"),
+            "ranks": [r["rank"] for r in ranks if r["node"] == node],
+        })
+    for r in ranks:  # fill hostnames of ranks that never joined from the topology
+        if not r["host"] and 0 <= (r["node"] or 0) < nnodes:
+            r["host"] = topo_nodes[r["node"] or 0]["hostname"] or ""
+
+    system = _system(data)
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"]})
+    endings = {k: 0 for k in RANK_ENDINGS}
+    for r in ranks:
+        endings[r["status"]] = endings.get(r["status"], 0) + 1
+
+    joined = [r for r in ranks if r["status"] != "never_joined"]
+    tel = [r["telemetry"] for r in joined]
+    received = sum(t["received"] for t in tel)
+    expected = sum(t["expected"] or 0 for t in tel)
+    started = s["started_at"]
+    ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
+    live_ranks = [by_rank[r] for r in sorted(by_rank)]
+    run_status = _run_status(finish, ranks, provisional)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "provisional": provisional,
+        "rebuilt": rebuilt,
+        "run": {
+            "name": s["run_name"], "job_id": s.get("job_id"), "mode": s.get("mode"),
+            "started_at": iso(started), "ended_at": iso(ended),
+            "duration_s": round(max(0.0, ended - started), 3),
+            "status": run_status,
+            "exit_code": (finish or {}).get("exit_code"),
+            "reason": (finish or {}).get("reason") or "",
+            "finish_reported_by": (finish or {}).get("source"),
+        },
+        "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
+                     "master_addr": s.get("master_addr") or None,
+                     "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "verdict": verdicts[0],
+        "other_verdicts": verdicts[1:],
+        "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
+        "warmup_steps": WARMUP_STEPS,
+        "across_ranks": _across(joined),
+        "ranks": ranks,
+        "rank_endings": {k: v for k, v in endings.items() if v},
+        "system": {"nodes": system["nodes"], "gpu_util_pct_mean": system["gpu_util_pct_mean"]},
+        "telemetry": {
+            "records_received": received, "records_expected": expected,
+            "records_lost": max(0, expected - received),
+            "gaps": sum(t["gaps"] for t in tel), "duplicates": sum(t["duplicates"] for t in tel),
+            "client_dropped": sum(t["client_dropped"] for t in tel),
+            "complete": expected == received and endings.get("never_joined", 0) == 0,
+            "sketched_fraction": round(sum(t["sketched"] for t in tel) / received, 4) if received else None,
+            "wire": data.get("counters", {}),
+        },
+        "compare": {
+            "sketches": {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
+                         for c in DURATION_COLUMNS},
+            "step_series": merged_series(live_ranks),
+        },
+        "files": files or {},
+        "notes": [n for n in (data.get("run_dir_note"),) if n],
+    }

@@ -1,0 +1,82 @@
+"""Every threshold behind a verdict, in one place, each with the reason for its value.
+
+A verdict needs BOTH a relative condition (a fraction of the step) AND an absolute floor (in
+milliseconds or bytes): a 0.4 ms input wait in a 1.6 ms toy step is 25 % of the step but not worth
+an engineer's afternoon, and any fraction of a tiny number is noise from timers and the scheduler.
+Severities: ``critical`` (fix this first), ``warning`` (worth a look), ``info`` (a description of
+where the time goes, not a problem).
+
+Changing a value here changes the verdicts of every run; say why in the comment.
+"""
+
+from __future__ import annotations
+
+MiB = 1024 * 1024
+
+# --- evidence ------------------------------------------------------------------------------------
+#: The first steps of each rank are left out of the "steady" means the verdicts use: CUDA context
+#: creation, cuDNN autotuning, allocator growth, DataLoader worker start-up and torch.compile all
+#: land there and can be 10-1000x a normal step. Five covers the usual eager-mode warm-up.
+WARMUP_STEPS = 5
+#: With fewer steady steps per rank than this, no bottleneck verdict is given: a mean of a
+#: handful of steps is dominated by one-off hiccups (a checkpoint save, a GC pause).
+MIN_STEPS = 20
+
+# --- input bound ---------------------------------------------------------------------------------
+#: Waiting for the next batch for 10 % of each step is about where raising DataLoader workers
+#: usually pays back (10 % more throughput for a config change); below that it is rarely the
+#: best next step.
+INPUT_FRACTION_WARN = 0.10
+#: At 30 % a third of the GPU time is idle waiting for data: the single biggest lever.
+INPUT_FRACTION_CRIT = 0.30
+#: Below 1 ms of wait per step the "input" time is mostly the iterator's own Python overhead
+#: and timer granularity, which more workers cannot remove (the 0.4 ms in a 1.6 ms toy step).
+INPUT_FLOOR_MS = 1.0
+#: A critical input verdict also needs 5 ms per step: enough for a worker/prefetch change to be
+#: measurable at once in the step time.
+INPUT_CRIT_FLOOR_MS = 5.0
+
+# --- straggler -----------------------------------------------------------------------------------
+#: A rank whose own work per step (step minus backward, where DDP waits for the others, plus time
+#: outside the traced step) exceeds the median rank's by 10 % of the median step slows every rank
+#: by that much at each synchronisation; below 10 % it is within ordinary rank-to-rank jitter
+#: (data shards of different sizes, NUMA placement).
+STRAGGLER_EXCESS_WARN = 0.10
+#: At 25 % of a step every rank loses a quarter of its time waiting for one rank.
+STRAGGLER_EXCESS_CRIT = 0.25
+#: ...and at least 2 ms per step: below that the difference is scheduler and timer noise on
+#: small CPU runs.
+STRAGGLER_FLOOR_MS = 2.0
+
+# --- memory creep --------------------------------------------------------------------------------
+#: The early window starts after this fraction of the run (allocator caches and optimizer state
+#: grow during the first steps, which is not a leak).
+MEM_SKIP_FRACTION = 0.10
+#: Peak memory 10 % higher at the end of the run than early on, and still rising through the
+#: middle, is the signature of a leak (tensors kept in a list, a growing cache); fragmentation
+#: alone rarely adds more than a few percent.
+MEM_CREEP_GROWTH_WARN = 0.10
+#: 30 % growth: a long run will likely hit OOM.
+MEM_CREEP_GROWTH_CRIT = 0.30
+#: ...and at least 64 MiB, so allocator rounding and a few cached blocks on a small model are not
+#: called a leak.
+MEM_CREEP_FLOOR_BYTES = 64 * MiB
+#: The trend needs this many series buckets with data (each bucket covers >= 1 step).
+MEM_MIN_BUCKETS = 16
+
+# --- GPU utilisation -----------------------------------------------------------------------------
+#: NVML utilisation is the fraction of time any kernel ran; under 50 % on average the GPUs are idle
+#: half the time, which is worth explaining even when no phase stands out.
+GPU_UTIL_WARN_PCT = 50.0
+#: Under 25 % the job uses a quarter of what it reserved.
+GPU_UTIL_CRIT_PCT = 25.0
+#: At least this many samples (at ~1 Hz) so start-up and shutdown do not decide the average.
+GPU_MIN_SAMPLES = 10
+
+# --- compute bound -------------------------------------------------------------------------------
+#: When forward + backward + optimizer (+ host-to-device copies) take 80 % or more of the step, the
+#: time goes into the model itself (including gradient all-reduce inside backward).
+COMPUTE_FRACTION = 0.80
+#: ...and, when GPU samples exist, the GPUs are busy at least 70 % of the time; otherwise the model
+#: phases are long because of launch overhead or host work, not the GPU's math.
+COMPUTE_GPU_UTIL_PCT = 70.0

@@ -1,0 +1,245 @@
+"""Verdicts: why is this run slow? Pure functions of the per-rank summary (no I/O, no state).
+
+Each detector returns ``None`` or ``{kind, severity, why, next_step, culprit, evidence}``; the
+first of the sorted list is the primary verdict. All numbers it compares against live in
+:mod:`.thresholds`. Means are "steady" means (first :data:`WARMUP_STEPS` steps left out).
+
+How a straggler is found under DDP: every rank's *step* time is the same (all ranks wait for the
+slowest in the gradient all-reduce, inside backward), so step time cannot name the culprit. A
+rank's *own* time, ``step - backward + outside``, can: the slow rank spends longer in its own
+work (input, forward, optimizer, or between steps) while the others spend that time waiting in
+backward. Without synchronisation (independent ranks) the two agree anyway.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence
+
+from . import thresholds as T
+from .stats import median
+
+KINDS = ("straggler", "input_bound", "memory_creep", "low_gpu_util", "compute_bound",
+         "no_clear_bottleneck")
+SEVERITIES = ("critical", "warning", "info")
+OWN_PHASES = ("input", "forward", "optimizer", "h2d", "outside")
+_PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer": "the optimizer step",
+                "h2d": "host-to-device copies", "outside": "code outside trace_step",
+                "backward": "backward"}
+
+Verdict = dict[str, Any]
+
+
+def _m(r: dict[str, Any], phase: str) -> Optional[float]:
+    """Steady mean (ms) of a phase for one rank; ``outside`` included; None when not measured."""
+    if phase == "outside":
+        return r.get("outside_ms")
+    ph = r["phases"].get(phase)
+    return None if not ph else ph["steady_mean_ms"]
+
+
+def _culprit(r: dict[str, Any]) -> dict[str, Any]:
+    return {"rank": r["rank"], "node": r["node"], "host": r["host"] or None}
+
+
+def _where(r: dict[str, Any]) -> str:
+    host = f", {r['host']}" if r.get("host") else ""
+    return f"rank {r['rank']} (node {r['node']}{host})"
+
+
+def _severity(frac: float, abs_ms: float, warn: float, crit: float, floor: float,
+              crit_floor: Optional[float] = None) -> Optional[str]:
+    if frac >= crit and abs_ms >= (crit_floor if crit_floor is not None else floor):
+        return "critical"
+    if frac >= warn and abs_ms >= floor:
+        return "warning"
+    return None
+
+
+def _verdict(kind: str, severity: str, why: str, next_step: str, culprit: Optional[dict[str, Any]],
+             **evidence: Any) -> Verdict:
+    return {"kind": kind, "severity": severity, "why": why, "next_step": next_step,
+            "culprit": culprit, "evidence": evidence}
+
+
+def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    pairs = [(_m(r, "input"), _m(r, "step")) for r in live]
+    pairs = [(i, s) for i, s in pairs if i is not None and s]
+    if not pairs:
+        return None
+    frac = median([i / s for i, s in pairs])
+    wait = median([i for i, _ in pairs])
+    step = median([s for _, s in pairs])
+    assert frac is not None and wait is not None and step is not None
+    sev = _severity(frac, wait, T.INPUT_FRACTION_WARN, T.INPUT_FRACTION_CRIT, T.INPUT_FLOOR_MS,
+                    T.INPUT_CRIT_FLOOR_MS)
+    if sev is None:
+        return None
+    return _verdict(
+        "input_bound", sev,
+        f"the median rank waits {wait:.1f} ms of its {step:.1f} ms step ({frac:.0%}) for the next batch",
+        "feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
+        "persistent_workers=True, or move per-sample preprocessing out of __getitem__",
+        None, input_fraction=round(frac, 4), input_ms=round(wait, 4), step_ms=round(step, 4))
+
+
+def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    if len(live) < 2:
+        return None
+    step_med = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    if step_med <= 0:
+        return None
+
+    def own(r: dict[str, Any]) -> float:
+        return (_m(r, "step") or 0.0) - (_m(r, "backward") or 0.0) + (_m(r, "outside") or 0.0)
+
+    for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
+        vals = [fn(r) for r in live]
+        mid = median(vals)
+        assert mid is not None
+        worst = max(live, key=fn)
+        excess = fn(worst) - mid
+        frac = excess / step_med
+        sev = _severity(frac, excess, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
+                        T.STRAGGLER_FLOOR_MS)
+        if sev is None:
+            continue
+        phases = OWN_PHASES if metric == "own" else OWN_PHASES + ("backward",)
+        diffs = []
+        for ph in phases:
+            mine = _m(worst, ph)
+            others = [v for v in (_m(r, ph) for r in live) if v is not None]
+            if mine is not None and others:
+                diffs.append((mine - (median(others) or 0.0), ph))
+        phase = max(diffs)[1] if diffs else "step"
+        if phase == "input":
+            nxt = (f"rank {worst['rank']}'s data loading is slower: check its data shard and "
+                   "DataLoader workers, and the CPU and disk of its node")
+        elif phase == "outside":
+            nxt = (f"rank {worst['rank']} does extra work between steps (logging, evaluation or "
+                   "checkpointing on that rank only?): move it off the training loop or spread it "
+                   "over all ranks")
+        else:
+            nxt = (f"rank {worst['rank']} computes slower: check its GPU's clocks and temperature "
+                   "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
+        why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the median rank "
+               f"({frac:.0%} of a {step_med:.1f} ms step), mostly in {_PHASE_WORDS.get(phase, phase)}"
+               + ("; the other ranks wait for it" if metric == "own" else ""))
+        return _verdict("straggler", sev, why, nxt, _culprit(worst), metric=metric,
+                        excess_ms=round(excess, 4), excess_fraction=round(frac, 4),
+                        median_step_ms=round(step_med, 4), phase=phase)
+    return None
+
+
+def memory_creep(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    creeping = []
+    for r in live:
+        mem = r.get("mem_peak") or {}
+        tr = mem.get("trend")
+        if not tr or not tr["rising"] or tr["early_bytes"] <= 0:
+            continue
+        rel = tr["growth_bytes"] / tr["early_bytes"]
+        if rel >= T.MEM_CREEP_GROWTH_WARN and tr["growth_bytes"] >= T.MEM_CREEP_FLOOR_BYTES:
+            creeping.append((rel, r, tr))
+    if not creeping:
+        return None
+    rel, worst, tr = max(creeping, key=lambda x: x[0])
+    sev = "critical" if rel >= T.MEM_CREEP_GROWTH_CRIT else "warning"
+    mib = 1024 * 1024
+    return _verdict(
+        "memory_creep", sev,
+        f"peak memory of {_where(worst)} rose from {tr['early_bytes'] / mib:.0f} MiB to "
+        f"{tr['late_bytes'] / mib:.0f} MiB (+{rel:.0%}) over the run and kept rising; "
+        f"{len(creeping)} of {len(live)} ranks show it",
+        "look for tensors kept across steps (a loss summed without .item() or .detach(), growing "
+        "lists or caches); torch.cuda.memory._record_memory_history() shows who holds memory",
+        _culprit(worst), growth_fraction=round(rel, 4), growth_bytes=tr["growth_bytes"],
+        ranks_affected=len(creeping))
+
+
+def low_gpu_util(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    gpus = ctx.get("gpus") or []
+    gpus = [g for g in gpus if g["samples"] >= T.GPU_MIN_SAMPLES and g["util_pct_mean"] is not None]
+    if not gpus:
+        return None
+    overall = sum(g["util_pct_mean"] for g in gpus) / len(gpus)
+    if overall >= T.GPU_UTIL_WARN_PCT:
+        return None
+    sev = "critical" if overall < T.GPU_UTIL_CRIT_PCT else "warning"
+    low = min(gpus, key=lambda g: g["util_pct_mean"])
+    if ctx.get("input_bound"):
+        nxt = "see the input verdict: the GPUs are waiting for data"
+    else:
+        nxt = ("the GPUs wait on the host: look at time outside the model phases, raise the batch "
+               "size per GPU, or cut kernel-launch overhead with torch.compile / CUDA graphs")
+    return _verdict(
+        "low_gpu_util", sev,
+        f"the {len(gpus)} GPU(s) were busy {overall:.0f}% of the time on average (lowest: GPU "
+        f"{low['index']} on node {low['node']}, {low['util_pct_mean']:.0f}%)",
+        nxt, None, gpu_util_pct=round(overall, 2))
+
+
+def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    fracs = []
+    for r in live:
+        step = _m(r, "step")
+        if not step:
+            continue
+        comp = sum(v for v in (_m(r, p) for p in ("forward", "backward", "optimizer", "h2d"))
+                   if v is not None)
+        fracs.append(comp / step)
+    frac = median(fracs)
+    if frac is None or frac < T.COMPUTE_FRACTION:
+        return None
+    util = ctx.get("gpu_util_pct")
+    if util is not None and util < T.COMPUTE_GPU_UTIL_PCT:
+        return None
+    step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    on_gpu = f"; GPUs {util:.0f}% busy" if util is not None else ""
+    return _verdict(
+        "compute_bound", "info",
+        f"forward, backward and optimizer take {frac:.0%} of the median {step:.1f} ms step "
+        f"(backward includes the gradient all-reduce){on_gpu}",
+        "speed-ups now come from the model itself: bf16 autocast, a larger batch per GPU, "
+        "torch.compile or a fused optimizer; torch.profiler shows the heaviest kernels",
+        None, compute_fraction=round(frac, 4))
+
+
+DETECTORS: tuple[Callable[[Sequence[dict[str, Any]], dict[str, Any]], Optional[Verdict]], ...] = (
+    straggler, input_bound, memory_creep, low_gpu_util, compute_bound)
+
+
+def _breakdown(live: Sequence[dict[str, Any]]) -> str:
+    step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    parts = []
+    for ph in ("input", "forward", "backward", "optimizer", "outside"):
+        vals = [v for v in (_m(r, ph) for r in live) if v is not None]
+        if vals and step > 0:
+            parts.append(f"{ph} {100.0 * (median(vals) or 0.0) / step:.0f}%")
+    return ", ".join(parts)
+
+
+def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]:
+    """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary) and
+    ``gpu_util_pct`` (overall mean or None)."""
+    live = [r for r in ranks if r["phases"].get("step") and r["steady_steps"] >= T.MIN_STEPS]
+    if not live:
+        most = max((r["steady_steps"] for r in ranks), default=0)
+        return [_verdict(
+            "no_clear_bottleneck", "info",
+            f"too few steps to judge: at most {most} steady steps per rank (need {T.MIN_STEPS} "
+            f"after {T.WARMUP_STEPS} warm-up steps)",
+            f"run at least {T.MIN_STEPS + T.WARMUP_STEPS} steps inside trace_step", None)]
+    ctx = dict(ctx)
+    found: list[Verdict] = []
+    for detect in DETECTORS:
+        v = detect(live, ctx)
+        if v is not None:
+            found.append(v)
+            ctx[v["kind"]] = v
+    if not found:
+        found.append(_verdict(
+            "no_clear_bottleneck", "info",
+            "no single phase dominates the median step (" + _breakdown(live) + ")",
+            "profile a few steps with torch.profiler to see inside the phases", None))
+    found.sort(key=lambda v: (SEVERITIES.index(v["severity"]), KINDS.index(v["kind"])))
+    return found

@@ -1,0 +1,580 @@
+"""The sending side of the wire: one background thread per process that owns the TCP connection.
+
+Used by training ranks (hello kind ``rank``: step batches from a :class:`RecordSource`, events,
+a final ``bye``) and by the per-node launcher (kind ``node``: ``system`` frames via
+:meth:`TelemetryClient.submit`). What it guarantees to the process that uses it:
+
+* **never blocks the caller**: :meth:`~TelemetryClient.submit` appends to a deque and returns;
+  all socket work (connect, handshake, send) happens on the daemon thread;
+* **bounded memory**: at most ``max_frames`` submitted frames wait; step records are bounded by
+  the source's batch pool; anything beyond is dropped and *counted*, never silently lost;
+* **bounded waits**: :meth:`~TelemetryClient.wait_connected` and :meth:`~TelemetryClient.close`
+  take a timeout and return within it (plus a few milliseconds);
+* **connect, then reconnect** with exponential backoff and full jitter (so a restarted aggregator
+  is not hit by every rank at the same instant); each connection starts with a fresh ``hello``
+  (fresh nonce, so the server's replay check never refuses a reconnect);
+* **refused means quiet**: a ``refused`` answer is logged once with the server's reason and the
+  client stops trying for the rest of the process (a wrong token or run name does not improve by
+  retrying, and thousands of ranks retrying would be a storm); everything pending is discarded and
+  counted;
+* **exact accounting**: a frame counts as sent once all of its bytes were accepted by the kernel;
+  a frame cut by a broken connection is re-sent whole on the next connection (the server discards
+  the truncated copy), so the client never loses or duplicates a frame it knows about. Bytes the
+  kernel accepted just before the peer died cannot be known to be lost; the server finds those as
+  gaps in the per-rank ``seq`` numbers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import select
+import socket
+import threading
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol, Union
+
+from .protocol import FrameBuffer, ProtocolError, encode, make_hello
+
+log = logging.getLogger("traceml")
+
+#: the most bytes gathered into one ``send`` round
+_SEND_CHUNK = 1 << 20
+#: a blocked send wakes this often to check close()'s deadline
+_SEND_SLICE = 0.05
+
+
+class RecordSource(Protocol):
+    """Where step batches come from (the SDK's recorder implements this).
+
+    ``ready`` says how many batches wait; ``pop`` returns the oldest or ``None``; the client then either ``recycle``s it
+    (sent), ``unpop``s it (connection broke before it was fully sent; it goes back to the front)
+    or ``discard``s it (refused / shutdown deadline; the source counts the records as lost).
+    ``lost`` is the source's total of records known lost (its own drops plus discards).
+    """
+
+    def ready(self) -> int: ...
+    def pop(self) -> Optional[Any]: ...
+    def unpop(self, batch: Any) -> None: ...
+    def frame(self, batch: Any) -> dict[str, Any]: ...
+    def records(self, batch: Any) -> int: ...
+    def recycle(self, batch: Any) -> None: ...
+    def discard(self, batch: Any) -> None: ...
+    @property
+    def lost(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class ClientStats:
+    """A snapshot of the client's counters (for tests, the final log line and the summary)."""
+
+    kind: str
+    connected: bool
+    connects: int            # successful handshakes (1 + reconnects)
+    connect_failures: int    # attempts that did not end in a welcome
+    refused: Optional[str]   # the server's reason, once refused
+    frames_sent: int         # all frames fully handed to the kernel (steps, system, event, bye)
+    records_sent: int        # step records inside the sent ``steps`` frames
+    frames_dropped: int      # submitted frames dropped (queue full, refused, unencodable, deadline)
+    records_lost: int        # step records known lost (source drops + discards)
+    bytes_sent: int
+    bye_sent: bool
+    last_error: Optional[str]
+
+
+_live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (DataLoader worker) inherits the socket but not the thread: make every client
+    # inert there so nothing in the child ever writes into the parent's connection.
+    for client in list(_live_clients):
+        client._forked_child()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class TelemetryClient:
+    """Background sender for one process. See the module docstring for the guarantees.
+
+    Typical use (rank)::
+
+        c = TelemetryClient(host, port, token, run=run, job=job, node=node, rank=rank,
+                            kind="rank", world=world, extra={"local_rank": lr}, source=recorder)
+        c.start(); c.wait_connected(2.0)
+        ...
+        c.close(timeout=2.0, bye=lambda: {...})
+
+    Typical use (node launcher)::
+
+        c = TelemetryClient(host, port, token, run=run, job=job, node=node_rank, rank=-1,
+                            kind="node"); c.start()
+        c.submit({"t": "system", "node": node_rank, "host": hostname, "samples": [sample]})
+        c.close(timeout=1.0)
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: str,
+        *,
+        run: str,
+        job: Optional[str] = None,
+        node: int = 0,
+        rank: int = -1,
+        kind: str = "rank",
+        world: int = 0,
+        hostname: Optional[str] = None,
+        extra: Optional[dict[str, Any]] = None,
+        source: Optional[RecordSource] = None,
+        max_frames: int = 1024,
+        poll_interval: float = 0.05,
+        connect_timeout: float = 2.0,
+        handshake_timeout: float = 5.0,
+        send_timeout: float = 10.0,
+        backoff_initial: float = 0.05,
+        backoff_max: float = 5.0,
+        on_refused: Optional[Callable[[str], None]] = None,
+        name: str = "traceml-client",
+    ) -> None:
+        self.host = host
+        self.port = int(port)
+        self._token = token
+        self.kind = kind
+        self._hello_args = dict(
+            run=run, job=job, node=node, rank=rank, kind=kind, world=world,
+            host=hostname if hostname is not None else socket.gethostname(), extra=extra,
+        )
+        self.source = source
+        self.max_frames = max_frames
+        self.poll_interval = poll_interval
+        self.connect_timeout = connect_timeout
+        self.handshake_timeout = handshake_timeout
+        self.send_timeout = send_timeout
+        self.backoff_initial = backoff_initial
+        self.backoff_max = backoff_max
+        self._on_refused = on_refused
+        self._name = name
+
+        self._frames: deque[dict[str, Any]] = deque()
+        self._periodic: list[list[Any]] = []     # [fn, interval_s, next_due]
+        self._wake = threading.Event()
+        self._settled = threading.Event()        # set on welcome or refusal
+        self._thread: Optional[threading.Thread] = None
+        self._sock: Optional[socket.socket] = None
+        self._poller: Any = None
+        self._closing = False
+        self._deadline = 0.0
+        self._flush_deadline = 0.0
+        self._bye: Optional[Union[dict[str, Any], Callable[[], dict[str, Any]]]] = None
+        self._dead = False                       # forked child or finished
+
+        self._connected = False
+        self._connects = 0
+        self._connect_failures = 0
+        self._refused: Optional[str] = None
+        self._frames_sent = 0
+        self._records_sent = 0
+        self._frames_dropped = 0
+        self._bytes_sent = 0
+        self._bye_sent = False
+        self._last_error: Optional[str] = None
+        self._warned_lost = False
+        _live_clients.add(self)
+
+    # ---- caller side (never blocks) -----------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None or self._dead:
+            return
+        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread.start()
+
+    def submit(self, frame: dict[str, Any]) -> bool:
+        """Queue one frame (``system``, ``event``...). False (and counted) if it had to be dropped."""
+        if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.max_frames:
+            self._frames_dropped += 1
+            return False
+        self._frames.append(frame)
+        return True
+
+    def add_periodic(self, fn: Callable[[], None], interval_s: float) -> None:
+        """Run ``fn`` on the client thread about every ``interval_s`` (cheap work only)."""
+        self._periodic.append([fn, float(interval_s), 0.0])
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` s for the first welcome; True if connected now."""
+        if timeout > 0 and not self._dead:
+            self._settled.wait(timeout)
+        return self._connected
+
+    def close(
+        self,
+        timeout: float = 2.0,
+        bye: Optional[Union[dict[str, Any], Callable[[], dict[str, Any]]]] = None,
+    ) -> bool:
+        """Flush what is pending, send ``bye`` (a frame, or a callable building it at send time so
+        its counts are final), and stop, all within ``timeout`` seconds. Whatever could not be sent
+        in time is discarded and counted. Returns True if everything, bye included, was sent.
+        Safe to call twice and from ``atexit``."""
+        if self._dead:
+            return False
+        thread = self._thread
+        self._bye = bye
+        timeout = max(0.0, timeout)
+        self._deadline = time.monotonic() + timeout
+        # keep the last part of the window for the bye, so a slow flush still ends with one
+        self._flush_deadline = self._deadline - min(0.25, timeout / 4)
+        self._closing = True
+        self._wake.set()
+        if thread is None:
+            self._discard_all()
+            self._dead = True
+            return False
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, timeout) + 0.5)
+        ok = not thread.is_alive() and self._bye_sent == (bye is not None) and not self._frames
+        return ok
+
+    # ---- counters -----------------------------------------------------------------------------
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @property
+    def refused_reason(self) -> Optional[str]:
+        return self._refused
+
+    def stats(self) -> ClientStats:
+        return ClientStats(
+            kind=self.kind, connected=self._connected, connects=self._connects,
+            connect_failures=self._connect_failures, refused=self._refused,
+            frames_sent=self._frames_sent, records_sent=self._records_sent,
+            frames_dropped=self._frames_dropped,
+            records_lost=self.source.lost if self.source is not None else 0,
+            bytes_sent=self._bytes_sent, bye_sent=self._bye_sent, last_error=self._last_error,
+        )
+
+    # ---- the thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = self.backoff_initial
+        next_attempt = 0.0
+        close_attempted = False
+        try:
+            while True:
+                now = time.monotonic()
+                self._run_periodic(now)
+                if self._refused is not None:
+                    self._discard_all()
+                    if self._closing:
+                        return
+                    self._sleep(0.5)
+                    continue
+                if self._sock is None:
+                    if self._closing:
+                        # one last attempt inside the deadline, then give up
+                        left = self._deadline - now
+                        if close_attempted or left <= 0 or not self._has_pending():
+                            return
+                        close_attempted = True
+                        self._connect(min(self.connect_timeout, left))
+                        if self._sock is None:
+                            return
+                    elif now >= next_attempt:
+                        if self._connect(self.connect_timeout):
+                            backoff = self.backoff_initial
+                        else:
+                            next_attempt = time.monotonic() + backoff * random.uniform(0.5, 1.0)
+                            backoff = min(backoff * 2.0, self.backoff_max)
+                    if self._sock is None:
+                        self._sleep(max(0.0, min(self.poll_interval, next_attempt - time.monotonic())))
+                        continue
+                if not self._peer_alive():
+                    self._lost_connection("the aggregator closed the connection")
+                    continue
+                self._pump()
+                if self._closing:
+                    if self._sock is None:
+                        continue    # the connection broke mid-flush: one reconnect attempt above
+                    if not self._has_pending() or time.monotonic() >= self._flush_deadline:
+                        self._discard_all()     # counted; the bye then carries final numbers
+                        self._send_bye()
+                        return
+                    continue
+                self._sleep(self.poll_interval)
+        except Exception as exc:  # the thread must never die noisily inside a user's job
+            self._last_error = f"client thread: {type(exc).__name__}: {exc}"
+            log.warning("traceml: telemetry client stopped after an internal error: %s", exc)
+        finally:
+            self._discard_all()
+            self._drop_socket()
+            self._connected = False
+            self._dead = True
+            self._settled.set()
+
+    def _sleep(self, seconds: float) -> None:
+        if seconds > 0 and not self._closing:
+            self._wake.wait(seconds)
+            self._wake.clear()
+
+    def _run_periodic(self, now: float) -> None:
+        for entry in self._periodic:
+            if now >= entry[2]:
+                entry[2] = now + entry[1]
+                try:
+                    entry[0]()
+                except Exception:
+                    pass
+
+    def _has_pending(self) -> bool:
+        src = self.source
+        return bool(self._frames) or (src is not None and src.ready() > 0)
+
+    # ---- connection ---------------------------------------------------------------------------
+
+    def _connect(self, timeout: float) -> bool:
+        sock: Optional[socket.socket] = None
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=max(0.01, timeout))
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            hs_timeout = self.handshake_timeout
+            if self._closing:
+                hs_timeout = min(hs_timeout, max(0.01, self._deadline - time.monotonic()))
+            sock.settimeout(hs_timeout)
+            sock.sendall(encode(make_hello(self._token, **self._hello_args)))
+            reply = self._read_one(sock)
+            kind = reply.get("t")
+            if kind == "welcome":
+                sock.settimeout(_SEND_SLICE)
+                self._sock = sock
+                if hasattr(select, "poll"):
+                    self._poller = select.poll()
+                    self._poller.register(sock, select.POLLIN | select.POLLPRI)
+                self._connected = True
+                self._connects += 1
+                self._settled.set()
+                return True
+            if kind == "refused":
+                self._refuse(str(reply.get("reason", "no reason given")))
+            else:
+                self._last_error = f"unexpected answer to hello: {kind!r}"
+        except (OSError, ProtocolError) as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+        self._connect_failures += 1
+        return False
+
+    @staticmethod
+    def _read_one(sock: socket.socket) -> dict[str, Any]:
+        fb = FrameBuffer()
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionError("closed by the server during the handshake")
+            for msg in fb.feed(data):
+                return msg
+
+    def _refuse(self, reason: str) -> None:
+        self._refused = reason
+        self._settled.set()
+        log.warning(
+            "traceml: the aggregator at %s:%d refused this %s: %s -- telemetry is off for this "
+            "process (training continues)", self.host, self.port, self.kind, reason,
+        )
+        if self._on_refused is not None:
+            try:
+                self._on_refused(reason)
+            except Exception:
+                pass
+
+    def _peer_alive(self) -> bool:
+        """The server sends nothing after welcome; readable means it closed (or refused late)."""
+        sock = self._sock
+        if sock is None:
+            return False
+        # a zero-timeout readiness check (not recv(MSG_DONTWAIT): on a socket with a timeout,
+        # Python waits for readability *before* calling recv, i.e. it would block)
+        try:
+            readable = select.select([sock], [], [], 0)[0] if self._poller is None else self._poller.poll(0)
+        except (OSError, ValueError):
+            return True
+        if not readable:
+            return True
+        try:
+            data = sock.recv(65536)
+        except (BlockingIOError, InterruptedError, socket.timeout):
+            return True
+        except OSError as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            return False
+        if not data:
+            return False
+        try:
+            for msg in FrameBuffer().feed(data):
+                if msg.get("t") == "refused":
+                    self._drop_socket()
+                    self._refuse(str(msg.get("reason", "no reason given")))
+                    return False
+        except ProtocolError:
+            pass
+        return True
+
+    def _lost_connection(self, why: str) -> None:
+        self._drop_socket()
+        if self._refused is None and not self._warned_lost and not self._closing:
+            self._warned_lost = True
+            log.warning(
+                "traceml: lost the connection to the aggregator at %s:%d (%s); reconnecting in the "
+                "background -- steps are buffered, and counted as lost if the buffer fills",
+                self.host, self.port, why,
+            )
+
+    def _drop_socket(self) -> None:
+        sock, self._sock = self._sock, None
+        self._connected = False
+        self._poller = None
+        if sock is not None:
+            try:
+                sock.close()
+            except OSError:
+                pass
+
+    def _forked_child(self) -> None:
+        self._dead = True
+        self._closing = True
+        sock, self._sock = self._sock, None
+        self._thread = None
+        if sock is not None:
+            try:
+                sock.detach()   # never close/shutdown: the parent still owns the connection
+            except OSError:
+                pass
+
+    # ---- sending ------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Send everything pending, in rounds of at most ~1 MiB."""
+        while self._sock is not None:
+            items: list[tuple[str, Any, int, int]] = []   # (kind, obj, records, end offset)
+            chunks: list[bytes] = []
+            size = 0
+            while size < _SEND_CHUNK and self._frames:
+                frame = self._frames.popleft()
+                try:
+                    data = encode(frame)
+                except Exception as exc:
+                    self._frames_dropped += 1
+                    self._last_error = f"unencodable {frame.get('t')!r} frame: {exc}"
+                    continue
+                chunks.append(data)
+                size += len(data)
+                items.append(("frame", frame, 0, size))
+            src = self.source
+            while src is not None and size < _SEND_CHUNK:
+                batch = src.pop()
+                if batch is None:
+                    break
+                try:
+                    data = encode(src.frame(batch))
+                except Exception as exc:
+                    self._last_error = f"unencodable steps frame: {exc}"
+                    src.discard(batch)
+                    continue
+                chunks.append(data)
+                size += len(data)
+                items.append(("batch", batch, src.records(batch), size))
+            if not items:
+                return
+            sent, err = self._send(b"".join(chunks))
+            requeue: list[tuple[str, Any]] = []
+            for kind, obj, nrec, end in items:
+                if end <= sent:
+                    self._frames_sent += 1
+                    if kind == "batch":
+                        self._records_sent += nrec
+                        src.recycle(obj)  # type: ignore[union-attr]
+                else:
+                    requeue.append((kind, obj))
+            for kind, obj in reversed(requeue):
+                if kind == "batch":
+                    src.unpop(obj)  # type: ignore[union-attr]
+                else:
+                    self._frames.appendleft(obj)
+            if err is not None:
+                self._lost_connection(err)
+                return
+
+    def _send(self, data: bytes) -> tuple[int, Optional[str]]:
+        """Send ``data``; returns (bytes accepted by the kernel, error or None).
+
+        The socket waits in short slices so that a server which stops reading cannot hold this
+        thread past ``close()``'s deadline; a server that accepts nothing for ``send_timeout``
+        seconds is treated as gone."""
+        sock = self._sock
+        assert sock is not None
+        view = memoryview(data)
+        sent = 0
+        stalled_since = time.monotonic()
+        try:
+            while sent < len(data):
+                try:
+                    n = sock.send(view[sent:])
+                except socket.timeout:
+                    now = time.monotonic()
+                    if self._closing and now >= self._deadline:
+                        return sent, "close deadline reached while the aggregator was not reading"
+                    if now - stalled_since >= self.send_timeout:
+                        return sent, f"the aggregator accepted nothing for {self.send_timeout:.0f}s"
+                    continue
+                if n <= 0:
+                    return sent, "send returned 0"
+                sent += n
+                self._bytes_sent += n
+                stalled_since = time.monotonic()
+        except OSError as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"
+            return sent, f"{type(exc).__name__}: {exc}"
+        return sent, None
+
+    def _send_bye(self) -> None:
+        bye = self._bye
+        if bye is None or self._sock is None:
+            return
+        try:
+            frame = bye() if callable(bye) else bye
+            sent, err = self._send(encode(frame))
+        except Exception as exc:
+            self._last_error = f"bye: {exc}"
+            return
+        if err is None:
+            self._frames_sent += 1
+            self._bye_sent = True
+
+    def _discard_all(self) -> None:
+        while self._frames:
+            try:
+                self._frames.popleft()
+            except IndexError:
+                break
+            self._frames_dropped += 1
+        src = self.source
+        if src is None:
+            return
+        while True:
+            batch = src.pop()
+            if batch is None:
+                return
+            src.discard(batch)

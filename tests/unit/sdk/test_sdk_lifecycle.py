@@ -1,0 +1,119 @@
+"""init/shutdown as a training script sees them: run info hand-over, no server, no run info,
+refusal, crash and clean exit (the latter in real subprocesses, so atexit and excepthook run)."""
+
+from __future__ import annotations
+
+import subprocess
+import textwrap
+import time
+
+import torch
+
+from traceml_core.wire.sink import SinkServer
+
+from sdk_helpers import PYTHON, free_port, run_info_env, subprocess_env
+
+
+def run_script(body: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-c", textwrap.dedent(body)], env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_init_without_a_reachable_aggregator_warns_once_and_keeps_count(sdk, traceml_log):
+    port = free_port()                           # nothing listens there
+    t0 = time.perf_counter()
+    active = sdk.init(aggregator=f"127.0.0.1:{port}", token="t", run_name="r", connect_wait=0.5)
+    waited = time.perf_counter() - t0
+    assert active and 0.45 <= waited < 1.5, f"init waited {waited:.2f}s for a 0.5s window"
+    for _ in range(500):
+        with sdk.trace_step():
+            pass
+    t0 = time.perf_counter()
+    sdk.shutdown()
+    assert time.perf_counter() - t0 < 2.5
+    st = sdk.stats()
+    assert st["steps"] == 500 and st["sent"] == 0 and st["lost"] == 500
+    warnings = [r.getMessage() for r in traceml_log.records if r.levelname == "WARNING"]
+    assert sum("no answer from the aggregator" in w for w in warnings) == 1
+    assert any("could not deliver 500 of 500" in w for w in warnings)
+
+
+def test_without_run_info_tracing_is_off_and_says_so_once(sdk, traceml_log, monkeypatch):
+    monkeypatch.delenv("TRACEML_RUN_INFO", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    assert sdk.init() is False
+    assert sdk.init() is False                    # a second call changes nothing
+    ctx = sdk.trace_step(torch.nn.Linear(2, 2))
+    with ctx:
+        pass
+    assert type(ctx).__name__ == "NullContext"
+    st = sdk.stats()
+    assert st["enabled"] is False and st["steps"] == 0 and "TRACEML_RUN_INFO" in st["reason_off"]
+    warnings = [r.getMessage() for r in traceml_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "traceml run" in warnings[0]
+
+
+def test_without_run_info_only_rank_zero_speaks(sdk, traceml_log, monkeypatch):
+    monkeypatch.delenv("TRACEML_RUN_INFO", raising=False)
+    monkeypatch.setenv("RANK", "1")
+    with sdk.trace_step():                        # implicit init on first use
+        pass
+    assert sdk.stats()["initialized"] and not sdk.stats()["enabled"]
+    assert not [r for r in traceml_log.records if r.levelname == "WARNING"]
+
+
+def test_refusal_turns_tracing_off_with_one_line(sdk, traceml_log):
+    server = SinkServer("right", "test-run").start()
+    try:
+        sdk.init(aggregator=f"127.0.0.1:{server.port}", token="wrong", run_name="test-run",
+                 connect_wait=2.0)
+        assert type(sdk.trace_step()).__name__ == "NullContext"
+        assert sdk.stats()["refused"] == "the token does not match this run's token"
+        sdk.shutdown()
+    finally:
+        server.stop()
+    lines = [r.getMessage() for r in traceml_log.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "refused" in lines[0]
+
+
+def test_run_info_from_the_launcher_is_read_once(sink):
+    script = """
+        import traceml_core as traceml
+        assert traceml.init()
+        for _ in range(3):
+            with traceml.trace_step():
+                pass
+    """
+    env = subprocess_env(TRACEML_RUN_INFO=run_info_env(sink.port), RANK="5", LOCAL_RANK="1",
+                         WORLD_SIZE="8")
+    res = run_script(script, env)
+    assert res.returncode == 0, res.stderr
+    assert sink.wait_for(lambda s: 5 in s.ranks and s.ranks[5].bye is not None)
+    log = sink.ranks[5]
+    assert log.hello["local_rank"] == 1 and log.hello["world"] == 8 and log.hello["kind"] == "rank"
+    assert log.bye == {"t": "bye", "rank": 5, "status": "clean", "steps": 3, "dropped": 0,
+                       "error": None}, "atexit flushed and said goodbye without shutdown()"
+    assert log.columns["step"] == [0, 1, 2]
+    assert "traceml" not in res.stderr, "a healthy run prints nothing"
+
+
+def test_a_crash_sends_the_error_and_behaves_as_without_traceml(sink):
+    script = """
+        import traceml_core as traceml
+        traceml.init()
+        for i in range(4):
+            with traceml.trace_step():
+                if i == 3:
+                    raise RuntimeError("CUDA out of memory (pretend)")
+    """
+    res = run_script(script, subprocess_env(TRACEML_RUN_INFO=run_info_env(sink.port), RANK="1"))
+    assert res.returncode == 1
+    assert "RuntimeError: CUDA out of memory (pretend)" in res.stderr, "traceback still printed"
+    assert sink.wait_for(lambda s: 1 in s.ranks and s.ranks[1].bye is not None)
+    log = sink.ranks[1]
+    assert log.bye["status"] == "error"
+    assert log.bye["error"] == "RuntimeError: CUDA out of memory (pretend)"
+    assert log.bye["steps"] == 4 and log.records == 4
+    (event,) = log.events
+    assert event["kind"] == "exception" and "Traceback" in event["text"]
+    assert "CUDA out of memory (pretend)" in event["text"]

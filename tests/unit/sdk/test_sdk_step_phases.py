@@ -1,0 +1,211 @@
+"""What one traced step records, with real torch on CPU and a real loopback receiver."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+
+from sdk_helpers import tiny_mlp
+
+torch.set_num_threads(1)
+
+
+class SlowDataset(Dataset):
+    """Each item takes ``delay`` seconds to produce (an input-bound loader)."""
+
+    def __init__(self, n: int, delay: float) -> None:
+        self.x = torch.randn(n, 32)
+        self.y = torch.randn(n, 1)
+        self.delay = delay
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int):
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+def train(traceml, model, loader, opt, *, between=None):
+    for x, y in loader:
+        with traceml.trace_step(model):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        if between is not None:
+            between()
+
+
+def finish(sdk, sink, rank=0):
+    sdk.shutdown()
+    assert sink.wait_for(lambda s: rank in s.ranks and s.ranks[rank].bye is not None)
+    return sink.ranks[rank]
+
+
+def start(sdk, sink, **kw):
+    assert sdk.init(aggregator=f"127.0.0.1:{sink.port}", token="test-token", run_name="test-run", **kw)
+
+
+def test_phases_are_timed_and_records_arrive_in_order(sdk, sink):
+    start(sdk, sink)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(TensorDataset(torch.randn(640, 32), torch.randn(640, 1)), batch_size=16)
+    for _ in range(3):
+        train(sdk, model, loader, opt)
+    log = finish(sdk, sink)
+    cols = log.columns
+    n = 3 * len(loader)
+    assert cols["step"] == list(range(n)), "every step arrives once, in order"
+    assert log.gaps == 0 and log.duplicates == 0 and log.dropped == 0
+    assert log.bye["status"] == "clean" and log.bye["steps"] == n and log.bye["dropped"] == 0
+    for name in ("forward_ns", "backward_ns", "optimizer_ns", "input_ns"):
+        assert all(v > 0 for v in cols[name]), name
+    assert all(v == -1 for v in cols["h2d_ns"]), "no CUDA: h2d is 'not measured'"
+    for i in range(n):
+        parts = sum(cols[k][i] for k in ("input_ns", "forward_ns", "backward_ns", "optimizer_ns"))
+        assert cols["step_ns"][i] >= parts
+    assert cols["t_end_ns"] == sorted(cols["t_end_ns"])
+    assert abs(cols["t_end_ns"][-1] / 1e9 - time.time()) < 60
+    # RSS samples arrive every 50 ms; a run this long has them on most steps
+    assert max(cols["mem_peak"]) > 10 * 2**20
+
+
+def test_input_wait_is_credited_from_a_slow_loader(sdk, sink):
+    start(sdk, sink)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = DataLoader(SlowDataset(16, 0.005), batch_size=4)    # >= 20 ms per batch
+    train(sdk, model, loader, opt)
+    cols = finish(sdk, sink).columns
+    assert len(cols["step"]) == 4
+    for inp, step, fwd in zip(cols["input_ns"], cols["step_ns"], cols["forward_ns"]):
+        assert inp >= 20e6, "the fetch before each step is its input wait"
+        assert step >= inp and inp > 10 * fwd, "input wait dominates the step"
+
+
+def test_work_between_steps_is_not_credited(sdk, sink):
+    start(sdk, sink)
+    model = tiny_mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_loader = DataLoader(TensorDataset(torch.randn(32, 32), torch.randn(32, 1)), batch_size=8)
+    eval_loader = DataLoader(SlowDataset(4, 0.01), batch_size=2)   # 20 ms per eval batch
+
+    def evaluate():
+        with torch.no_grad():
+            for x, _ in eval_loader:
+                model(x)
+
+    for _epoch in range(2):
+        # checkpoint-like pause after every step, and an evaluation after every epoch
+        train(sdk, model, train_loader, opt, between=lambda: time.sleep(0.03))
+        evaluate()
+    cols = finish(sdk, sink).columns
+    assert len(cols["step"]) == 8
+    assert max(cols["step_ns"]) < 25e6, "30 ms pauses and 40 ms evaluations are outside every step"
+    assert max(cols["input_ns"]) < 15e6, "eval-loader fetches are not the next step's input wait"
+
+
+def test_fetch_inside_the_step_counts_too(sdk, sink):
+    start(sdk, sink)
+    loader = DataLoader(SlowDataset(6, 0.01), batch_size=2)
+    it = iter(loader)
+    for _ in range(3):
+        with sdk.trace_step():
+            next(it)
+    cols = finish(sdk, sink).columns
+    assert all(v >= 20e6 for v in cols["input_ns"])
+    assert cols["forward_ns"] == [-1, -1, -1], "no model given: forward not measured"
+
+
+def test_dataloader_iterators_keep_type_and_len(sdk, sink):
+    start(sdk, sink)
+    ds = TensorDataset(torch.randn(40, 32), torch.randn(40, 1))
+    single = DataLoader(ds, batch_size=8)
+    it = iter(single)
+    assert type(it).__name__ == "_SingleProcessDataLoaderIter"
+    assert len(it) == len(single) == 5
+    multi = DataLoader(SlowDataset(8, 0.01), batch_size=4, num_workers=1)
+    it2 = iter(multi)
+    assert type(it2).__name__ == "_MultiProcessingDataLoaderIter" and len(it2) == 2
+    with sdk.trace_step():
+        next(it2)
+    with sdk.trace_step():
+        next(it2)
+    cols = finish(sdk, sink).columns
+    assert sum(cols["input_ns"]) >= 40e6, "worker-process fetches are timed in the parent"
+    assert sdk.wrap_dataloader(single) is single
+
+
+def test_wrapped_plain_iterable_keeps_len_and_times_fetches(sdk, sink):
+    start(sdk, sink)
+
+    class Stream:
+        def __init__(self):
+            self.name = "stream"
+
+        def __len__(self):
+            return 3
+
+        def __iter__(self):
+            for i in range(3):
+                time.sleep(0.01)
+                yield i
+
+    wrapped = sdk.wrap_dataloader(Stream())
+    assert len(wrapped) == 3 and wrapped.name == "stream"
+    for item in wrapped:
+        with sdk.trace_step():
+            pass
+    cols = finish(sdk, sink).columns
+    assert len(cols["input_ns"]) == 3 and all(v >= 9e6 for v in cols["input_ns"])
+
+
+def test_traced_model_still_behaves_like_the_model(sdk, sink):
+    start(sdk, sink)
+    model = tiny_mlp()
+    x = torch.randn(4, 32)
+    before = inspect.signature(model.forward)
+    with sdk.trace_step(model):
+        y = model(x)
+    twin = copy.deepcopy(model)            # e.g. an EMA copy
+    with torch.no_grad():
+        twin[0].weight.add_(1.0)
+    assert torch.equal(model(x), y), "the original is unchanged"
+    assert not torch.equal(twin(x), y), "the copy runs its own weights"
+    assert inspect.signature(model.forward) == before
+    other = nn.Sequential(nn.Linear(32, 1))     # same class, never traced
+    with sdk.trace_step(model):
+        other(x)
+    cols = finish(sdk, sink).columns
+    assert cols["forward_ns"][0] > 0
+    assert cols["forward_ns"][1] == 0, "an untraced module of the same class is not counted"
+
+
+def test_nested_trace_step_is_one_step(sdk, sink):
+    start(sdk, sink)
+    with sdk.trace_step():
+        with sdk.trace_step():
+            time.sleep(0.005)
+    with sdk.trace_step():
+        pass
+    cols = finish(sdk, sink).columns
+    assert cols["step"] == [0, 1] and cols["step_ns"][0] >= 5e6
+
+
+def test_exception_inside_a_step_propagates_and_the_step_is_kept(sdk, sink):
+    start(sdk, sink)
+    with pytest.raises(ValueError):
+        with sdk.trace_step():
+            raise ValueError("boom")
+    with sdk.trace_step():
+        pass
+    cols = finish(sdk, sink).columns
+    assert cols["step"] == [0, 1]

@@ -1,0 +1,72 @@
+"""A real aggregator process, real TCP ranks: what lands in final_summary.{json,txt}."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from aggpeers import RankPeer
+
+
+def test_round_trip_counts_and_files(aggregator):
+    h = aggregator(nproc_per_node=2)
+    peers = [RankPeer(h.port, r) for r in range(2)]
+    assert all(p.welcomed for p in peers)
+    for p in peers:
+        for _ in range(5):
+            p.steps(20, step_ms=10.0 + p.rank)  # rank 1 a bit slower
+        p.bye()
+    res = h.finish(0, reason="training exited 0")
+    assert not res.rebuilt and res.error is None
+    assert res.summary_json.name == "final_summary.json"
+    assert res.summary_json.parent == h.run_dir
+    s = json.loads(res.summary_json.read_text())
+    assert s["schema_version"] == 1
+    assert s["run"]["name"] == "test-run" and s["run"]["job_id"] == "42"
+    assert s["run"]["status"] == "completed" and s["run"]["exit_code"] == 0
+    assert s["topology"]["world_size"] == 2 and s["topology"]["nodes"][0]["joined"]
+    assert s["topology"]["nodes"][0]["ranks"] == [0, 1]
+    assert s["rank_endings"] == {"clean": 2}
+    assert s["telemetry"]["records_received"] == 200
+    assert s["telemetry"]["records_lost"] == 0 and s["telemetry"]["complete"]
+    r0, r1 = s["ranks"]
+    assert r0["steps"] == 100 and r0["telemetry"]["lost"] == 0
+    assert abs(r0["phases"]["step"]["mean_ms"] - 10.0) < 1e-6
+    assert abs(r1["phases"]["step"]["mean_ms"] - 11.0) < 1e-6
+    assert abs(r1["phases"]["step"]["p50_ms"] - 11.0) / 11.0 < 0.01  # sketch: <1 % error
+    assert r0["phases"]["h2d"] is None  # -1 = not measured (CPU)
+    assert s["across_ranks"]["step"]["worst_rank"] == 1
+    assert abs(s["across_ranks"]["step"]["skew"] - 11.0 / 10.5) < 1e-3
+    txt = res.summary_txt.read_text()
+    assert "run test-run (job 42) - completed, exit 0" in txt
+    assert "Verdict:" in txt and "2 clean" in txt and "none lost" in txt
+    h.proc.wait(5)
+    assert h.proc.returncode == 0
+
+
+def test_aggregator_finishes_by_itself_when_every_rank_said_bye(aggregator):
+    h = aggregator(nproc_per_node=2)
+    h.control.close()  # no launcher: the ranks' byes end the run
+    h.control = None
+    peers = [RankPeer(h.port, r) for r in range(2)]
+    for p in peers:
+        p.steps(30)
+        p.bye()
+    assert h.proc.wait(10) == 0
+    s = json.loads((h.run_dir / "final_summary.json").read_text())
+    assert s["run"]["status"] == "completed"
+    assert s["telemetry"]["records_received"] == 60
+
+
+def test_status_query_reports_joined_nodes_and_ranks(aggregator):
+    h = aggregator(nproc_per_node=2)
+    p = RankPeer(h.port, 1)
+    p.steps(7)
+    deadline = time.monotonic() + 5
+    while True:
+        st = h.status()
+        if st and st["records"] == 7 or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
+                  "records": 7}

@@ -1,0 +1,110 @@
+"""The bounded-memory statistics: quantile accuracy, sampling, merging, downsampled series."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings, strategies as st
+
+from traceml_core.aggregator.rankstate import RankState
+from traceml_core.aggregator.series import BUCKETS, Series
+from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
+
+QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
+REL = 1 / 128 + 1e-6  # a bucket's midpoint is within 1/128 of every value in it
+
+
+def _true(values, q):
+    s = sorted(values)
+    return s[int(q * (len(s) - 1))]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.just(0), st.integers(min_value=2**10, max_value=2**40)),  # 1 us .. 18 min
+                min_size=1, max_size=400),
+       st.integers(min_value=1, max_value=64))
+def test_quantiles_within_relative_error(values, chunk):
+    sk = QuantileSketch()
+    for i in range(0, len(values), chunk):
+        sk.add(values[i:i + chunk])
+    assert sk.total == len(values)
+    for q, est in zip(QS, sk.quantiles(QS)):
+        want = _true(values, q)
+        assert abs(est - want) <= REL * want + 1e-9, (q, est, want)
+
+
+def test_merge_equals_sketching_everything():
+    rnd = random.Random(1)
+    a = [int(rnd.lognormvariate(15, 1)) for _ in range(3000)]
+    b = [int(rnd.lognormvariate(17, 0.5)) for _ in range(2000)]
+    sa, sb, sab = QuantileSketch(), QuantileSketch(), QuantileSketch()
+    sa.add(a)
+    sb.add(b)
+    sab.add(a + b)
+    sa.merge(sb)
+    assert sa.quantiles(QS) == sab.quantiles(QS)
+    lo, counts = merge_dense(sb.lo, sb.counts, sab.lo, sab.counts)
+    assert sum(counts) == 2000 + 5000 and quantiles_of(lo, counts, 0, [1.0])[0] > 0
+
+
+def test_memory_is_capped_and_upper_quantiles_stay_accurate():
+    values = [int(1.05 ** k) + 1 for k in range(900)]  # ~19 decades (63 octaves), one per 5 %
+    sk = QuantileSketch()
+    sk.add(values)
+    sk.fold()
+    assert len(sk.counts) <= MAX_BUCKETS
+    for q in (0.5, 0.9, 0.99):
+        want = _true(values, q)
+        assert abs(sk.quantiles([q])[0] - want) <= REL * want
+
+
+def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
+    rs = RankState(0)
+    rnd = random.Random(7)
+    n = 4000
+    vals = [rnd.choice((10_000_000, 20_000_000)) for _ in range(n)]  # half 10 ms, half 20 ms
+    for seq in range(0, n, 1000):  # batches of 1000 with a cap of 64 sketched values each
+        cols = {c: [1] * 1000 for c in ("step", "t_end_ns", "input_ns", "forward_ns",
+                                         "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+        cols["step_ns"] = vals[seq:seq + 1000]
+        cols["t_end_ns"] = list(range(seq, seq + 1000))
+        rs.ingest_steps({"seq": seq, "n": 1000, "cols": cols, "dropped": 0}, 64)
+    ph = rs.phases["step_ns"]
+    assert ph.count == n and ph.sum == sum(vals) and ph.max == 20_000_000  # exact
+    total = ph.sketch.total
+    assert abs(total - n) <= 4 * 16  # weights stand for the unsampled records
+    assert rs.sketched == total
+    p25, p75 = ph.sketch.quantiles([0.25, 0.75])
+    assert abs(p25 - 1e7) / 1e7 < 0.01 and abs(p75 - 2e7) / 2e7 < 0.01
+
+
+def test_partly_unmeasured_column_is_exact():
+    rs = RankState(0)
+    cols = {c: list(range(1, 11)) for c in ("step", "t_end_ns", "step_ns", "forward_ns",
+                                             "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+    cols["input_ns"] = [-1, -1, 5, 5, 5, 5, 5, 5, 5, 5]  # first fetches not measured
+    rs.ingest_steps({"seq": 0, "n": 10, "cols": cols, "dropped": 0}, 64)
+    ph = rs.phases["input_ns"]
+    assert (ph.count, ph.sum, ph.unmeasured) == (8, 40, 2)
+    assert ph.warm_count == 3 and ph.warm_sum == 15  # seq 0..4 are warm-up; two unmeasured
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=60))
+def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
+    s = Series()
+    seq = total = 0
+    rnd = random.Random(len(batch_sizes))
+    mx = -1
+    for n in batch_sizes:
+        steps = [rnd.randrange(1, 1000) for _ in range(n)]
+        mems = [rnd.randrange(0, 10**9) for _ in range(n)]
+        s.add(seq, steps, mems, sum(steps), n, max(steps), max(mems))
+        seq += n
+        total += sum(steps)
+        mx = max(mx, max(mems))
+    d = s.to_data()
+    assert len(d["step_cnt"]) <= BUCKETS
+    assert sum(d["step_cnt"]) == seq and sum(d["step_sum"]) == total
+    assert max(d["mem_max"]) == mx
+    assert d["width"] * BUCKETS >= seq

@@ -1,0 +1,102 @@
+"""The resolver over REAL environment dumps captured on the local Slurm cluster.
+
+Each dump in tests/fixtures/slurm_env/ is the full environment of a process in one situation
+(capture.py regenerates them; tests/slurm/test_env_fixtures.py checks they are still fresh).
+The table says what `traceml run` must resolve there, or which refusal it must give.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from traceml_core.config import resolve
+from traceml_core.errors import ConfigError
+from traceml_slurm.environment import SlurmEnvironment
+
+DUMPS = Path(__file__).parents[1] / "fixtures" / "slurm_env"
+
+# file -> (nnodes, node_rank, nproc_per_node, master_addr) or the refusal text expected
+OK = {
+    "gres_step_node0": (2, 0, 2, "node1"), "gres_step_node1": (2, 1, 2, "node1"),
+    "gpn_step_node0": (2, 0, 2, "node1"), "gpn_step_node1": (2, 1, 2, "node1"),
+    "gpntyped_step_node0": (2, 0, 2, "node1"), "gpntyped_step_node1": (2, 1, 2, "node1"),
+    "single_batch": (1, 0, 2, "node1"), "single_step": (1, 0, 2, "node1"),
+    "wnode2_step": (1, 0, 2, "node2"),
+    "nogpu_launcher_step_node0": (2, 0, 1, "node1"), "nogpu_launcher_step_node1": (2, 1, 1, "node1"),
+    "salloc_step_node0": (2, 0, 2, "node1"), "salloc_step_node1": (2, 1, 2, "node1"),
+    "requeue_step_node0": (2, 0, 2, "node1"), "requeue_step_node1": (2, 1, 2, "node1"),
+    "array_task0_step": (1, 0, 1, "node1"), "array_task1_step": (1, 0, 1, "node1"),
+    "array_task0_batch": (1, 0, 1, "node1"),
+    "het_group1_step": (1, 0, 2, "node2"),
+}
+REFUSED = {
+    "gres_batch": "batch shell of a 2-node job", "gpn_batch": "batch shell", "gpntyped_batch": "batch shell",
+    "nogpu_batch": "batch shell", "requeue_batch": "batch shell", "uneven_batch": "batch shell",
+    "salloc_shell": "salloc shell", "salloc_interactive_step": "interactive step",
+    "tasks2_step_node0": "ONE launcher per node", "tasks2_step_node1": "ONE launcher per node",
+    "uneven_step_node0": "SLURM_STEP_TASKS_PER_NODE=2(x2),1", "uneven_step_node2": "ONE launcher per node",
+    "het_span_step_node0": "heterogeneous", "het_span_step_node1": "heterogeneous",
+}
+
+
+def load(name: str) -> dict:
+    env = json.loads((DUMPS / f"{name}.json").read_text())
+    env.pop("_meta", None)
+    return env
+
+
+def test_every_dump_is_in_the_table():
+    names = {p.stem for p in DUMPS.glob("*.json")}
+    untested = names - set(OK) - set(REFUSED) - {"het_batch", "nogpucpt_batch", "nogpucpt_launcher_step_node0",
+                                                 "nogpucpt_launcher_step_node1", "uneven_step_node1",
+                                                 "array_task1_batch", "salloc_pty_step"}
+    assert not untested, f"dumps without an expectation: {sorted(untested)}"
+
+
+@pytest.mark.parametrize("name", sorted(OK))
+def test_resolves(name):
+    env = load(name)
+    c = resolve({}, env, [SlurmEnvironment])
+    assert (c.nnodes, c.node_rank, c.nproc_per_node, c.master_addr) == OK[name]
+    assert c.cluster == "slurm" and c.job_id == env["SLURM_JOB_ID"]
+    assert c.logs_dir == env["SLURM_SUBMIT_DIR"] + "/logs"
+    assert c.aggregator_bind_host == ("0.0.0.0" if c.nnodes > 1 else "127.0.0.1")
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused(name):
+    with pytest.raises(ConfigError) as err:
+        resolve({}, load(name), [SlurmEnvironment])
+    assert REFUSED[name] in str(err.value)
+    assert "srun" in str(err.value)
+
+
+def test_run_names_identical_across_nodes_and_unique_per_array_task_and_restart():
+    names = {n: resolve({}, load(n), [SlurmEnvironment]).run_name for n in
+             ("gres_step_node0", "gres_step_node1", "array_task0_step", "array_task1_step", "requeue_step_node0",
+              "requeue_step_node1")}
+    assert names["gres_step_node0"] == names["gres_step_node1"]
+    assert names["array_task0_step"] != names["array_task1_step"]
+    assert names["array_task0_step"].endswith("_0") and names["array_task1_step"].endswith("_1")
+    assert names["requeue_step_node0"] == names["requeue_step_node1"] and names["requeue_step_node0"].endswith("-r1")
+
+
+def test_typed_gpus_per_node_not_parsed():
+    env = load("gpntyped_step_node0")
+    assert env["SLURM_GPUS_PER_NODE"] == "a100:2"
+    c = resolve({}, env, [SlurmEnvironment])
+    assert c.source("nproc_per_node") == "slurm:SLURM_GPUS_ON_NODE"
+
+
+def test_cpu_job_with_exported_worker_count():
+    env = dict(load("nogpu_launcher_step_node1"), TRACEML_NPROC_PER_NODE="4")
+    c = resolve({}, env, [SlurmEnvironment])
+    assert c.nproc_per_node == 4 and c.source("nproc_per_node") == "env:TRACEML_NPROC_PER_NODE"
+
+
+def test_seed_wrong_command_on_real_step_env():
+    with pytest.raises(ConfigError, match="per-node expansion gotcha"):
+        resolve({"node_rank": "0"}, load("gres_step_node1"), [SlurmEnvironment])

@@ -1,0 +1,137 @@
+"""Fuzzing the aggregator's input paths: random bytes on a real socket, random frame contents.
+
+The server runs in-process (same code as the process, stepped by the test) so hypothesis can
+try hundreds of inputs quickly; every example ends by checking a real rank is still served.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import msgpack
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from aggpeers import RUN, TOKEN, columns, make_settings
+from traceml_core.aggregator.handshake import NonceCache, check_hello
+from traceml_core.aggregator.persist import prepare_run_dir
+from traceml_core.aggregator.rankstate import RankState
+from traceml_core.aggregator.server import Server, open_listener
+from traceml_core.wire.protocol import FrameBuffer, ProtocolError, encode, make_hello
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("fuzz")
+    s = make_settings(tmp, nproc_per_node=2, handshake_timeout_s=30)
+    srv = Server(s, open_listener(s), prepare_run_dir(s.run_dir, RUN),
+                 lambda *_: {"summary_json": None, "summary_txt": None})
+    yield srv
+    srv.close()
+
+
+def _pump(srv, cond, turns=200):
+    for _ in range(turns):
+        srv.step(0.005)
+        if cond():
+            return True
+    return False
+
+
+def _connect(srv, hello=False, rank=1):
+    c = socket.create_connection(("127.0.0.1", srv.port))
+    c.setblocking(False)
+    if hello:
+        c.sendall(encode(make_hello(TOKEN, run=RUN, job="42", node=0, rank=rank)))
+        buf = FrameBuffer()
+        got = []
+
+        def welcomed():
+            try:
+                got.extend(buf.feed(c.recv(4096)))
+            except BlockingIOError:
+                pass
+            return bool(got)
+        assert _pump(srv, welcomed) and got[0]["t"] == "welcome"
+    return c
+
+
+def _closed(c):
+    try:
+        return c.recv(65536) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+frame_like = st.one_of(
+    st.binary(max_size=300),
+    st.builds(lambda b: len(b).to_bytes(4, "big") + b, st.binary(max_size=200)),
+    st.builds(lambda obj: encode({"t": "steps", **obj}) if isinstance(obj, dict) else b"",
+              st.dictionaries(st.sampled_from(["rank", "seq", "n", "cols", "dropped"]),
+                              st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(),
+                                        st.lists(st.integers(-3, 3), max_size=3)))),
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.lists(frame_like, min_size=1, max_size=4), authenticated=st.booleans())
+def test_random_input_never_stops_the_server(server, data, authenticated):
+    c = _connect(server, hello=authenticated)
+    for chunk in data:
+        try:
+            c.sendall(chunk)
+        except (BlockingIOError, BrokenPipeError, ConnectionResetError):
+            break
+        _pump(server, lambda: False, turns=3)
+    c.close()
+    _pump(server, lambda: False, turns=3)
+    # a real rank is still served and its data counted
+    real = _connect(server, hello=True, rank=0)
+    before = server.state.rank(0).received
+    real.sendall(encode({"t": "steps", "rank": 0, "seq": server.state.rank(0).next_seq, "n": 3,
+                         "cols": columns(3), "dropped": 0}))
+    assert _pump(server, lambda: server.state.rank(0).received == before + 3)
+    real.close()
+    assert server.buffered >= 0 and not server.done
+
+
+values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**63, 2**64 - 1),
+                                st.floats(allow_nan=True), st.text(max_size=5), st.binary(max_size=5)),
+                      lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                              st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+                      max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["seq", "n", "cols", "dropped", "rank"]), values),
+       st.dictionaries(st.sampled_from(["step", "t_end_ns", "step_ns", "input_ns", "mem_peak"]), values))
+def test_steps_frames_with_wrong_types_raise_only_protocol_level_errors(msg, cols):
+    rs = RankState(0)
+    if "cols" not in msg:
+        msg["cols"] = {**columns(2), **cols}
+        msg.setdefault("n", 2)
+    try:
+        rs.ingest_steps(msg, 64)
+    except (ProtocolError, TypeError, ValueError, KeyError, OverflowError, AttributeError, IndexError):
+        assert rs.received == 0  # rejected frames change nothing
+    # re-encoding must be possible: whatever was accepted is plain data
+    msgpack.packb(rs.to_data())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["t", "v", "run", "job", "node", "rank", "kind", "nonce",
+                                        "ts", "mac", "host", "pid"]), values))
+def test_check_hello_never_raises(hello):
+    s = make_settings(Path("/nonexistent"))
+    out = check_hello({"t": "hello", **hello}, s, NonceCache(), 0.0)
+    assert isinstance(out, str)  # random content never authenticates
+
+
+def test_check_hello_accepts_only_the_real_thing():
+    s = make_settings(Path("/nonexistent"))
+    h = make_hello(TOKEN, run=RUN, job="42", node=0, rank=1, extra={"local_rank": 1})
+    ident = check_hello(h, s, NonceCache(), h["ts"])
+    assert not isinstance(ident, str) and ident.rank == 1 and ident.local_rank == 1
