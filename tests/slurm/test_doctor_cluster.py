@@ -7,6 +7,7 @@ passing on a healthy 2-node job, and failing for a real cause made inside one no
 - a private tmpfs over the logs dir in node2's mount namespace -> logs dir not shared
 - a different traceml_core/__init__.py bind-mounted on node2 -> versions differ
 - NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME naming an interface that does not exist -> socket check, gloo
+- the real aggregator on node 0 (cross.aggregator) behind the same firewall / loopback bind
 - node2's agent hanging (a bind-mounted agent module that sleeps) -> the missing node is named
 - explicit TRACEML_NODE_RANK=0 on every node with --cluster=none -> duplicate node ranks
 - a clock offset on node2 via the TEST HOOK TRACEML_DOCTOR_TEST_CLOCK_OFFSET: a real per-node
@@ -92,11 +93,12 @@ def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     c = checks(report)
     for cid in ("cross.answers", "cross.node-ranks", "cross.config-agrees", "cross.master-address",
                 "cross.ports-reachable", "cross.versions", "cross.logs-shared", "cross.clock-skew",
-                "cross.gloo-allreduce"):
+                "cross.gloo-allreduce", "cross.aggregator"):
         assert c[cid]["status"] == "pass", (cid, c[cid])
         assert set(c[cid]["nodes"]) == {"node1", "node2"}, cid
     assert c["cross.nccl-bandwidth"]["status"] == "skip"
     assert "sum 3 = 3 over 2 nodes" in node(report, "cross.gloo-allreduce", "node2")["observed"]
+    assert "rank 1 reached node 0's aggregator and its summary" in node(report, "cross.aggregator", "node2")["observed"]
     # the controller facts come from the real scontrol
     for cid in ("ctl.job", "ctl.nodes", "ctl.gres", "ctl.partition", "time.left", "time.signal"):
         assert c[cid]["status"] == "pass", (cid, c[cid])
@@ -156,6 +158,9 @@ def test_firewall_version_logs_clock_and_ifname_faults_on_one_node(slurm_cluster
     ifname = checks(report)["net.socket-ifname"]
     assert ifname["status"] == "fail" and "NCCL_SOCKET_IFNAME=ib0 matches no interface" in json.dumps(ifname["nodes"])
     assert checks(report)["cross.gloo-allreduce"]["status"] == "pass"  # gloo uses the open rendezvous port
+    agg = node(report, "cross.aggregator", "node2")  # the real aggregator behind the same firewall
+    assert agg["status"] == "fail" and "timed out" in agg["observed"]
+    assert node(report, "cross.aggregator", "node1")["status"] == "pass"
 
 
 def test_aggregator_on_loopback_is_refused_and_wrong_gloo_interface_fails_the_allreduce(slurm_cluster, workdir):
@@ -166,6 +171,8 @@ def test_aggregator_on_loopback_is_refused_and_wrong_gloo_interface_fails_the_al
     assert ports["status"] == "fail" and "aggregator node1:29765 refused" in ports["observed"]
     assert "listens on 127.0.0.1 only" in ports["observed"]
     assert node(report, "cross.ports-reachable", "node1")["status"] == "pass"  # node 0 reaches 127.0.0.1
+    agg = node(report, "cross.aggregator", "node2")
+    assert agg["status"] == "fail" and "refused" in agg["observed"]
     gloo = checks(report)["cross.gloo-allreduce"]
     assert gloo["status"] == "fail" and "ib0" in json.dumps(gloo["nodes"])
     assert "GLOO_SOCKET_IFNAME names ib0, which does not exist" in json.dumps(checks(report)["net.socket-ifname"])
@@ -179,7 +186,8 @@ def test_no_route_to_node0_from_an_salloc_shell(slurm_cluster, workdir):
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_DOCTOR_")}
         env.update(PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}:{env.get('PATH', '')}")
         p = slurm_cluster.run("salloc", *TWO, PY, "-m", "traceml_core.cli", "slurm", "doctor", "--json",
-                              "--ignore", "cross.gloo-allreduce", env=env, cwd=workdir, check=False, timeout=120)
+                              "--ignore", "cross.gloo-allreduce,cross.aggregator", env=env, cwd=workdir, check=False,
+                              timeout=120)
     finally:
         slurm_cluster.on_node("node2", "ip", "route", "del", "unreachable", f"{n1}/32", check=False)
     report = json.loads(p.stdout)

@@ -29,7 +29,7 @@ if [ -n "$FAKE_SRUN_ROGUE" ]; then   # a process that knows the address but not 
 fi
 wait
 """
-IGNORE = "gpu,sw.torch,sw.nccl,net,ctl,time,cross.gloo-allreduce,cross.ports-reachable,cross.master-address"
+IGNORE = "gpu,sw.torch,sw.nccl,net,ctl,time,cross.gloo-allreduce,cross.ports-reachable,cross.master-address,cross.aggregator"
 
 
 @pytest.fixture()

@@ -86,3 +86,20 @@ def test_gloo_result_checked_against_the_expected_sum():
     assert out["node1"].status is Status.PASS and out["node2"].status is Status.FAIL
     hung = X.gloo_allreduce({"node2": {"ok": False, "error": "no answer within 15 s", "timed_out": True, "data": {}}}, 2)
     assert hung["node2"].status is Status.FAIL and hung["node2"].observed.startswith("timed out")
+
+
+def test_aggregator_verdict_per_node():
+    started = {"ok": True, "port": 29765}
+    sent = {"node1": {"ok": True, "records": 3, "ms": 2.0},
+            "node2": {"ok": False, "stage": "connect", "status": "timeout", "host": "node1", "port": 29765},
+            "node3": {"ok": False, "stage": "hello", "detail": "stale or missing hello timestamp", "host": "node1",
+                      "port": 29765},
+            "node4": {"ok": True, "records": 3, "ms": 2.0}}
+    finished = {"ranks": [{"rank": 0, "node": 0, "steps": 3}]}
+    out = X.aggregator(started, sent, finished, {"node1": 0, "node2": 1, "node3": 2, "node4": 3}, "node1")
+    assert out["node1"].status is Status.PASS and "3 test step records of rank 0" in out["node1"].observed
+    assert out["node2"].status is Status.FAIL and "timed out after 3 s" in out["node2"].observed
+    assert "refused the hello: stale" in out["node3"].observed and "cross.clock-skew" in out["node3"].fix
+    assert "summary has none from it" in out["node4"].observed
+    down = X.aggregator({"ok": False, "error": "port 29765 is in use"}, {}, {}, {"node1": 0, "node2": 1}, "node1")
+    assert all(o.status is Status.FAIL and "could not start the aggregator" in o.observed for o in down.values())

@@ -31,7 +31,11 @@ from .node import NodeContext, Options, node_name
 from .progress import Progress
 from .registry import NODE_SPECS, run_checks
 from .torchprobe import run_probe
-from .wire import ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, HELLO_KIND, Link, parse_clock_hook
+from .wire import (ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, HELLO_KIND, Link, aggregator_token,
+                   parse_clock_hook)
+
+#: step records each node sends to node 0's aggregator in the cross.aggregator check
+TEST_RECORDS = 3
 
 
 def connect_back(addr_spec: str, deadline: float) -> socket.socket:
@@ -191,6 +195,8 @@ class Agent:
         self.link = link
         self.node = node_name(ctx.environ)
         self.listeners: Optional[Listeners] = None
+        self.aggregator: Optional[Any] = None  # node 0: the real aggregator, started for the check
+        self.aggregator_dir: Optional[str] = None
         self.clock_offset = parse_clock_hook(ctx.environ.get(ENV_CLOCK_HOOK, ""), self.node)
         #: the agent ends by itself when the coordinator says nothing for this long
         self.idle_s = 4 * ctx.options.timeout + 120
@@ -222,12 +228,112 @@ class Agent:
             except OSError:
                 pass
             return {"t": "d.fs-cleaned"}
+        if t == "d.agg-start":
+            return {"t": "d.agg-started", **self._agg_start(msg)}
+        if t == "d.agg-send":
+            return {"t": "d.agg-sent", **self._agg_send(msg)}
+        if t == "d.agg-finish":
+            return {"t": "d.agg-finished", **self._agg_finish(msg)}
         if t == "d.torch":
             args = [str(a) for a in msg.get("args", [])]
             r = run_probe(args, float(msg.get("timeout", 20.0)), self.ctx.environ)
             return {"t": "d.torch", "ok": r.ok, "data": r.data, "error": r.error, "seconds": round(r.seconds, 3),
                     "timed_out": r.timed_out}
         return {"t": "d.error", "error": f"unknown command {t!r}"}
+
+    # -- the real aggregator on node 0, fed by every node ------------------------------------------
+
+    def _agg_start(self, msg: dict[str, Any]) -> dict[str, Any]:
+        import tempfile
+
+        from traceml_core.aggregator.process import start_aggregator
+        from traceml_core.aggregator.settings import AggregatorSettings
+        from traceml_core.errors import TraceMLError
+
+        self.aggregator_dir = tempfile.mkdtemp(prefix="traceml-doctor-aggregator-")
+        token = aggregator_token(self.ctx.environ.get(ENV_TOKEN, ""))
+        settings = AggregatorSettings(
+            run_name=str(msg["run"]), token=token, run_dir=Path(self.aggregator_dir) / str(msg["run"]),
+            job_id=msg.get("job"), bind_host=str(msg["bind_host"]), port=int(msg["port"]), nnodes=int(msg["nnodes"]),
+            nproc_per_node=1, node_join_window_s=float(msg.get("wait", 10.0)), master_addr=str(msg.get("master_addr", "")),
+            port_source="doctor")
+        try:
+            self.aggregator = start_aggregator(settings, ready_timeout=float(msg.get("wait", 10.0)))
+        except TraceMLError as exc:
+            self._agg_cleanup()
+            return {"ok": False, "error": str(exc)}
+        except OSError as exc:
+            self._agg_cleanup()
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "port": self.aggregator.port}
+
+    def _agg_send(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Connect as a training process would (hello kind "rank"), send a few step records, say bye."""
+        from traceml_core.wire.protocol import STEP_COLUMNS, make_hello
+
+        host, port, rank = str(msg["host"]), int(msg["port"]), int(msg["rank"])
+        reach = probe(host, port, float(msg.get("timeout", 3.0)), None)
+        if reach.get("status") != "ok":
+            return {"ok": False, "stage": "connect", **reach}
+        token = aggregator_token(self.ctx.environ.get(ENV_TOKEN, ""))
+        t0 = time.monotonic()
+        try:
+            sock = socket.create_connection((reach["addr"], port), timeout=float(msg.get("timeout", 3.0)))
+        except OSError as exc:
+            return {"ok": False, "stage": "connect", "detail": exc.strerror or str(exc)}
+        link = Link(sock, "aggregator")
+        try:
+            link.send(make_hello(token, run=str(msg["run"]), job=msg.get("job"), node=rank, rank=rank, kind="rank",
+                                 host=self.node, world=int(msg["world"]), extra={"local_rank": 0}))
+            answer = link.recv(time.monotonic() + float(msg.get("timeout", 3.0)))
+            if not answer or answer.get("t") != "welcome":
+                why = answer.get("reason") if answer else "no answer to the hello"
+                return {"ok": False, "stage": "hello", "detail": str(why)}
+            n, now = TEST_RECORDS, time.time_ns()
+            cols = {c: [-1] * n for c in STEP_COLUMNS}
+            cols.update(step=list(range(n)), t_end_ns=[now] * n, step_ns=[1_000_000] * n)
+            link.send({"t": "steps", "rank": rank, "seq": 0, "n": n, "cols": cols, "dropped": 0})
+            link.send({"t": "bye", "rank": rank, "status": "clean", "steps": n, "dropped": 0, "error": None})
+        except OSError as exc:
+            return {"ok": False, "stage": "send", "detail": exc.strerror or str(exc)}
+        finally:
+            link.close()
+        return {"ok": True, "records": TEST_RECORDS, "ms": round((time.monotonic() - t0) * 1000, 1),
+                "addr": reach.get("addr")}
+
+    def _agg_finish(self, msg: dict[str, Any]) -> dict[str, Any]:
+        h = self.aggregator
+        if h is None:
+            return {"ok": False, "error": "no aggregator was started here"}
+        expect = int(msg.get("expect", 1))
+        deadline = time.monotonic() + float(msg.get("wait", 3.0))
+        status = h.status() or {}
+        while int(status.get("records", 0)) < expect * TEST_RECORDS and time.monotonic() < deadline:
+            time.sleep(0.1)
+            status = h.status() or {}
+        result = h.finish(0, reason="traceml slurm doctor test")
+        ranks: list[dict[str, Any]] = []
+        error = result.error
+        if result.summary_json is not None:
+            try:
+                summary = json.loads(Path(result.summary_json).read_text())
+                ranks = [{"rank": r.get("rank"), "node": r.get("node"), "host": r.get("host"), "steps": r.get("steps")}
+                         for r in summary.get("ranks", [])]
+            except (OSError, ValueError) as exc:
+                error = f"cannot read the summary: {exc}"
+        self.aggregator = None
+        self._agg_cleanup()
+        return {"ok": result.summary_json is not None, "status": status, "ranks": ranks, "error": error}
+
+    def _agg_cleanup(self) -> None:
+        import shutil
+
+        if self.aggregator is not None:
+            self.aggregator.kill()
+            self.aggregator = None
+        if self.aggregator_dir:
+            shutil.rmtree(self.aggregator_dir, ignore_errors=True)
+            self.aggregator_dir = None
 
     def _logs(self) -> str:
         return str(absolute(self.ctx, logs_dir(self.ctx)[0]))
@@ -275,6 +381,7 @@ class Agent:
     def close(self) -> None:
         if self.listeners:
             self.listeners.close()
+        self._agg_cleanup()
         self.ctx.close()
         self.link.close()
 

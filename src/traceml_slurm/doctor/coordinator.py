@@ -327,6 +327,39 @@ class Coordinator:
             got.setdefault(node, {})
         return got
 
+    def aggregator_phase(self, facts: Mapping[str, Mapping[str, Any]], links: Mapping[str, Link], node0: str
+                         ) -> dict[str, Outcome]:
+        """Node 0 starts the real aggregator on the real port; every node sends test step records to
+        it as a training process would; node 0 finishes it and reads the summary."""
+        c0 = facts[node0]["config"]
+        run = f"traceml-doctor-{secrets.token_hex(4)}"
+        wait = min(self.options.timeout, 15.0)
+        started = self.ask({node0: {"t": "d.agg-start", "run": run, "job": self.ctx.job_id, "port": c0["aggregator_port"],
+                                    "bind_host": c0["aggregator_bind_host"], "nnodes": len(facts), "wait": wait,
+                                    "master_addr": c0["master_addr"]}},
+                           links, wait + 5.0, "node 0 to start the aggregator").get(node0) or {"ok": False}
+        ranks = {n: int(f["node_rank"]) for n, f in facts.items()}
+        sent: dict[str, Any] = {}
+        finished: dict[str, Any] = {}
+        if started.get("ok"):
+            cmds = {}
+            for node, f in facts.items():
+                c = f["config"]
+                host = c["aggregator_host"]
+                if node == node0:  # as the launcher tells node 0's workers
+                    host = "127.0.0.1" if c["aggregator_bind_host"] in ("0.0.0.0", "::") else c["aggregator_bind_host"]
+                cmds[node] = {"t": "d.agg-send", "host": host, "port": c["aggregator_port"], "run": run,
+                              "job": self.ctx.job_id, "rank": ranks[node], "world": len(facts),
+                              "timeout": CONNECT_TIMEOUT_S}
+            sent = self.ask(cmds, links, CONNECT_TIMEOUT_S * 2 + 3.0, "every node to send test telemetry to node 0")
+            for node, cmd in cmds.items():
+                sent.setdefault(node, {"ok": False, "stage": "agent", "detail": "no answer from the agent"})
+                sent[node].setdefault("host", cmd["host"])
+                sent[node].setdefault("port", cmd["port"])
+            finished = self.ask({node0: {"t": "d.agg-finish", "expect": len(facts), "wait": 3.0}}, links, 25.0,
+                                "node 0's aggregator to write its summary").get(node0) or {}
+        return crossnode.aggregator(started, sent, finished, ranks, node0)
+
     # -- end -----------------------------------------------------------------------------------
 
     def stop(self, links: Mapping[str, Link]) -> None:
@@ -438,6 +471,13 @@ class Coordinator:
                 self._timed(res, "cross.gloo-allreduce", t)
             else:
                 res["cross.gloo-allreduce"] = crossnode.skip_all(answered, why_not)
+        if want("cross.aggregator"):
+            if all_in and ranks_ok:
+                t = time.monotonic()
+                res["cross.aggregator"] = self.aggregator_phase(facts, links, str(node0))
+                self._timed(res, "cross.aggregator", t)
+            else:
+                res["cross.aggregator"] = crossnode.skip_all(answered, why_not)
         if want("cross.nccl-bandwidth"):
             if not opts.full:
                 res["cross.nccl-bandwidth"] = crossnode.skip_all(answered, "runs with --full only")

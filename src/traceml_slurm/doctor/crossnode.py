@@ -23,6 +23,7 @@ CROSS: tuple[tuple[str, str], ...] = (
     ("cross.logs-shared", "Logs dir shared"),
     ("cross.clock-skew", "Clock skew between nodes"),
     ("cross.gloo-allreduce", "gloo all-reduce across nodes"),
+    ("cross.aggregator", "Node 0's aggregator hears every node"),
     ("cross.nccl-bandwidth", "NCCL all-reduce bandwidth"),
 )
 
@@ -153,7 +154,7 @@ def ports_reachable(reach: Mapping[str, Mapping[str, Mapping[str, Any]]], listen
     out = {}
     for node, results in reach.items():
         parts, bad, fixes = [], [], []
-        for label, r in results.items():
+        for label, r in sorted(results.items(), key=lambda kv: kv[0] != "rendezvous"):
             where = f"{label} {r.get('host')}:{r.get('port')}"
             if listening.get(label, "ok") != "ok":
                 parts.append(f"{where} not tried ({listening[label]} on node 0, see net.ports-free)")
@@ -260,6 +261,43 @@ def gloo_allreduce(results: Mapping[str, Mapping[str, Any]], world: int) -> dict
             out[node] = passed(f"sum {data['value']:.0f} = {expected:.0f} over {world} nodes "
                                f"(init {data.get('init_s', 0):.2f} s, all-reduce {data.get('allreduce_s', 0) * 1000:.1f} ms)",
                                **data)
+    return out
+
+
+def aggregator(started: Mapping[str, Any], sent: Mapping[str, Mapping[str, Any]],
+               finished: Mapping[str, Any], ranks: Mapping[str, int], node0: str) -> dict[str, Outcome]:
+    """``sent[node]`` is what each node's test rank reported; ``finished`` what node 0's aggregator
+    summarised. A node passes when its records are in the summary."""
+    if not started.get("ok"):
+        err = started.get("error") or "no answer"
+        return {n: failed(f"node 0 ({node0}) could not start the aggregator: {err}",
+                          "See the message: usually the aggregator port is taken (--aggregator-port) or the bind "
+                          "address is not node 0's (--aggregator-bind-host).") for n in ranks}
+    in_summary = {r.get("rank"): r for r in finished.get("ranks") or []}
+    out = {}
+    for node, rank in ranks.items():
+        r = sent.get(node) or {}
+        if not r.get("ok"):
+            stage, st = r.get("stage", "?"), r.get("status")
+            if stage == "connect" and st in KIND_TEXT:
+                text = KIND_TEXT[st].format(t=CONNECT_TIMEOUT_S, detail=r.get("detail"), hint="")
+                fix = KIND_FIX[st]
+            elif stage == "hello":
+                text, fix = f"the aggregator refused the hello: {r.get('detail')}", (
+                    "Same traceml on every node, the same --run-name, and synced clocks (see cross.versions, "
+                    "cross.config-agrees, cross.clock-skew).")
+            else:
+                text, fix = f"{stage} failed: {r.get('detail') or r.get('error') or 'no answer from the agent'}", \
+                    "See cross.ports-reachable."
+            out[node] = failed(f"rank {rank} to {r.get('host', '?')}:{r.get('port', '?')}: {text}", fix)
+        elif rank not in in_summary:
+            out[node] = failed(f"rank {rank} sent {r.get('records')} records but node 0's summary has none from it"
+                               + (f" ({finished.get('error')})" if finished.get("error") else ""),
+                               "The aggregator lost them: run with -v and report it with the output.")
+        else:
+            got = in_summary[rank]
+            out[node] = passed(f"{got.get('steps')} test step records of rank {rank} reached node 0's aggregator "
+                               f"and its summary ({r.get('ms', 0):.0f} ms)")
     return out
 
 

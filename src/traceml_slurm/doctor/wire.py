@@ -20,6 +20,9 @@ coordinator sends  meaning                                      agent answers
 ``d.fs-read``      read that file from your logs dir            ``d.fs-read``
 ``d.fs-clean``     remove it                                    ``d.fs-cleaned``
 ``d.torch``        run a gloo / nccl probe                      ``d.torch`` result
+``d.agg-start``    node 0: start the real aggregator            ``d.agg-started`` ok, port
+``d.agg-send``     send test step records to it                 ``d.agg-sent`` ok or stage + detail
+``d.agg-finish``   node 0: finish it, read the summary          ``d.agg-finished`` ranks in the summary
 ``d.bye``          end                                          (closes)
 =================  ===========================================  =====================================
 """
@@ -27,6 +30,8 @@ coordinator sends  meaning                                      agent answers
 from __future__ import annotations
 
 import collections
+import hashlib
+import hmac
 import selectors
 import socket
 import time
@@ -140,6 +145,12 @@ def gather(links: Iterable[Link], deadline: float) -> dict[str, dict[str, Any]]:
     finally:
         sel.close()
     return got
+
+
+def aggregator_token(doctor_token: str) -> str:
+    """The token of the test aggregator (cross.aggregator), derived from the doctor's token so that
+    every agent knows it and it never crosses the network."""
+    return hmac.new(doctor_token.encode(), b"traceml-doctor-aggregator", hashlib.sha256).hexdigest()[:32]
 
 
 def parse_clock_hook(text: str, node: str) -> float:
