@@ -1,5 +1,6 @@
-"""Messages on stderr while the doctor waits: every wait is bounded and, once it takes more than a
-second, says what it waits for and for how long at most. stdout stays clean for the report/JSON.
+"""Messages on stderr while the doctor waits: every wait is bounded and, once it takes longer than
+:data:`FIRST_NOTICE_S`, says what it waits for and for how long at most. stdout stays clean for the
+report and the JSON.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ import time
 from contextlib import contextmanager
 from typing import IO, Iterator, Optional
 
-FIRST_NOTICE_S = 1.0
+#: a healthy `import torch` takes 1-1.5 s; saying "waiting" for it every time would be noise
+FIRST_NOTICE_S = 2.0
 REPEAT_S = 5.0
 
 
@@ -35,7 +37,7 @@ class Progress:
 
     @contextmanager
     def waiting(self, what: str, bound: float) -> Iterator[None]:
-        """Say "waiting for WHAT (at most N s)" if the block takes over a second, then every few seconds."""
+        """Say "waiting for WHAT (at most N s)" if the block takes over FIRST_NOTICE_S, then every few seconds."""
         t0 = time.monotonic()
         stop = threading.Event()
 

@@ -47,7 +47,8 @@ def run_checks(specs: Iterable[CheckSpec], ctx: NodeContext) -> dict[str, Outcom
     if any(s.id in TORCH_CHECKS for s in specs):
         ctx.start_background()
     out: dict[str, Outcome] = {}
-    for spec in specs:
+    # the torch checks last: everything else (scontrol calls, sockets, files) runs while torch imports
+    for spec in sorted(specs, key=lambda s: s.id in TORCH_CHECKS):
         t0 = time.perf_counter()
         try:
             outcome = spec.run(ctx)
