@@ -144,7 +144,7 @@ def test_firewall_version_logs_clock_and_ifname_faults_on_one_node(slurm_cluster
         slurm_cluster.on_node("node1", "nft", "delete", "table", "inet", NFT_TABLE, check=False)
     assert rc == 1
     ports = node(report, "cross.ports-reachable", "node2")
-    assert ports["status"] == "fail" and f"aggregator node1:29765 timed out after 3 s" in ports["observed"]
+    assert ports["status"] == "fail" and "aggregator node1:29765 timed out after 3 s" in ports["observed"]
     assert "rendezvous node1:29500 ok" in ports["observed"]
     assert node(report, "cross.ports-reachable", "node1")["status"] == "pass"  # node 0 itself is not firewalled
     versions = node(report, "cross.versions", "node2")

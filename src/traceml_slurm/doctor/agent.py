@@ -55,6 +55,11 @@ def connect_back(addr_spec: str, deadline: float) -> socket.socket:
     raise OSError(f"cannot reach the doctor at {addr_spec}: {last}")
 
 
+def plain(value: Any) -> Any:
+    """Only what msgpack carries (a Path or a set in some check's data must not lose the node)."""
+    return json.loads(json.dumps(value, default=str))
+
+
 def collect_facts(ctx: NodeContext, outcomes: dict[str, Outcome]) -> dict[str, Any]:
     import traceml_core
 
@@ -97,7 +102,7 @@ class Listeners:
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind((host, port))
-            s.listen(64)
+            s.listen(1024)  # every node connects at once; a full backlog would look like a firewall
         except OSError as exc:
             s.close()
             if exc.errno == errno.EADDRINUSE:
@@ -418,8 +423,8 @@ def main() -> int:
     agent = Agent(ctx, link)
     try:
         outcomes = run_checks(NODE_SPECS, ctx)
-        link.send({"t": "d.local", "node": name, "outcomes": {k: o.to_wire() for k, o in outcomes.items()},
-                   "facts": collect_facts(ctx, outcomes)})
+        link.send({"t": "d.local", "node": name, "outcomes": plain({k: o.to_wire() for k, o in outcomes.items()}),
+                   "facts": plain(collect_facts(ctx, outcomes))})
         agent.serve()
     except (OSError, ConnectionError) as exc:
         progress.log(f"lost the doctor: {exc}")

@@ -68,8 +68,8 @@ def check_tasks_per_node(ctx: NodeContext) -> Outcome:
         return failed(
             f"this srun step runs {most} tasks on a node ({var}={raw}): `traceml run` must be ONE launcher per "
             f"node (it starts one worker per GPU itself)",
-            f"Launch with `srun --ntasks-per-node=1 traceml run train.py` (GPUs via --gres=gpu:N or "
-            f"--gpus-per-node=N).", tasks_per_node=counts)
+            "Launch with `srun --ntasks-per-node=1 traceml run train.py` (GPUs via --gres=gpu:N or "
+            "--gpus-per-node=N).", tasks_per_node=counts)
     return warned(
         f"the job has up to {most} tasks per node ({var}={raw}): a bare `srun traceml run` would start {most} "
         f"launchers per node",

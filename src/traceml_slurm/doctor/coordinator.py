@@ -27,10 +27,10 @@ from traceml_core.wire.protocol import verify_hello_mac
 
 from . import crossnode
 from .model import CheckResult, Outcome, skipped
-from .network import _loopback, resolve_host
+from .network import is_loopback, resolve_host
 from .node import NodeContext, Options
 from .progress import Progress
-from .registry import NODE_SPECS, TITLES, is_ignored
+from .registry import NODE_SPECS, is_ignored
 from .thresholds import CONNECT_TIMEOUT_S, NCCL_SWEEP_BYTES
 from .wire import ENV_ADDR, ENV_OPTS, ENV_TOKEN, HELLO_KIND, Link, gather
 
@@ -57,10 +57,10 @@ def advertised_addresses(nodes: list[str]) -> list[str]:
                     s.close()
             except OSError:
                 continue
-            if not _loopback(src) and src not in out:
+            if not is_loopback(src) and src not in out:
                 out.append(src)
     for a in resolve_host(socket.gethostname())[0]:
-        if not _loopback(a) and a not in out and ":" not in a:
+        if not is_loopback(a) and a not in out and ":" not in a:
             out.append(a)
     return out or [socket.gethostname()]
 
@@ -516,4 +516,4 @@ def cross_skipped(why: str, options: Options, host: str) -> list[CheckResult]:
     return out
 
 
-__all__ = ["Coordinator", "DoctorCannotRun", "TITLES", "advertised_addresses", "cross_skipped"]
+__all__ = ["Coordinator", "DoctorCannotRun", "advertised_addresses", "cross_skipped"]

@@ -7,7 +7,7 @@ node rank is 0) is the reference: a node that disagrees with it is the one that 
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from typing import Any, Mapping, Optional
 
 from .model import Outcome, failed, passed, skipped, warned
@@ -318,7 +318,3 @@ def nccl_bandwidth(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Outcom
 
 def skip_all(nodes: list[str], why: str) -> dict[str, Outcome]:
     return {n: skipped(why) for n in nodes} if nodes else {"job": skipped(why)}
-
-
-def majority(values: list[Any]) -> Any:
-    return Counter(values).most_common(1)[0][0] if values else None

@@ -118,7 +118,7 @@ def resolve_host(host: str) -> tuple[list[str], Optional[str]]:
     return addrs, None
 
 
-def _loopback(addr: str) -> bool:
+def is_loopback(addr: str) -> bool:
     try:
         return ipaddress.ip_address(addr).is_loopback
     except ValueError:
@@ -141,7 +141,7 @@ def check_master_resolves(ctx: NodeContext) -> Outcome:
             return failed(f"the {label} address {host!r} does not resolve on {ctx.hostname}: {err}", 
                           f"Use a name every node resolves, or node 0's IP: --{'master-addr' if label == 'master' else 'aggregator-host'}=IP.",
                           **data)
-        if c.nnodes > 1 and all(_loopback(a) for a in addrs):
+        if c.nnodes > 1 and all(is_loopback(a) for a in addrs):
             return failed(f"the {label} address {host} resolves to loopback {', '.join(addrs)} on {ctx.hostname}: "
                           f"other nodes cannot reach that",
                           f"Fix /etc/hosts on {ctx.hostname} ({host} must map to its network address, not 127.0.x.x), "
