@@ -38,6 +38,13 @@ OTHER_VARIABLES = {
     "TRACEML_TOKEN": ("user", "The run's auth token (at least 16 random characters). Export a fresh random value "
                       "before `srun` in multi-node jobs: every node's launcher then shares it through the step's "
                       "environment. Generated jobs do this. See [Security](security.md)."),
+    "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
+                            "addresses of the coordinator they connect back to."),
+    "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "
+                             "hellos prove (it is never sent)."),
+    "TRACEML_DOCTOR_OPTS": ("internal", "Set by `traceml slurm doctor` for its agents: the doctor's options."),
+    "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": ("tests", "Test hook of the doctor's clock-skew check (`node2=400` adds 400 s "
+                                         "to node2's clock reading). Nothing else reads it."),
     "TRACEML_RUN_INFO": ("internal", "Set by the launcher for its workers: JSON with the run name, ranks, the "
                          "aggregator's address and the token. `traceml.init()` reads it once. Do not set it."),
 }
@@ -46,6 +53,7 @@ OTHER_VARIABLES = {
 NOT_VARIABLES = {
     "TRACEML_AGGREGATOR_READY": "a line the aggregator process prints to its launcher when it listens",
     "TRACEML_AGGREGATOR_ERROR": "a line the aggregator process prints to its launcher when it cannot start",
+    "TRACEML_DOCTOR_RESULT": "a line the doctor's torch probe (a child process) prints with its result",
 }
 
 
