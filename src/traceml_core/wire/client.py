@@ -135,7 +135,7 @@ class TelemetryClient:
         extra: Optional[dict[str, Any]] = None,
         source: Optional[RecordSource] = None,
         max_frames: int = 1024,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.1,
         connect_timeout: float = 2.0,
         handshake_timeout: float = 5.0,
         send_timeout: float = 10.0,
