@@ -43,10 +43,10 @@ TARGET_US = 5.0
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=250, help="steps per block")
-    ap.add_argument("--reps", type=int, default=120, help="blocks of each loop (even)")
+    ap.add_argument("--steps", type=int, default=100, help="steps per block")
+    ap.add_argument("--reps", type=int, default=300, help="blocks of each loop (even)")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--quick", action="store_true", help="250 steps x 30 blocks")
+    ap.add_argument("--quick", action="store_true", help="100 steps x 60 blocks")
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--breakdown", action="store_true",
                     help="instead: where the overhead goes, per hooked call (clock reads around "
@@ -55,7 +55,7 @@ def main() -> int:
     if args.breakdown:
         return breakdown(args)
     if args.quick:
-        args.steps, args.reps = 250, 30
+        args.steps, args.reps = 100, 60
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -205,6 +205,10 @@ class TelemetryClient:
         self._frames.append(frame)
         return True
 
+    def wake(self) -> None:
+        """Ask the thread to send now rather than at its next poll (e.g. a backlog is building)."""
+        self._wake.set()
+
     def add_periodic(self, fn: Callable[[], None], interval_s: float) -> None:
         """Run ``fn`` on the client thread about every ``interval_s`` (cheap work only)."""
         self._periodic.append([fn, float(interval_s), 0.0])
