@@ -16,9 +16,9 @@ Why tuples in a list and not ``array('q')`` columns: on a real training step the
 arrives at our code with cold caches (torch's step has evicted it), and there the generic
 operations every Python program uses all the time (build a tuple, append to a list, slot
 attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
-(0.5 us vs 1.7-2 us per step; see benchmarks/README.md). The client thread turns rows into the
-protocol's columns. For the same reason each wrapper below is written for the fewest operations
-on its common path.
+(0.5 us vs 1.7-2 us per step; see benchmarks/README.md, "Rank side"). The client thread turns
+rows into the protocol's columns. For the same reason each wrapper below is written for the
+fewest operations on its common path.
 
 Timing model (what the user sees in the summary):
 
