@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import subprocess
 import threading
 import time
-
-import pytest
 
 from traceml_core.sdk.hotpath import StepContext, StepRecorder
 from traceml_core.wire.client import TelemetryClient
