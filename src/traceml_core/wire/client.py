@@ -285,9 +285,11 @@ class TelemetryClient:
                     continue
                 if self._sock is None:
                     if self._closing:
-                        # one last attempt inside the deadline, then give up
+                        # one last attempt inside the deadline (for what is pending, or just
+                        # the bye: it is how the aggregator tells a clean end from a crash)
                         left = self._deadline - now
-                        if close_attempted or left <= 0 or not self._has_pending():
+                        if close_attempted or left <= 0 or (
+                                not self._has_pending() and self._bye is None):
                             return
                         close_attempted = True
                         self._connect(min(self.connect_timeout, left))
