@@ -69,8 +69,10 @@ def test_status_query_reports_joined_nodes_and_ranks(aggregator):
             break
         time.sleep(0.05)
     st.pop("checkpoint_s")
+    hosts = st.pop("hosts")
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
-                  "records": 7}
+                  "records": 7, "nodes_lost": [], "nodes_failed": {}}
+    assert set(hosts) == {"0"}
 
 
 def test_the_token_is_never_written_to_disk(aggregator):

@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
-from .__main__ import ERROR, READY
 from .control import Link, LinkError
-from .settings import AggregatorSettings
+from .settings import ERROR, READY, AggregatorSettings
 
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
 

@@ -42,6 +42,8 @@ from .state import RunState
 #: a hello is a few hundred bytes; nothing bigger is read from an unauthenticated peer
 MAX_HELLO = 64 * 1024
 RECV_SIZE = 256 * 1024
+#: connections one node's launcher may hold at once (presence link, system sampler, relay)
+MAX_NODE_CONNS = 4
 TICK_S = 0.2
 #: pending step records are turned into statistics at least this often
 FLUSH_S = 1.0
@@ -149,7 +151,8 @@ class Server:
         self.nonces = NonceCache()
         self.pending: dict[Conn, None] = {}  # waiting for their hello, oldest first
         self.rank_conns: dict[int, Conn] = {}
-        self.node_conns: dict[int, Conn] = {}
+        #: per node, its launcher's connections (a presence link and, e.g., a system sampler)
+        self.node_conns: dict[int, list[Conn]] = {}
         self.control: Optional[Conn] = None
         self.control_seen = False
         self.buffered = 0
@@ -171,6 +174,7 @@ class Server:
         self._next_tick = now + TICK_S
         self._refusal_logs = 0
         self._listener_paused_until: Optional[float] = None
+        self._world_warned = False
         self.checkpoint_seconds = 0.0
 
     # --- loop --------------------------------------------------------------------------------
@@ -339,21 +343,31 @@ class Server:
                     rs.closed_at = now
                     self.state.dirty = True
         elif i.kind == "node":
-            if self.node_conns.get(i.node) is c:
-                del self.node_conns[i.node]
-                ni = self.state.node(i.node)
-                ni.connected = False
-                if not c.bye and self.state.finish is None and self.drain_until is None:
-                    ni.left_at = now
-                    log(f"node {i.node} ({ni.host or '?'}) left before the run finished")
-                self.state.dirty = True
+            conns = self.node_conns.get(i.node, [])
+            if c in conns:
+                conns.remove(c)
+                self._node_presence_changed(i.node, now)
         elif i.kind == "control" and self.control is c:
             self.control = None
-            self.state.node(0).connected = False
+            self._node_presence_changed(0, now)
             if self.state.finish is None and self.drain_until is None and self.term_until is None:
                 self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
                 log("the launcher's control connection closed without an exit report; "
                     f"finishing within {self.settings.launcher_lost_grace_s:.0f} s")
+
+    def _node_presence_changed(self, node: int, now: float) -> None:
+        """A node is present while any of its launcher's connections (or, for node 0, the control
+        connection) is open; the last one closing before the run's end, without the node's
+        ``bye``, means the node was lost."""
+        ni = self.state.node(node)
+        present = bool(self.node_conns.get(node)) or (node == 0 and self.control is not None)
+        if present or not ni.connected:
+            return
+        ni.connected = False
+        self.state.dirty = True
+        if ni.bye is None and self.state.finish is None and self.drain_until is None:
+            ni.left_at = now
+            log(f"node {node} ({ni.host or '?'}) left before the run finished")
 
     def _malformed(self, c: Conn, why: str) -> None:
         self.state.counters["malformed"] += 1
@@ -487,7 +501,7 @@ class Server:
                     self.state.dirty = True
                 elif t == "system":
                     self._system(i, msg)
-                elif t == "bye":
+                elif t == "bye":  # the node's launcher ends (no "rank": not a relayed rank bye)
                     code = msg.get("exit_code")
                     status = msg.get("status")
                     c.bye = True
@@ -530,6 +544,13 @@ class Server:
         c.ident = result
         st = self.state
         if result.kind == "rank":
+            world = msg.get("world")
+            if type(world) is int and world > 0 and world != self.settings.world_size \
+                    and not self._world_warned:
+                self._world_warned = True
+                log(f"rank {result.rank} reports a world of {world} processes, but this run was "
+                    f"launched for {self.settings.world_size} ({self.settings.nnodes} node(s) x "
+                    f"{self.settings.nproc_per_node}); ranks beyond that are refused")
             old = self.rank_conns.get(result.rank)
             if old is not None and old is not c:
                 st.counters["replaced"] += 1
@@ -550,12 +571,11 @@ class Server:
             self.rank_conns[result.rank] = c
             st.note_join(result.node, result.host, "rank", now)
         elif result.kind == "node":
-            old = self.node_conns.get(result.node)
-            if old is not None and old is not c:
+            conns = self.node_conns.setdefault(result.node, [])
+            if len(conns) >= MAX_NODE_CONNS:  # a reconnect storm: keep the newest few
                 st.counters["replaced"] += 1
-                self.node_conns.pop(result.node, None)
-                self._close(old)
-            self.node_conns[result.node] = c
+                self._close(conns[0])
+            conns.append(c)
             st.note_join(result.node, result.host, "node", now)
             ni = st.node(result.node)
             ni.connected = True
@@ -703,7 +723,8 @@ class Server:
         if target is not None and not target.closed:
             self._send(target, reply)
             self._drain_writes(target, 2.0)
-        for c in list(self.rank_conns.values()) + list(self.node_conns.values()) + list(self.pending):
+        node_conns = [c for conns in self.node_conns.values() for c in conns]
+        for c in list(self.rank_conns.values()) + node_conns + list(self.pending):
             self._close(c)
         if self.control is not None:
             self._close(self.control)

@@ -14,6 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+#: first stdout line of the aggregator process when it listens / when it cannot start
+READY = "TRACEML_AGGREGATOR_READY"
+ERROR = "TRACEML_AGGREGATOR_ERROR"
+
 
 @dataclass
 class AggregatorSettings:

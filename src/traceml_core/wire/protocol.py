@@ -28,8 +28,9 @@ Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against t
 ``rank``     a training process; ``rank`` is its global rank. Optional extra field ``local_rank``.
 ``node``     a node's ``traceml run`` launcher joining node 0 (how node 0 learns which nodes
              joined); ``rank`` is ignored (send -1). Optional extra field ``nproc`` (processes that
-             node starts). Closing the connection without a ``bye`` before the run's ``finish``
-             means the node vanished.
+             node starts). A node may hold a few such connections (presence, system sampler);
+             the last one closing without a ``bye`` before the run's ``finish`` means the node
+             vanished.
 ``control``  node 0's own launcher (``node`` 0).
 
 On a ``node`` connection: ``system`` frames (that node's sampler) and
