@@ -213,6 +213,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
         world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
         source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
     )
+    recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
