@@ -399,6 +399,22 @@ def _install_exit_hooks() -> None:
                 pass
 
     threading.excepthook = thread_excepthook
+
+    # SystemExit never reaches sys.excepthook, and atexit cannot see the exit status: note a
+    # failing `sys.exit(n)` here so the rank's `bye` says "error" rather than "clean".
+    prev_exit = sys.exit
+
+    def exit_hook(code: Any = None) -> None:
+        try:
+            s = _session
+            if s is not None and s.active and not s.closed and code not in (None, 0):
+                s.status = "error"
+                s.error = f"sys.exit({code!r})"
+        except Exception:
+            pass
+        prev_exit(code)
+
+    sys.exit = exit_hook
     atexit.register(shutdown)
 
 
