@@ -34,7 +34,7 @@ def slurm_cluster() -> Cluster:
         states = cluster.run("sinfo", "-h", "-N", "-o", "%N %T", timeout=20).stdout.split("\n")
     except ClusterError as exc:
         pytest.fail(f"the dev cluster does not answer: {exc}")
-    down = sorted({line for line in states if line and not line.endswith(("idle", "mixed", "allocated"))})
+    down = sorted({line for line in states if line and not line.endswith(("idle", "mixed", "allocated", "completing"))})
     if down:
         pytest.fail(f"dev cluster nodes not usable: {down}; restart it with scripts/dev-cluster up")
     return cluster

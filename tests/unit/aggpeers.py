@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_core.aggregator.settings import AggregatorSettings
-from traceml_core.wire.protocol import STEP_COLUMNS, FrameBuffer, encode, make_hello
+from traceml_core.wire.protocol import FrameBuffer, encode, make_hello
 
 TOKEN = "test-token-0123456789"
 RUN = "test-run"

@@ -78,6 +78,10 @@ def test_nodes_join_leave_and_never_join(aggregator):
                          nproc=1, hostname="nodeB", wait_s=2)
     n2 = join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN, job_id="42", node=2,
                          nproc=1, hostname="nodeC", wait_s=2)
+    sampler = join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN, job_id="42", node=1,
+                              nproc=1, hostname="nodeB", wait_s=2)  # a second link of node 1
+    sampler.send({"t": "system", "node": 1, "samples": [{"ts": 1.0, "cpu_pct": 50.0}]})
+    sampler.close()  # closing one of a node's links is not losing the node
     r2 = RankPeer(h.port, 2, node=2)
     r2.steps(5)
     n1.bye(0)  # node 1 ends cleanly ...
@@ -91,6 +95,7 @@ def test_nodes_join_leave_and_never_join(aggregator):
     assert [n["joined"] for n in nodes] == [True, True, True]
     assert [n["left_early"] for n in nodes] == [False, False, True]
     assert nodes[1]["hostname"] == "nodeB" and nodes[1]["exit_code"] == 0
+    assert s["system"]["nodes"][0]["node"] == 1 and s["system"]["nodes"][0]["cpu_pct_mean"] == 50.0
     st = {r["rank"]: r["status"] for r in s["ranks"]}
     assert st[2] == "vanished" and st[0] == "never_joined" and st[1] == "never_joined"
 

@@ -35,8 +35,8 @@ def test_bad_frames_close_only_their_connection(aggregator):
         struct.pack(">I", MAX_FRAME + 1),
         b"\x00\x00\x00\x03\xff\xff\xff",
         encode({"t": "steps", "rank": 1, "seq": "zero", "n": 1, "cols": {}, "dropped": 0}),
-        encode({"t": "steps", "rank": 1, "seq": 0, "n": 2, "cols": {**columns(2), "step_ns": ["a", "b"]}, "dropped": 0}),
-        encode({"t": "steps", "rank": 1, "seq": 0, "n": 2, "cols": {**columns(2), "input_ns": [1.5, 2.5]}, "dropped": 0}),
+        encode({"t": "steps", "rank": 1, "seq": 10, "n": 2, "cols": {**columns(2), "step_ns": ["a", "b"]}, "dropped": 0}),
+        encode({"t": "steps", "rank": 1, "seq": 20, "n": 2, "cols": {**columns(2), "input_ns": [1.5, 2.5]}, "dropped": 0}),
         encode({"t": "steps", "rank": 1, "seq": 0, "n": 3, "cols": columns(2), "dropped": 0}),
         encode({"t": "steps", "rank": 1, "seq": 0, "n": 2, "cols": [1, 2], "dropped": 0}),
         encode({"t": "steps", "rank": 0, "seq": 0, "n": 2, "cols": columns(2), "dropped": 0}),
@@ -44,6 +44,8 @@ def test_bad_frames_close_only_their_connection(aggregator):
         encode({"t": "system", "node": 0, "samples": [{"ts": "now"}]}),
         encode({"t": "event", "rank": 1, "kind": None, "text": 3}),
     ]
+    # (frames whose values are malformed are found when their statistics are computed, within
+    # a second, and the connection is closed then)
     for data in bad_frames:
         p = _welcomed(h.port)
         p.send_raw(data)
@@ -61,6 +63,9 @@ def test_bad_frames_close_only_their_connection(aggregator):
     assert r0["steps"] == 30 and r0["status"] == "clean"
     # the rejected frames for rank 1 changed nothing: it never had a valid record
     assert s["ranks"][1]["steps"] == 0
+    t1 = s["ranks"][1]["telemetry"]
+    assert t1["rejected"] == 4 and t1["gaps"] == 18  # the two rejected frames and the seq holes
+    assert t1["lost"] == 22  # every record up to the last seq seen is accounted for
 
 
 def test_many_idle_connections_are_bounded_and_real_ranks_get_in(aggregator):

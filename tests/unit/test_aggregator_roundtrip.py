@@ -68,5 +68,42 @@ def test_status_query_reports_joined_nodes_and_ranks(aggregator):
         if st and st["records"] == 7 or time.monotonic() > deadline:
             break
         time.sleep(0.05)
+    st.pop("checkpoint_s")
+    hosts = st.pop("hosts")
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
-                  "records": 7}
+                  "records": 7, "nodes_lost": [], "nodes_failed": {}}
+    assert set(hosts) == {"0"}
+
+
+def test_the_token_is_never_written_to_disk(aggregator):
+    from aggpeers import TOKEN
+    h = aggregator(nproc_per_node=1, checkpoint_interval_s=0.1)
+    p = RankPeer(h.port, 0)
+    p.steps(10)
+    p.bye()
+    res = h.finish(0)
+    files = list(h.run_dir.iterdir())
+    assert {f.name for f in files} >= {"aggregate.state", "final_summary.json", "final_summary.txt"}
+    for f in files:
+        assert TOKEN.encode() not in f.read_bytes(), f
+
+
+def test_system_samples_reach_the_summary(aggregator):
+    h = aggregator(nproc_per_node=1)
+    p = RankPeer(h.port, 0)
+    p.send({"t": "system", "node": 0, "host": "gpu-a", "samples": [
+        {"ts": 1.0, "cpu_pct": 20.0, "ram_used": 4 << 30, "ram_total": 16 << 30,
+         "gpus": [{"index": 0, "util_pct": 80.0, "mem_used": 1 << 30, "mem_total": 8 << 30,
+                   "temp_c": 70, "power_w": 200.0}]},
+        {"ts": 2.0, "cpu_pct": 40.0, "ram_used": 5 << 30, "ram_total": 16 << 30,
+         "gpus": [{"index": 0, "util_pct": 60.0, "mem_used": 2 << 30, "mem_total": 8 << 30,
+                   "temp_c": 75, "power_w": None}]},
+    ]})
+    p.steps(5)
+    p.bye()
+    s = json.loads(h.finish(0).summary_json.read_text())
+    node = s["system"]["nodes"][0]
+    assert node["samples"] == 2 and node["cpu_pct_mean"] == 30.0 and node["ram_used_max"] == 5 << 30
+    gpu = node["gpus"][0]
+    assert gpu["util_pct_mean"] == 70.0 and gpu["temp_c_max"] == 75 and gpu["power_w_mean"] == 200.0
+    assert s["system"]["gpu_util_pct_mean"] == 70.0

@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from traceml_core.aggregator.rankstate import RankState
-from traceml_core.aggregator.series import BUCKETS, Series
+from traceml_core.aggregator.series import BUCKETS, Series, series_values
 from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
@@ -59,7 +59,7 @@ def test_memory_is_capped_and_upper_quantiles_stay_accurate():
 
 
 def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
-    rs = RankState(0)
+    rs = RankState(0, sketch_cap=64)
     rnd = random.Random(7)
     n = 4000
     vals = [rnd.choice((10_000_000, 20_000_000)) for _ in range(n)]  # half 10 ms, half 20 ms
@@ -68,7 +68,8 @@ def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
                                          "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
         cols["step_ns"] = vals[seq:seq + 1000]
         cols["t_end_ns"] = list(range(seq, seq + 1000))
-        rs.ingest_steps({"seq": seq, "n": 1000, "cols": cols, "dropped": 0}, 64)
+        rs.ingest_steps({"seq": seq, "n": 1000, "cols": cols, "dropped": 0})
+    rs.flush()
     ph = rs.phases["step_ns"]
     assert ph.count == n and ph.sum == sum(vals) and ph.max == 20_000_000  # exact
     total = ph.sketch.total
@@ -83,7 +84,8 @@ def test_partly_unmeasured_column_is_exact():
     cols = {c: list(range(1, 11)) for c in ("step", "t_end_ns", "step_ns", "forward_ns",
                                              "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
     cols["input_ns"] = [-1, -1, 5, 5, 5, 5, 5, 5, 5, 5]  # first fetches not measured
-    rs.ingest_steps({"seq": 0, "n": 10, "cols": cols, "dropped": 0}, 64)
+    rs.ingest_steps({"seq": 0, "n": 10, "cols": cols, "dropped": 0})
+    rs.flush()
     ph = rs.phases["input_ns"]
     assert (ph.count, ph.sum, ph.unmeasured) == (8, 40, 2)
     assert ph.warm_count == 3 and ph.warm_sum == 15  # seq 0..4 are warm-up; two unmeasured
@@ -103,8 +105,36 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
         seq += n
         total += sum(steps)
         mx = max(mx, max(mems))
-    d = s.to_data()
+    d = {k: series_values(s.to_data(), k) for k in ("step_cnt", "step_sum", "mem_max")}
+    d["width"] = s.width
     assert len(d["step_cnt"]) <= BUCKETS
     assert sum(d["step_cnt"]) == seq and sum(d["step_sum"]) == total
     assert max(d["mem_max"]) == mx
     assert d["width"] * BUCKETS >= seq
+
+
+def test_small_frames_are_pooled_and_give_the_same_statistics_as_one_frame():
+    rnd = random.Random(3)
+    names = ("step", "t_end_ns", "step_ns", "input_ns", "forward_ns", "backward_ns",
+             "optimizer_ns", "h2d_ns", "mem_peak")
+    cols = {k: [rnd.randrange(1, 10**8) for _ in range(60)] for k in names}
+    cols["t_end_ns"] = sorted(cols["t_end_ns"])
+    one, many = RankState(0, sketch_cap=64), RankState(1, sketch_cap=64)
+    one.ingest_steps({"seq": 0, "n": 60, "cols": cols, "dropped": 0})
+    for i in range(0, 60, 3):  # twenty 3-record frames, computed together
+        many.ingest_steps({"seq": i, "n": 3, "cols": {k: v[i:i + 3] for k, v in cols.items()},
+                           "dropped": 0})
+    assert many.pending_n == 60 and many.phases["step_ns"].count == 0
+    a, b = one.to_data(), many.to_data()
+    assert a["phases"] == b["phases"] and a["series"] == b["series"] and a["outside"] == b["outside"]
+
+
+def test_a_malformed_frame_in_a_pool_is_rejected_alone():
+    rs = RankState(0)
+    good = {k: [5] * 3 for k in ("step", "t_end_ns", "step_ns", "input_ns", "forward_ns",
+                                  "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+    rs.ingest_steps({"seq": 0, "n": 3, "cols": good, "dropped": 0})
+    rs.ingest_steps({"seq": 3, "n": 3, "cols": {**good, "forward_ns": [1, "x", 2]}, "dropped": 0})
+    rs.ingest_steps({"seq": 6, "n": 3, "cols": good, "dropped": 0})
+    assert rs.flush() == 3
+    assert rs.received == 6 and rs.rejected == 3 and rs.phases["step_ns"].count == 6

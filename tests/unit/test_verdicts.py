@@ -22,7 +22,7 @@ def _run(nnodes: int, nproc: int, per_rank: Callable[[int], dict[str, Any]], ste
         t0 = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
             rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0,
-                             "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))}, 64)
+                             "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))})
     for node, samples in (system or {}).items():
         st.node_system(node).ingest(f"gpu-node-{node}", samples)
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
@@ -130,3 +130,14 @@ def test_too_few_steps_gives_no_verdict():
     v = s["verdict"]
     assert v["kind"] == "no_clear_bottleneck" and "too few steps" in v["why"]
     assert s["other_verdicts"] == []
+
+
+def test_straggler_excess_is_measured_against_the_other_ranks():
+    # with two ranks the median of both would sit half-way and halve the excess
+    def rank(r):
+        if r == 1:
+            return dict(step_ms=40.0, input_ms=0.5, forward_ms=31.0, backward_ms=8.0, optimizer_ms=0.5)
+        return dict(step_ms=40.0, input_ms=0.5, forward_ms=1.0, backward_ms=38.0, optimizer_ms=0.5)
+    v = _run(1, 2, rank)["verdict"]
+    assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1
+    assert v["evidence"]["excess_ms"] == 30.0

@@ -1,0 +1,8 @@
+"""The aggregator: one process on node 0 that every rank and node launcher reports to.
+
+``process`` (start it, talk to it: the launcher's API), ``settings`` (what it is told),
+``server`` + ``poller`` (the network loop), ``handshake`` (who may talk), ``rankstate`` /
+``sketch`` / ``series`` / ``system`` / ``state`` (bounded per-rank statistics), ``persist``
+(checkpoints, run directory and its fallback), ``control`` (the launchers' client side).
+See docs/aggregator.md.
+"""

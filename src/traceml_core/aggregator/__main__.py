@@ -15,8 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-READY = "TRACEML_AGGREGATOR_READY"
-ERROR = "TRACEML_AGGREGATOR_ERROR"
+from .settings import ERROR, READY
 
 
 def _say(line: str) -> None:

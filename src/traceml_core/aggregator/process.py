@@ -28,9 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
-from .__main__ import ERROR, READY
 from .control import Link, LinkError
-from .settings import AggregatorSettings
+from .settings import ERROR, READY, AggregatorSettings
 
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
 
@@ -172,15 +171,17 @@ def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:
 
 def start_aggregator(settings: AggregatorSettings, *, ready_timeout: float = 15.0,
                      python: str = sys.executable, env: Optional[dict[str, str]] = None,
-                     connect_control: bool = True) -> AggregatorHandle:
+                     connect_control: bool = True,
+                     command: Optional[Sequence[str]] = None) -> AggregatorHandle:
     """Spawn the aggregator and wait (at most ``ready_timeout``) until it listens.
 
     Raises :class:`AggregatorStartError` with a one-paragraph message (port in use, bind address
-    not on this node, no writable run directory, did not start in time).
+    not on this node, no writable run directory, did not start in time). ``command`` replaces
+    ``[python, "-m", "traceml_core.aggregator"]`` (e.g. to run it under a profiler).
     """
     try:
         proc = subprocess.Popen(
-            [python, "-m", "traceml_core.aggregator"], stdin=subprocess.PIPE,
+            list(command or [python, "-m", "traceml_core.aggregator"]), stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=None, start_new_session=True, close_fds=True,
             env=_child_env(env))
     except OSError as exc:

@@ -2,7 +2,7 @@
 
 Memory is bounded by the number of phases, never by the run's length: per phase a handful of
 integers and one :class:`~.sketch.QuantileSketch`; one :class:`~.series.Series`; a raw tail of at
-most :data:`TAIL_RECORDS` records (for live views; never persisted).
+most :data:`TAIL_RECORDS` records (live-view modes only; never persisted).
 
 Cost per batch is a fixed number of C-level passes over each column (``max``, ``sum``, and
 ``array('f')`` + ``_count_elements`` over at most ``sketch_sample_cap`` values), never a Python
@@ -18,14 +18,17 @@ from typing import Any, Optional
 
 from ..report.thresholds import WARMUP_STEPS
 from ..wire.protocol import STEP_COLUMNS, ProtocolError
-from .series import Series
+from .series import BUCKETS, Series
 from .sketch import QuantileSketch, column_keys
 
 #: step columns that are durations in ns and get full statistics (order = report order)
 DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
-#: records kept per rank for live views
+#: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
-_INF = float("inf")
+#: pending records that trigger computing the statistics (the server also flushes every second)
+FLUSH_RECORDS = 64
+#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
+MAX_VALUE = 1 << 62
 
 
 class PhaseStats:
@@ -55,11 +58,14 @@ class RankState:
         "closed_at", "connections", "bye", "received", "gaps", "duplicates", "client_dropped",
         "next_seq", "last_step", "first_t_end", "last_t_end", "phases", "_phase_items",
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
-        "tail_n", "events", "event_count", "sketched",
+        "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
+        "pending", "pending_n", "_proc_next", "sketch_cap",
     )
 
-    def __init__(self, rank: int) -> None:
+    def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
         self.rank = rank
+        #: at most this many records of one batch feed the sketches (see AggregatorSettings)
+        self.sketch_cap = max(1, sketch_cap)
         self.node: Optional[int] = None
         self.host = ""
         self.local_rank: Optional[int] = None
@@ -80,6 +86,7 @@ class RankState:
         self.last_t_end: Optional[int] = None
         self.phases = {name: PhaseStats() for name in DURATION_COLUMNS}
         self._phase_items = tuple(self.phases.items())
+        self._step_phase = self.phases["step_ns"]
         self.mem_count = 0
         self.mem_sum = 0
         self.mem_max = -1
@@ -89,14 +96,24 @@ class RankState:
         self.series = Series()
         self.tail: deque = deque()
         self.tail_n = 0
+        self.tail_keep = max(0, tail_records)
         self.events: deque = deque(maxlen=8)
         self.event_count = 0
         self.sketched = 0  # records that fed the sketches (weighted), vs received
+        self.rejected = 0  # records of frames found malformed when their statistics were computed
+        self.pending: list = []  # accepted frames whose statistics are not computed yet
+        self.pending_n = 0
+        self._proc_next = 0  # seq after the last record whose statistics were computed
 
     # --- the hot path --------------------------------------------------------------------------
-    def ingest_steps(self, msg: dict[str, Any], cap: int) -> int:
-        """Ingest one ``steps`` frame; returns the number of new records. Raises ProtocolError
-        (the connection is then closed) on any malformed content, before changing any state."""
+    def ingest_steps(self, msg: dict[str, Any]) -> int:
+        """Accept one ``steps`` frame; returns the number of new records.
+
+        Only O(1) work happens here (shape checks, sequence accounting); the statistics are
+        computed by :meth:`flush` over several frames at once, so their fixed cost per call is
+        shared by all frames of a second (the common case at scale: thousands of ranks sending a
+        few records ten times a second). Raises ProtocolError for a malformed frame.
+        """
         seq = msg["seq"]
         n = msg["n"]
         cols = msg["cols"]
@@ -117,117 +134,198 @@ class RankState:
         if n == 0:
             return 0
         expected = self.next_seq
-        skip = 0
         if seq < expected:  # overlap with what we already have: a resend after reconnecting
             skip = expected - seq
             if skip >= n:
                 self.duplicates += n
                 return 0
-            cols = {k: v[skip:] for k, v in cols.items() if k in STEP_COLUMNS}
+            cols = {k: cols[k][skip:] for k in STEP_COLUMNS}
+            self.duplicates += skip
             seq += skip
             n -= skip
-        gap = seq - expected
+        elif seq > expected:
+            self.gaps += seq - expected
+            if self.pending:  # keep each pending run contiguous
+                self.flush()
+        self.next_seq = seq + n
+        self.received += n
+        self.pending.append((seq, n, cols))
+        self.pending_n += n
+        if self.pending_n >= FLUSH_RECORDS:
+            self.flush()
+        return n
 
+    def flush(self) -> int:
+        """Compute the statistics of the pending frames; returns how many records were rejected.
+
+        A frame whose content turns out malformed (a string among the numbers, a value out of
+        range) is rejected whole: its records leave ``received`` (they count as lost) and the
+        caller closes the connection and counts it.
+        """
+        pending = self.pending
+        if not pending:
+            return 0
+        self.pending = []
+        self.pending_n = 0
+        if len(pending) == 1:
+            runs = pending
+        else:
+            seq0, total = pending[0][0], 0
+            bulk: dict[str, list] = {k: [] for k in STEP_COLUMNS}
+            for _, n, cols in pending:
+                total += n
+                for k in STEP_COLUMNS:
+                    bulk[k] += cols[k]
+            runs = [(seq0, total, bulk)]
+        try:
+            self._process(*runs[0])
+            return 0
+        except (ProtocolError, TypeError, ValueError, OverflowError, IndexError, AttributeError, KeyError):
+            pass
+        rejected = 0
+        for seq, n, cols in pending:  # find the bad frame(s); the others still count
+            try:
+                self._process(seq, n, cols)
+            except (ProtocolError, TypeError, ValueError, OverflowError, IndexError, AttributeError, KeyError):
+                rejected += n
+                self.received -= n
+                self.rejected += n
+        return rejected
+
+    def _process(self, seq: int, n: int, cols: dict[str, list]) -> None:
+        """Statistics of ``n`` contiguous records from ``seq``: compute all, then apply (a
+        malformed value raises before any state changes)."""
         # compute everything first (any TypeError/OverflowError = malformed; no state touched)
-        steps_col = cols["step"]
         t_end = cols["t_end_ns"]
-        last_step = steps_col[-1]
+        last_step = cols["step"][-1]
         t_first = t_end[0]
         t_last = t_end[-1]
         if type(last_step) is not int or type(t_first) is not int or type(t_last) is not int:
             raise ProtocolError("steps: step and t_end_ns must be integers")
-        stride = 1 if n <= cap else -(-n // cap)
-        off = (seq * 2654435761) % stride if stride > 1 else 0  # varies per batch: no aliasing
-        updates = []
+        cap = self.sketch_cap
+        if n <= cap:
+            stride = 1
+            off = 0
+        else:
+            stride = -(-n // cap)
+            off = (seq * 2654435761) % stride  # varies per batch, so no aliasing with periods
+        measured = []  # (PhaseStats, col, sketched count, sum, max, min, unmeasured)
+        unmeasured_all = []
+        flat: list = []
         for name, ph in self._phase_items:
             col = cols[name]
             mx = max(col)
             if mx < 0:
-                updates.append((ph, None, n, 0, 0, 0, None))
+                unmeasured_all.append(ph)
                 continue
+            if mx > MAX_VALUE:
+                raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+            total = sum(col)  # over every value: one float anywhere makes it a float
+            if type(total) is not int:
+                raise ProtocolError(f"steps: column {name!r} holds non-integers")
             sample = col if stride == 1 else col[off::stride]
             mn = min(sample)
-            unmeasured = 0
             if mn < 0:  # some records not measured: filter exactly (rare; not the fast path)
                 col = [v for v in col if v >= 0]
-                unmeasured = n - len(col)
-                sample = col if stride == 1 else col[off % len(col)::stride] or col
+                sample = col if stride == 1 else (col[off % len(col)::stride] or col)
                 mn = min(sample)
-            s = sum(col)
-            if type(s) is not int:
-                raise ProtocolError(f"steps: column {name!r} holds non-integers")
-            updates.append((ph, column_keys(sample), unmeasured, s, mx, mn, col))
+                total = sum(col)
+            measured.append((ph, col, len(sample), total, mx, mn))
+            flat += sample
+        keys = column_keys(flat)  # one C conversion for every sketched value of the frame
         mem = cols["mem_peak"]
         mem_max = max(mem)
-        mem_sum = 0
-        mem_n = 0
+        mem_sum = mem_n = 0
+        if mem_max > MAX_VALUE:
+            raise ProtocolError("steps: mem_peak holds a value out of range")
+        mem_series = None
         if mem_max >= 0:
-            mvals = mem if min(mem) >= 0 else [v for v in mem if v >= 0]
-            mem_sum = sum(mvals)
-            mem_n = len(mvals)
+            mem_series = mem
+            mem_sum = sum(mem)
             if type(mem_sum) is not int:
                 raise ProtocolError("steps: mem_peak holds non-integers")
+            if min(mem if stride == 1 else mem[off::stride]) < 0:
+                mem = [v for v in mem if v >= 0]
+                mem_sum = sum(mem)
+            mem_n = len(mem)
 
         # --- apply -------------------------------------------------------------------------------
-        self.gaps += gap if gap > 0 else 0
-        self.duplicates += skip
-        self.next_seq = seq + n
-        self.received += n
+        contiguous = seq == self._proc_next
+        self._proc_next = seq + n
         self.last_step = last_step
-        warm = WARMUP_STEPS - seq if seq < WARMUP_STEPS else 0
-        if warm > n:
-            warm = n
-        step_ph = self._phase_items[0][1]
-        step_sum = step_cnt = 0
-        step_max = step_first = -1
-        for ph, keys, unmeasured, s, mx, mn, col in updates:
-            if keys is None:
-                ph.unmeasured += unmeasured
-                continue
-            ph.unmeasured += unmeasured
-            ph.count += len(col)
-            ph.sum += s
+        for ph in unmeasured_all:
+            ph.unmeasured += n
+        pos = 0
+        for ph, col, m, total, mx, mn in measured:
+            cnt = len(col)
+            ph.count += cnt
+            ph.sum += total
             if mx > ph.max:
                 ph.max = mx
-            if ph.min < 0 or mn < ph.min:
+            if mn < ph.min or ph.min < 0:
                 ph.min = mn
-            ph.sketch.add_keys(keys, stride)
-            if ph is step_ph:
-                step_sum, step_max, step_first, step_cnt = s, mx, col[0], len(col)
-        if warm:
+            if cnt != n:
+                ph.unmeasured += n - cnt
+            ph.sketch.add_keys(keys[pos:pos + m], stride)
+            pos += m
+        if seq < WARMUP_STEPS:
+            warm = min(n, WARMUP_STEPS - seq)
             for name, ph in self._phase_items:
                 wv = [v for v in cols[name][:warm] if v >= 0]
                 ph.warm_count += len(wv)
                 ph.warm_sum += sum(wv)
-        self.sketched += stride * len(updates[0][1]) if updates[0][1] is not None else 0
+        step_sum = step_cnt = 0
+        step_max = -1
+        if measured and measured[0][0] is self._step_phase:
+            _, col, m, step_sum, step_max, _ = measured[0]
+            step_cnt = len(col)
+            self.sketched += m * stride
+            # time outside trace_step: wall time between step ends minus the steps' own time
+            if step_cnt == n:
+                step_first = col[0]
+                outside = (t_last - t_first) - (step_sum - step_first)
+                intervals = n - 1
+                if contiguous and self.last_t_end is not None:
+                    outside += t_first - self.last_t_end - step_first
+                    intervals += 1
+                self.outside_sum += outside
+                self.outside_n += intervals
         if mem_n:
             self.mem_count += mem_n
             self.mem_sum += mem_sum
             if mem_max > self.mem_max:
                 self.mem_max = mem_max
-        # time outside trace_step: wall time between step ends minus the steps' own time
-        if step_max >= 0 and updates[0][2] == 0:
-            outside = (t_last - t_first) - (step_sum - step_first)
-            intervals = n - 1
-            if gap == 0 and skip == 0 and self.last_t_end is not None:
-                outside += t_first - self.last_t_end - step_first
-                intervals += 1
-            self.outside_sum += outside
-            self.outside_n += intervals
         if self.first_t_end is None:
             self.first_t_end = t_first
         self.last_t_end = t_last
-        self.series.add(seq, cols["step_ns"], mem, step_sum, step_cnt, step_max, mem_max)
-        # raw tail for live views: keep references to whole batches, trimmed by record count
-        if n > TAIL_RECORDS:
-            cols = {k: v[-TAIL_RECORDS:] for k, v in cols.items()}
-            seq += n - TAIL_RECORDS
-            n = TAIL_RECORDS
-        self.tail.append((seq, n, cols))
-        self.tail_n += n
-        while self.tail_n - self.tail[0][1] >= TAIL_RECORDS:
-            self.tail_n -= self.tail.popleft()[1]
-        return n
+        series = self.series
+        w = series.width
+        b = seq // w
+        if b == (seq + n - 1) // w and b < BUCKETS:  # the usual case: one bucket, inline
+            if step_cnt:
+                series.step_sum[b] += step_sum
+                series.step_cnt[b] += step_cnt
+                if step_max > series.step_max[b]:
+                    series.step_max[b] = step_max
+            if mem_max > series.mem_max[b]:
+                series.mem_max[b] = mem_max
+            if b >= series.used:
+                series.used = b + 1
+        else:
+            series.add(seq, cols["step_ns"], mem_series, step_sum, step_cnt, step_max, mem_max)
+        # raw tail for live views (cli/dashboard modes): references to whole batches, trimmed
+        # by record count; summary mode keeps none (it is never read, and costs memory per rank)
+        keep = self.tail_keep
+        if keep:
+            if n > keep:
+                cols = {k: v[-keep:] for k, v in cols.items()}
+                seq += n - keep
+                n = keep
+            tail = self.tail
+            tail.append((seq, n, cols))
+            self.tail_n += n
+            while self.tail_n - tail[0][1] >= keep:
+                self.tail_n -= tail.popleft()[1]
 
     # --- other frames -----------------------------------------------------------------------
     def note_event(self, kind: str, text: str, ts: float) -> None:
@@ -242,9 +340,12 @@ class RankState:
                 rec = {k: cols[k][i] for k in STEP_COLUMNS if k in cols}
                 rec["seq"] = seq + i
                 out.append(rec)
-        return out[-TAIL_RECORDS:]
+        return out[-self.tail_keep:] if self.tail_keep else []
 
     def to_data(self) -> dict[str, Any]:
+        """Plain data for checkpoints and the summary (pending frames are computed first; a
+        rejected one shows in ``rejected``; the server closes such a connection on its next flush)."""
+        self.flush()
         return {
             "rank": self.rank, "node": self.node, "host": self.host, "local_rank": self.local_rank,
             "pid": self.pid, "joined_at": self.joined_at, "last_seen": self.last_seen,
@@ -258,5 +359,5 @@ class RankState:
             "outside": {"sum": self.outside_sum, "count": self.outside_n},
             "series": self.series.to_data(),
             "events": list(self.events), "event_count": self.event_count,
-            "sketched": self.sketched,
+            "sketched": self.sketched, "rejected": self.rejected,
         }

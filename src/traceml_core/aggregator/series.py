@@ -7,26 +7,33 @@ Per bucket: step-time sum, count and max (mean and worst for live views and ``co
 maximum peak memory (its trend is the memory-creep evidence).
 
 A batch usually falls into one bucket, so the caller passes the batch totals it already computed;
-only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice).
+only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice), and the width also
+doubles until a batch spans at most about four buckets, so a rank with very fast steps never costs
+a Python loop per record.
 """
 
 from __future__ import annotations
 
 from array import array
-from typing import Any, Sequence
+from operator import add
+from typing import Any, Optional, Sequence
 
 BUCKETS = 256
 
 
-def _zeros() -> array:
-    return array("q", bytes(8 * BUCKETS))
+_ONES = array("q", [1]) * BUCKETS
+_NONE = array("q", [-1]) * BUCKETS
+
+
+def _zeros(code: str = "q") -> array:
+    return array(code, bytes(8 * BUCKETS))
 
 
 def _merge_pairs(a: array, combine: str) -> array:
-    out = _zeros()
-    for i in range(BUCKETS // 2):
-        x, y = a[2 * i], a[2 * i + 1]
-        out[i] = x + y if combine == "sum" else max(x, y)
+    """Buckets (2i, 2i+1) -> i, in C (``map`` over strided slices); the upper half is zeroed."""
+    out = _zeros(a.typecode)
+    fn = add if combine == "sum" else max
+    out[:BUCKETS // 2] = array(a.typecode, map(fn, a[0::2], a[1::2]))
     return out
 
 
@@ -35,39 +42,54 @@ class Series:
 
     def __init__(self) -> None:
         self.width = 1
-        self.step_sum = _zeros()
+        self.step_sum = _zeros("d")  # float: sums can never overflow
         self.step_cnt = _zeros()
         self.step_max = _zeros()
-        self.mem_max = array("q", [-1]) * BUCKETS
+        self.mem_max = array("q", _NONE)
         #: number of buckets touched so far (index of the last one + 1)
         self.used = 0
 
-    def _grow(self, last_index: int) -> None:
-        while last_index // self.width >= BUCKETS:
-            self.step_sum = _merge_pairs(self.step_sum, "sum")
-            self.step_cnt = _merge_pairs(self.step_cnt, "sum")
-            self.step_max = _merge_pairs(self.step_max, "max")
-            mem = _merge_pairs(self.mem_max, "max")
-            for i in range(BUCKETS // 2, BUCKETS):
-                mem[i] = -1
-            self.mem_max = mem
-            self.width *= 2
-            self.used = (self.used + 1) // 2
+    def _double(self) -> None:
+        self.step_sum = _merge_pairs(self.step_sum, "sum")
+        self.step_cnt = _merge_pairs(self.step_cnt, "sum")
+        self.step_max = _merge_pairs(self.step_max, "max")
+        mem = _merge_pairs(self.mem_max, "max")
+        mem[BUCKETS // 2:] = _NONE[:BUCKETS // 2]
+        self.mem_max = mem
+        self.width *= 2
+        self.used = (self.used + 1) // 2
 
-    def add(self, seq: int, steps: Sequence[int], mems: Sequence[int],
+    def _grow(self, last_index: int, n: int) -> None:
+        # past the last bucket, or a batch that would span more than 4 buckets (fast steps: a
+        # per-record series at the start of the run is not worth a Python loop per bucket)
+        while last_index // self.width >= BUCKETS or n > 4 * self.width:
+            self._double()
+
+    def add(self, seq: int, steps: Sequence[int], mems: Optional[Sequence[int]],
             step_sum: int, step_cnt: int, step_max: int, mem_max: int) -> None:
         """Record ``len(steps)`` records starting at ``seq``; negative values mean not measured.
 
         ``step_sum``/``step_cnt``/``step_max``/``mem_max`` are the batch totals over measured values
-        (the caller passes ``-1`` for a max when that column holds no measurement).
+        (the caller passes ``-1`` for a max, and ``None`` for ``mems``, when that column holds no
+        measurement).
         """
         n = len(steps)
         last = seq + n - 1
-        if last // self.width >= BUCKETS:
-            self._grow(last)
+        if not self.used:  # first data: start at a width that fits it, no merging needed
+            while last // self.width >= BUCKETS or n > 4 * self.width:
+                self.width *= 2
+        if last // self.width >= BUCKETS or n > 4 * self.width:
+            self._grow(last, n)
         w = self.width
         first_b, last_b = seq // w, last // w
-        if first_b == last_b:
+        if w == 1 and step_cnt == n and self.used <= first_b:
+            # the start of a run (one record per bucket, fresh buckets): whole-slice copies
+            self.step_sum[first_b:last_b + 1] = array("d", steps)
+            self.step_max[first_b:last_b + 1] = array("q", steps)
+            self.step_cnt[first_b:last_b + 1] = _ONES[:n]
+            if mems is not None:
+                self.mem_max[first_b:last_b + 1] = array("q", mems)
+        elif first_b == last_b:
             self._put(first_b, step_cnt, step_sum, step_max, mem_max)
         else:
             for b in range(first_b, last_b + 1):
@@ -77,8 +99,8 @@ class Series:
                 smax = max(st)
                 if smax >= 0 and min(st) < 0:
                     st = [v for v in st if v >= 0]
-                self._put(b, len(st) if smax >= 0 else 0, sum(st) if smax >= 0 else 0, smax,
-                          max(mems[lo:hi]))
+                self._put(b, len(st) if smax >= 0 else 0, sum(st) if smax >= 0 else 0,
+                          smax if smax >= 0 else -1, max(mems[lo:hi]) if mems is not None else -1)
         if last_b + 1 > self.used:
             self.used = last_b + 1
 
@@ -92,11 +114,19 @@ class Series:
             self.mem_max[b] = mmax
 
     def to_data(self) -> dict[str, Any]:
+        """Plain data: the used buckets as raw arrays (bytes; see :func:`series_values`)."""
         u = self.used
         return {
-            "width": self.width,
-            "step_sum": list(self.step_sum[:u]),
-            "step_cnt": list(self.step_cnt[:u]),
-            "step_max": list(self.step_max[:u]),
-            "mem_max": list(self.mem_max[:u]),
+            "width": self.width, "used": u,
+            "step_sum": self.step_sum[:u].tobytes(),  # float64
+            "step_cnt": self.step_cnt[:u].tobytes(),  # int64
+            "step_max": self.step_max[:u].tobytes(),  # int64
+            "mem_max": self.mem_max[:u].tobytes(),  # int64, -1 = no data
         }
+
+
+def series_values(data: dict[str, Any], key: str) -> list:
+    """One metric of a serialised series as a list of numbers."""
+    arr = array("d" if key == "step_sum" else "q")
+    arr.frombytes(data[key])
+    return arr.tolist()

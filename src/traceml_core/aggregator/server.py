@@ -1,4 +1,4 @@
-"""The aggregator's network loop: one ``selectors`` loop, non-blocking sockets, no thread per peer.
+"""The aggregator's network loop: one epoll/selectors loop, non-blocking sockets, no thread per peer.
 
 Defences (issue 9): a hello must arrive within ``handshake_timeout_s`` and fit in
 :data:`MAX_HELLO` bytes; at most ``max_pending_handshakes`` connections may wait for their hello
@@ -23,7 +23,6 @@ from __future__ import annotations
 import errno
 import ipaddress
 import resource
-import selectors
 import signal
 import socket
 import sys
@@ -34,6 +33,7 @@ import msgpack
 
 from ..wire.protocol import HEADER, MAX_FRAME, PROTOCOL_VERSION, ProtocolError, encode
 from .handshake import Identity, NonceCache, check_hello
+from .poller import READ, WRITE, Poller
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
 from .rankstate import RankState
 from .settings import AggregatorSettings
@@ -42,7 +42,11 @@ from .state import RunState
 #: a hello is a few hundred bytes; nothing bigger is read from an unauthenticated peer
 MAX_HELLO = 64 * 1024
 RECV_SIZE = 256 * 1024
+#: connections one node's launcher may hold at once (presence link, system sampler, relay)
+MAX_NODE_CONNS = 4
 TICK_S = 0.2
+#: pending step records are turned into statistics at least this often
+FLUSH_S = 1.0
 _BYE_STATUSES = ("clean", "error", "interrupted")
 _unpackb = msgpack.unpackb
 _unpack_header = HEADER.unpack_from
@@ -57,10 +61,11 @@ def log(msg: str) -> None:
 
 
 class Conn:
-    __slots__ = ("sock", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
+    __slots__ = ("sock", "fd", "addr", "buf", "out", "ident", "rs", "deadline", "closed", "bye")
 
     def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
         self.sock = sock
+        self.fd = sock.fileno()
         self.addr = addr
         self.buf = bytearray()
         self.out = bytearray()
@@ -141,16 +146,21 @@ class Server:
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
         self._finalize_cb = finalize
-        self.sel = selectors.DefaultSelector()
-        self.sel.register(listener, selectors.EVENT_READ, None)
+        self.poller = Poller()
+        self.poller.register(listener.fileno(), READ, None)
         self.nonces = NonceCache()
         self.pending: dict[Conn, None] = {}  # waiting for their hello, oldest first
         self.rank_conns: dict[int, Conn] = {}
-        self.node_conns: dict[int, Conn] = {}
+        #: per node, its launcher's connections (a presence link and, e.g., a system sampler)
+        self.node_conns: dict[int, list[Conn]] = {}
         self.control: Optional[Conn] = None
         self.control_seen = False
         self.buffered = 0
-        self.cap = max(1, settings.sketch_sample_cap)
+        self._scratch = bytearray(RECV_SIZE)
+        self._scratch_view = memoryview(self._scratch)
+        #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
+        self.unflushed: set[RankState] = set()
+        self._next_flush = 0.0
         self.done = False
         self.result: Optional[dict[str, Any]] = None
         # ending state
@@ -163,6 +173,8 @@ class Server:
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self._refusal_logs = 0
+        self._listener_paused_until: Optional[float] = None
+        self._world_warned = False
         self.checkpoint_seconds = 0.0
 
     # --- loop --------------------------------------------------------------------------------
@@ -182,18 +194,13 @@ class Server:
 
     def step(self, timeout: float) -> None:
         """One turn of the loop: serve ready sockets, then the periodic work when due."""
-        try:
-            events = self.sel.select(timeout)
-        except InterruptedError:  # pragma: no cover - PEP 475 retries
-            events = []
-        for key, mask in events:
-            conn = key.data
+        for conn, readable, writable in self.poller.poll(timeout):
             if conn is None:
                 self._accept()
                 continue
-            if mask & selectors.EVENT_READ and not conn.closed:
+            if readable and not conn.closed:
                 self._read(conn)
-            if mask & selectors.EVENT_WRITE and not conn.closed:
+            if writable and not conn.closed:
                 self._flush(conn)
         now = time.monotonic()
         if now >= self._next_tick:
@@ -201,6 +208,9 @@ class Server:
             self._tick(now)
 
     def _tick(self, now: float) -> None:
+        if self._listener_paused_until is not None and now >= self._listener_paused_until:
+            self._listener_paused_until = None
+            self.poller.register(self.listener.fileno(), READ, None)
         # slowloris: pending connections past their deadline
         while self.pending:
             c = next(iter(self.pending))
@@ -208,6 +218,9 @@ class Server:
                 break
             self.state.counters["handshake_timeouts"] += 1
             self._close(c)
+        if now >= self._next_flush:
+            self.flush_ranks()
+            self._next_flush = now + FLUSH_S
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -273,11 +286,17 @@ class Server:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE) and self.pending:
-                    # out of descriptors: make room by dropping the oldest unauthenticated peer
-                    self.state.counters["evicted"] += 1
-                    self._close(next(iter(self.pending)))
-                    continue
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    if self.pending:
+                        # out of descriptors: make room by dropping the oldest unauthenticated peer
+                        self.state.counters["evicted"] += 1
+                        self._close(next(iter(self.pending)))
+                        continue
+                    # nothing to drop: stop accepting for a moment instead of spinning on it
+                    log("out of file descriptors: not accepting new connections for 1 s")
+                    self.poller.unregister(self.listener.fileno())
+                    self._listener_paused_until = time.monotonic() + 1.0
+                    return
                 log(f"accept failed: {exc}")
                 return
             sock.setblocking(False)
@@ -291,7 +310,7 @@ class Server:
                 self._close(next(iter(self.pending)))
             c = Conn(sock, addr, time.monotonic() + self.settings.handshake_timeout_s)
             self.pending[c] = None
-            self.sel.register(sock, selectors.EVENT_READ, c)
+            self.poller.register(c.fd, READ, c)
 
     def _close(self, c: Conn) -> None:
         if c.closed:
@@ -300,10 +319,7 @@ class Server:
         self.buffered -= len(c.buf)
         c.buf = bytearray()
         self.pending.pop(c, None)
-        try:
-            self.sel.unregister(c.sock)
-        except (KeyError, ValueError):
-            pass
+        self.poller.unregister(c.fd)
         try:
             c.sock.close()
         except OSError:
@@ -317,25 +333,41 @@ class Server:
                 del self.rank_conns[i.rank]
                 rs = c.rs
                 if rs is not None:
+                    if rs.pending:
+                        self.unflushed.discard(rs)
+                        rejected = rs.flush()  # the connection is gone anyway
+                        if rejected:
+                            self.state.records -= rejected
+                            self.state.counters["malformed"] += 1
                     rs.connected = False
                     rs.closed_at = now
                     self.state.dirty = True
         elif i.kind == "node":
-            if self.node_conns.get(i.node) is c:
-                del self.node_conns[i.node]
-                ni = self.state.node(i.node)
-                ni.connected = False
-                if not c.bye and self.state.finish is None and self.drain_until is None:
-                    ni.left_at = now
-                    log(f"node {i.node} ({ni.host or '?'}) left before the run finished")
-                self.state.dirty = True
+            conns = self.node_conns.get(i.node, [])
+            if c in conns:
+                conns.remove(c)
+                self._node_presence_changed(i.node, now)
         elif i.kind == "control" and self.control is c:
             self.control = None
-            self.state.node(0).connected = False
+            self._node_presence_changed(0, now)
             if self.state.finish is None and self.drain_until is None and self.term_until is None:
                 self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
                 log("the launcher's control connection closed without an exit report; "
                     f"finishing within {self.settings.launcher_lost_grace_s:.0f} s")
+
+    def _node_presence_changed(self, node: int, now: float) -> None:
+        """A node is present while any of its launcher's connections (or, for node 0, the control
+        connection) is open; the last one closing before the run's end, without the node's
+        ``bye``, means the node was lost."""
+        ni = self.state.node(node)
+        present = bool(self.node_conns.get(node)) or (node == 0 and self.control is not None)
+        if present or not ni.connected:
+            return
+        ni.connected = False
+        self.state.dirty = True
+        if ni.bye is None and self.state.finish is None and self.drain_until is None:
+            ni.left_at = now
+            log(f"node {node} ({ni.host or '?'}) left before the run finished")
 
     def _malformed(self, c: Conn, why: str) -> None:
         self.state.counters["malformed"] += 1
@@ -356,10 +388,7 @@ class Server:
             return
         if sent < len(data):
             c.out += data[sent:]
-            try:
-                self.sel.modify(c.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, c)
-            except (KeyError, ValueError):
-                pass
+            self.poller.modify(c.fd, READ | WRITE)
 
     def _flush(self, c: Conn) -> None:
         try:
@@ -371,54 +400,58 @@ class Server:
             return
         del c.out[:sent]
         if not c.out:
-            try:
-                self.sel.modify(c.sock, selectors.EVENT_READ, c)
-            except (KeyError, ValueError):
-                pass
+            self.poller.modify(c.fd, READ)
 
     def _read(self, c: Conn) -> None:
+        # recv_into one reused buffer (sock.recv(256 KiB) would allocate 256 KiB per call); whole
+        # frames are decoded straight from it, only a partial frame is copied to the connection
         try:
-            data = c.sock.recv(RECV_SIZE)
+            got = c.sock.recv_into(self._scratch)
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
             self._close(c)
             return
-        if not data:
+        if not got:
             self._close(c)
             return
         buf = c.buf
-        buf += data
-        self.buffered += len(data)
+        if buf:
+            buf += self._scratch_view[:got]
+            self.buffered += got
+            data = buf
+            size = len(buf)
+        else:
+            data = self._scratch_view
+            size = got
         limit = MAX_FRAME if c.ident is not None else MAX_HELLO
-        size = len(buf)
         off = 0
-        mv = memoryview(buf)
-        try:
-            while size - off >= 4:
-                (length,) = _unpack_header(buf, off)
-                if length > limit:
-                    self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
-                    return
-                end = off + 4 + length
-                if end > size:
-                    break
-                try:
-                    msg = _unpackb(mv[off + 4:end], raw=False, strict_map_key=False)
-                except Exception as exc:
-                    self._malformed(c, f"undecodable frame ({type(exc).__name__})")
-                    return
-                off = end
-                if type(msg) is not dict:
-                    self._malformed(c, "frame is not a map")
-                    return
-                if not self._dispatch(c, msg):
-                    return
-        finally:
-            mv.release()
-        if off:
-            del buf[:off]
-            self.buffered -= off
+        while size - off >= 4:
+            (length,) = _unpack_header(data, off)
+            if length > limit:
+                self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
+                return
+            end = off + 4 + length
+            if end > size:
+                break
+            try:
+                msg = _unpackb(data[off + 4:end], raw=False, strict_map_key=False)
+            except Exception as exc:
+                self._malformed(c, f"undecodable frame ({type(exc).__name__})")
+                return
+            off = end
+            if type(msg) is not dict:
+                self._malformed(c, "frame is not a map")
+                return
+            if not self._dispatch(c, msg):
+                return
+        if data is buf:
+            if off:
+                del buf[:off]
+                self.buffered -= off
+        elif off < size:
+            buf += self._scratch_view[off:size]
+            self.buffered += size - off
         if buf and self.buffered > self.settings.max_buffered_bytes:
             self.state.counters["overload"] += 1
             log(f"closing {c.label()}: aggregator buffers full ({self.buffered} bytes)")
@@ -437,8 +470,9 @@ class Server:
                     if msg.get("rank") != i.rank:
                         raise ProtocolError(f"steps for rank {msg.get('rank')!r} on rank {i.rank}'s connection")
                     rs = c.rs
-                    got = rs.ingest_steps(msg, self.cap)  # type: ignore[union-attr]
-                    self.state.records += got
+                    self.state.records += rs.ingest_steps(msg)  # type: ignore[union-attr]
+                    if rs.pending:  # type: ignore[union-attr]
+                        self.unflushed.add(rs)  # type: ignore[arg-type]
                     rs.last_seen = time.time()  # type: ignore[union-attr]
                     self.state.dirty = True
                 elif t == "bye":
@@ -456,7 +490,9 @@ class Server:
                         raise ProtocolError(f"relayed frame for rank {rank} outside the world")
                     rs = self.state.rank(rank)
                     if t == "steps":
-                        self.state.records += rs.ingest_steps(msg, self.cap)
+                        self.state.records += rs.ingest_steps(msg)
+                        if rs.pending:
+                            self.unflushed.add(rs)
                         rs.last_seen = time.time()
                     elif t == "bye":
                         self._rank_bye(rs, msg)
@@ -465,7 +501,7 @@ class Server:
                     self.state.dirty = True
                 elif t == "system":
                     self._system(i, msg)
-                elif t == "bye":
+                elif t == "bye":  # the node's launcher ends (no "rank": not a relayed rank bye)
                     code = msg.get("exit_code")
                     status = msg.get("status")
                     c.bye = True
@@ -511,6 +547,13 @@ class Server:
         c.ident = result
         st = self.state
         if result.kind == "rank":
+            world = msg.get("world")
+            if type(world) is int and world > 0 and world != self.settings.world_size \
+                    and not self._world_warned:
+                self._world_warned = True
+                log(f"rank {result.rank} reports a world of {world} processes, but this run was "
+                    f"launched for {self.settings.world_size} ({self.settings.nnodes} node(s) x "
+                    f"{self.settings.nproc_per_node}); ranks beyond that are refused")
             old = self.rank_conns.get(result.rank)
             if old is not None and old is not c:
                 st.counters["replaced"] += 1
@@ -531,12 +574,11 @@ class Server:
             self.rank_conns[result.rank] = c
             st.note_join(result.node, result.host, "rank", now)
         elif result.kind == "node":
-            old = self.node_conns.get(result.node)
-            if old is not None and old is not c:
+            conns = self.node_conns.setdefault(result.node, [])
+            if len(conns) >= MAX_NODE_CONNS:  # a reconnect storm: keep the newest few
                 st.counters["replaced"] += 1
-                self.node_conns.pop(result.node, None)
-                self._close(old)
-            self.node_conns[result.node] = c
+                self._close(conns[0])
+            conns.append(c)
             st.note_join(result.node, result.host, "node", now)
             ni = st.node(result.node)
             ni.connected = True
@@ -570,6 +612,9 @@ class Server:
             raise ProtocolError("bye: steps must be an integer")
         if type(dropped) is int and dropped > rs.client_dropped:
             rs.client_dropped = dropped
+        if rs.pending:
+            self.unflushed.discard(rs)
+            self._flush_rank(rs)
         rs.bye = {"status": status, "steps": steps,
                   "error": error[:4000] if isinstance(error, str) else None, "at": time.time()}
         self.state.dirty = True
@@ -613,7 +658,25 @@ class Server:
                                      if ni.left_at is not None and ni.bye is None),
                 "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
                                  if ni.bye is not None and ni.bye.get("status") not in ("clean", None)},
-                "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host}}
+                "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
+                "checkpoint_s": round(self.checkpoint_seconds, 4)}
+
+    def flush_ranks(self) -> None:
+        """Compute pending statistics; close connections whose frames proved malformed."""
+        todo, self.unflushed = self.unflushed, set()
+        for rs in todo:
+            self._flush_rank(rs)
+
+    def _flush_rank(self, rs: RankState) -> None:
+        rejected = rs.flush()
+        if rejected:
+            self.state.records -= rejected
+            self.state.counters["malformed"] += 1
+            c = self.rank_conns.get(rs.rank)
+            log(f"rank {rs.rank}: {rejected} step records rejected (malformed values)"
+                + ("; closing its connection" if c is not None else ""))
+            if c is not None:
+                self._close(c)
 
     # --- persistence and the end ----------------------------------------------------------------
     def checkpoint(self, *, final: bool = False,
@@ -624,6 +687,8 @@ class Server:
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
+        if data is None:
+            self.flush_ranks()
         try:
             blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
@@ -638,6 +703,7 @@ class Server:
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
+        self.flush_ranks()
         data = self.state.to_data()
         self.checkpoint(final=not provisional, data=data)
         data["run_dir_note"] = self.run_dir.note
@@ -660,7 +726,8 @@ class Server:
         if target is not None and not target.closed:
             self._send(target, reply)
             self._drain_writes(target, 2.0)
-        for c in list(self.rank_conns.values()) + list(self.node_conns.values()) + list(self.pending):
+        node_conns = [c for conns in self.node_conns.values() for c in conns]
+        for c in list(self.rank_conns.values()) + node_conns + list(self.pending):
             self._close(c)
         if self.control is not None:
             self._close(self.control)
@@ -674,12 +741,9 @@ class Server:
                 time.sleep(0.005)
 
     def close(self) -> None:
-        try:
-            self.sel.unregister(self.listener)
-        except (KeyError, ValueError):
-            pass
+        self.poller.unregister(self.listener.fileno())
         self.listener.close()
-        self.sel.close()
+        self.poller.close()
 
 
 __all__ = ["Server", "BindError", "open_listener", "raise_fd_limit", "log", "MAX_HELLO"]

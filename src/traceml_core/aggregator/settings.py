@@ -14,6 +14,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+#: first stdout line of the aggregator process when it listens / when it cannot start
+READY = "TRACEML_AGGREGATOR_READY"
+ERROR = "TRACEML_AGGREGATOR_ERROR"
+
 
 @dataclass
 class AggregatorSettings:
@@ -58,7 +62,7 @@ class AggregatorSettings:
     max_pending_handshakes: int = 1024
     #: at most this many records of one batch feed the quantile sketches (systematic sample,
     #: weighted); counts, sums and maxima always use every record
-    sketch_sample_cap: int = 64
+    sketch_sample_cap: int = 16
     #: upper bound on bytes buffered across all connections before the biggest is cut
     max_buffered_bytes: int = 512 * 1024 * 1024
 

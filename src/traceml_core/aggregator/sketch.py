@@ -37,8 +37,11 @@ except ImportError:  # pragma: no cover - other Pythons
 ENCODING = "f32top15"
 #: at most this many buckets per sketch (2,048 = 32 octaves, e.g. 1 us to 1 h at full accuracy)
 MAX_BUCKETS = 2048
-#: fold the uncompacted counts into the dense store when they hold more distinct keys than this
-_HOT_MAX = 256
+#: fold the uncompacted counts into the dense store after this many values (the fold costs one
+#: Python step per distinct key, so it must be rare relative to values) ...
+FOLD_VALUES = 2048
+#: ... or when they hold more distinct keys than this (bounds their memory)
+HOT_MAX = 512
 #: index of the top 16 bits of each float32 when viewed as uint16 pairs
 _TOP = 1 if sys.byteorder == "little" else 0
 _NEG = 0x8000  # sign bit of a top-16 key: a negative value ("not measured")
@@ -64,7 +67,7 @@ def value_bucket(value: float) -> int:
 class QuantileSketch:
     """Counts of values per relative-accuracy bucket; mergeable; bounded memory."""
 
-    __slots__ = ("lo", "counts", "zero", "negative", "_hot")
+    __slots__ = ("lo", "counts", "zero", "negative", "hot", "_hot", "hot_n")
 
     def __init__(self) -> None:
         self.lo = 0
@@ -72,16 +75,23 @@ class QuantileSketch:
         self.zero = 0
         #: values below zero seen in sketched samples (-1 = "not measured"); not in quantiles
         self.negative = 0
+        #: uncompacted counts (weight 1, and other weights apart), counted in C; ``hot_n`` values
+        self.hot: dict[int, int] = {}
         self._hot: dict[int, dict[int, int]] = {}
+        self.hot_n = 0
 
     # --- ingest ----------------------------------------------------------------------------
     def add_keys(self, keys: Iterable[int], weight: int = 1) -> None:
         """Count top-16 keys (from :func:`column_keys`), each standing for ``weight`` values."""
-        hot = self._hot.get(weight)
-        if hot is None:
-            hot = self._hot[weight] = {}
+        if weight == 1:
+            hot = self.hot
+        else:
+            hot = self._hot.get(weight)
+            if hot is None:
+                hot = self._hot[weight] = {}
         _count_elements(hot, keys)
-        if len(hot) > _HOT_MAX:
+        self.hot_n += len(keys)  # type: ignore[arg-type]
+        if self.hot_n >= FOLD_VALUES or len(hot) > HOT_MAX:
             self.fold()
 
     def add(self, values: Sequence[int], weight: int = 1) -> None:
@@ -89,15 +99,22 @@ class QuantileSketch:
 
     def fold(self) -> None:
         """Move the uncompacted counts into the dense store (work per distinct key, not value)."""
-        for weight, hot in self._hot.items():
+        counts = self.counts
+        for weight, hot in [(1, self.hot), *self._hot.items()]:
             for key, count in hot.items():
-                if key >= _NEG:
+                pos = (key >> 1) - self.lo
+                if key < _NEG and 0 <= pos < len(counts) and key:
+                    counts[pos] += count * weight  # the usual case, inline
+                elif key >= _NEG:
                     self.negative += count * weight
                 elif key == 0:
                     self.zero += count * weight
                 else:
                     self._bump(key >> 1, count * weight)
+                    counts = self.counts
+        self.hot = {}
         self._hot.clear()
+        self.hot_n = 0
 
     def _bump(self, idx: int, count: int) -> None:
         counts = self.counts

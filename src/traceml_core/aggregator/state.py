@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .rankstate import DURATION_COLUMNS, RankState
+from .rankstate import DURATION_COLUMNS, TAIL_RECORDS, RankState
 from .settings import AggregatorSettings
 from .system import NodeSystem
 
@@ -51,6 +51,7 @@ class RunState:
     def __init__(self, settings: AggregatorSettings) -> None:
         self.settings = settings
         self.aggregator_started_at = time.time()
+        self.tail_records = 0 if settings.mode == "summary" else TAIL_RECORDS
         self.ranks: dict[int, RankState] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.system: dict[int, NodeSystem] = {}
@@ -63,7 +64,7 @@ class RunState:
     def rank(self, rank: int) -> RankState:
         rs = self.ranks.get(rank)
         if rs is None:
-            rs = self.ranks[rank] = RankState(rank)
+            rs = self.ranks[rank] = RankState(rank, self.tail_records, self.settings.sketch_sample_cap)
         return rs
 
     def node(self, node: int) -> NodeInfo:

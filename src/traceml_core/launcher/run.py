@@ -55,7 +55,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     telemetry = NodeTelemetry(config, token.value)
     started = time.time()
     if config.node_rank == 0:
-        telemetry.start_aggregator(script, script_args)  # raises TraceMLError (port in use, ...) before training starts
+        # raises TraceMLError (port in use, ...) before training starts
+        telemetry.start_aggregator(script, script_args)
     joined = telemetry.join(config.aggregator_wait)
 
     info = RunInfo(
@@ -76,8 +77,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             view.attach()
         telemetry.attach(sup)
         code = sup.wait(on_tick=telemetry.tick)
-    finally:
+    except BaseException:
         sup.restore()
+        raise
+    finally:
         if view:
             view.stop()  # the final picture stays on screen; the summary prints below it
     interrupted = sup.interrupted_by is not None
@@ -92,7 +95,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         status = 1
     log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
         + (f" ({reason})" if reason else ""))
-    text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+    try:  # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
+        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+    finally:
+        sup.restore()
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()

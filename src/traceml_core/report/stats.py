@@ -11,6 +11,7 @@ from array import array
 from operator import add
 from typing import Any, Iterable, Optional, Sequence
 
+from ..aggregator.series import series_values
 from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
 from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
 
@@ -74,7 +75,7 @@ def merged_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for r in ranks:
         s = r["series"]
         f = width // s["width"]
-        ssum, scnt, smax = s["step_sum"], s["step_cnt"], s["step_max"]
+        ssum, scnt, smax = (series_values(s, k) for k in ("step_sum", "step_cnt", "step_max"))
         if f > 1:
             ssum, scnt, smax = _regroup(ssum, f, "sum"), _regroup(scnt, f, "sum"), _regroup(smax, f, "max")
         if len(ssum) > len(tot_sum):
@@ -88,7 +89,7 @@ def merged_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
         tot_max[:n] = map(max, tot_max[:n], smax)
     return {
         "steps_per_bucket": width,
-        "mean_ms": [ms(s / c) if c else None for s, c in zip(tot_sum, tot_cnt)],
+        "mean_ms": [ms(t / c) if c else None for t, c in zip(tot_sum, tot_cnt)],
         "max_ms": [ms(m) if m >= 0 else None for m in tot_max],
     }
 

@@ -11,6 +11,7 @@ import time
 from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
+from ..aggregator.series import series_values
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
 from .verdicts import judge
@@ -81,10 +82,11 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
         "phases": phases,
         "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
         "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
-                      "trend": mem_trend(r["series"]["mem_max"])} if mem["count"] else None),
+                      "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
         "telemetry": {"received": r["received"], "expected": expected,
                       "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
                       "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
+                      "rejected": r.get("rejected", 0),
                       "reconnects": max(0, r["connections"] - 1),
                       "sketched": r.get("sketched", r["received"])},
         "events": r.get("event_count", 0),
@@ -98,7 +100,7 @@ def _never_joined(rank: int, node: int) -> dict[str, Any]:
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
             "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
-                          "client_dropped": 0, "reconnects": 0, "sketched": 0},
+                          "client_dropped": 0, "rejected": 0, "reconnects": 0, "sketched": 0},
             "events": 0, "last_events": []}
 
 

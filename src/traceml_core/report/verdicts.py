@@ -93,10 +93,11 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
         return (_m(r, "step") or 0.0) - (_m(r, "backward") or 0.0) + (_m(r, "outside") or 0.0)
 
     for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
-        vals = [fn(r) for r in live]
-        mid = median(vals)
-        assert mid is not None
         worst = max(live, key=fn)
+        # the baseline is the median of the *other* ranks (with two ranks, the median of both
+        # would sit half-way to the straggler and halve its excess)
+        mid = median([fn(r) for r in live if r is not worst])
+        assert mid is not None
         excess = fn(worst) - mid
         frac = excess / step_med
         sev = _severity(frac, excess, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
@@ -107,7 +108,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
         diffs = []
         for ph in phases:
             mine = _m(worst, ph)
-            others = [v for v in (_m(r, ph) for r in live) if v is not None]
+            others = [v for v in (_m(r, ph) for r in live if r is not worst) if v is not None]
             if mine is not None and others:
                 diffs.append((mine - (median(others) or 0.0), ph))
         phase = max(diffs)[1] if diffs else "step"
@@ -121,7 +122,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
         else:
             nxt = (f"rank {worst['rank']} computes slower: check its GPU's clocks and temperature "
                    "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
-        why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the median rank "
+        why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the other ranks' median "
                f"({frac:.0%} of a {step_med:.1f} ms step), mostly in {_PHASE_WORDS.get(phase, phase)}"
                + ("; the other ranks wait for it" if metric == "own" else ""))
         return _verdict("straggler", sev, why, nxt, _culprit(worst), metric=metric,

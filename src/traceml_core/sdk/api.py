@@ -213,6 +213,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
         world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
         source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
     )
+    recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
@@ -272,7 +273,7 @@ def trace_step(model: Any = None) -> Any:
 
 
 def _register_model(model: Any) -> None:
-    global _LAST_MODEL
+    global _LAST_MODEL, _CTX
     _LAST_MODEL = model
     r = hotpath.REC
     if r is None:
@@ -283,9 +284,11 @@ def _register_model(model: Any) -> None:
         device = patches.register_model(r, model)
         if device is not None and r.gpu is None:
             from .cuda_timing import CudaPhaseTimer
+            from .hotpath import GpuStepContext
 
             r.gpu = CudaPhaseTimer(device)
-            patches.install_copy_timing()
+            patches.enable_gpu()
+            _CTX = GpuStepContext(r)
             s = _session
             if s is not None and s.probe is not None:
                 s.probe.use_cuda(device)
@@ -396,6 +399,22 @@ def _install_exit_hooks() -> None:
                 pass
 
     threading.excepthook = thread_excepthook
+
+    # SystemExit never reaches sys.excepthook, and atexit cannot see the exit status: note a
+    # failing `sys.exit(n)` here so the rank's `bye` says "error" rather than "clean".
+    prev_exit = sys.exit
+
+    def exit_hook(code: Any = None) -> None:
+        try:
+            s = _session
+            if s is not None and s.active and not s.closed and code not in (None, 0):
+                s.status = "error"
+                s.error = f"sys.exit({code!r})"
+        except Exception:
+            pass
+        prev_exit(code)
+
+    sys.exit = exit_hook
     atexit.register(shutdown)
 
 

@@ -52,6 +52,7 @@ class CudaPhaseTimer:
         self._pre_spans: list[tuple[int, Any, Any]] = []   # h2d copies between steps
         self._pending: deque[tuple[Any, ...]] = deque()    # rows waiting for their events
         self.fallbacks = 0                                  # rows committed with host times
+        self._opt_ev: Any = None
 
     # ---- recording (training thread) ---------------------------------------------------------
 
@@ -82,14 +83,22 @@ class CudaPhaseTimer:
             self._pool += (a, b)
         self._pre_spans = []
 
+    def opt_start(self) -> None:
+        self._opt_ev = self.start()
+
+    def opt_stop(self) -> None:
+        ev, self._opt_ev = self._opt_ev, None
+        if ev is not None:
+            self.stop(C_OPT, ev)
+
     def begin_step(self) -> None:
         self._spans = self._pre_spans
         self._pre_spans = []
+        self._opt_ev = None
 
-    def end_step(self, r: StepRecorder, seq: int, t1: int, step_ns: int, mem: int) -> None:
-        self._pending.append(
-            (seq, t1, step_ns, r.inp, r.fwd if r.models else -1, r.bwd, r.opt, mem, self._spans)
-        )
+    def end_step(self, r: StepRecorder, t1: int, mem: int) -> None:
+        """Called at step exit instead of appending the row: it waits here for its events."""
+        self._pending.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, mem, self._spans))
         self._spans = []
         self.drain(r)
 
@@ -100,13 +109,12 @@ class CudaPhaseTimer:
         pending = self._pending
         while pending:
             row = pending[0]
-            spans = row[8]
+            spans = row[7]
             done = all(end.query() for _, _, end in spans)
             if not done and not final and len(pending) <= self.max_pending:
                 return
             pending.popleft()
-            seq, t1, step_ns, inp, fwd, bwd, opt, mem, _ = row
-            h2d = 0
+            t1, step_ns, inp, fwd, bwd, opt, mem, _ = row
             if done:
                 gpu = {C_FWD: 0, C_BWD: 0, C_OPT: 0, C_H2D: 0}
                 seen = set()
@@ -122,7 +130,7 @@ class CudaPhaseTimer:
                 h2d = -1
             for _, a, b in spans:
                 self._pool += (a, b)
-            r.write(seq, t1, step_ns, inp, fwd, bwd, opt, h2d, mem)
+            r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem), t1)
 
     @property
     def pending(self) -> int:

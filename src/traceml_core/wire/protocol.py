@@ -28,8 +28,9 @@ Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against t
 ``rank``     a training process; ``rank`` is its global rank. Optional extra field ``local_rank``.
 ``node``     a node's ``traceml run`` launcher joining node 0 (how node 0 learns which nodes
              joined); ``rank`` is ignored (send -1). Optional extra field ``nproc`` (processes that
-             node starts). Closing the connection without a ``bye`` before the run's ``finish``
-             means the node vanished.
+             node starts). A node may hold a few such connections (presence, system sampler);
+             the last one closing without a ``bye`` before the run's ``finish`` means the node
+             vanished.
 ``control``  node 0's own launcher (``node`` 0).
 
 On a ``node`` connection: ``system`` frames (that node's sampler) and
@@ -45,7 +46,7 @@ On the ``control`` connection (launcher → aggregator):
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
 ``query``   ``{"t"}``: answered with ``status`` ``{"t","nodes_joined","ranks_connected",
-            "ranks_seen","records"}`` (e.g. for the launcher's node-join wait).
+            "ranks_seen","records","checkpoint_s"}`` (e.g. for the launcher's node-join wait).
 ``snapshot`` ``{"t","id","series","verdict"}``: for the live views (``--mode cli|dashboard``),
             answered with ``snapshot`` ``{"t","id","server_time","started_at","run_name",
             "world_size","nnodes","nproc_per_node","mode","records","finishing","ranks","system",

@@ -117,3 +117,24 @@ def test_a_crash_sends_the_error_and_behaves_as_without_traceml(sink):
     (event,) = log.events
     assert event["kind"] == "exception" and "Traceback" in event["text"]
     assert "CUDA out of memory (pretend)" in event["text"]
+
+
+def test_an_exception_in_a_helper_thread_is_an_event_not_a_failed_rank(sink):
+    script = """
+        import threading
+        import traceml_core as traceml
+        traceml.init()
+        def bad():
+            raise KeyError("prefetch worker died")
+        t = threading.Thread(target=bad, name="prefetcher")
+        t.start(); t.join()
+        with traceml.trace_step():
+            pass
+    """
+    res = run_script(script, subprocess_env(TRACEML_RUN_INFO=run_info_env(sink.port), RANK="0"))
+    assert res.returncode == 0 and "prefetch worker died" in res.stderr
+    assert sink.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
+    log = sink.ranks[0]
+    assert log.bye["status"] == "clean"
+    (event,) = log.events
+    assert event["kind"] == "thread_exception" and "prefetcher" in event["text"]

@@ -74,7 +74,7 @@ def test_phases_are_timed_and_records_arrive_in_order(sdk, sink):
         assert cols["step_ns"][i] >= parts
     assert cols["t_end_ns"] == sorted(cols["t_end_ns"])
     assert abs(cols["t_end_ns"][-1] / 1e9 - time.time()) < 60
-    # RSS samples arrive every 50 ms; a run this long has them on most steps
+    # RSS is sampled at 10 Hz from the start; a run this long has samples
     assert max(cols["mem_peak"]) > 10 * 2**20
 
 
@@ -200,12 +200,75 @@ def test_nested_trace_step_is_one_step(sdk, sink):
     assert cols["step"] == [0, 1] and cols["step_ns"][0] >= 5e6
 
 
-def test_exception_inside_a_step_propagates_and_the_step_is_kept(sdk, sink):
+class Flaky(nn.Module):
+    """Raises in forward and in its optimizer's step the first time (e.g. a skipped OOM batch)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 1:
+            raise ValueError("bad batch")
+        return self.lin(x)
+
+
+class FlakySGD(torch.optim.SGD):
+    calls = 0
+
+    def step(self, closure=None):
+        FlakySGD.calls += 1
+        if FlakySGD.calls == 1:
+            raise RuntimeError("bad step")
+        return super().step(closure)
+
+
+def test_exceptions_inside_a_step_propagate_and_later_steps_are_still_timed(sdk, sink):
     start(sdk, sink)
+    model = Flaky()
+    opt = FlakySGD(model.parameters(), lr=0.1)
+    x = torch.randn(2, 4)
     with pytest.raises(ValueError):
-        with sdk.trace_step():
-            raise ValueError("boom")
-    with sdk.trace_step():
-        pass
+        with sdk.trace_step(model):
+            model(x)
+    with pytest.raises(RuntimeError):
+        with sdk.trace_step(model):
+            model(x).sum().backward()
+            opt.step()
+    with sdk.trace_step(model):
+        model(x).sum().backward()
+        opt.step()
     cols = finish(sdk, sink).columns
-    assert cols["step"] == [0, 1]
+    assert cols["step"] == [0, 1, 2], "steps that raised are recorded too"
+    assert cols["forward_ns"][2] > 0 and cols["optimizer_ns"][2] > 0
+
+
+def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
+    from traceml_core.sdk import patches
+
+    patches.uninstall()                               # a fresh process: nothing patched yet
+
+    class EarlyOpt(torch.optim.SGD):
+        pass
+
+    class LateOpt(torch.optim.SGD):
+        pass
+
+    model = tiny_mlp()
+    early = EarlyOpt(model.parameters(), lr=0.01)     # torch wraps EarlyOpt.step now
+    start(sdk, sink)
+    late = LateOpt(model.parameters(), lr=0.01)       # and LateOpt.step after init
+    x, y = torch.randn(8, 32), torch.randn(8, 1)
+    for opt in (early, late, early):
+        with sdk.trace_step(model):
+            loss = ((model(x) - y) ** 2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    with sdk.trace_step(model):       # a step without an optimizer step
+        model(x)
+    cols = finish(sdk, sink).columns
+    assert all(v > 0 for v in cols["optimizer_ns"][:3]) and cols["optimizer_ns"][3] == 0
+    assert cols["backward_ns"][3] == 0

@@ -1,0 +1,153 @@
+"""The deferred commit of CUDA-event phase times, with stand-in events (no GPU on this machine).
+
+The stand-in implements the three calls the timer makes on ``torch.cuda.Event``: ``record``,
+``query`` (non-blocking completion check) and ``elapsed_time`` (milliseconds). The "device"
+completes events only when the test says so, like a GPU running behind the host.
+"""
+
+from __future__ import annotations
+
+from traceml_core.sdk.cuda_timing import CudaPhaseTimer
+from traceml_core.sdk.hotpath import C_BWD, C_FWD, C_H2D, GpuStepContext, StepRecorder
+
+
+class Device:
+    def __init__(self):
+        self.clock_ms = 0.0
+        self.completed_upto = -1      # events with id <= this have completed
+        self.next_id = 0
+
+
+class FakeEvent:
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.id = -1
+        self.t = 0.0
+
+    def record(self, stream=None):
+        self.id = self.dev.next_id
+        self.dev.next_id += 1
+        self.t = self.dev.clock_ms
+
+    def query(self):
+        return self.id <= self.dev.completed_upto
+
+    def elapsed_time(self, end):
+        assert self.query() and end.query(), "elapsed_time on an incomplete event would block"
+        return end.t - self.t
+
+
+def setup(max_pending=4):
+    dev = Device()
+    rec = StepRecorder(batch_size=16)
+    timer = CudaPhaseTimer("cuda:0", event_factory=lambda: FakeEvent(dev), stream_fn=lambda: None,
+                           max_pending=max_pending)
+    rec.gpu = timer
+    rec.fwd0 = 0                      # as if a model had been traced
+    return dev, rec, timer
+
+
+def gpu_step(dev, rec, fwd_ms, bwd_ms, h2d_ms=None):
+    ctx = GpuStepContext(rec)
+    if h2d_ms is not None:                # a copy right after the fetch, before the step
+        ev = rec.gpu.start()
+        dev.clock_ms += h2d_ms
+        rec.gpu.stop_pre(C_H2D, ev)
+    with ctx:
+        ev = rec.gpu.start()
+        dev.clock_ms += fwd_ms
+        rec.gpu.stop(C_FWD, ev)
+        ev = rec.gpu.start()
+        dev.clock_ms += bwd_ms
+        rec.gpu.stop(C_BWD, ev)
+
+
+def committed(rec):
+    """Committed rows in protocol column order (step index first)."""
+    rows = []
+    for b in list(rec.sealed) + ([rec.batch] if rec.batch is not None else []):
+        for i, row in enumerate(b.rows):
+            rows.append((b.seq + i,) + row)
+    return rows
+
+
+def test_rows_wait_for_their_events_then_carry_gpu_times():
+    dev, rec, timer = setup()
+    gpu_step(dev, rec, 3.0, 5.0, h2d_ms=0.5)
+    gpu_step(dev, rec, 3.0, 5.0)
+    assert committed(rec) == [] and timer.pending == 2, "nothing is committed before the GPU is done"
+    dev.completed_upto = 5            # the first step's six events are done
+    gpu_step(dev, rec, 3.0, 5.0)
+    rows = committed(rec)
+    assert [r[0] for r in rows] == [0]
+    assert rows[0][C_FWD] == 3_000_000 and rows[0][C_BWD] == 5_000_000
+    assert rows[0][C_H2D] == 500_000, "the copy before the step is credited to it"
+    dev.completed_upto = 10**9
+    timer.drain(rec, final=True)
+    rows = committed(rec)
+    assert [r[0] for r in rows] == [0, 1, 2] and rows[1][C_H2D] == 0 and timer.fallbacks == 0
+
+
+def test_a_device_far_behind_gets_host_times_instead_of_a_sync():
+    dev, rec, timer = setup(max_pending=4)
+    for _ in range(10):
+        gpu_step(dev, rec, 1.0, 1.0)
+    rows = committed(rec)
+    assert [r[0] for r in rows] == [0, 1, 2, 3, 4, 5], "oldest rows go out once 4 are pending"
+    assert timer.fallbacks == 6
+    assert all(r[C_H2D] == -1 for r in rows), "host fallback: h2d not measured"
+    assert all(r[C_FWD] >= 0 and r[C_FWD] < 1_000_000 for r in rows), "host time of a launch"
+    timer.drain(rec, final=True)
+    assert len(committed(rec)) == 10 and rec.count == 10
+
+
+def test_an_evaluation_forward_between_steps_drops_pending_copies():
+    dev, rec, timer = setup()
+    ev = timer.start()
+    dev.clock_ms += 7.0
+    timer.stop_pre(C_H2D, ev)
+    timer.clear_pre()                 # what the forward wrapper does outside a step
+    gpu_step(dev, rec, 1.0, 1.0)
+    dev.completed_upto = 10**9
+    timer.drain(rec, final=True)
+    assert committed(rec)[0][C_H2D] == 0
+
+
+def test_cuda_variant_wrappers_bracket_each_phase_with_events():
+    from traceml_core.sdk import hotpath
+    from traceml_core.sdk.hotpath import C_OPT
+
+    dev, rec, timer = setup()
+
+    class Net:
+        pass
+
+    net = Net()
+    rec.model = net
+
+    def forward(self, x):
+        dev.clock_ms += 2.0
+        return x
+
+    def backward(tensors, grad_tensors=None):
+        dev.clock_ms += 4.0
+
+    def step(self, closure=None):
+        dev.clock_ms += 1.0
+
+    fwd = hotpath.make_forward(forward, gpu=True)
+    bwd = hotpath.make_backward(backward, gpu=True)
+    opt = hotpath.make_step(step, gpu=True)
+    hotpath.set_recorder(rec)
+    try:
+        with GpuStepContext(rec):
+            fwd(net, 1)
+            bwd("loss")
+            opt("optimizer")
+        dev.completed_upto = 10**9
+        timer.drain(rec, final=True)
+    finally:
+        hotpath.set_recorder(None)
+    (row,) = committed(rec)
+    assert (row[C_FWD], row[C_BWD], row[C_OPT]) == (2_000_000, 4_000_000, 1_000_000)
+    assert row[C_H2D] == 0 and timer.fallbacks == 0

@@ -1,0 +1,76 @@
+"""The node system sampler: real /proc for CPU and RAM, a fake NVML for the GPU fields."""
+
+from __future__ import annotations
+
+import time
+
+from traceml_core.sdk.samplers import FakeGpu, FakeNvml, SystemReporter, SystemSampler
+from traceml_core.sdk.samplers.system import visible_gpus_from_env
+from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.protocol import GPU_FIELDS, SYSTEM_FIELDS
+
+GIB = 1024**3
+
+
+def test_gpu_fields_flow_into_samples():
+    nv = FakeNvml([
+        FakeGpu(uuid="GPU-a", util_pct=97, mem_used=70 * GIB, mem_total=80 * GIB, temp_c=71, power_w=612.5),
+        FakeGpu(uuid="GPU-b", util_pct=3, mem_used=1 * GIB, temp_c=35, power_w=80.0, unsupported={"power_w"}),
+    ])
+    s = SystemSampler(nv)
+    time.sleep(0.05)
+    sample = s.sample()
+    assert tuple(sample) == SYSTEM_FIELDS
+    a, b = sample["gpus"]
+    assert tuple(a) == GPU_FIELDS
+    assert a == {"index": 0, "util_pct": 97, "mem_used": 70 * GIB, "mem_total": 80 * GIB,
+                 "temp_c": 71, "power_w": 612.5}
+    assert b["util_pct"] == 3 and b["power_w"] is None, "an unsupported field is None, not 0"
+    assert s.gpu_note == "2 GPU(s) via NVML"
+    assert sample["ram_total"] > sample["ram_used"] > 0
+    assert sample["cpu_pct"] is None or 0.0 <= sample["cpu_pct"] <= 100.0
+    nv.gpus[0].util_pct = 12                   # values are read live on every sample
+    assert s.sample()["gpus"][0]["util_pct"] == 12
+
+
+def test_visible_devices_select_gpus_by_index_or_uuid():
+    nv = FakeNvml([FakeGpu(uuid=f"GPU-{i}", util_pct=10 * i) for i in range(4)])
+    assert visible_gpus_from_env({"CUDA_VISIBLE_DEVICES": "GPU-3,1"}) == ["GPU-3", "1"]
+    s = SystemSampler(nv, gpus=visible_gpus_from_env({"CUDA_VISIBLE_DEVICES": "GPU-3,1"}))
+    assert [(g["index"], g["util_pct"]) for g in s.sample()["gpus"]] == [(3, 30), (1, 10)]
+    s2 = SystemSampler(nv, gpus=["7", "2"])
+    assert [g["index"] for g in s2.sample()["gpus"]] == [2] and "skipped 7" in s2.gpu_note
+
+
+def test_no_driver_says_so_once_and_samples_cpu_and_ram(traceml_log):
+    s = SystemSampler(FakeNvml(unavailable="NVML Shared Library Not Found"))
+    samples = [s.sample() for _ in range(3)]
+    assert all(x["gpus"] == [] and x["ram_total"] for x in samples)
+    notes = [r.getMessage() for r in traceml_log.records if "no GPU telemetry" in r.getMessage()]
+    assert len(notes) == 1 and "NVML Shared Library Not Found" in notes[0]
+
+
+def test_the_real_backend_without_a_driver_is_not_an_error(traceml_log):
+    s = SystemSampler()          # pynvml on this machine: no driver here, or real GPUs on a node
+    sample = s.sample()
+    assert isinstance(sample["gpus"], list)
+    assert s.gpu_note
+    s.close()
+
+
+def test_reporter_sends_system_frames_through_a_node_client(sink):
+    nv = FakeNvml([FakeGpu(util_pct=55, temp_c=66)])
+    client = TelemetryClient("127.0.0.1", sink.port, "test-token", run="test-run", node=0, rank=-1,
+                             kind="node")
+    client.start()
+    assert client.wait_connected(2.0)
+    reporter = SystemReporter(SystemSampler(nv), client.submit, node=0, host="node0",
+                              interval=0.05).start()
+    assert sink.wait_for(lambda s: len(s.system) >= 3)
+    reporter.stop()
+    client.close(1.0)
+    frame = sink.system[0]
+    assert frame["node"] == 0 and frame["host"] == "node0"
+    gpu = frame["samples"][0]["gpus"][0]
+    assert gpu["util_pct"] == 55 and gpu["temp_c"] == 66
+    assert sink.ranks[-1].hello["kind"] == "node"
