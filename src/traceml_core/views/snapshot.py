@@ -4,8 +4,9 @@ Two halves, one data model:
 
 * :func:`snapshot_frame` runs **inside the aggregator's loop** when node 0's launcher sends
   ``{"t": "snapshot", "id": N, "series": bool, "verdict": bool}`` on its control connection
-  (see wire/protocol.py). It reads the per-rank raw tail and counters the aggregator already
-  keeps, costs O(ranks x recent records) (plus a provisional summary when ``verdict`` is asked
+  (see wire/protocol.py). It first computes the statistics of frames still pending, then reads
+  the per-rank raw tail (kept in ``cli``/``dashboard`` modes only) and counters the aggregator
+  already keeps, costs O(ranks x recent records) (plus a provisional summary when ``verdict`` is asked
   for, every few seconds) and never raises: an internal error comes back as ``"error"`` in the
   frame, so a bug here cannot close the launcher's control connection.
 * :func:`read_snapshot` runs **in the launcher** and turns frames into :class:`LiveState`
@@ -113,6 +114,9 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
 
 def _build(server: Any, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
     st, s = server.state, server.settings
+    flush = getattr(server, "flush_ranks", None)
+    if flush is not None:  # statistics of frames received since the last flush (at most 1 s old)
+        flush()
     frame: dict[str, Any] = {
         "t": "snapshot", "id": rid, "server_time": time.time(), "started_at": s.started_at,
         "run_name": s.run_name, "world_size": s.world_size, "nnodes": s.nnodes,
