@@ -18,9 +18,9 @@ torch). The contract with training code:
 * ``shutdown()`` (also run at exit) flushes and sends ``bye`` within ``flush_timeout`` (2 s);
 * an uncaught exception sends its traceback as an ``event`` and the ``bye`` says ``error``
   (``interrupted`` for KeyboardInterrupt); the exception is printed and the process exits
-  exactly as without TraceML. ``sys.exit(n)`` is not an exception hook event: the rank ends
-  ``clean`` from the SDK's view and the launcher reports the exit code. SIGTERM is not handled
-  here (a Python-level handler would delay a worker stuck in a C call from dying); the
+  exactly as without TraceML. A failing ``sys.exit(n)`` (n not 0/None) never reaches the
+  exception hook, so ``sys.exit`` is wrapped to mark the rank ``error`` ("sys.exit(n)") before
+  exiting as usual. SIGTERM is not handled here (a Python-level handler would delay a worker stuck in a C call from dying); the
   aggregator sees such a rank's connection close without ``bye``.
 """
 
