@@ -53,3 +53,9 @@ def test_gpu_check_skips_cleanly_without_cuda():
         pytest.skip("a CUDA device is present: gpu_check.py is a device run, not a CI test")
     out = _run("gpu_check.py", "--quick")
     assert "SKIPPED" in out and "no CUDA device" in out
+
+
+def test_live_snapshot_benchmark_runs():
+    out = _run("live_snapshot.py", "--ranks", "2", "--requests", "5", "--warmup-s", "0.5")
+    kinds = [line.split()[0] for line in out.splitlines()[2:]]
+    assert kinds == ["plain", "series", "verdict"], out
