@@ -137,7 +137,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
     Option("relay", _switch, True,
            "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
-           "(off: every rank connects to node 0 itself).", "on|off", default_doc="on"),
+           "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),
 )
 
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
