@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from aggpeers import RUN, TOKEN, RankPeer, make_settings
+from aggpeers import RUN, TOKEN, RankPeer, columns, make_settings
 from traceml_core.aggregator.control import join_aggregator
 from traceml_core.aggregator.process import start_aggregator
 from traceml_core.launcher.relay import Relay
@@ -273,3 +273,29 @@ def test_upstream_killed_relay_counts_then_reports_to_a_new_aggregator(tmp_path)
     assert r["status"] == "clean" and r["node"] == 0
     times.sort()
     assert times[int(len(times) * 0.999)] < 0.005
+
+
+def test_relay_link_lost_with_ranks_connected_marks_them_gone(aggregator):
+    """A node's relay link dies with its ranks still connected (the node crashed): the aggregator
+    ends those ranks like closed connections, keeps serving, and names the node as lost."""
+    from aggpeers import Peer
+    from traceml_core.wire.protocol import make_hello
+
+    h = aggregator(nnodes=2, nproc_per_node=2)
+    link = Peer(h.port)
+    link.send(make_hello(TOKEN, run=RUN, job="42", node=1, rank=-1, kind="node", host="host1",
+                         extra={"nproc": 2}))
+    assert link.recv()["t"] == "welcome"
+    for rank in (2, 3):
+        link.send({"t": "join", "rank": rank, "local_rank": rank - 2, "host": "host1", "pid": 1,
+                   "new": True})
+        link.send({"t": "steps", "rank": rank, "seq": 0, "n": 3, "cols": columns(3), "dropped": 0})
+    assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 2)
+    link.close()
+    assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 0)
+    status = h.status()
+    assert status is not None and status["nodes_lost"] == [1], status
+    s = _summary(h.finish(1, reason="node 1 vanished", failed_nodes=[1]))
+    by = {r["rank"]: r for r in s["ranks"]}
+    assert by[2]["status"] == by[3]["status"] == "vanished"
+    assert by[2]["steps"] == by[3]["steps"] == 3 and by[2]["node"] == 1

@@ -356,7 +356,7 @@ class Server:
         elif i.kind == "node":
             conns = self.node_conns.get(i.node, [])
             if c.relayed:  # the relay's link is gone: so are the rank connections it carried
-                for rank in c.relayed:
+                for rank in list(c.relayed):
                     if self.relayed.get(rank) is c:
                         self._relayed_closed(rank, now)
                 c.relayed = None
