@@ -44,6 +44,7 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
+    hang_timeout: float = 0.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

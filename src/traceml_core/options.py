@@ -125,6 +125,11 @@ OPTIONS: tuple[Option, ...] = (
            default_doc="0.0.0.0 for multi-node, 127.0.0.1 for one node"),
     Option("aggregator_wait", _float(0), 60.0,
            "Seconds a node waits for the aggregator (and node 0 for the other nodes) before giving up.", "S"),
+    Option("hang_timeout", _float(0), 0.0,
+           "Stop the run when a rank that has started stepping and not finished sends no step for "
+           "this many seconds (a hang); exit status 124, the summary names the silent ranks. Set it "
+           "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
+           default_doc="0 (off)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
 )
 
