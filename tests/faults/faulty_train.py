@@ -37,6 +37,8 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=0.6,
                     help="seconds the faulty rank pauses (stepping is over) before its fault, so "
                          "the records it produced reach the network")
+    ap.add_argument("--pause-at", type=int, default=-1, help="every rank pauses before this step")
+    ap.add_argument("--pause-s", type=float, default=0.0, help="... for this long (an evaluation)")
     args = ap.parse_args()
 
     progress_dir = os.environ.get("FAULT_PROGRESS_DIR", ".")
@@ -68,6 +70,8 @@ def main() -> int:
             if args.fault == "hang":
                 while True:  # a deadlock that never returns
                     time.sleep(3600)
+        if step == args.pause_at:
+            time.sleep(args.pause_s)
         x = torch.randn(32, 16, generator=gen)
         y = x.sum(dim=1, keepdim=True)
         with traceml.trace_step(model):

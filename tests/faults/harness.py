@@ -146,12 +146,14 @@ class Launch:
 
     def __init__(self, tmp: Path, script_args: Sequence[str] = (), *, nproc: int = 2,
                  traceml: bool = True, flags: Sequence[str] = (), env: Optional[dict[str, str]] = None,
-                 run_name: str = "run", logs: Optional[Path] = None) -> None:
+                 run_name: str = "run", logs: Optional[Path] = None,
+                 aggregator_port: Optional[int] = None) -> None:
         self.progress_dir = tmp / ("progress" if traceml else "progress-plain")
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         self.logs = logs or tmp / "logs"
         self.run_name = run_name
         master, agg = free_ports(2)
+        agg = aggregator_port or agg
         self.aggregator_port = agg
         if traceml:
             cmd = [PY, "-m", "traceml_core.cli", "run", f"--nproc-per-node={nproc}",

@@ -26,9 +26,16 @@ class SummarizeError(TraceMLError):
 
 
 def find_checkpoint(run_dir: Path) -> Path:
+    """The newest checkpoint of the run: in RUN_DIR, or in the fallback directory (where the
+    aggregator moves when RUN_DIR stops being writable mid-run, leaving an older one behind)."""
+    found = []
     for cand in (run_dir / CHECKPOINT_NAME, fallback_dir(run_dir.name) / CHECKPOINT_NAME):
-        if cand.is_file():
-            return cand
+        try:
+            found.append((cand.stat().st_mtime, cand))
+        except OSError:
+            continue
+    if found:
+        return max(found)[1]
     raise SummarizeError(
         f"No TraceML checkpoint found for RUN_DIR {run_dir}: neither {run_dir / CHECKPOINT_NAME} "
         f"nor the fallback {fallback_dir(run_dir.name) / CHECKPOINT_NAME} exists. Pass the run "
