@@ -28,3 +28,22 @@ def baseline(tmp_path_factory) -> Callable[..., harness.Run]:
         return cache[key]
 
     return get
+
+
+@pytest.fixture
+def aggregator(tmp_path):
+    """A real aggregator process (as tests/unit's fixture); yields a factory of settings overrides."""
+    from aggpeers import make_settings
+    from traceml_core.aggregator.process import start_aggregator
+
+    handles = []
+
+    def start(**kw):
+        h = start_aggregator(make_settings(tmp_path, **kw))
+        handles.append(h)
+        return h
+
+    yield start
+    for h in handles:
+        if h.alive():
+            h.kill()
