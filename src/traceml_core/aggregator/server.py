@@ -656,14 +656,16 @@ class Server:
                 "nodes_lost": sorted(n for n, ni in st.nodes.items()
                                      if ni.left_at is not None and ni.bye is None),
                 "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
-                                 if ni.bye is not None and ni.bye.get("status") not in ("clean", None)},
+                                 if ni.bye is not None
+                                 and ni.bye.get("status") not in ("clean", "interrupted", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
                 "checkpoint_s": round(self.checkpoint_seconds, 4),
                 "silent": self.silent_ranks()}
 
     def silent_ranks(self, limit: int = 8) -> list[list[Any]]:
         """The longest-silent ranks that should still be stepping, for the launcher's hang watchdog:
-        ``[rank, seconds since its last steps frame, last step, node, host]``, longest first.
+        ``[rank, seconds since its last steps frame, records received so far (its step count),
+        node, host]``, longest first.
 
         Only ranks that have sent steps, have not said ``bye`` and are still reachable (their own
         connection, or their node's launcher connection, is open) count, so a broken telemetry
@@ -676,7 +678,7 @@ class Server:
                 continue
             if not (rs.connected or self.node_conns.get(rs.node)):
                 continue
-            out.append([rs.rank, round(now - rs.last_seen, 3), rs.last_step, rs.node, rs.host])
+            out.append([rs.rank, round(now - rs.last_seen, 3), rs.next_seq, rs.node, rs.host])
         out.sort(key=lambda x: -x[1])
         return out[:limit]
 

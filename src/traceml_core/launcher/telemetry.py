@@ -160,8 +160,8 @@ class NodeTelemetry:
         if not silent or not silent[0][1] > hang:
             return False
         stuck = [s for s in silent if s[1] > hang]
-        names = "; ".join(f"rank {r} (node {n}, {h or '?'}) last step {step}, silent {age:.0f} s"
-                          for r, age, step, n, h in stuck)
+        names = "; ".join(f"rank {r} (node {n}, {h or '?'}) after {steps} steps, silent {age:.0f} s"
+                          for r, age, steps, n, h in stuck)
         more = "" if len(stuck) < len(silent) or len(silent) < 8 else " (and maybe more)"
         src = self.config.source("hang_timeout")
         src = "--hang-timeout" if src == "cli" else src
