@@ -43,14 +43,19 @@ TARGET_US = 5.0
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=250, help="steps per block")
-    ap.add_argument("--reps", type=int, default=120, help="blocks of each loop (even)")
+    ap.add_argument("--steps", type=int, default=100, help="steps per block")
+    ap.add_argument("--reps", type=int, default=300, help="blocks of each loop (even)")
     ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--quick", action="store_true", help="250 steps x 30 blocks")
+    ap.add_argument("--quick", action="store_true", help="100 steps x 60 blocks")
     ap.add_argument("--json", help="also write the figures to this file")
+    ap.add_argument("--breakdown", action="store_true",
+                    help="instead: where the overhead goes, per hooked call (clock reads around "
+                         "each call, traced vs untraced, medians)")
     args = ap.parse_args()
+    if args.breakdown:
+        return breakdown(args)
     if args.quick:
-        args.steps, args.reps = 250, 30
+        args.steps, args.reps = 100, 60
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -163,6 +168,72 @@ def main() -> int:
         "cpu_mean": figures["c"], "delivered": rank.get("records", 0),
         "traced_steps": steps_traced, "lost": st["lost"], "target_us": TARGET_US, "met": met,
     })
+    return 0
+
+
+def breakdown(args: argparse.Namespace) -> int:
+    """Per hooked call: median time of the call traced minus untraced, clock reads around each."""
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    from traceml_core.sdk import api
+    from traceml_core.sdk.hotpath import NULL_CONTEXT, StepContext, StepRecorder
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    n = 50
+    loader = DataLoader(TensorDataset(torch.randn(n * args.batch, 32), torch.randn(n * args.batch, 1)),
+                        batch_size=args.batch)
+    rec = StepRecorder(max_batches=1 << 30)         # no client: the hot path alone
+    api._session = api._Session()
+    pc = time.perf_counter_ns
+    samples: dict[tuple[str, bool], list[int]] = {}
+    names = ("fetch", "trace_step+enter", "forward", "backward", "opt.step", "exit", "whole step")
+    reps = 30 if args.quick else 80
+    for rep in range(reps):
+        for on in ((False, True) if rep % 2 == 0 else (True, False)):
+            hotpath.set_recorder(None)
+            patches.uninstall()
+            api._CTX = NULL_CONTEXT
+            if on:
+                patches.install_global()
+                patches.register_model(rec, model)
+                hotpath.set_recorder(rec)
+                api._CTX = StepContext(rec)
+                api._LAST_MODEL = model
+            it = iter(loader)
+            while True:
+                a = pc()
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    break
+                b = pc()
+                with traceml.trace_step(model):
+                    c = pc()
+                    out = model(x)
+                    d = pc()
+                    loss = F.mse_loss(out, y)
+                    opt.zero_grad()
+                    e = pc()
+                    loss.backward()
+                    f = pc()
+                    opt.step()
+                    g = pc()
+                h = pc()
+                for name, v in zip(names, (b - a, c - b, d - c, f - e, g - f, h - g, h - a)):
+                    samples.setdefault((name, on), []).append(v)
+            rec.sealed.clear()
+    hotpath.set_recorder(None)
+    print(f"machine: {machine()}, torch {torch.__version__}; {reps} x {n} steps each way")
+    print(f"{'call':18}{'untraced ns':>13}{'traced ns':>11}{'added ns':>10}")
+    total = 0.0
+    for name in names:
+        off = statistics.median(samples[(name, False)])
+        on_ = statistics.median(samples[(name, True)])
+        if name != "whole step":
+            total += on_ - off
+        print(f"{name:18}{off:13,.0f}{on_:11,.0f}{on_ - off:10,.0f}")
+    print(f"{'sum of calls':18}{'':24}{total:10,.0f}")
     return 0
 
 

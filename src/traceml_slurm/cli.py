@@ -12,16 +12,29 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     e = sub.add_parser("env", help="show how this Slurm context resolves (same as traceml run --print-config)")
     e.add_argument("--json", action="store_true")
+    sub.add_parser("doctor", help="preflight checks of this allocation, on every node (traceml slurm doctor -h)",
+                   add_help=False)
+    from .template.cli import add_template_parser
+
+    add_template_parser(sub)
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["doctor"]:  # its own parser: doctor/cli.py
+        from .doctor.cli import main as doctor_main
+
+        return doctor_main(argv[1:])
     parser = build_parser()
     ns = parser.parse_args(argv)
     if ns.command == "env":
         from traceml_core.cli import main as core_main
 
         return core_main(["run", "--print-config", "--cluster=slurm"] + (["--json"] if ns.json else []))
+    if ns.command == "template":
+        from .template.cli import run_template
+
+        return run_template(ns, argv[argv.index("template") + 1:])
     parser.print_help()
     return 0

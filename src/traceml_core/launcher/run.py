@@ -73,8 +73,9 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     telemetry.attach(sup)
     try:
         code = sup.wait(on_tick=telemetry.tick)
-    finally:
+    except BaseException:
         sup.restore()
+        raise
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:
@@ -89,7 +90,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         status = 1
     log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
         + (f" ({reason})" if reason else ""))
-    text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+    try:  # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
+        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+    finally:
+        sup.restore()
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()

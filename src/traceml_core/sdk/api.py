@@ -18,9 +18,9 @@ torch). The contract with training code:
 * ``shutdown()`` (also run at exit) flushes and sends ``bye`` within ``flush_timeout`` (2 s);
 * an uncaught exception sends its traceback as an ``event`` and the ``bye`` says ``error``
   (``interrupted`` for KeyboardInterrupt); the exception is printed and the process exits
-  exactly as without TraceML. ``sys.exit(n)`` is not an exception hook event: the rank ends
-  ``clean`` from the SDK's view and the launcher reports the exit code. SIGTERM is not handled
-  here (a Python-level handler would delay a worker stuck in a C call from dying); the
+  exactly as without TraceML. A failing ``sys.exit(n)`` (n not 0/None) never reaches the
+  exception hook, so ``sys.exit`` is wrapped to mark the rank ``error`` ("sys.exit(n)") before
+  exiting as usual. SIGTERM is not handled here (a Python-level handler would delay a worker stuck in a C call from dying); the
   aggregator sees such a rank's connection close without ``bye``.
 """
 
@@ -213,6 +213,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
         world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
         source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
     )
+    recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
@@ -398,6 +399,22 @@ def _install_exit_hooks() -> None:
                 pass
 
     threading.excepthook = thread_excepthook
+
+    # SystemExit never reaches sys.excepthook, and atexit cannot see the exit status: note a
+    # failing `sys.exit(n)` here so the rank's `bye` says "error" rather than "clean".
+    prev_exit = sys.exit
+
+    def exit_hook(code: Any = None) -> None:
+        try:
+            s = _session
+            if s is not None and s.active and not s.closed and code not in (None, 0):
+                s.status = "error"
+                s.error = f"sys.exit({code!r})"
+        except Exception:
+            pass
+        prev_exit(code)
+
+    sys.exit = exit_hook
     atexit.register(shutdown)
 
 

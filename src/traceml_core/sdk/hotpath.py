@@ -16,9 +16,9 @@ Why tuples in a list and not ``array('q')`` columns: on a real training step the
 arrives at our code with cold caches (torch's step has evicted it), and there the generic
 operations every Python program uses all the time (build a tuple, append to a list, slot
 attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
-(0.5 us vs 1.7-2 us per step; see benchmarks/README.md). The client thread turns rows into the
-protocol's columns. For the same reason each wrapper below is written for the fewest operations
-on its common path.
+(0.5 us vs 1.7-2 us per step; see benchmarks/README.md, "Rank side"). The client thread turns
+rows into the protocol's columns. For the same reason each wrapper below is written for the
+fewest operations on its common path.
 
 Timing model (what the user sees in the summary):
 
@@ -94,7 +94,7 @@ class StepRecorder:
         "models", "fwd0",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
-        "discarded", "wall_offset", "rank",
+        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog",
     )
 
     def __init__(
@@ -134,6 +134,9 @@ class StepRecorder:
         self.mem_last = -1              # latest memory sample
         self.wall_offset = time_ns() - perf_counter_ns()
         self.gpu: Any = None            # a cuda_timing.CudaPhaseTimer once a CUDA model is traced
+        #: sealed batches waiting that make seal() call on_backlog (the client's wake-up)
+        self.backlog_mark = max(2, max_batches // 8)
+        self.on_backlog: Optional[Callable[[], None]] = None
 
     # ---- training thread ---------------------------------------------------------------------
 
@@ -146,9 +149,12 @@ class StepRecorder:
             return
         n = len(b.rows)
         if n:
-            self.sealed.append(b)
+            sealed = self.sealed
+            sealed.append(b)
             self.next_seq = b.seq + n
             self._acquire()
+            if len(sealed) >= self.backlog_mark and self.on_backlog is not None:
+                self.on_backlog()   # steps are outrunning the client's poll: wake it now
 
     def _acquire(self) -> None:
         free = self.free

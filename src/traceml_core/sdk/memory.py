@@ -1,9 +1,9 @@
 """Memory samples for the ``mem_peak`` column, taken off the training thread.
 
 The hot path never reads memory itself: the client thread calls a :class:`MemoryProbe` every
-:data:`MEMORY_INTERVAL_S` (20 Hz) and the step exit reads the highest sample taken since the
+:data:`MEMORY_INTERVAL_S` (10 Hz) and the step exit reads the highest sample taken since the
 previous step (two attribute accesses). So ``mem_peak`` is a sampled peak: exact for steps longer
-than 50 ms, and for faster steps the value of the latest sample (consecutive steps share it).
+than 100 ms, and for faster steps the value of the latest sample (consecutive steps share it).
 
 * CPU: process resident set size from ``/proc/self/statm`` (one ``pread`` on a descriptor opened
   once); where ``/proc`` is missing, the lifetime peak from ``getrusage``.
@@ -22,11 +22,11 @@ from typing import Any, Callable, Optional
 
 from .hotpath import StepRecorder
 
-MEMORY_INTERVAL_S = 0.05
+MEMORY_INTERVAL_S = 0.1
 
 
 class RssReader:
-    """Current RSS in bytes; cheap enough for 20 Hz."""
+    """Current RSS in bytes; cheap enough for 10 Hz."""
 
     def __init__(self) -> None:
         self._page = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096

@@ -135,7 +135,7 @@ class TelemetryClient:
         extra: Optional[dict[str, Any]] = None,
         source: Optional[RecordSource] = None,
         max_frames: int = 1024,
-        poll_interval: float = 0.05,
+        poll_interval: float = 0.1,
         connect_timeout: float = 2.0,
         handshake_timeout: float = 5.0,
         send_timeout: float = 10.0,
@@ -204,6 +204,10 @@ class TelemetryClient:
             return False
         self._frames.append(frame)
         return True
+
+    def wake(self) -> None:
+        """Ask the thread to send now rather than at its next poll (e.g. a backlog is building)."""
+        self._wake.set()
 
     def add_periodic(self, fn: Callable[[], None], interval_s: float) -> None:
         """Run ``fn`` on the client thread about every ``interval_s`` (cheap work only)."""
@@ -281,9 +285,11 @@ class TelemetryClient:
                     continue
                 if self._sock is None:
                     if self._closing:
-                        # one last attempt inside the deadline, then give up
+                        # one last attempt inside the deadline (for what is pending, or just
+                        # the bye: it is how the aggregator tells a clean end from a crash)
                         left = self._deadline - now
-                        if close_attempted or left <= 0 or not self._has_pending():
+                        if close_attempted or left <= 0 or (
+                                not self._has_pending() and self._bye is None):
                             return
                         close_attempted = True
                         self._connect(min(self.connect_timeout, left))

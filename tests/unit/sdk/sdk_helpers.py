@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,3 +56,31 @@ class Stopwatch:
 
     def __exit__(self, *exc: Any) -> None:
         self.elapsed = time.perf_counter() - self.t0
+
+
+def launch_ranks(port: int, script: str, args: list[str], *, world: int = 2,
+                 token: str = "test-token", run: str = "test-run", **extra_env: str):
+    """Run ``examples/<script>`` as ``world`` DDP ranks (gloo), each with the environment torchrun
+    and ``traceml run`` would give it; returns [(exit code, stdout, stderr)]; asserts success."""
+    master = free_port()
+    procs = []
+    for rank in range(world):
+        env = subprocess_env(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
+            TRACEML_RUN_INFO=run_info_env(port, token=token, run=run), **extra_env,
+        )
+        procs.append(subprocess.Popen([PYTHON, str(REPO / "examples" / script), *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=120)
+            outs.append((p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for code, _out, err in outs:
+        assert code == 0, err[-3000:]
+    return outs

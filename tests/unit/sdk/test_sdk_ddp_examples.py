@@ -7,35 +7,14 @@ Each rank is a subprocess with the environment torchrun and ``traceml run`` woul
 from __future__ import annotations
 
 import statistics
-import subprocess
 
 import pytest
 
-from sdk_helpers import PYTHON, REPO, free_port, run_info_env, subprocess_env
+from sdk_helpers import launch_ranks
 
 
 def run_ranks(sink, script: str, args: list[str], world: int = 2, **extra_env: str):
-    master = free_port()
-    procs = []
-    for rank in range(world):
-        env = subprocess_env(
-            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
-            TRACEML_RUN_INFO=run_info_env(sink.port), **extra_env,
-        )
-        procs.append(subprocess.Popen([PYTHON, str(REPO / "examples" / script), *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=90)
-            outs.append((p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for code, out, err in outs:
-        assert code == 0, err[-3000:]
+    outs = launch_ranks(sink.port, script, args, world=world, **extra_env)
     assert sink.wait_for(lambda s: all(r in s.ranks and s.ranks[r].bye for r in range(world)))
     return outs
 

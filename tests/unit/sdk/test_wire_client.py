@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import socket
 import subprocess
 import threading
 import time
-
-import pytest
 
 from traceml_core.sdk.hotpath import StepContext, StepRecorder
 from traceml_core.wire.client import TelemetryClient
@@ -209,3 +206,22 @@ def test_submit_queue_is_bounded_and_counted():
     client.close(0.2)
     st = client.stats()
     assert st.frames_dropped == 25 and st.frames_sent == 0
+
+
+def test_bye_still_reaches_a_restarted_server_when_nothing_else_is_pending():
+    server = SinkServer("test-token", "test-run").start()
+    port = server.port
+    client = make_client(port, backoff_initial=5.0, backoff_max=5.0)   # no retry before close
+    client.start()
+    assert client.wait_connected(2.0)
+    server.stop()
+    deadline = time.monotonic() + 3
+    while client.connected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    server2 = SinkServer("test-token", "test-run", port=port).start()
+    try:
+        assert client.close(2.0, bye={"t": "bye", "rank": 0, "status": "clean", "steps": 0,
+                                      "dropped": 0, "error": None})
+        assert server2.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
+    finally:
+        server2.stop()

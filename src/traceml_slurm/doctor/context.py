@@ -1,0 +1,124 @@
+"""Slurm context checks: where we run, the task layout, the launch config, stale launcher variables."""
+
+from __future__ import annotations
+
+from traceml_core.errors import ConfigError
+
+from ..context import Context
+from ..hostlists import expand_tasks_per_node
+from .model import CheckSpec, Outcome, failed, passed, skipped, warned
+from .node import NodeContext
+
+#: variables torchrun sets for each worker; inherited from a login shell they mislead scripts and us
+LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                 "NODE_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
+
+
+def check_context(ctx: NodeContext) -> Outcome:
+    try:
+        v = ctx.slurm
+    except ConfigError as exc:
+        return failed(str(exc), "Remove the malformed SLURM_* variable from your script or shell; Slurm sets it.")
+    kind = ctx.context
+    data = {"context": kind.value, "job_id": v.job_id, "step_id": v.step_id, "host": ctx.hostname}
+    if kind is Context.NONE:
+        return failed(
+            f"not inside a Slurm allocation (no SLURM_JOB_ID) on {ctx.hostname}",
+            "Run it inside one: `salloc -N2 --ntasks-per-node=1 --gres=gpu:N` then `traceml slurm doctor`, "
+            "or put `traceml slurm doctor` in the sbatch script before `srun`.", **data)
+    nnodes = v.job_num_nodes or v.nnodes
+    job = f"job {v.job_id}" + (f" ({nnodes} nodes)" if nnodes else "")
+    if kind is Context.BATCH_SHELL:
+        return passed(f"batch shell of {job} on {ctx.hostname}", **data)
+    if kind is Context.SALLOC_SHELL:
+        if ctx.options.local:
+            return warned(
+                f"salloc shell of {job} on {ctx.hostname}, which is not a compute node of the job: --local "
+                f"checks this host only",
+                "Drop --local (the doctor then starts an agent on every node of the job), or run "
+                "`srun --overlap -N1 traceml slurm doctor --local` to check one compute node.", **data)
+        return passed(f"salloc shell of {job} on {ctx.hostname}", **data)
+    step_nodes = v.step_num_nodes or v.nnodes
+    where = f"node {v.nodeid} of {step_nodes}" if v.nodeid is not None and step_nodes else ctx.hostname
+    if kind is Context.INTERACTIVE_STEP:
+        return passed(f"interactive step of {job} on {ctx.hostname} ({where})", **data)
+    return passed(f"srun step {v.job_id}.{v.step_id} on {ctx.hostname} ({where})", **data)
+
+
+def check_tasks_per_node(ctx: NodeContext) -> Outcome:
+    """One launcher per node: judged on the step we run in, or on the job's layout from a shell."""
+    kind = ctx.context
+    if kind is Context.NONE:
+        return skipped("not inside a Slurm allocation")
+    env = ctx.environ
+    in_step = kind in (Context.STEP, Context.INTERACTIVE_STEP)
+    var = "SLURM_STEP_TASKS_PER_NODE" if in_step else "SLURM_TASKS_PER_NODE"
+    raw = env.get(var, "").strip()
+    if not raw:
+        return skipped(f"{var} is not set")
+    try:
+        counts = expand_tasks_per_node(raw, var)
+    except ConfigError as exc:
+        return failed(str(exc), f"Unset {var}: Slurm sets it.")
+    most = max(counts)
+    nnodes = len(counts)
+    if most <= 1:
+        return passed(f"1 task per node ({var}={raw})", tasks_per_node=counts)
+    if in_step:
+        return failed(
+            f"this srun step runs {most} tasks on a node ({var}={raw}): `traceml run` must be ONE launcher per "
+            f"node (it starts one worker per GPU itself)",
+            "Launch with `srun --ntasks-per-node=1 traceml run train.py` (GPUs via --gres=gpu:N or "
+            "--gpus-per-node=N).", tasks_per_node=counts)
+    return warned(
+        f"the job has up to {most} tasks per node ({var}={raw}): a bare `srun traceml run` would start {most} "
+        f"launchers per node",
+        f"Use `#SBATCH --ntasks-per-node=1` (TraceML starts one worker per GPU), or launch with "
+        f"`srun --ntasks={nnodes} --ntasks-per-node=1 traceml run train.py`.", tasks_per_node=counts)
+
+
+def _config_line(c) -> str:  # type: ignore[no-untyped-def]
+    return (f"nnodes={c.nnodes} node_rank={c.node_rank} nproc_per_node={c.nproc_per_node} "
+            f"master={c.master_addr}:{c.master_port} aggregator={c.aggregator_host}:{c.aggregator_port} "
+            f"run_name={c.run_name} logs_dir={c.logs_dir}")
+
+
+def check_launch_config(ctx: NodeContext) -> Outcome:
+    """The same resolver as `traceml run --print-config`; sources go to the data (shown with -v / --json)."""
+    out = ctx.launch()
+    if out.config is None:
+        return failed(f"`traceml run` would refuse here: {out.error}",
+                      "Follow the message above; `traceml run --print-config` on the node shows the same.")
+    c = out.config
+    data = {"config": c.to_json()["config"], "warnings": list(c.warnings), "emulated": out.emulated}
+    line = _config_line(c)
+    if out.emulated:
+        line = f"as node 0's `srun` step would resolve it: {line}"
+    if c.warnings:
+        return warned(f"{line}; warning: {' | '.join(c.warnings)}",
+                      "See the warning; set the value explicitly (flag or TRACEML_*) if the guess is wrong.", **data)
+    return passed(line, **data)
+
+
+def check_stale_env(ctx: NodeContext) -> Outcome:
+    env = ctx.environ
+    found = {k: env[k] for k in LAUNCHER_VARS if env.get(k, "").strip()}
+    traceml = {k: v for k, v in env.items() if k.startswith("TRACEML_") and k not in ("TRACEML_TOKEN",)
+               and not k.startswith("TRACEML_DOCTOR_") and not k.startswith("TRACEML_CLUSTER_")}
+    data = {"launcher_vars": found, "traceml_vars": traceml}
+    if not found:
+        extra = f"; TRACEML_* set: {', '.join(sorted(traceml))}" if traceml else ""
+        return passed("no stale MASTER_ADDR / RANK / WORLD_SIZE" + extra, **data)
+    shown = ", ".join(f"{k}={v}" for k, v in found.items())
+    return warned(
+        f"set in the environment: {shown} (left over from a login shell or an earlier launch?); torchrun "
+        f"replaces them for the workers, but code that reads them before init is misled",
+        f"Unset them in the sbatch script before srun: `unset {' '.join(found)}`.", **data)
+
+
+CHECKS = (
+    CheckSpec("slurm.context", "Inside a Slurm allocation", check_context, scope="job"),
+    CheckSpec("slurm.tasks-per-node", "One launcher task per node", check_tasks_per_node, scope="job"),
+    CheckSpec("slurm.launch-config", "Launch config resolves", check_launch_config),
+    CheckSpec("slurm.stale-env", "No stale launcher variables", check_stale_env),
+)

@@ -1,0 +1,264 @@
+"""What the checks of one node read: environment, options, and lazily-computed facts.
+
+Everything a check touches goes through :class:`NodeContext`, so unit tests give it an environment
+mapping, a fake NVML, a ready :class:`~.torchprobe.TorchInfo` and fake interfaces, and run the very
+same check functions the agents run. Expensive facts (the launch config, NVML, torch in a child
+process) are computed once, on first use; torch is started early in the background because it is
+the slowest (:meth:`start_background`).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
+
+from traceml_core.config import LaunchConfig, resolve
+from traceml_core.errors import ConfigError
+
+from ..context import Context, classify
+from ..hostlists import expand_nodelist
+from ..settings import SlurmVars
+from .nvml import Nvml, NvmlUnavailable, load_nvml
+from .progress import Progress, Quiet
+from .thresholds import DEFAULT_TIMEOUT_S
+from .torchprobe import ProbeProcess, TorchInfo
+
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the user asked for on the command line (shipped to the agents as JSON)."""
+
+    local: bool = False
+    full: bool = False
+    timeout: float = DEFAULT_TIMEOUT_S
+    script: Optional[str] = None
+    ignore: frozenset[str] = frozenset()
+    verbose: bool = False
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"local": self.local, "full": self.full, "timeout": self.timeout, "script": self.script,
+                "ignore": sorted(self.ignore), "verbose": self.verbose}
+
+    @classmethod
+    def from_wire(cls, d: Mapping[str, Any]) -> "Options":
+        return cls(bool(d.get("local")), bool(d.get("full")), float(d.get("timeout") or DEFAULT_TIMEOUT_S),
+                   d.get("script"), frozenset(d.get("ignore") or ()), bool(d.get("verbose")))
+
+
+@dataclass
+class Interface:
+    name: str
+    up: bool
+    addresses: tuple[str, ...] = ()
+    loopback: bool = False
+
+
+@dataclass
+class ConfigOutcome:
+    """The launch config as `traceml run` would resolve it here, or why it does not resolve."""
+
+    config: Optional[LaunchConfig] = None
+    error: Optional[str] = None
+    #: set when the config is what node 0's srun step WOULD resolve (we run in a batch/salloc shell)
+    emulated: bool = False
+    #: the refusal `traceml run` gives in this very shell, when emulated
+    shell_refusal: Optional[str] = None
+
+
+class NodeContext:
+    def __init__(
+        self,
+        environ: Mapping[str, str],
+        options: Options = Options(),
+        *,
+        hostname: Optional[str] = None,
+        nvml_loader: Callable[[], Nvml] = load_nvml,
+        torch_info: Optional[TorchInfo] = None,
+        interfaces: Optional[list[Interface]] = None,
+        shm_path: str = "/dev/shm",
+        clock: Callable[[], float] = time.time,
+        cwd: Optional[str] = None,
+        progress: Optional[Progress] = None,
+        controller: Any = None,
+        torch_process: Optional[ProbeProcess] = None,
+    ) -> None:
+        self.environ = dict(environ)
+        self.options = options
+        self.hostname = hostname or socket.gethostname()
+        self._nvml_loader = nvml_loader
+        self._nvml: Optional[Nvml] = None
+        self._nvml_error: Optional[str] = None
+        self._nvml_loaded = False
+        self._torch_info = torch_info
+        self._torch_proc: Optional[ProbeProcess] = torch_process
+        self._interfaces = interfaces
+        self.shm_path = shm_path
+        self.clock = clock
+        self.cwd = cwd or os.getcwd()
+        self.progress = progress or Quiet()
+        self._config: Optional[ConfigOutcome] = None
+        self._controller = controller
+        self.python = sys.executable
+        self.python_version = ".".join(str(p) for p in sys.version_info[:3])
+
+    # -- Slurm ---------------------------------------------------------------------------------
+
+    @property
+    def slurm(self) -> SlurmVars:
+        """Raises ConfigError for a malformed SLURM_* variable (the context check reports it)."""
+        return SlurmVars.from_environ(self.environ)
+
+    @property
+    def context(self) -> Context:
+        try:
+            return classify(self.slurm)
+        except ConfigError:
+            return Context.NONE if not self.environ.get("SLURM_JOB_ID") else Context.STEP
+
+    @property
+    def job_id(self) -> Optional[str]:
+        return self.environ.get("SLURM_JOB_ID") or None
+
+    def job_nodes(self) -> list[str]:
+        text = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
+        try:
+            return expand_nodelist(text, "SLURM_JOB_NODELIST") if text.strip() else []
+        except ConfigError:
+            return []
+
+    def gpus_on_node(self) -> int:
+        raw = self.environ.get("SLURM_GPUS_ON_NODE", "").strip()
+        try:
+            return max(0, int(raw)) if raw else 0
+        except ValueError:
+            return 0
+
+    # -- the launch config ---------------------------------------------------------------------
+
+    def launch(self) -> ConfigOutcome:
+        if self._config is None:
+            self._config = self._resolve()
+        return self._config
+
+    def _resolve(self) -> ConfigOutcome:
+        try:
+            return ConfigOutcome(resolve({}, self.environ, script=self.options.script))
+        except ConfigError as exc:
+            first = str(exc)
+        ctx = self.context
+        if ctx in (Context.BATCH_SHELL, Context.SALLOC_SHELL):
+            # `traceml run` refuses in this shell by design; show what node 0's srun step would get.
+            env = self.node0_step_environ()
+            if env is not None:
+                try:
+                    return ConfigOutcome(resolve({}, env, script=self.options.script), emulated=True,
+                                         shell_refusal=first)
+                except ConfigError as exc:
+                    return ConfigOutcome(error=str(exc), emulated=True, shell_refusal=first)
+        return ConfigOutcome(error=first)
+
+    def node0_step_environ(self) -> Optional[dict[str, str]]:
+        """The environment `srun --ntasks-per-node=1 traceml run` would give its task on node 0."""
+        nodes = self.job_nodes()
+        if not nodes:
+            return None
+        n = len(nodes)
+        env = dict(self.environ)
+        env.update({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": str(n),
+                    "SLURM_STEP_NODELIST": self.environ.get("SLURM_JOB_NODELIST", ",".join(nodes)),
+                    "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})" if n > 1 else "1", "SLURM_NODEID": "0",
+                    "SLURM_STEP_NUM_TASKS": str(n), "SLURMD_NODENAME": nodes[0]})
+        return env
+
+    def node_rank(self) -> Optional[int]:
+        c = self.launch().config
+        if c is not None and not self.launch().emulated:
+            return c.node_rank
+        if self.context is Context.BATCH_SHELL:
+            return 0  # the batch shell runs on the first node of the allocation
+        if self.context is Context.SALLOC_SHELL:
+            return None  # the login host is no node of the job
+        raw = self.environ.get("SLURM_NODEID", "")
+        return int(raw) if raw.isdigit() else None
+
+    def is_node0(self) -> bool:
+        return self.node_rank() == 0
+
+    # -- NVML and torch ------------------------------------------------------------------------
+
+    def nvml(self) -> Nvml:
+        """The NVML backend; raises NvmlUnavailable (cached) when there is none."""
+        if not self._nvml_loaded:
+            self._nvml_loaded = True
+            try:
+                self._nvml = self._nvml_loader()
+            except NvmlUnavailable as exc:
+                self._nvml_error = str(exc)
+        if self._nvml is None:
+            raise NvmlUnavailable(self._nvml_error or "NVML unavailable")
+        return self._nvml
+
+    def nvml_devices(self) -> tuple[Optional[list], Optional[str]]:
+        try:
+            return self.nvml().devices(), None
+        except NvmlUnavailable as exc:
+            return None, str(exc)
+        except Exception as exc:  # noqa: BLE001 - an NVML call failing mid-way
+            return None, f"NVML error: {type(exc).__name__}: {exc}"
+
+    def wants_cuda_init(self) -> bool:
+        if self.gpus_on_node() > 0:
+            return True
+        devices, _ = self.nvml_devices()
+        return bool(devices)
+
+    def start_background(self) -> None:
+        """Start `import torch` in a child now: it is the slowest fact and overlaps everything else."""
+        if self._torch_info is None and self._torch_proc is None:
+            args = ["info"] + (["--cuda-init"] if self.wants_cuda_init() else [])
+            try:
+                self._torch_proc = ProbeProcess(args, self.options.timeout, self.environ, python=self.python)
+            except OSError as exc:
+                self._torch_info = TorchInfo(error=f"cannot start {self.python}: {exc}")
+
+    def torch(self) -> TorchInfo:
+        if self._torch_info is None:
+            self.start_background()
+        if self._torch_info is None:
+            assert self._torch_proc is not None
+            with self.progress.waiting("`import torch` in a child process", self.options.timeout):
+                self._torch_info = TorchInfo.from_probe(self._torch_proc.result())
+        return self._torch_info
+
+    def close(self) -> None:
+        if self._torch_proc is not None and not self._torch_proc.done():
+            self._torch_proc.kill()
+
+    # -- network -------------------------------------------------------------------------------
+
+    def interfaces(self) -> list[Interface]:
+        if self._interfaces is None:
+            from .netinfo import list_interfaces
+
+            self._interfaces = list_interfaces()
+        return self._interfaces
+
+    # -- controller ----------------------------------------------------------------------------
+
+    def controller(self) -> Any:
+        """The controller-facts backend (pyslurm or scontrol); raises ControllerError."""
+        if self._controller is None:
+            from .controller import select_backend
+
+            self._controller = select_backend(timeout=min(5.0, self.options.timeout))
+        return self._controller
+
+
+def node_name(environ: Mapping[str, str]) -> str:
+    """The node's Slurm name (as in SLURM_JOB_NODELIST), else its hostname."""
+    return environ.get("SLURMD_NODENAME") or socket.gethostname()

@@ -1,0 +1,290 @@
+"""Everything that needs torch runs here, in a child process, never in the doctor itself.
+
+Why a child: importing torch costs a second or more, may hang on a slow filesystem, may crash the
+interpreter (a CUDA build without its libraries, a half-installed wheel). In a child each of those
+is a failed check with a reason, bounded by a timeout, and the doctor keeps going.
+
+``python -m traceml_slurm.doctor.torchprobe info [--cuda-init]``  versions, CUDA build, devices
+``python -m traceml_slurm.doctor.torchprobe gloo ADDR PORT RANK WORLD TIMEOUT``  one all-reduce
+``python -m traceml_slurm.doctor.torchprobe nccl ADDR PORT RANK WORLD TIMEOUT SIZES``  bandwidth
+
+The child prints one line ``TRACEML_DOCTOR_RESULT <json>`` (other output, say from a
+sitecustomize, is ignored). :func:`run_probe` starts it and reads that line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+MARKER = "TRACEML_DOCTOR_RESULT "
+
+
+# -- parent side -----------------------------------------------------------------------------------
+
+@dataclass
+class ProbeResult:
+    """What a child said (``data``), or why it said nothing (``error``)."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+    error: Optional[str] = None
+    seconds: float = 0.0
+    timed_out: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def _child_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The caller's environment, plus our package's directory at the END of PYTHONPATH.
+
+    At the end, so that whatever the user put first (a different torch, a broken one) is what the
+    child imports, exactly as the training would.
+    """
+    env = dict(environ)
+    ours = str(Path(__file__).resolve().parents[2])
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if ours not in parts:
+        parts.append(ours)
+    env["PYTHONPATH"] = os.pathsep.join(parts)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+class ProbeProcess:
+    """A started child; :meth:`result` waits for it, at most ``timeout`` seconds after its start."""
+
+    def __init__(self, args: Sequence[str], timeout: float, environ: Optional[Mapping[str, str]] = None,
+                 python: Optional[str] = None) -> None:
+        self.args = list(args)
+        self.timeout = timeout
+        self.started = time.monotonic()
+        cmd = [python or sys.executable, "-m", "traceml_slurm.doctor.torchprobe", *self.args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     env=_child_env(os.environ if environ is None else environ),
+                                     start_new_session=True, text=True, errors="replace")
+        self._result: Optional[ProbeResult] = None
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def done(self) -> bool:
+        return self._result is not None or self.proc.poll() is not None
+
+    def result(self) -> ProbeResult:
+        if self._result is not None:
+            return self._result
+        left = max(0.0, self.timeout - self.elapsed())
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, err = self.proc.communicate()
+            self._result = ProbeResult(error=f"no answer within {self.timeout:.0f} s", seconds=self.elapsed(),
+                                       timed_out=True, data=_parse(out) or {})
+            return self._result
+        self._result = _interpret(self.proc.returncode, out, err, self.elapsed())
+        return self._result
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def run_probe(args: Sequence[str], timeout: float, environ: Optional[Mapping[str, str]] = None) -> ProbeResult:
+    return ProbeProcess(args, timeout, environ).result()
+
+
+def _parse(out: str) -> Optional[dict[str, Any]]:
+    for line in reversed((out or "").splitlines()):
+        if line.startswith(MARKER):
+            try:
+                data = json.loads(line[len(MARKER):])
+            except ValueError:
+                return None
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def _interpret(code: int, out: str, err: str, seconds: float) -> ProbeResult:
+    data = _parse(out)
+    if data is not None:
+        return ProbeResult(data=data, seconds=seconds)
+    tail = [ln for ln in (err or "").strip().splitlines() if ln.strip()]
+    last = tail[-1].strip() if tail else "no output"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return ProbeResult(error=f"python died of {name} ({last})", seconds=seconds)
+    return ProbeResult(error=f"exit status {code}: {last}", seconds=seconds)
+
+
+@dataclass
+class TorchInfo:
+    """torch as the training would see it on this node (from ``torchprobe info``)."""
+
+    error: Optional[str] = None
+    version: Optional[str] = None
+    path: Optional[str] = None
+    cuda_build: Optional[str] = None
+    device_count: Optional[int] = None
+    nccl_version: Optional[str] = None
+    gloo: Optional[bool] = None
+    cuda_init: list[dict[str, Any]] = field(default_factory=list)
+    cuda_error: Optional[str] = None
+    import_s: Optional[float] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @classmethod
+    def from_probe(cls, r: ProbeResult) -> "TorchInfo":
+        d = r.data
+        if not r.ok and not d.get("version"):
+            return cls(error=r.error)
+        return cls(error=d.get("error") or r.error, version=d.get("version"), path=d.get("path"),
+                   cuda_build=d.get("cuda_build"), device_count=d.get("device_count"),
+                   nccl_version=d.get("nccl_version"), gloo=d.get("gloo"), cuda_init=list(d.get("cuda_init") or []),
+                   cuda_error=d.get("cuda_error"), import_s=d.get("import_s"))
+
+
+# -- child side ------------------------------------------------------------------------------------
+
+def _emit(data: dict[str, Any]) -> None:
+    sys.stdout.write(MARKER + json.dumps(data) + "\n")
+    sys.stdout.flush()
+
+
+def _info(cuda_init: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    try:
+        import torch
+    except BaseException as exc:  # noqa: BLE001 - a broken torch raises anything
+        return {"error": f"import torch failed: {type(exc).__name__}: {exc}".strip()}
+    out["import_s"] = round(time.perf_counter() - t0, 3)
+    out["version"] = str(getattr(torch, "__version__", "?"))
+    out["path"] = str(Path(getattr(torch, "__file__", "") or "?").parent)
+    try:
+        out["cuda_build"] = torch.version.cuda
+        import torch.distributed as dist
+
+        out["gloo"] = bool(dist.is_available() and dist.is_gloo_available())
+        out["device_count"] = int(torch.cuda.device_count()) if out["cuda_build"] else 0
+        if out["cuda_build"]:
+            try:
+                out["nccl_version"] = ".".join(str(p) for p in torch.cuda.nccl.version())
+            except Exception as exc:  # noqa: BLE001
+                out["nccl_version"] = None
+                out["nccl_error"] = f"{type(exc).__name__}: {exc}"
+    except BaseException as exc:  # noqa: BLE001
+        out["error"] = f"torch is importable but broken: {type(exc).__name__}: {exc}"
+        return out
+    if cuda_init and out.get("device_count"):
+        inits = []
+        for i in range(out["device_count"]):
+            t1 = time.perf_counter()
+            try:
+                torch.zeros(1, device=f"cuda:{i}")
+                torch.cuda.synchronize(i)
+                free, total = torch.cuda.mem_get_info(i)
+                inits.append({"index": i, "ok": True, "seconds": round(time.perf_counter() - t1, 3),
+                              "free": int(free), "total": int(total)})
+            except BaseException as exc:  # noqa: BLE001
+                inits.append({"index": i, "ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]})
+        out["cuda_init"] = inits
+    elif cuda_init and out.get("cuda_build"):
+        try:
+            torch.cuda.init()
+        except BaseException as exc:  # noqa: BLE001
+            out["cuda_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
+
+
+def _init_url(addr: str, port: int) -> str:
+    host = f"[{addr}]" if ":" in addr else addr
+    return f"tcp://{host}:{port}"
+
+
+def _gloo(addr: str, port: int, rank: int, world: int, timeout: float) -> dict[str, Any]:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    dist.init_process_group("gloo", init_method=_init_url(addr, port), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    t1 = time.perf_counter()
+    value = torch.tensor([float(rank + 1)])
+    dist.all_reduce(value)
+    t2 = time.perf_counter()
+    dist.destroy_process_group()
+    return {"value": float(value.item()), "expected": world * (world + 1) / 2.0,
+            "init_s": round(t1 - t0, 3), "allreduce_s": round(t2 - t1, 4)}
+
+
+def _nccl(addr: str, port: int, rank: int, world: int, timeout: float, sizes: Sequence[int]) -> dict[str, Any]:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(0)
+    dist.init_process_group("nccl", init_method=_init_url(addr, port), rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout))
+    rows = []
+    for size in sizes:
+        x = torch.ones(max(1, size // 4), dtype=torch.float32, device="cuda")
+        for _ in range(2):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        iters = 5
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            dist.all_reduce(x)
+        torch.cuda.synchronize()
+        dt = (time.perf_counter() - t0) / iters
+        algbw = size / dt
+        rows.append({"bytes": size, "seconds": round(dt, 6), "algbw_gbs": round(algbw / 1e9, 3),
+                     "busbw_gbs": round(algbw * 2 * (world - 1) / world / 1e9, 3)})
+    dist.destroy_process_group()
+    return {"sizes": rows}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    what = argv[0] if argv else "info"
+    try:
+        if what == "info":
+            _emit(_info("--cuda-init" in argv))
+        elif what == "gloo":
+            addr, port, rank, world, timeout = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5])
+            _emit(_gloo(addr, port, rank, world, timeout))
+        elif what == "nccl":
+            addr, port, rank, world, timeout = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5])
+            sizes = [int(s) for s in argv[6].split(",")]
+            _emit(_nccl(addr, port, rank, world, timeout, sizes))
+        else:
+            _emit({"error": f"unknown probe {what!r}"})
+    except BaseException as exc:  # noqa: BLE001 - report, never a traceback as the only output
+        _emit({"error": f"{type(exc).__name__}: {exc}"[:500]})
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

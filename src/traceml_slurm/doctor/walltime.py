@@ -1,0 +1,131 @@
+"""Time checks: time left in the allocation, and whether the end of it leaves TraceML time to write
+its summary.
+
+At the time limit Slurm sends SIGTERM to every step, waits ``KillWait`` seconds, then SIGKILLs.
+``traceml run`` turns SIGTERM into "stop the workers, write the summary", which takes about
+:data:`~.thresholds.SUMMARY_BUDGET_S`. When KillWait is shorter, ``--signal=TERM@N`` (without
+``B:``) gives every step SIGTERM N seconds before the limit instead. Slurm 22.05 shows the
+``--signal`` of a job nowhere but in its batch script (``#SBATCH --signal=...``) or the submitting
+shell's ``SBATCH_SIGNAL``, so that is where we look. ``traceml run`` ignores USR1/USR2.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from dataclasses import dataclass
+from typing import Optional
+
+from .controller import ControllerError, _facts, unavailable
+from .model import CheckSpec, Outcome, failed, passed, skipped, warned
+from .node import NodeContext
+from .thresholds import SUMMARY_BUDGET_S, TIME_LEFT_FAIL_S, TIME_LEFT_WARN_S
+
+_SBATCH_SIGNAL = re.compile(r"^#SBATCH\s+--signal[=\s]+(\S+)", re.MULTILINE)
+#: signals `traceml run` turns into "stop and write the summary"
+STOPPING = {"TERM", "INT", "HUP"}
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    name: str
+    seconds: int
+    batch_only: bool
+    text: str
+
+
+def parse_signal(text: str) -> Optional[SignalSpec]:
+    """``[{R|B}:]<sig>[@<seconds>]`` (Slurm's --signal); seconds default to 60."""
+    raw = text.strip().strip("'\"")
+    m = re.fullmatch(r"(?:([RB]{1,2}):)?([A-Za-z0-9]+)(?:@(\d+))?", raw)
+    if not m:
+        return None
+    flags, sig, secs = m.group(1) or "", m.group(2).upper(), int(m.group(3) or 60)
+    if sig.isdigit():
+        try:
+            sig = signal.Signals(int(sig)).name
+        except ValueError:
+            return None
+    sig = sig[3:] if sig.startswith("SIG") else sig
+    return SignalSpec(sig, secs, "B" in flags, raw)
+
+
+def find_signal(ctx: NodeContext) -> Optional[SignalSpec]:
+    env = ctx.environ.get("SBATCH_SIGNAL", "").strip()
+    if env:
+        return parse_signal(env)
+    script = _facts(ctx, "script")
+    if isinstance(script, str):
+        found = _SBATCH_SIGNAL.findall(script)
+        if found:
+            return parse_signal(found[-1])
+    return None
+
+
+def _fmt(seconds: float) -> str:
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+def check_time_left(ctx: NodeContext) -> Outcome:
+    if not ctx.job_id:
+        return skipped("not inside a Slurm allocation")
+    j = _facts(ctx, "job")
+    if isinstance(j, ControllerError):
+        return unavailable(j)
+    if j.time_limit_s is None or j.end_time is None:
+        return passed("no time limit", time_limit_s=None)
+    left = j.end_time - ctx.clock()
+    data = {"left_s": round(left, 1), "time_limit_s": j.time_limit_s, "end_time": j.end_time}
+    line = f"{_fmt(max(0, left))} left of {_fmt(j.time_limit_s)}"
+    if left < TIME_LEFT_FAIL_S:
+        return failed(line + ": too little for a multi-node start and a summary",
+                      "Submit with a longer --time (the training needs it anyway).", **data)
+    if left < TIME_LEFT_WARN_S:
+        return warned(line + ": a multi-node start-up (rendezvous, data loading) may take much of it",
+                      "Submit with a longer --time if the training needs more than a few minutes.", **data)
+    return passed(line, **data)
+
+
+def check_signal(ctx: NodeContext) -> Outcome:
+    if not ctx.job_id:
+        return skipped("not inside a Slurm allocation")
+    j = _facts(ctx, "job")
+    if isinstance(j, ControllerError):
+        return unavailable(j)
+    cfg = _facts(ctx, "config")
+    kill_wait = None if isinstance(cfg, ControllerError) else cfg.kill_wait_s
+    spec = find_signal(ctx)
+    data = {"kill_wait_s": kill_wait, "signal": spec.text if spec else None, "budget_s": SUMMARY_BUDGET_S}
+    if j.time_limit_s is None:
+        return passed("no time limit: the job ends when training ends (or on scancel)", **data)
+    note = ""
+    if spec is not None:
+        if spec.name in STOPPING and not spec.batch_only and spec.seconds >= SUMMARY_BUDGET_S:
+            return passed(f"--signal={spec.text}: every step gets SIG{spec.name} {spec.seconds} s before the limit, "
+                          f"enough for TraceML's ~{SUMMARY_BUDGET_S:.0f} s to write the summary", **data)
+        if spec.batch_only:
+            note = f"; --signal={spec.text} goes to the batch shell only, not to `traceml run` in the steps"
+        elif spec.name not in STOPPING:
+            note = f"; --signal={spec.text}: `traceml run` ignores SIG{spec.name}"
+        else:
+            note = f"; --signal={spec.text} comes only {spec.seconds} s before the limit"
+    if kill_wait is None:
+        return warned(f"KillWait unknown (the controller did not say){note}",
+                      f"Add `#SBATCH --signal=TERM@{int(SUMMARY_BUDGET_S) * 2}` so TraceML stops in time to write the summary.",
+                      **data)
+    if kill_wait >= SUMMARY_BUDGET_S:
+        return passed(f"at the time limit: SIGTERM, then SIGKILL after KillWait={kill_wait:.0f} s, enough for TraceML's "
+                      f"~{SUMMARY_BUDGET_S:.0f} s{note}", **data)
+    return warned(f"KillWait={kill_wait:.0f} s: at the time limit TraceML gets {kill_wait:.0f} s between SIGTERM and "
+                  f"SIGKILL, but stopping the workers and writing the summary takes ~{SUMMARY_BUDGET_S:.0f} s{note}",
+                  f"Add `#SBATCH --signal=TERM@{int(SUMMARY_BUDGET_S) * 2}`: every step then gets SIGTERM "
+                  f"{int(SUMMARY_BUDGET_S) * 2} s before the limit, and TraceML writes the summary in time.", **data)
+
+
+CHECKS = (
+    CheckSpec("time.left", "Time left in the allocation", check_time_left, scope="job"),
+    CheckSpec("time.signal", "Time to write the summary at the limit", check_signal, scope="job"),
+)

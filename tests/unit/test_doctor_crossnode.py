@@ -1,0 +1,105 @@
+"""Cross-node verdicts from what agents report (plain dicts, as they arrive over the wire)."""
+
+from __future__ import annotations
+
+from traceml_slurm.doctor import crossnode as X
+from traceml_slurm.doctor.model import Status
+
+
+def facts(rank, *, traceml="0.1.0", master="node1", addrs=("10.0.0.1",), run="ddp-42", port=29500):
+    return {"node_rank": rank, "versions": {"python": "3.11.7", "torch": "2.13.0", "traceml": traceml},
+            "master_addrs": list(addrs), "logs_dir": "/shared/logs",
+            "config": {"nnodes": 2, "master_addr": master, "master_port": port, "aggregator_host": master,
+                       "aggregator_port": 29765, "aggregator_bind_host": "0.0.0.0", "run_name": run}}
+
+
+def test_missing_node_is_named():
+    out = X.answers(["node1", "node2"], {"node1": 0.4}, 15, "srun: error: node2: unable to launch")
+    assert out["node1"].status is Status.PASS
+    assert out["node2"].status is Status.FAIL and "no answer within 15 s" in out["node2"].observed
+    assert "unable to launch" in out["node2"].observed and "srun -w node2" in out["node2"].fix
+
+
+def test_duplicate_ranks_fail_on_both_nodes_and_name_the_missing_rank():
+    out = X.node_ranks({"node1": facts(0), "node2": facts(0)}, 2)
+    assert all(o.status is Status.FAIL for o in out.values())
+    assert "also claimed by node2" in out["node1"].observed and "rank 1 claimed by none" in out["node1"].observed
+    ok = X.node_ranks({"node1": facts(0), "node2": facts(1)}, 2)
+    assert all(o.status is Status.PASS for o in ok.values())
+
+
+def test_the_node_with_another_traceml_fails_not_node0():
+    out = X.versions({"node1": facts(0), "node2": facts(1, traceml="0.0.9")})
+    assert out["node1"].status is Status.PASS
+    assert out["node2"].status is Status.FAIL and "traceml 0.0.9 (node 0: 0.1.0)" in out["node2"].observed
+
+
+def test_master_resolving_differently_fails_on_that_node():
+    out = X.master_address({"node1": facts(0), "node2": facts(1, addrs=("127.0.1.1",))})
+    assert out["node2"].status is Status.FAIL and "node 0 (node1) resolves it to 10.0.0.1" in out["node2"].observed
+
+
+def test_config_disagreement():
+    out = X.config_agrees({"node1": facts(0), "node2": facts(1, run="ddp-43", port=29600)})
+    assert out["node2"].status is Status.FAIL and "run_name=ddp-43 (node 0: ddp-42)" in out["node2"].observed
+    assert "master_port=29600" in out["node2"].observed
+
+
+def test_ports_tell_refused_timeout_and_no_route_apart():
+    reach = {
+        "node1": {"rendezvous": {"status": "ok", "host": "node1", "port": 29500, "ms": 0.2},
+                  "aggregator": {"status": "ok", "host": "127.0.0.1", "port": 29765, "ms": 0.1}},
+        "node2": {"rendezvous": {"status": "no-route", "host": "node1", "port": 29500, "detail": "No route to host"},
+                  "aggregator": {"status": "timeout", "host": "node1", "port": 29765}},
+        "node3": {"rendezvous": {"status": "ok", "host": "node1", "port": 29500, "ms": 0.3},
+                  "aggregator": {"status": "refused", "host": "node1", "port": 29765}},
+    }
+    out = X.ports_reachable(reach, {"rendezvous": "ok", "aggregator": "ok"}, "node1", "127.0.0.1")
+    assert out["node1"].status is Status.PASS
+    assert "timed out after 3 s" in out["node2"].observed and "no route to host" in out["node2"].observed
+    assert "refused" in out["node3"].observed and "listens on 127.0.0.1 only" in out["node3"].observed
+    assert "--aggregator-bind-host=0.0.0.0" in out["node3"].fix
+    busy = X.ports_reachable(reach, {"rendezvous": "ok", "aggregator": "port 29765 is in use"}, "node1", "0.0.0.0")
+    assert "not tried (port 29765 is in use" in busy["node3"].observed and busy["node3"].status is Status.PASS
+
+
+def test_unshared_logs_dir_warns_and_says_where_the_summary_goes():
+    out = X.logs_shared("node1", {"ok": True, "path": "/scratch/logs/.f"},
+                        {"node2": {"match": False, "error": "not found", "path": "/scratch/logs/.f"}},
+                        "/scratch/logs/ddp-42/final_summary.json")
+    assert out["node2"].status is Status.WARN
+    assert "node1:/scratch/logs/ddp-42/final_summary.json" in out["node2"].observed
+    assert "not seen on node2" in out["node1"].observed
+
+
+def test_clock_skew_thresholds():
+    out = X.clock_skew({"node1": (0.001, 0.001), "node2": (2.5, 0.001), "node3": (400.0, 0.001), "node4": (0.01, 0.002)},
+                       "node1")
+    assert out["node1"].status is Status.PASS and out["node4"].status is Status.PASS
+    assert out["node2"].status is Status.WARN and "+2.50 s" in out["node2"].observed
+    assert out["node3"].status is Status.FAIL and "refuses hellos" in out["node3"].observed
+
+
+def test_gloo_result_checked_against_the_expected_sum():
+    good = {"data": {"value": 3.0, "init_s": 0.1, "allreduce_s": 0.001}, "ok": True}
+    out = X.gloo_allreduce({"node1": good, "node2": {"data": {"value": 2.0}, "ok": True}}, 2)
+    assert out["node1"].status is Status.PASS and out["node2"].status is Status.FAIL
+    hung = X.gloo_allreduce({"node2": {"ok": False, "error": "no answer within 15 s", "timed_out": True, "data": {}}}, 2)
+    assert hung["node2"].status is Status.FAIL and hung["node2"].observed.startswith("timed out")
+
+
+def test_aggregator_verdict_per_node():
+    started = {"ok": True, "port": 29765}
+    sent = {"node1": {"ok": True, "records": 3, "ms": 2.0},
+            "node2": {"ok": False, "stage": "connect", "status": "timeout", "host": "node1", "port": 29765},
+            "node3": {"ok": False, "stage": "hello", "detail": "stale or missing hello timestamp", "host": "node1",
+                      "port": 29765},
+            "node4": {"ok": True, "records": 3, "ms": 2.0}}
+    finished = {"ranks": [{"rank": 0, "node": 0, "steps": 3}]}
+    out = X.aggregator(started, sent, finished, {"node1": 0, "node2": 1, "node3": 2, "node4": 3}, "node1")
+    assert out["node1"].status is Status.PASS and "3 test step records of rank 0" in out["node1"].observed
+    assert out["node2"].status is Status.FAIL and "timed out after 3 s" in out["node2"].observed
+    assert "refused the hello: stale" in out["node3"].observed and "cross.clock-skew" in out["node3"].fix
+    assert "summary has none from it" in out["node4"].observed
+    down = X.aggregator({"ok": False, "error": "port 29765 is in use"}, {}, {}, {"node1": 0, "node2": 1}, "node1")
+    assert all(o.status is Status.FAIL and "could not start the aggregator" in o.observed for o in down.values())
