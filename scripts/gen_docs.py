@@ -47,6 +47,13 @@ OTHER_VARIABLES = {
                                          "to node2's clock reading). Nothing else reads it."),
     "TRACEML_RUN_INFO": ("internal", "Set by the launcher for its workers: JSON with the run name, ranks, the "
                          "aggregator's address and the token. `traceml.init()` reads it once. Do not set it."),
+    "TRACEML_STATUS_INTERVAL": ("user", "`--mode cli` when stdout is not a terminal: seconds between status lines "
+                                "(default 10). See [Live views](live-views-and-compare.md)."),
+    "TRACEML_LIVE_REFRESH": ("user", "`--mode cli` on a terminal: seconds between redraws (default 0.5)."),
+    "TRACEML_DASHBOARD_HOST": ("user", "`--mode dashboard`: address the page listens on (default 127.0.0.1; "
+                               "anything else leaves the URL's token as the only protection)."),
+    "TRACEML_DASHBOARD_PORT": ("user", "`--mode dashboard`: its port (default 0: the aggregator port + 1 when "
+                               "free, else any free port; the launcher prints the URL)."),
 }
 
 #: ``TRACEML_*`` names in the code that are not environment variables (the test skips them)

@@ -31,3 +31,9 @@ def test_memory_benchmark_runs():
     out = _run("aggregator_memory.py", "--ranks", "2", "--steps", "2000", "--batch", "100",
                "--summary-ranks", "16")
     assert "final summary for 16 ranks" in out
+
+
+def test_live_snapshot_benchmark_runs():
+    out = _run("live_snapshot.py", "--ranks", "2", "--requests", "5", "--warmup-s", "0.5")
+    kinds = [line.split()[0] for line in out.splitlines()[2:]]
+    assert kinds == ["plain", "series", "verdict"], out

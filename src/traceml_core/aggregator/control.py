@@ -112,6 +112,16 @@ class Link:
     def query(self, timeout: float = 2.0) -> dict[str, Any]:
         return self.request({"t": "query"}, "status", timeout)
 
+    def snapshot(self, request: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+        """Live views: a ``snapshot`` frame; replies to earlier, timed-out requests are skipped."""
+        self._snap_id = getattr(self, "_snap_id", 0) + 1
+        self.send({**request, "t": "snapshot", "id": self._snap_id})
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.recv(max(0.0, deadline - time.monotonic()))
+            if reply.get("t") == "snapshot" and reply.get("id") == self._snap_id:
+                return reply
+
     # --- node launchers -----------------------------------------------------------------------
     def bye(self, exit_code: Optional[int], status: str = "clean") -> None:
         self.send({"t": "bye", "status": status, "exit_code": exit_code})

@@ -516,6 +516,9 @@ class Server:
                     self._finish(c, msg)
                 elif t == "query":
                     self._send(c, self.status_frame())
+                elif t == "snapshot":  # live views (views/snapshot.py; never raises)
+                    from ..views.snapshot import snapshot_frame
+                    self._send(c, snapshot_frame(self, msg))
                 elif t == "system":
                     self._system(i, msg)
                 else:

@@ -45,6 +45,10 @@ class AggregatorSettings:
     started_at: float = field(default_factory=time.time)
     #: how the launcher got the port (for error messages), e.g. "--aggregator-port" or "default"
     port_source: str = "default"
+    #: the training script and its arguments as given to `traceml run` (the summary's run
+    #: section keeps them so `traceml compare` can tell runs of different scripts apart)
+    script: str = ""
+    script_args: list[str] = field(default_factory=list)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)
@@ -83,6 +87,7 @@ class AggregatorSettings:
             raise ValueError(f"unknown aggregator settings: {', '.join(unknown)}")
         data["run_dir"] = Path(data["run_dir"])
         data["hostnames"] = list(data.get("hostnames") or [])
+        data["script_args"] = [str(a) for a in data.get("script_args") or []]
         return cls(**data)
 
     def public(self) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Mapping, Optional, Sequence
 
 from ..config import LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
+from ..views import start_view
 from .supervise import Supervisor, log
 from .telemetry import NodeTelemetry
 from .token import resolve_token
@@ -56,7 +57,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     telemetry = NodeTelemetry(config, token.value)
     started = time.time()
     if config.node_rank == 0:
-        telemetry.start_aggregator()  # raises TraceMLError (port in use, ...) before training starts
+        # raises TraceMLError (port in use, ...) before training starts
+        telemetry.start_aggregator(script, script_args)
     joined = telemetry.join(config.aggregator_wait)
 
     info = RunInfo(
@@ -68,14 +70,21 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     env[RUN_INFO_VAR] = info.to_env()
     env.setdefault("PYTHONUNBUFFERED", "1")
 
-    sup = Supervisor(torchrun_command(config, script, script_args), env, grace=STOP_GRACE_S)
-    sup.start()
-    telemetry.attach(sup)
+    view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
+    sup = Supervisor(torchrun_command(config, script, script_args), env, grace=STOP_GRACE_S,
+                     **(view.popen_kwargs() if view else {}))
     try:
+        sup.start()
+        if view:
+            view.attach()
+        telemetry.attach(sup)
         code = sup.wait(on_tick=telemetry.tick)
     except BaseException:
         sup.restore()
         raise
+    finally:
+        if view:
+            view.stop()  # the final picture stays on screen; the summary prints below it
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:

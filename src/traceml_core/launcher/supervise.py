@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LOGGED = (signal.SIGUSR1, signal.SIGUSR2)
@@ -41,6 +41,10 @@ class Supervisor:
     env: Mapping[str, str]
     grace: float = 15.0
     on_signal: Optional[Callable[[int], None]] = None
+    #: where torchrun's output goes (None: our own stdout/stderr); the live terminal view passes
+    #: a pipe it prints above its display (views/output.py)
+    stdout: Any = None
+    stderr: Any = None
     interrupted_by: Optional[int] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
@@ -51,7 +55,7 @@ class Supervisor:
             self._old[sig] = signal.signal(sig, self._handle)
         # own process group: we decide when the workers get signals, and can kill them all at once
         self.proc = subprocess.Popen(list(self.cmd), env=dict(self.env), preexec_fn=_ignore_user_signals,
-                                     start_new_session=True)
+                                     start_new_session=True, stdout=self.stdout, stderr=self.stderr)
 
     def _handle(self, signum: int, _frame) -> None:
         name = signal.Signals(signum).name

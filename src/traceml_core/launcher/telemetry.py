@@ -12,7 +12,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
@@ -47,13 +47,14 @@ class NodeTelemetry:
         self.hung = False
 
     # -- start -----------------------------------------------------------------------------------
-    def start_aggregator(self) -> None:
+    def start_aggregator(self, script: str = "", script_args: Sequence[str] = ()) -> None:
         c = self.config
         settings = AggregatorSettings(
             run_name=c.run_name, token=self.token, run_dir=c.run_dir, job_id=c.job_id,
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
-            master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"))
+            master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
+            script=script, script_args=list(script_args))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -204,6 +205,16 @@ class NodeTelemetry:
             parts.append(", ".join(name(n) for n in missing) + " never joined")
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
+
+    def snapshot(self, request: dict[str, Any], timeout: float = 1.0) -> Optional[dict[str, Any]]:
+        """Live views (views/): one ``snapshot`` frame from node 0's aggregator, or None."""
+        with self._lock:
+            if self.handle is None or self.link is None or not self.handle.alive():
+                return None
+            try:
+                return self.link.snapshot(request, timeout)
+            except LinkError:
+                return None
 
     # -- the end ---------------------------------------------------------------------------------
     def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:

@@ -234,6 +234,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "rebuilt": rebuilt,
         "run": {
             "name": s["run_name"], "job_id": s.get("job_id"), "mode": s.get("mode"),
+            "script": s.get("script") or None, "script_args": s.get("script_args"),
             "started_at": iso(started), "ended_at": iso(ended),
             "duration_s": round(max(0.0, ended - started), 3),
             "status": run_status,

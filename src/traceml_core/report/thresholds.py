@@ -80,3 +80,22 @@ COMPUTE_FRACTION = 0.80
 #: ...and, when GPU samples exist, the GPUs are busy at least 70 % of the time; otherwise the model
 #: phases are long because of launch overhead or host work, not the GPU's math.
 COMPUTE_GPU_UTIL_PCT = 70.0
+
+# --- compare (traceml compare A B) -----------------------------------------------------------------
+#: Confidence level of the intervals `compare` prints and judges by.
+COMPARE_LEVEL = 0.95
+#: A change is called faster/slower only when it is at least 3 % of A's median. Two reasons: the
+#: summary's histograms resolve a step time to one bucket, about 1.1 % wide, so medians one or
+#: two buckets apart (up to ~2.2 %) are at the resolution limit; and two runs of the same script
+#: on the same node differ by a percent or two from clock boost, page cache and neighbours,
+#: whatever the per-step statistics of each run say. A run's own drift between its halves raises
+#: this floor further (see report/uncertainty.py).
+COMPARE_MIN_CHANGE_PCT = 3.0
+#: ...and at least 10 us per step: below that a phase's change is timer granularity and
+#: scheduler jitter, not something a code change did. A phase other than the step must also
+#: change by at least the floor above times A's median step: a smaller change cannot move the
+#: step beyond noise (0.02 ms more backward in a 6 ms step is scheduling, not a regression).
+COMPARE_MIN_CHANGE_MS = 0.01
+#: With fewer step records than this (all ranks together) a run is not compared: a median of a
+#: handful of steps is mostly warm-up.
+COMPARE_MIN_STEPS = 20

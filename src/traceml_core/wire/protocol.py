@@ -47,6 +47,16 @@ On the ``control`` connection (launcher → aggregator):
             ``"error"`` string) and exits.
 ``query``   ``{"t"}``: answered with ``status`` ``{"t","nodes_joined","ranks_connected",
             "ranks_seen","records","checkpoint_s"}`` (e.g. for the launcher's node-join wait).
+``snapshot`` ``{"t","id","series","verdict"}``: for the live views (``--mode cli|dashboard``),
+            answered with ``snapshot`` ``{"t","id","server_time","started_at","run_name",
+            "world_size","nnodes","nproc_per_node","mode","records","finishing","ranks","system",
+            "counters"}`` (+ ``"verdict"`` when asked; ``"error"`` instead of data if building it
+            failed). ``id`` is echoed so a reply to a timed-out request is not mistaken for the
+            next one. Per rank: identity, ``connected``, ``last_seen``/``closed_at`` (aggregator
+            clock), ``bye`` status, counts, and ``recent`` (medians of its last records per phase
+            in ms, steps/s, last peak memory, recent step times); with ``series`` also its
+            whole-run step-time and peak-memory series. ``system``: the per-node running
+            aggregates. Built by :func:`traceml_core.views.snapshot.snapshot_frame`.
 """
 
 from __future__ import annotations

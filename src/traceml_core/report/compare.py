@@ -1,0 +1,436 @@
+"""``traceml compare A B``: did B get faster or slower than A, by how much, and how sure are we?
+
+A and B are run directories (``<logs-dir>/<run-name>``) or ``final_summary.json`` files. For the
+whole step and for each phase the median per-step time of B is set against A's, with a 95 %
+interval from the runs' own per-step distributions (the ``compare`` section of the summary: one
+histogram per phase over every step of every rank, and the step-time series; see
+:mod:`.uncertainty`). A change counts only when the interval excludes zero AND it exceeds a
+floor (``thresholds.COMPARE_MIN_CHANGE_PCT``, raised to a run's own drift between its halves), so
+run-to-run noise is called "within noise", never a regression. Step times are all it needs, so
+CPU-only runs get a verdict like GPU runs.
+
+Verdict (about the median step time): ``faster``, ``slower``, ``within_noise``, or
+``not_comparable`` with the reasons (different world size, different script, GPUs on one side
+only, the step not measured, too few steps). Differences in topology and configuration are listed
+either way. Exit status: 0, or 1 with ``--fail-on-regression PCT`` when B is significantly slower
+by at least PCT percent, or 2 for unusable input (the message names the path).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from ..aggregator.sketch import ENCODING, bucket_value
+from ..errors import TraceMLError
+from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
+                         COMPARE_MIN_STEPS)
+from .uncertainty import (block_relative_halfwidth, difference_interval, drift,
+                          quantile_bootstrap)
+
+SUMMARY_NAME = "final_summary.json"
+#: summary schema versions this module reads
+READS_SCHEMA = (1,)
+COMPARE_SCHEMA = 1
+NS_PER_MS = 1e6
+
+
+class CompareError(TraceMLError):
+    """Unusable input (missing file, not a summary, unknown schema, bad threshold)."""
+
+    exit_code = 2
+
+
+# --- loading ------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    label: str  # "A" or "B"
+    path: Path  # the summary file
+    summary: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return str(self.summary.get("run", {}).get("name") or self.path.parent.name)
+
+
+def load_run(arg: str, label: str) -> Run:
+    """Read a run directory or summary file; :class:`CompareError` (one paragraph) when unusable."""
+    p = Path(arg)
+    if p.is_dir():
+        f = p / SUMMARY_NAME
+        if not f.is_file():
+            hint = (f" It holds the aggregator's checkpoint, so `traceml summarize {p}` can "
+                    "rebuild the summary first." if (p / "aggregate.state").is_file() else
+                    " Pass the run directory <logs-dir>/<run-name> of a finished `traceml run`, or "
+                    "the summary file itself.")
+            raise CompareError(f"Run {label} ({arg}): the directory has no {SUMMARY_NAME}.{hint}")
+        p = f
+    elif not p.exists():
+        raise CompareError(f"Run {label} ({arg}): no such file or directory. Pass a run directory "
+                           f"(<logs-dir>/<run-name>) or its {SUMMARY_NAME}.")
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise CompareError(f"Run {label} ({p}): cannot read it ({exc.strerror or exc}).") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise CompareError(f"Run {label} ({p}): not a TraceML summary: the file is not JSON "
+                           f"({str(exc)[:80]}). Pass the {SUMMARY_NAME} that `traceml run` "
+                           "wrote, or its run directory.") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc or "run" not in doc:
+        raise CompareError(f"Run {label} ({p}): not a TraceML summary (no schema_version/run "
+                           f"fields). Pass the {SUMMARY_NAME} that `traceml run` wrote, or its "
+                           "run directory.")
+    v = doc.get("schema_version")
+    if v not in READS_SCHEMA:
+        raise CompareError(f"Run {label} ({p}): summary schema_version {v!r} is not one this "
+                           f"traceml reads ({', '.join(map(str, READS_SCHEMA))}); it was written "
+                           "by another traceml version. Compare with the traceml that wrote it, "
+                           "or rebuild it with `traceml summarize RUN_DIR`.")
+    comp = doc.get("compare")
+    ok = (isinstance(comp, dict) and isinstance(comp.get("sketches"), dict)
+          and isinstance(comp.get("step_series"), dict) and isinstance(doc.get("topology"), dict))
+    if ok:
+        try:
+            for sk in comp["sketches"].values():
+                int(sk["lo"]), int(sk["zero"]), [int(c) for c in sk["counts"]]
+        except (TypeError, ValueError, KeyError):
+            ok = False
+    if not ok:
+        raise CompareError(f"Run {label} ({p}): the summary lacks the per-step distributions "
+                           "`compare` needs (its compare/topology sections are missing or "
+                           "malformed). Rebuild it with `traceml summarize RUN_DIR`.")
+    return Run(label, p, doc)
+
+
+# --- statistics ---------------------------------------------------------------------------------
+def histogram(sketch: Optional[dict[str, Any]]) -> tuple[list[float], list[int]]:
+    """(values in ms ascending, counts) of a serialised merged sketch (zeros first)."""
+    if not sketch:
+        return [], []
+    values: list[float] = []
+    counts: list[int] = []
+    if int(sketch.get("zero", 0)) > 0:
+        values.append(0.0)
+        counts.append(int(sketch["zero"]))
+    lo = int(sketch["lo"])
+    for i, c in enumerate(sketch["counts"]):
+        if c:
+            values.append(bucket_value(lo + i) / NS_PER_MS)
+            counts.append(int(c))
+    return values, counts
+
+
+def _quantile(values: list[float], counts: list[int], q: float) -> Optional[float]:
+    n = sum(counts)
+    if n <= 0:
+        return None
+    k = int(q * (n - 1))
+    cum = 0
+    for v, c in zip(values, counts):
+        cum += c
+        if cum > k:
+            return v
+    return values[-1]
+
+
+def _blocks(summary: dict[str, Any]) -> list[float]:
+    """Bucket means of the step series, without the buckets that hold warm-up steps."""
+    series = summary["compare"]["step_series"]
+    means = [m for m in series.get("mean_ms") or []]
+    width = max(1, int(series.get("steps_per_bucket") or 1))
+    skip = -(-int(summary.get("warmup_steps") or 0) // width)
+    return [m for m in means[skip:] if m is not None]
+
+
+@dataclass
+class PhaseChange:
+    phase: str
+    statistic: str  # "median" or "p90"
+    a_ms: Optional[float]
+    b_ms: Optional[float]
+    steps_a: int
+    steps_b: int
+    diff_ms: Optional[float] = None
+    change_pct: Optional[float] = None
+    interval_ms: Optional[tuple[float, float]] = None
+    interval_pct: Optional[tuple[float, float]] = None
+    floor_pct: Optional[float] = None
+    verdict: str = "within_noise"  # faster | slower | within_noise | not_measured | only_in_a | only_in_b
+
+
+def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float,
+                  block_hw: tuple[Optional[float], Optional[float]] = (None, None),
+                  min_ms: float = COMPARE_MIN_CHANGE_MS) -> PhaseChange:
+    """One row: B's ``q``-quantile of ``phase`` against A's, its interval and verdict. A change
+    counts when the interval excludes zero, it is at least ``floor_pct`` of A's value and at
+    least ``min_ms``."""
+    va, ca = histogram(a.summary["compare"]["sketches"].get(phase))
+    vb, cb = histogram(b.summary["compare"]["sketches"].get(phase))
+    stat = "median" if q == 0.5 else f"p{round(q * 100)}"
+    pc = PhaseChange(phase, stat, _quantile(va, ca, q), _quantile(vb, cb, q), sum(ca), sum(cb))
+    if pc.a_ms is None or pc.b_ms is None:
+        pc.verdict = ("not_measured" if pc.a_ms is None and pc.b_ms is None
+                      else "only_in_a" if pc.b_ms is None else "only_in_b")
+        return pc
+    d = pc.b_ms - pc.a_ms
+    lo, hi = difference_interval(quantile_bootstrap(va, ca, q), quantile_bootstrap(vb, cb, q),
+                                 COMPARE_LEVEL)
+    ha, hb = block_hw
+    if ha is not None and hb is not None:  # the series' spread, when wider, decides
+        half = math.hypot(ha * pc.a_ms, hb * pc.b_ms)
+        lo, hi = min(lo, d - half), max(hi, d + half)
+    pc.diff_ms = round(d, 4)
+    pc.interval_ms = (round(lo, 4), round(hi, 4))
+    pc.floor_pct = round(floor_pct, 2)
+    if pc.a_ms > 0:
+        pc.change_pct = round(100.0 * d / pc.a_ms, 2)
+        pc.interval_pct = (round(100.0 * lo / pc.a_ms, 2), round(100.0 * hi / pc.a_ms, 2))
+    relevant = abs(d) >= min_ms and (pc.change_pct is None
+                                                    or abs(pc.change_pct) >= floor_pct)
+    if relevant and lo > 0:
+        pc.verdict = "slower"
+    elif relevant and hi < 0:
+        pc.verdict = "faster"
+    return pc
+
+
+@dataclass
+class Difference:
+    what: str
+    a: Any
+    b: Any
+    #: "not_comparable" (the verdict cannot stand), "may_explain" (could cause a change), "info"
+    effect: str = "info"
+
+
+@dataclass
+class Comparison:
+    a: dict[str, Any]
+    b: dict[str, Any]
+    verdict: dict[str, Any]
+    phases: list[PhaseChange]
+    extra: list[PhaseChange]
+    differences: list[Difference]
+    notes: list[str] = field(default_factory=list)
+    gate: Optional[dict[str, Any]] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compare_schema": COMPARE_SCHEMA, "a": self.a, "b": self.b, "verdict": self.verdict,
+                "phases": [asdict(p) for p in self.phases], "extra": [asdict(p) for p in self.extra],
+                "differences": [asdict(d) for d in self.differences], "notes": self.notes,
+                "gate": self.gate}
+
+
+def _gpu_count(s: dict[str, Any]) -> int:
+    return sum(len(n.get("gpus") or []) for n in (s.get("system") or {}).get("nodes") or [])
+
+
+def _hosts(s: dict[str, Any]) -> list[Optional[str]]:
+    return [n.get("hostname") for n in s["topology"].get("nodes") or []]
+
+
+def differences(a: Run, b: Run) -> list[Difference]:
+    sa, sb = a.summary, b.summary
+    ta, tb = sa["topology"], sb["topology"]
+    ra, rb = sa.get("run") or {}, sb.get("run") or {}
+    out: list[Difference] = []
+    for key in ("world_size", "nnodes", "nproc_per_node"):
+        if ta.get(key) != tb.get(key):
+            out.append(Difference(key.replace("_", " "), ta.get(key), tb.get(key), "not_comparable"))
+    sc_a, sc_b = ra.get("script"), rb.get("script")
+    if sc_a and sc_b and sc_a != sc_b:
+        same_file = os.path.basename(sc_a) == os.path.basename(sc_b)
+        out.append(Difference("script", sc_a, sc_b, "may_explain" if same_file else "not_comparable"))
+    args_a, args_b = ra.get("script_args"), rb.get("script_args")
+    if args_a is not None and args_b is not None and list(args_a) != list(args_b):
+        out.append(Difference("script arguments", " ".join(args_a), " ".join(args_b), "may_explain"))
+    ga, gb = _gpu_count(sa), _gpu_count(sb)
+    if ga != gb:
+        out.append(Difference("GPUs sampled", ga, gb, "not_comparable" if 0 in (ga, gb) else "may_explain"))
+    if _hosts(sa) != _hosts(sb):
+        out.append(Difference("hosts", ", ".join(map(str, _hosts(sa))), ", ".join(map(str, _hosts(sb))),
+                              "may_explain"))
+    if ra.get("mode") != rb.get("mode"):
+        out.append(Difference("mode", ra.get("mode"), rb.get("mode")))
+    if ra.get("status") != rb.get("status"):
+        out.append(Difference("run status", ra.get("status"), rb.get("status")))
+    return out
+
+
+def _side(run: Run) -> dict[str, Any]:
+    s = run.summary
+    r, t, tel = s.get("run") or {}, s["topology"], s.get("telemetry") or {}
+    return {"path": str(run.path), "name": run.name, "status": r.get("status"),
+            "started_at": r.get("started_at"), "world_size": t.get("world_size"),
+            "script": r.get("script"), "steps": tel.get("records_received"),
+            "duration_s": r.get("duration_s"),
+            "provisional": bool(s.get("provisional")), "rebuilt": bool(s.get("rebuilt"))}
+
+
+def compare(a: Run, b: Run) -> Comparison:
+    sa, sb = a.summary, b.summary
+    diffs = differences(a, b)
+    reasons = [f"different {d.what} ({d.a} vs {d.b})" for d in diffs if d.effect == "not_comparable"]
+    notes: list[str] = []
+    for run in (a, b):
+        s = run.summary
+        enc = {sk.get("encoding", ENCODING) for sk in s["compare"]["sketches"].values()}
+        if enc - {ENCODING}:
+            reasons.append(f"{run.label}'s histograms use another encoding ({', '.join(sorted(enc))})")
+        n = histogram(s["compare"]["sketches"].get("step"))[1]
+        if sum(n) == 0:
+            reasons.append(f"{run.label} has no measured steps")
+        elif sum(n) < COMPARE_MIN_STEPS:
+            reasons.append(f"{run.label} has only {sum(n)} step records (at least "
+                           f"{COMPARE_MIN_STEPS} are needed)")
+        if s.get("provisional"):
+            notes.append(f"{run.label}'s summary is provisional (written at SIGTERM before the end).")
+        if s.get("rebuilt"):
+            notes.append(f"{run.label}'s summary was rebuilt from a checkpoint; later steps are missing.")
+        st = (s.get("run") or {}).get("status")
+        if st not in (None, "completed"):
+            notes.append(f"{run.label} ended {st}: it is compared over the steps it made.")
+        lost = (s.get("telemetry") or {}).get("records_lost")
+        if lost:
+            notes.append(f"{run.label} lost {lost} step records of telemetry.")
+
+    blocks_a, blocks_b = _blocks(sa), _blocks(sb)
+    drifts = [d for d in (drift(blocks_a), drift(blocks_b)) if d is not None]
+    floor = max([COMPARE_MIN_CHANGE_PCT] + [100.0 * d for d in drifts])
+    if floor > COMPARE_MIN_CHANGE_PCT:
+        notes.append(f"A run's speed drifted by {floor:.1f}% between its own halves; smaller changes "
+                     "are treated as noise.")
+    hw = (block_relative_halfwidth(blocks_a), block_relative_halfwidth(blocks_b))
+    names = [p for p in (sa.get("phases") or []) if p in sa["compare"]["sketches"]]
+    names += [p for p in sb["compare"]["sketches"] if p not in names]
+    step_a = _quantile(*histogram(sa["compare"]["sketches"].get("step")), 0.5)
+    # a phase change smaller than the step's noise floor cannot move the step beyond noise
+    phase_min = max(COMPARE_MIN_CHANGE_MS, floor / 100.0 * (step_a or 0.0))
+    phases = [compare_phase(p, a, b, floor_pct=floor, block_hw=hw) if p == "step" else
+              compare_phase(p, a, b, floor_pct=floor, min_ms=phase_min) for p in names]
+    extra = [compare_phase("step", a, b, q=0.9, floor_pct=floor, block_hw=hw)]
+    for pc in phases:
+        if pc.verdict in ("only_in_a", "only_in_b"):
+            diffs.append(Difference(f"phase {pc.phase} measured", pc.a_ms is not None,
+                                    pc.b_ms is not None, "may_explain"))
+
+    step = next((p for p in phases if p.phase == "step"), None)
+    if step is None or step.a_ms is None or step.b_ms is None:
+        reasons.append("the step time is not measured in both runs")
+    verdict = _verdict(step, phases, reasons)
+    return Comparison(_side(a), _side(b), verdict, phases, extra, diffs, notes)
+
+
+def _verdict(step: Optional[PhaseChange], phases: list[PhaseChange], reasons: list[str]) -> dict[str, Any]:
+    base: dict[str, Any] = {"kind": "not_comparable", "why": "", "change_pct": None,
+                            "interval_pct": None, "a_ms": None, "b_ms": None, "reasons": reasons}
+    if step is not None:
+        base.update(change_pct=step.change_pct, interval_pct=step.interval_pct,
+                    a_ms=step.a_ms, b_ms=step.b_ms)
+    if reasons:
+        base["why"] = "not comparable: " + "; ".join(reasons)
+        return base
+    assert step is not None
+    lo, hi = step.interval_pct or (None, None)
+    head = (f"median step {step.a_ms:.3f} ms -> {step.b_ms:.3f} ms ({_pct(step.change_pct)}, "
+            f"{int(COMPARE_LEVEL * 100)}% interval {_pct(lo)} .. {_pct(hi)})")
+    base["kind"] = step.verdict
+    if step.verdict in ("faster", "slower"):
+        movers = sorted((p for p in phases if p.phase != "step" and p.verdict == step.verdict),
+                        key=lambda p: -abs(p.diff_ms or 0.0))
+        if movers:
+            head += "; " + ", ".join(f"{p.phase} {p.diff_ms:+.3f} ms" for p in movers[:3])
+    else:
+        head += f"; changes under {step.floor_pct:.1f}% or inside the interval are noise"
+    base["why"] = head
+    return base
+
+
+def _pct(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+# --- output -------------------------------------------------------------------------------------
+_LABEL = {"faster": "faster", "slower": "SLOWER", "within_noise": "within noise",
+          "not_measured": "not measured", "only_in_a": "only in A", "only_in_b": "only in B"}
+
+
+def render(c: Comparison) -> str:
+    v = c.verdict
+    lines = [f"TraceML compare: A = {c.a['name']}, B = {c.b['name']}",
+             _side_line("A", c.a), _side_line("B", c.b),
+             "",
+             f"Verdict: {v['kind'].upper().replace('_', ' ')}: {v['why']}", ""]
+    lines.append(f"{'per step (ms)':<18}{'A':>10}{'B':>10}{'change':>10}   {'95% interval':<19} verdict")
+    for p in c.phases + c.extra:
+        name = p.phase if p.statistic == "median" else f"{p.phase} {p.statistic}"
+        iv = (f"[{_pct(p.interval_pct[0])}, {_pct(p.interval_pct[1])}]" if p.interval_pct
+              else "-")
+        lines.append(f"  {name:<16}{_ms(p.a_ms):>10}{_ms(p.b_ms):>10}{_pct(p.change_pct):>10}   "
+                     f"{iv:<19} {_LABEL.get(p.verdict, p.verdict)}")
+    if c.differences:
+        lines += ["", "Differences (A | B):"]
+        for d in c.differences:
+            tag = {"not_comparable": "  <- not comparable", "may_explain": "  <- may explain a change"}.get(d.effect, "")
+            lines.append(f"  {d.what}: {d.a} | {d.b}{tag}")
+    else:
+        lines += ["", "Differences: none in topology, script, GPUs or hosts."]
+    for n in c.notes:
+        lines.append(f"Note: {n}")
+    if c.gate is not None:
+        g = c.gate
+        lines.append("")
+        lines.append(f"Regression gate ({g['threshold_pct']:g}%): " + ("FAIL: " if g["failed"] else "pass: ")
+                     + g["why"])
+    lines.append("")
+    lines.append("Intervals: exact bootstrap of each run's per-step histogram (all ranks), widened by "
+                 "the spread of its step series over time.")
+    return "\n".join(lines) + "\n"
+
+
+def _side_line(label: str, side: dict[str, Any]) -> str:
+    return (f"  {label}: {side['path']} ({side['world_size']} ranks, {side['steps']} step records, "
+            f"{side['status']}, {side['duration_s']} s)")
+
+
+def _ms(v: Optional[float]) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 100 else f"{v:.1f}"
+
+
+def gate(c: Comparison, threshold_pct: float) -> dict[str, Any]:
+    v = c.verdict
+    ch = v.get("change_pct")
+    failed = v["kind"] == "slower" and ch is not None and ch >= threshold_pct
+    if failed:
+        why = f"B is slower by {_pct(ch)} (significant), at least {threshold_pct:g}%"
+    elif v["kind"] == "slower":
+        why = f"B is slower by {_pct(ch)}, under the {threshold_pct:g}% threshold"
+    elif v["kind"] == "not_comparable":
+        why = "the runs are not comparable, so there is no regression to judge (see above)"
+    else:
+        why = f"no significant slowdown ({v['kind'].replace('_', ' ')})"
+    return {"threshold_pct": threshold_pct, "failed": failed, "why": why}
+
+
+def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optional[float] = None) -> int:
+    if fail_on_regression is not None and not (math.isfinite(fail_on_regression) and fail_on_regression >= 0):
+        raise CompareError(f"--fail-on-regression {fail_on_regression!r} is not a usable threshold: "
+                           "give the slowdown in percent that should fail, a number >= 0 (for "
+                           "example --fail-on-regression 5).")
+    ra, rb = load_run(a, "A"), load_run(b, "B")
+    c = compare(ra, rb)
+    if fail_on_regression is not None:
+        c.gate = gate(c, fail_on_regression)
+    if as_json:
+        sys.stdout.write(json.dumps(c.to_json(), indent=1) + "\n")
+    else:
+        sys.stdout.write(render(c))
+    sys.stdout.flush()
+    return 1 if c.gate is not None and c.gate["failed"] else 0

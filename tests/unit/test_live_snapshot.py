@@ -1,0 +1,123 @@
+"""The ``snapshot`` request of a real aggregator process, and what the live views make of it.
+
+Ranks are real TCP peers speaking the wire protocol (tests/unit/aggpeers.py); the snapshot
+travels over the launcher's real control link. No torch: these run in about a second.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from aggpeers import RankPeer
+from traceml_core.views.feed import LiveFeed
+from traceml_core.views.snapshot import STALE_MIN_S, read_snapshot
+from traceml_core.views.terminal import render, status_line
+
+
+def wait_for(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def snap(handle, **req):
+    return handle.control.snapshot({"series": False, "verdict": False, **req}, timeout=3.0)
+
+
+def test_snapshot_describes_each_rank_from_its_recent_steps(aggregator):
+    h = aggregator(nproc_per_node=3, mode="cli")
+    fast, slow = RankPeer(h.port, 0), RankPeer(h.port, 1)
+    fast.steps(40, step_ms=10, forward_ms=3, mem=200 << 20)
+    slow.steps(40, step_ms=40, forward_ms=30, mem=300 << 20)
+    frame = wait_for(lambda: (f := snap(h, series=True)) and all(r["received"] == 40 for r in f["ranks"]) and f)
+    by = {r["rank"]: r for r in frame["ranks"]}
+    assert by[0]["recent"]["ms"]["forward"] == pytest.approx(3.0, rel=0.01)
+    assert by[1]["recent"]["ms"]["forward"] == pytest.approx(30.0, rel=0.01)
+    assert by[1]["recent"]["steps_per_s"] == pytest.approx(25.0, rel=0.05)  # from t_end spacing
+    assert by[1]["recent"]["mem_peak"] == 300 << 20
+    series = by[0]["series"]  # the whole run so far, in buckets of `width` steps
+    assert (len(series["step_ms"]) - 1) * series["width"] < 40 <= len(series["step_ms"]) * series["width"]
+    assert series["step_ms"] == [pytest.approx(10.0)] * len(series["step_ms"])
+
+    st = read_snapshot(frame)
+    assert [r.state for r in st.ranks] == ["ok", "ok", "waiting"]  # rank 2 never connected
+    text = status_line(st, (True, 0.0, None))
+    assert "step 40" in text and "ranks 2/3 ok" in text and "worst rank 1 40.0" in text
+    fast.close()
+    slow.close()
+
+
+def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(aggregator):
+    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+    a, b = RankPeer(h.port, 0), RankPeer(h.port, 1)
+    a.steps(10)
+    b.steps(10)
+    wait_for(lambda: snap(h)["records"] == 20)
+    b.close()  # killed: no bye
+    frame = wait_for(lambda: (f := snap(h)) and not {r["rank"]: r for r in f["ranks"]}[1]["connected"] and f)
+    st = read_snapshot(frame)
+    r1 = st.ranks[1]
+    assert r1.state == "gone" and r1.stale
+    assert r1.note.startswith("connection lost without a bye, no data for")
+    assert st.ranks[0].state == "ok"
+    # no new snapshot arrives: the picture still ages (never frozen on the last good numbers)
+    later = st.aged(st.read_at + STALE_MIN_S + 9)
+    assert later.ranks[0].state == "stale" and later.ranks[0].note.startswith("no data for 1")
+    assert "no data for 1" in later.ranks[1].note
+    line = status_line(later, (True, 0.1, None))
+    assert "rank 0: no data for" in line and "rank 1: connection lost" in line
+    a.close()
+
+
+def test_a_rank_that_said_bye_has_ended_not_stale(aggregator):
+    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+    a = RankPeer(h.port, 0)
+    a.steps(5)
+    a.bye("error", error="Traceback...\nRuntimeError: CUDA out of memory")
+    frame = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["bye"] and f)
+    r0 = read_snapshot(frame).aged(time.monotonic() + 60).ranks[0]
+    assert r0.state == "ended" and not r0.stale
+    assert r0.note == "ended error: RuntimeError: CUDA out of memory"
+    a.close()
+
+
+def test_snapshot_requests_leave_the_control_link_working_for_finish(aggregator):
+    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+    a = RankPeer(h.port, 0)
+    a.steps(30)
+    frame = wait_for(lambda: (f := snap(h, verdict=True)) and f["records"] == 30 and f)
+    assert frame["verdict"]["kind"]  # the verdict so far, from a provisional summary
+    assert h.status()["records"] == 30  # the old query still answers on the same link
+    a.bye()
+    result = h.finish(0)
+    assert result.summary_json is not None and not result.rebuilt
+    a.close()
+
+
+def test_the_feed_names_a_silent_aggregator_instead_of_freezing(aggregator):
+    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+    a = RankPeer(h.port, 0)
+    a.steps(10)
+    alive = {"on": True}
+
+    def fetch(req):
+        return h.control.snapshot(req, timeout=2.0) if alive["on"] else None
+
+    feed = LiveFeed(fetch, interval=0.05)
+    wait_for(lambda: feed.poll() and feed.state().records == 10)
+    alive["on"] = False
+    assert feed.poll() is None
+    ok, age, err = feed.contact()
+    assert not ok and err == "the aggregator did not answer"
+    from rich.console import Console
+
+    con = Console(width=160, record=True, file=open("/dev/null", "w"))
+    con.print(render(feed.state(), feed.contact()))
+    assert "aggregator not answering" in con.export_text()
+    a.close()

@@ -1,0 +1,164 @@
+"""``traceml run --mode cli`` in a real terminal (tmux) and with stdout piped (status lines).
+
+tmux gives the launcher a real pseudo-terminal of 160x50; ``capture-pane`` reads the screen as a
+user would see it. Each test uses its own tmux server (``-L`` socket named after this process)
+and kills only that server. Needs the Debian package ``tmux``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from tinyrun import REPO, env_for, start_tiny, stop, traceml_cmd
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux (apt-get install tmux)")
+
+
+class Tmux:
+    def __init__(self, tmp_path, name: str) -> None:
+        self.sock = f"traceml-test-{os.getpid()}-{name}"
+        self.name = name
+        self.tmp = tmp_path
+
+    def tmux(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True,
+                              check=check, timeout=10).stdout
+
+    def start(self, cmd: list[str], env: dict[str, str]) -> None:
+        # the pane keeps its screen after the command ends, so the end can be read too
+        line = (f"cd {shlex.quote(str(REPO))} && env -i " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+                + " " + shlex.join(cmd) + "; echo TRACEML-EXIT $?; sleep 600")
+        self.tmux("-f", "/dev/null", "new-session", "-d", "-s", self.name, "-x", "160", "-y", "50", line)
+
+    def screen(self, history: int = 0) -> str:
+        args = ["capture-pane", "-p", "-t", self.name]
+        if history:
+            args += ["-S", f"-{history}"]
+        return self.tmux(*args, check=False)
+
+    def wait(self, pred, timeout: float, what: str, history: int = 0):
+        end = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < end:
+            text = self.screen(history)
+            got = pred(text)
+            if got:
+                return got
+            time.sleep(0.25)
+        raise AssertionError(f"timed out waiting for {what}; screen:\n{text}")
+
+    def kill(self) -> None:
+        self.tmux("kill-server", check=False)
+
+
+@pytest.fixture
+def tmux(tmp_path, request):
+    t = Tmux(tmp_path, re.sub(r"\W", "", request.node.name)[:30])
+    yield t
+    t.kill()
+
+
+ROW = re.compile(r"^\s+(\d+)\s+\S+:\d+\s+(.+?)\s{2,}(\d+|-)\s")
+
+
+def rank_rows(screen: str) -> dict[int, tuple[str, int]]:
+    """The live table's rows by rank: (status cell, step), from the last drawing on the screen."""
+    rows: dict[int, tuple[str, int]] = {}
+    for line in screen.splitlines():
+        m = ROW.match(line)
+        if m:
+            rows[int(m.group(1))] = (m.group(2), -1 if m.group(3) == "-" else int(m.group(3)))
+    return rows
+
+
+def test_cli_view_shows_each_rank_updates_and_keeps_training_output(tmux, tmp_path):
+    env = env_for(TINY_STEPS="500", TINY_SLEEP_MS="10", TINY_PRINT_EVERY="100", TERM="xterm-256color")
+    tmux.start(traceml_cmd(tmp_path, "live-tmux", mode="cli"), env)
+
+    def two_running_ranks(s):
+        rows = rank_rows(s)
+        return rows if "steps/s" in s and len(rows) == 2 and \
+            all(st.startswith("ok ") and step > 0 for st, step in rows.values()) else None
+
+    first = tmux.wait(two_running_ranks, 60, "both ranks running in the live table")
+    later = tmux.wait(lambda s: (r := two_running_ranks(s)) and all(r[k][1] > first[k][1] + 20 for k in r) and r,
+                      20, "the step counts to advance")
+    assert later, "the table redraws with new numbers"
+    screen = tmux.screen()
+    assert "TraceML live" in screen and "run live-tmux" in screen
+    assert re.search(r"node 0 \(\S+\):\s+cpu \d+%", screen), screen
+    tmux.wait(lambda s: "tiny: rank 0 step 100" in s, 30, "training output above the view", history=300)
+
+    end = tmux.wait(lambda s: "TRACEML-EXIT" in s and s, 60, "the run to end", history=400)
+    assert "TRACEML-EXIT 0" in end
+    final = rank_rows(end[:end.index("TraceML summary:")])
+    assert final == {0: ("ended clean", 500), 1: ("ended clean", 500)}, "the last drawing shows the end"
+    assert end.index("tiny: done 500 steps") < end.index("TraceML summary:")
+
+
+def test_a_killed_rank_shows_as_stale_while_the_others_go_on(tmux, tmp_path):
+    # rank 1 SIGKILLs itself at step 60; rank 0 goes on (no collectives). torchrun is told to
+    # check its workers only every 15 s (torch < 2.3 checked every 5 s by default; a hung rank is
+    # never noticed), so for several seconds the run goes on with a dead rank, which is exactly
+    # what the view must make visible.
+    env = env_for(TINY_STEPS="6000", TINY_SLEEP_MS="5", TINY_KILL_RANK="1", TINY_KILL_AT="60",
+                  PET_MONITOR_INTERVAL="15", TERM="xterm-256color")
+    tmux.start(traceml_cmd(tmp_path, "live-kill", mode="cli"), env)
+
+    def dead_rank_visible(s):
+        rows = rank_rows(s)
+        m = re.search(r"^rank 1: connection lost without a bye, no data for ([\d.]+) s", s, re.M)
+        if m and float(m.group(1)) >= 3 and rows.get(0, ("",))[0].startswith("ok ") and \
+                rows.get(1, ("",))[0].startswith("lost, no data "):
+            return rows
+        return None
+
+    rows = tmux.wait(dead_rank_visible, 90, "rank 1 to show as stale while rank 0 is ok")
+    step0 = rows[0][1]
+    assert rows[1][1] <= 60 < step0, rows
+    # still redrawn, not frozen: rank 1's silence keeps growing while rank 0 advances
+    tmux.wait(lambda s: (r := rank_rows(s)) and r.get(0, ("", 0))[1] > step0 and
+              re.search(r"^rank 1: .*no data for ([4-9]|\d\d)", s, re.M), 15, "the view to keep updating")
+    end = tmux.wait(lambda s: "TRACEML-EXIT" in s and s, 60, "torchrun to end the run", history=400)
+    assert "TRACEML-EXIT 0" not in end
+    assert re.search(r"rank 1 \(node 0, \S+\) crashed", end), end[-2500:]
+
+
+def test_status_lines_when_stdout_is_not_a_terminal(tmp_path):
+    p = start_tiny(tmp_path, "live-lines", mode="cli", TINY_STEPS="300", TINY_SLEEP_MS="10",
+                   TINY_PRINT_EVERY="100", TRACEML_STATUS_INTERVAL="1")
+    try:
+        out, err = p.communicate(timeout=120)
+    finally:
+        stop(p)
+    assert p.returncode == 0, err[-3000:]
+    assert "\x1b[" not in out, "no terminal control codes in a log"
+    lines = [ln for ln in out.splitlines() if ln.startswith("[traceml] ")]
+    running = [ln for ln in lines if re.search(r"\| step \d+ \| ranks 2/2 ok \| [\d.]+ ms/step \(worst rank \d", ln)]
+    assert len(running) >= 2, out
+    steps = [int(re.search(r"\| step (\d+) \|", ln).group(1)) for ln in running]
+    assert steps == sorted(steps) and steps[-1] > steps[0], "each line reports progress"
+    assert all(len(ln) < 300 for ln in lines), "compact"
+    assert "tiny: rank 0 step 100" in out, "training output goes through untouched"
+    assert out.index("tiny: done 300 steps") < out.index("TraceML summary:")
+    assert "live status every 1 s" in err
+
+
+def test_live_modes_are_refused_for_multi_node_runs():
+    for mode in ("cli", "dashboard"):
+        r = subprocess.run(
+            [*traceml_cmd(REPO / "logs-unused", "x", mode=mode)[:4], "--mode", mode, "--nnodes", "2",
+             "--node-rank", "0", "--master-addr", "10.11.12.13", "--cluster", "none", "train.py"],
+            env=env_for(), capture_output=True, text=True, timeout=30)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        msg = r.stderr.strip()
+        assert "Traceback" not in msg and "\n" not in msg, msg
+        assert f"--mode={mode}" in msg and "single node" in msg and "2 nodes" in msg, msg
+        assert "--mode=summary" in msg, "the message says what to use instead"
