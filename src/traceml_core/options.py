@@ -113,7 +113,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("nproc_per_node", _int(1), 1, "Workers (one per GPU) that this node starts.", "N"),
     Option("master_addr", _host, "127.0.0.1", "Address of node 0 for the torchrun rendezvous.", "HOST"),
     Option("master_port", _int(1, 65535), 29500, "torchrun rendezvous port on node 0.", "PORT",
-           default_doc="29500; under Slurm 61440 + 2 x (SLURM_JOB_ID mod 2048)"),
+           default_doc="29500; under Slurm 61440 + 4 x (SLURM_JOB_ID mod 1024)"),
     Option("run_name", _run_name, None, "Name of the run directory; identical on every node.", "NAME",
            default_doc="<script>-<date>-<time>, or <job name>-<job id> under Slurm"),
     Option("logs_dir", _nonempty, "./logs", "Where node 0 writes <run-name>/final_summary.{json,txt}.", "DIR",

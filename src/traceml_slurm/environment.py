@@ -24,16 +24,19 @@ LAUNCH_KEYS = frozenset({"nnodes", "node_rank", "master_addr"})
 
 #: Job-derived ports: under Slurm, when neither flag nor TRACEML_* variable sets them, the
 #: rendezvous and aggregator ports come from SLURM_JOB_ID, so two jobs sharing a node do not clash
-#: and every node of a job computes the same pair without talking. The range lies above Linux's
+#: and every node of a job computes the same pair without talking. Each job owns a block of 4
+#: ports (master, aggregator, then the dashboard's default "aggregator + 1" and one spare), so
+#: nothing a job derives from its ports lands in another job's block. The range lies above Linux's
 #: default ephemeral range (32768-60999), so outgoing connections never hold these ports.
 PORT_BASE = 61440
-PORT_SLOTS = (65536 - PORT_BASE) // 2  # 2048 pairs: (master, aggregator) = (even, odd)
+PORT_BLOCK = 4
+PORT_SLOTS = (65536 - PORT_BASE) // PORT_BLOCK  # 1024 jobs before a block is reused
 
 
 def job_ports(job_id: str) -> tuple[int, int]:
-    """``(master_port, aggregator_port)`` for a Slurm job id; ids 2048 apart share a pair."""
-    slot = int(job_id) % PORT_SLOTS
-    return PORT_BASE + 2 * slot, PORT_BASE + 2 * slot + 1
+    """``(master_port, aggregator_port)`` for a Slurm job id; ids 1024 apart share a block."""
+    first = PORT_BASE + PORT_BLOCK * (int(job_id) % PORT_SLOTS)
+    return first, first + 1
 
 
 def launcher_srun_line(nnodes: Optional[int]) -> str:

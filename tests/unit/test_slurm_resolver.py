@@ -189,11 +189,12 @@ def test_ports_derived_from_the_job_id_agree_across_nodes():
 
 
 def test_jobs_sharing_a_node_get_different_ports():
-    """Jobs that run at the same time have nearby ids; none of their ports may coincide."""
+    """Jobs that run at the same time have nearby ids; none of the ports they use may coincide,
+    including the dashboard's default (the aggregator port + 1)."""
     seen: dict[int, str] = {}
     for job in range(4242, 4242 + 300):
         c = r(step(SLURM_JOB_ID=str(job)))
-        for port in (c.master_port, c.aggregator_port):
+        for port in (c.master_port, c.aggregator_port, c.aggregator_port + 1):
             assert port not in seen, f"job {job} and job {seen[port]} share port {port}"
             seen[port] = str(job)
 
