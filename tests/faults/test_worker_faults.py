@@ -17,6 +17,13 @@ def _fault_time(r, rank=1):
     return r.progress.steps[rank][-1][1] + 0.6
 
 
+def _bounded(r, what: str, bound: float = 10.0) -> None:
+    """The summary is written promptly after the fault: torchrun ends the run at the first failure."""
+    after = (r.run_dir / "final_summary.json").stat().st_mtime - _fault_time(r)
+    print(f"{what} -> summary written: {after:.1f} s")
+    assert 0 < after < bound, after
+
+
 def test_worker_sigkilled_mid_run(tmp_path, baseline):
     r = run(tmp_path, FAULT + ("--fault", "kill"), run_name="killed")
     plain = baseline(*FAULT, "--fault", "kill")
@@ -29,6 +36,7 @@ def test_worker_sigkilled_mid_run(tmp_path, baseline):
     assert "rank 1 (node 0" in r.out and "crashed" in r.out  # the printed summary says so
     assert_counted(r, s)
     assert ranks[1]["telemetry"]["received"] >= r.progress.sent[1] > 0
+    _bounded(r, "kill")
     assert_no_leftovers(r)
 
 
@@ -43,6 +51,7 @@ def test_worker_raises(tmp_path, baseline):
     assert "injected failure on rank 1 at step 40" in r.out
     assert s["run"]["status"] == "failed"
     assert_counted(r, s)
+    _bounded(r, "raise")
     assert_no_leftovers(r)
 
 
