@@ -45,6 +45,7 @@ class LaunchConfig:
     aggregator_wait: float
     cluster: str
     relay: bool = True
+    hang_timeout: float = 0.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -1,6 +1,7 @@
 """The Slurm cluster environment: detect a Slurm job and contribute launch values, with sources.
 
 A pure function of the environment mapping (no ``scontrol``: container images often lack it).
+Ports not set by the user are derived from ``SLURM_JOB_ID`` (:func:`job_ports`).
 Inside an srun step the step's values win over the job's: a ``srun -N1 -w node02`` step inside a
 2-node job is a one-node launch whose master is node02.
 """
@@ -29,6 +30,22 @@ def _slurm_vars(environ: Mapping[str, str]) -> "SlurmVars":
 
 _RUN_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 LAUNCH_KEYS = frozenset({"nnodes", "node_rank", "master_addr"})
+
+#: Job-derived ports: under Slurm, when neither flag nor TRACEML_* variable sets them, the
+#: rendezvous and aggregator ports come from SLURM_JOB_ID, so two jobs sharing a node do not clash
+#: and every node of a job computes the same pair without talking. Each job owns a block of 4
+#: ports (master, aggregator, then the dashboard's default "aggregator + 1" and one spare), so
+#: nothing a job derives from its ports lands in another job's block. The range lies above Linux's
+#: default ephemeral range (32768-60999), so outgoing connections never hold these ports.
+PORT_BASE = 61440
+PORT_BLOCK = 4
+PORT_SLOTS = (65536 - PORT_BASE) // PORT_BLOCK  # 1024 jobs before a block is reused
+
+
+def job_ports(job_id: str) -> tuple[int, int]:
+    """``(master_port, aggregator_port)`` for a Slurm job id; ids 1024 apart share a block."""
+    first = PORT_BASE + PORT_BLOCK * (int(job_id) % PORT_SLOTS)
+    return first, first + 1
 
 
 def launcher_srun_line(nnodes: Optional[int]) -> str:
@@ -77,6 +94,14 @@ class SlurmEnvironment(ClusterEnvironment):
             return out
 
         values["job_id"] = Setting(v.job_id, v.source("job_id"))
+        if not str(v.job_id).isdigit():
+            raise ConfigError(
+                f"SLURM_JOB_ID={v.job_id!r} is not a whole number, so it is not a Slurm job id. Slurm "
+                f"sets this variable; if your script or shell sets it, remove that (or pass "
+                f"--cluster=none to ignore Slurm).", variable="SLURM_JOB_ID")
+        master_port, aggregator_port = job_ports(v.job_id)
+        values["master_port"] = Setting(master_port, v.source("job_id"))
+        values["aggregator_port"] = Setting(aggregator_port, v.source("job_id"))
         if v.nodename:
             values["node_name"] = Setting(v.nodename, v.source("nodename"))
         if v.submit_dir:
@@ -105,6 +130,7 @@ class SlurmEnvironment(ClusterEnvironment):
 
         self._gpu_values(v, in_step, out)
         self._master_addr_env(environ, out)
+        self._master_port_env(environ, out)
         if v.het_size and v.het_size > 1 and in_step and _spans_het_components(v, environ):
             out.refusals.append(Refusal(
                 f"this srun step spans {v.het_size} heterogeneous job components (SLURM_HET_SIZE="
@@ -220,6 +246,16 @@ class SlurmEnvironment(ClusterEnvironment):
             f"MASTER_ADDR={stale} in the environment is ignored ({why}; perhaps left over from the login "
             f"shell): the master is {master.value} ({master.source}). To override, pass --master-addr or "
             f"set TRACEML_MASTER_ADDR.")
+
+    def _master_port_env(self, environ: Mapping[str, str], out: Contribution) -> None:
+        stale = environ.get("MASTER_PORT", "").strip()
+        port = out.values.get("master_port")
+        if not stale or port is None or stale == str(port.value) or environ.get("TRACEML_MASTER_PORT"):
+            return
+        out.warnings.append(
+            f"MASTER_PORT={stale} in the environment is ignored: under Slurm the rendezvous port is "
+            f"derived from the job id ({port.value}, {port.source}) so jobs sharing a node do not "
+            f"clash. To pin it, pass --master-port or set TRACEML_MASTER_PORT.")
 
     # -- checks on the merged config -------------------------------------------------------------
 

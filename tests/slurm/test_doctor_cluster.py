@@ -37,6 +37,9 @@ REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
 PY = sys.executable
 NFT_TABLE = "traceml_doctor_test"
+#: under Slurm the ports are derived from the job id unless set; these tests pin them (the firewall
+#: rule and the expected messages name them)
+PINNED_PORTS = {"TRACEML_MASTER_PORT": "29500", "TRACEML_AGGREGATOR_PORT": "29765"}
 
 
 @pytest.fixture()
@@ -139,7 +142,7 @@ def test_firewall_version_logs_clock_and_ifname_faults_on_one_node(slurm_cluster
         with node_mount(slurm_cluster, "node2", logs, "-t", "tmpfs", "tmpfs"), \
                 node_mount(slurm_cluster, "node2", SRC / "traceml_core" / "__init__.py", "--bind", str(alt)):
             report, rc, _ = doctor_job(slurm_cluster, workdir, *TWO, env={
-                "NCCL_SOCKET_IFNAME": "ib0", "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": "node2=400"})
+                "NCCL_SOCKET_IFNAME": "ib0", "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": "node2=400", **PINNED_PORTS})
     finally:
         slurm_cluster.on_node("node1", "nft", "delete", "table", "inet", NFT_TABLE, check=False)
     assert rc == 1
@@ -165,7 +168,7 @@ def test_firewall_version_logs_clock_and_ifname_faults_on_one_node(slurm_cluster
 
 def test_aggregator_on_loopback_is_refused_and_wrong_gloo_interface_fails_the_allreduce(slurm_cluster, workdir):
     report, rc, _ = doctor_job(slurm_cluster, workdir, *TWO, env={
-        "TRACEML_AGGREGATOR_BIND_HOST": "127.0.0.1", "GLOO_SOCKET_IFNAME": "ib0"})
+        "TRACEML_AGGREGATOR_BIND_HOST": "127.0.0.1", "GLOO_SOCKET_IFNAME": "ib0", **PINNED_PORTS})
     assert rc == 1
     ports = node(report, "cross.ports-reachable", "node2")
     assert ports["status"] == "fail" and "aggregator node1:29765 refused" in ports["observed"]
@@ -184,7 +187,7 @@ def test_no_route_to_node0_from_an_salloc_shell(slurm_cluster, workdir):
     slurm_cluster.on_node("node2", "ip", "route", "add", "unreachable", f"{n1}/32")
     try:
         env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEML_DOCTOR_")}
-        env.update(PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}:{env.get('PATH', '')}")
+        env.update(PYTHONPATH=str(SRC), PATH=f"{Path(PY).parent}:{env.get('PATH', '')}", **PINNED_PORTS)
         p = slurm_cluster.run("salloc", *TWO, PY, "-m", "traceml_core.cli", "slurm", "doctor", "--json",
                               "--ignore", "cross.gloo-allreduce,cross.aggregator", env=env, cwd=workdir, check=False,
                               timeout=120)

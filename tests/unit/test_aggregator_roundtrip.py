@@ -70,9 +70,15 @@ def test_status_query_reports_joined_nodes_and_ranks(aggregator):
         time.sleep(0.05)
     st.pop("checkpoint_s")
     hosts = st.pop("hosts")
+    silent = st.pop("silent")
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
                   "records": 7, "nodes_lost": [], "nodes_failed": {}}
     assert set(hosts) == {"0"}
+    # for the hang watchdog: rank 1 has stepped, not said bye, and is still connected
+    assert [(r, steps, node, host) for r, _, steps, node, host in silent] == [(1, 7, 0, "host0")]
+    p.bye()
+    time.sleep(0.3)
+    assert h.status()["silent"] == []  # a rank that said bye is never "hung"
 
 
 def test_the_token_is_never_written_to_disk(aggregator):

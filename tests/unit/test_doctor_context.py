@@ -44,7 +44,9 @@ def test_launch_config_resolves_in_a_step_with_sources():
     o = C.check_launch_config(make(step(SLURM_NODEID="1", SLURMD_NODENAME="gpu08")))
     cfg = o.data["config"]
     assert cfg["node_rank"] == {"value": 1, "source": "slurm:SLURM_NODEID"}
-    assert cfg["master_addr"]["value"] == "gpu07" and "master=gpu07:29500" in o.observed
+    port = cfg["master_port"]
+    assert port["source"] == "slurm:SLURM_JOB_ID"  # job-derived under Slurm
+    assert cfg["master_addr"]["value"] == "gpu07" and f"master=gpu07:{port['value']}" in o.observed
     assert o.status is Status.WARN  # no GPU allocated: the resolver's warning is passed on
     assert "no GPU is allocated" in o.observed
 

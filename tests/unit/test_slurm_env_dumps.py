@@ -100,3 +100,16 @@ def test_cpu_job_with_exported_worker_count():
 def test_seed_wrong_command_on_real_step_env():
     with pytest.raises(ConfigError, match="per-node expansion gotcha"):
         resolve({"node_rank": "0"}, load("gres_step_node1"), [SlurmEnvironment])
+
+
+def test_both_nodes_of_a_real_job_derive_the_same_ports():
+    """Real dumps: every node of a job computes the same job-derived pair; other jobs differ."""
+    pairs = {}
+    for name in sorted(OK):
+        env = load(name)
+        c = resolve({}, env, [SlurmEnvironment])
+        assert c.source("master_port") == c.source("aggregator_port") == "slurm:SLURM_JOB_ID"
+        pairs.setdefault(env["SLURM_JOB_ID"], set()).add((c.master_port, c.aggregator_port))
+    assert all(len(p) == 1 for p in pairs.values()), pairs
+    flat = [port for p in pairs.values() for pair in p for port in pair]
+    assert len(flat) == len(set(flat))  # no two captured jobs share a port

@@ -175,3 +175,51 @@ def test_seed_wrong_command_refused_on_other_nodes():
 def test_explicit_nnodes_contradicting_step_refused():
     with pytest.raises(ConfigError, match="spans 2 nodes"):
         r(step(), nnodes="3")
+
+
+# ---- job-derived ports ------------------------------------------------------------------------
+
+def test_ports_derived_from_the_job_id_agree_across_nodes():
+    c0, c1 = r(step(SLURM_NODEID="0")), r(step(SLURM_NODEID="1", SLURMD_NODENAME="gpu08"))
+    assert (c0.master_port, c0.aggregator_port) == (c1.master_port, c1.aggregator_port)
+    assert c0.source("master_port") == c0.source("aggregator_port") == "slurm:SLURM_JOB_ID"
+    assert c0.master_port != c0.aggregator_port
+    # above Linux's default ephemeral range (32768-60999): no outgoing connection holds them
+    assert 60999 < c0.master_port <= 65535 and 60999 < c0.aggregator_port <= 65535
+
+
+def test_jobs_sharing_a_node_get_different_ports():
+    """Jobs that run at the same time have nearby ids; none of the ports they use may coincide,
+    including the dashboard's default (the aggregator port + 1)."""
+    seen: dict[int, str] = {}
+    for job in range(4242, 4242 + 300):
+        c = r(step(SLURM_JOB_ID=str(job)))
+        for port in (c.master_port, c.aggregator_port, c.aggregator_port + 1):
+            assert port not in seen, f"job {job} and job {seen[port]} share port {port}"
+            seen[port] = str(job)
+
+
+def test_explicit_ports_beat_the_derived_ones():
+    c = r(step(TRACEML_AGGREGATOR_PORT="29765"), master_port="29500")
+    assert (c.master_port, c.source("master_port")) == (29500, "cli")
+    assert (c.aggregator_port, c.source("aggregator_port")) == (29765, "env:TRACEML_AGGREGATOR_PORT")
+    d = r(step(), aggregator_port="30001")  # one pinned, the other still derived
+    assert d.source("master_port") == "slurm:SLURM_JOB_ID" and d.aggregator_port == 30001
+
+
+def test_outside_slurm_the_defaults_stay():
+    c = resolve({}, {}, SLURM)
+    assert (c.master_port, c.aggregator_port) == (29500, 29765)
+    assert c.source("master_port") == c.source("aggregator_port") == "default"
+
+
+def test_stale_master_port_in_the_environment_is_named():
+    c = r(step(MASTER_PORT="12345"))
+    assert c.source("master_port") == "slurm:SLURM_JOB_ID"
+    assert any("MASTER_PORT=12345" in w and "--master-port" in w for w in c.warnings)
+
+
+def test_non_numeric_job_id_is_refused_naming_it():
+    with pytest.raises(ConfigError) as err:
+        r(step(SLURM_JOB_ID="abc"))
+    assert "SLURM_JOB_ID='abc'" in str(err.value) and "\n" not in str(err.value)

@@ -41,7 +41,7 @@ def tune_gc() -> None:
 
 
 def main() -> int:
-    from .persist import prepare_run_dir
+    from .persist import fallback_dir, prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
     from .settings import AggregatorSettings
 
@@ -54,9 +54,9 @@ def main() -> int:
         run_dir = prepare_run_dir(settings.run_dir, settings.run_name)
     except OSError as exc:
         _say(f"{ERROR} " + json.dumps({"kind": "run_dir", "message": (
-            f"Neither the run directory {settings.run_dir} nor the fallback under the temporary "
-            f"directory can be written ({exc.strerror or exc}). Set --logs-dir to a writable "
-            "directory.")}))
+            f"Neither the run directory {settings.run_dir} nor the fallback "
+            f"{fallback_dir(settings.run_name)} can be written ({exc.strerror or exc}). Set "
+            "--logs-dir (or TRACEML_LOGS_DIR) to a writable directory; training was not started.")}))
         return 3
     if run_dir.note:
         log(run_dir.note)

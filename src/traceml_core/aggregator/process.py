@@ -110,7 +110,7 @@ class AggregatorHandle:
             except LinkError as exc:
                 error = str(exc)
         elif not self.alive():
-            error = f"the aggregator had exited (status {self.proc.returncode})"
+            error = f"the aggregator had exited ({_describe_exit(self.proc.returncode)})"
         else:
             error = "no control connection to the aggregator"
         self._close_control()
@@ -122,8 +122,10 @@ class AggregatorHandle:
             error = reply.get("error") or "the aggregator wrote no summary"
         from ..report.summarize import summarize
         try:
+            # say in the summary itself why it is rebuilt (the launcher's log may be lost)
+            why = "; ".join(x for x in (reason, f"summary rebuilt because {error}" if error else "") if x)
             out = summarize(self.run_dir, finish={
-                "exit_code": exit_code, "interrupted": interrupted, "reason": reason,
+                "exit_code": exit_code, "interrupted": interrupted, "reason": why,
                 "failed_nodes": list(failed_nodes), "at": time.time()})
         except TraceMLError as exc:
             return FinishResult(None, None, False, f"{error}; {exc}")
@@ -159,6 +161,15 @@ class AggregatorHandle:
         except ProcessLookupError:
             pass
         self.proc.wait()
+
+
+def _describe_exit(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            pass
+    return f"status {code}"
 
 
 def _child_env(env: Optional[dict[str, str]]) -> dict[str, str]:

@@ -589,8 +589,10 @@ class Server:
             ni.left_at = None
             if result.nproc is not None:
                 ni.nproc = result.nproc
-            late = now - self.settings.started_at > self.settings.node_join_window_s
-            log(f"node {result.node} ({result.host or '?'}) joined" + (" late" if late else ""))
+            delay = now - self.settings.started_at
+            late = delay > self.settings.late_join_s
+            log(f"node {result.node} ({result.host or '?'}) joined"
+                + (f" late, {delay:.1f} s after the start" if late else ""))
         else:
             if self.control is not None and self.control is not c:
                 st.counters["replaced"] += 1
@@ -743,9 +745,31 @@ class Server:
                 "nodes_lost": sorted(n for n, ni in st.nodes.items()
                                      if ni.left_at is not None and ni.bye is None),
                 "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
-                                 if ni.bye is not None and ni.bye.get("status") not in ("clean", None)},
+                                 if ni.bye is not None
+                                 and ni.bye.get("status") not in ("clean", "interrupted", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
-                "checkpoint_s": round(self.checkpoint_seconds, 4)}
+                "checkpoint_s": round(self.checkpoint_seconds, 4),
+                "silent": self.silent_ranks()}
+
+    def silent_ranks(self, limit: int = 8) -> list[list[Any]]:
+        """The longest-silent ranks that should still be stepping, for the launcher's hang watchdog:
+        ``[rank, seconds since its last steps frame, records received so far (its step count),
+        node, host]``, longest first.
+
+        Only ranks that have sent steps, have not said ``bye`` and are still reachable (their own
+        connection, or their node's launcher connection, is open) count, so a broken telemetry
+        connection is never mistaken for a hung rank.
+        """
+        now = time.time()
+        out = []
+        for rs in self.state.ranks.values():
+            if rs.bye is not None or rs.received <= 0 or rs.last_seen is None:
+                continue
+            if not (rs.connected or self.node_conns.get(rs.node)):
+                continue
+            out.append([rs.rank, round(now - rs.last_seen, 3), rs.next_seq, rs.node, rs.host])
+        out.sort(key=lambda x: -x[1])
+        return out[:limit]
 
     def flush_ranks(self) -> None:
         """Compute pending statistics; close connections whose frames proved malformed."""

@@ -33,8 +33,11 @@ class AggregatorSettings:
     nnodes: int = 1
     nproc_per_node: int = 1
     mode: str = "summary"
-    #: seconds after start by which every node should have joined; later ones are noted as late
+    #: seconds after start by which every node should have joined (node 0 gives up after that)
     node_join_window_s: float = 60.0
+    #: a node joining more than this many seconds after the start is noted as late: every other
+    #: node waited for it (a slow `module load`, a slow shared filesystem, a delayed srun task)
+    late_join_s: float = 5.0
     master_addr: str = ""
     #: hostnames by node rank, when the launcher knows them (for example from SLURM_JOB_NODELIST)
     hostnames: list[str] = field(default_factory=list)

@@ -28,6 +28,8 @@ from .torchrun import torchrun_command
 STOP_GRACE_S = 15.0
 #: seconds a worker's init() may spend connecting; the launcher has already waited for the aggregator
 WORKER_CONNECT_WAIT_S = 5.0
+#: exit status when the hang watchdog (--hang-timeout) stopped the run (timeout(1)'s convention)
+HANG_EXIT_CODE = 124
 
 
 def worker_aggregator_host(config: LaunchConfig) -> str:
@@ -94,6 +96,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     status = exit_status(code)
     if interrupted and status == 0:
         status = 128 + int(sup.interrupted_by)
+    if telemetry.hung and not interrupted:
+        status = HANG_EXIT_CODE
     if reason and status == 0:
         status = 1
     log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"

@@ -9,6 +9,8 @@ it), on node 0 it opens its own ``node`` link next to the launcher's control con
 Node 0 owns the aggregator and watches the other nodes through it. A node that never joins, or
 whose launcher vanishes, ends the run only when training is provably stuck (no step reached the
 aggregator for ``aggregator_wait`` seconds): telemetry trouble alone never stops a healthy run.
+With ``--hang-timeout`` (off by default) node 0 also stops a run in which a rank that is still
+connected and has not finished sends no step for that long (see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class NodeTelemetry:
         self._last_progress = time.monotonic()
         self._failure: Optional[str] = None
         self.failed_nodes: list[int] = []
+        #: the hang watchdog stopped the run (the launcher then exits with HANG_EXIT_CODE)
+        self.hung = False
 
     # -- start -----------------------------------------------------------------------------------
     def start_aggregator(self, script: str = "", script_args: Sequence[str] = ()) -> None:
@@ -167,8 +171,10 @@ class NodeTelemetry:
         self._last_progress = time.monotonic()
 
     def tick(self) -> None:
-        """Called by the supervisor loop on node 0: notice nodes that never join or vanish."""
-        if self.handle is None or self._failure is not None or self.config.nnodes == 1:
+        """Called by the supervisor loop on node 0: notice hung ranks, and nodes that never join
+        or vanish."""
+        hang = self.config.hang_timeout
+        if self.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang):
             return
         now = time.monotonic()
         if now < self._next_watch:
@@ -177,6 +183,10 @@ class NodeTelemetry:
         with self._lock:
             status = self.handle.status(timeout=2.0) if self.link is not None else None
         if status is None:
+            return  # no aggregator to ask: telemetry trouble alone never stops a run
+        if hang and self._check_hang(status, hang):
+            return
+        if self.config.nnodes == 1:
             return
         records = int(status.get("records", 0))
         if records != self._last_records:
@@ -192,6 +202,25 @@ class NodeTelemetry:
         elif lost and stalled > min(wait, 30.0):
             self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
                                     f"no progress for {stalled:.0f} s")
+
+    def _check_hang(self, status: dict, hang: float) -> bool:
+        """The hang watchdog (``--hang-timeout``): a rank that has stepped, has not said bye and
+        is still connected sent no step for ``hang`` seconds. Stops the workers, naming the ranks."""
+        silent = [s for s in status.get("silent") or [] if isinstance(s, list) and len(s) >= 5]
+        if not silent or not silent[0][1] > hang:
+            return False
+        stuck = [s for s in silent if s[1] > hang]
+        names = "; ".join(f"rank {r} (node {n}, {h or '?'}) after {steps} steps, silent {age:.0f} s"
+                          for r, age, steps, n, h in stuck)
+        more = "" if len(stuck) < len(silent) or len(silent) < 8 else " (and maybe more)"
+        src = self.config.source("hang_timeout")
+        src = "--hang-timeout" if src == "cli" else src
+        self.hung = True
+        self._failure = (f"training looks hung: no step for more than {hang:g} s from {names}{more}; "
+                         f"stopped by the hang watchdog ({src}={hang:g})")
+        if self._sup is not None:
+            self._sup.terminate(self._failure)
+        return True
 
     def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:
         names = ", ".join(f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "") for n in nodes)

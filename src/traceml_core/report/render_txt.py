@@ -65,6 +65,10 @@ def render(summary: dict[str, Any]) -> str:
                  f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
                  f"{len(missing)} node(s) never joined: " +
                  ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing)))
+    late = [n for n in nodes if n.get("late")]
+    if late:
+        topo_line += "; joined late: " + ", ".join(
+            f"node {n['node']} ({n['hostname'] or '?'}) after {n['join_delay_s']:.1f} s" for n in late[:8])
     lines.append(topo_line)
     if topo["nnodes"] > 1:
         parts = [f"{n['node']}={n['hostname'] or '?'}[{_ranges(n['ranks'])}]"
@@ -118,8 +122,10 @@ def render(summary: dict[str, Any]) -> str:
                      f"{r['status'].replace('_', ' ')}{err}")
     if len(bad) > MAX_RANK_LINES:
         lines.append(f"  ... and {len(bad) - MAX_RANK_LINES} more (see final_summary.json)")
+    rb = summary.get("rebuilt")
+    upto = " up to the checkpoint" if rb and not rb.get("final_checkpoint") else ""
     loss = (f"Telemetry: {tel['records_received']:,} step records received of "
-            f"{tel['records_expected']:,} produced; ")
+            f"{tel['records_expected']:,} produced{upto}; ")
     if tel["records_lost"]:
         lossy = sorted(summary["ranks"], key=lambda r: -(r["telemetry"]["lost"] or 0))
         worst = ", ".join(f"rank {r['rank']}: {r['telemetry']['lost']}" for r in lossy[:3]

@@ -6,7 +6,7 @@ rebuilds ``final_summary.{json,txt}`` through the same code as the live summary,
 ``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
 calls it itself when its aggregator is gone at the end of a run; users can call it any time.
 
-Usage: ``python -m traceml_core.report.summarize RUN_DIR``.
+Usage: ``traceml summarize RUN_DIR`` (or ``python -m traceml_core.report.summarize RUN_DIR``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,16 @@ class SummarizeError(TraceMLError):
 
 
 def find_checkpoint(run_dir: Path) -> Path:
+    """The newest checkpoint of the run: in RUN_DIR, or in the fallback directory (where the
+    aggregator moves when RUN_DIR stops being writable mid-run, leaving an older one behind)."""
+    found = []
     for cand in (run_dir / CHECKPOINT_NAME, fallback_dir(run_dir.name) / CHECKPOINT_NAME):
-        if cand.is_file():
-            return cand
+        try:
+            found.append((cand.stat().st_mtime, cand))
+        except OSError:
+            continue
+    if found:
+        return max(found)[1]
     raise SummarizeError(
         f"No TraceML checkpoint found for RUN_DIR {run_dir}: neither {run_dir / CHECKPOINT_NAME} "
         f"nor the fallback {fallback_dir(run_dir.name) / CHECKPOINT_NAME} exists. Pass the run "
@@ -66,6 +73,20 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
     rebuilt = {"checkpoint": str(path), "taken_at": doc["taken_at"],
                "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": bool(doc.get("final"))}
     return write_summary(data, rd, run_name, rebuilt=rebuilt)
+
+
+def summarize_cli(run_dir: str) -> int:
+    """``traceml summarize RUN_DIR``: rebuild, print the text summary, say where the files are.
+
+    Errors are :class:`TraceMLError` (one paragraph); the CLI prints them and exits non-zero.
+    """
+    out = summarize(run_dir)
+    sys.stdout.write(Path(out["summary_txt"]).read_text())
+    sys.stdout.flush()
+    rb = out["summary"].get("rebuilt") or {}
+    sys.stderr.write(f"traceml: summary rebuilt from {rb.get('checkpoint')} (taken at "
+                     f"{rb.get('taken_at_iso')}): {out['summary_json']}\n")
+    return 0
 
 
 def main(argv: Optional[list[str]] = None) -> int:

@@ -204,10 +204,11 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         ni = nodes_data.get(node) or {}
         host = ni.get("host") or (hostnames[node] if node < len(hostnames) else "")
         joined_at = ni.get("joined_at")
+        delay = None if joined_at is None else round(max(0.0, joined_at - s["started_at"]), 3)
         topo_nodes.append({
             "node": node, "hostname": host or None, "joined": joined_at is not None,
-            "joined_at": iso(joined_at),
-            "late": bool(joined_at is not None and joined_at - s["started_at"] > s["node_join_window_s"]),
+            "joined_at": iso(joined_at), "join_delay_s": delay,
+            "late": bool(delay is not None and delay > s.get("late_join_s", s["node_join_window_s"])),
             "left_early": ni.get("left_at") is not None or node in failed_nodes,
             "exit_code": (ni.get("bye") or {}).get("exit_code"),
             "ranks": [r["rank"] for r in ranks if r["node"] == node],
@@ -261,7 +262,9 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "gaps": sum(t["gaps"] for t in tel), "duplicates": sum(t["duplicates"] for t in tel),
             "client_dropped": sum(t["client_dropped"] for t in tel),
             "relay_dropped": sum(t.get("relay_dropped", 0) for t in tel),
-            "complete": expected == received and endings.get("never_joined", 0) == 0,
+            # a summary rebuilt from a mid-run checkpoint cannot know what came after it
+            "complete": (expected == received and endings.get("never_joined", 0) == 0
+                         and not (rebuilt and not rebuilt.get("final_checkpoint"))),
             "sketched_fraction": round(sum(t["sketched"] for t in tel) / received, 4) if received else None,
             "wire": data.get("counters", {}),
         },

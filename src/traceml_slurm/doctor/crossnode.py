@@ -138,8 +138,9 @@ KIND_TEXT = {
 KIND_FIX = {
     "refused": "Make the listener reachable: bind the aggregator to all interfaces (--aggregator-bind-host=0.0.0.0, "
                "the multi-node default) and point --aggregator-host / --master-addr at node 0.",
-    "timeout": "Allow inbound TCP to node 0 on the rendezvous and aggregator ports (29500, 29765 by default) from the "
-               "other nodes, or pick ports the site allows with --master-port / --aggregator-port.",
+    "timeout": "Allow inbound TCP to node 0 on the rendezvous and aggregator ports (under Slurm derived from the job "
+               "id, 61440-65535; see --print-config) from the other nodes, or pick ports the site allows with "
+               "--master-port / --aggregator-port.",
     "no-route": "The nodes cannot route to node 0's address: use an address on the network the nodes share "
                 "(--master-addr / --aggregator-host, or NCCL_SOCKET_IFNAME for the interface).",
     "unresolved": "Use a name every node resolves, or node 0's IP (--master-addr / --aggregator-host).",

@@ -1,0 +1,99 @@
+"""A small DDP training script (gloo, CPU) that can misbehave on purpose, for the fault suite.
+
+It records what *training itself* did, independently of TraceML, in ``$FAULT_PROGRESS_DIR``:
+``rank<R>.txt`` gets ``pid <pid>`` at start, ``step <i> <wall time>`` after every step, ``sent <n>``
+(records the SDK had handed to the network, from ``traceml.stats()``) just before a fault, and
+``result <value>`` at the end (rank 0: a checksum of the trained weights, identical with and
+without TraceML because the data and the seed are fixed).
+
+    python -m torch.distributed.run --nproc-per-node=2 faulty_train.py --steps 50
+    traceml run faulty_train.py --nproc-per-node=2 --fault=kill --fault-rank=1 --fault-step=20
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+import traceml_core as traceml
+
+FAULTS = ("none", "kill", "raise", "hang", "exit")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--step-ms", type=float, default=0.0, help="extra sleep per step (a steady rate)")
+    ap.add_argument("--fault", choices=FAULTS, default="none")
+    ap.add_argument("--fault-rank", type=int, default=1)
+    ap.add_argument("--fault-step", type=int, default=20)
+    ap.add_argument("--settle", type=float, default=0.6,
+                    help="seconds the faulty rank pauses (stepping is over) before its fault, so "
+                         "the records it produced reach the network")
+    ap.add_argument("--pause-at", type=int, default=-1, help="every rank pauses before this step")
+    ap.add_argument("--pause-s", type=float, default=0.0, help="... for this long (an evaluation)")
+    args = ap.parse_args()
+
+    progress_dir = os.environ.get("FAULT_PROGRESS_DIR", ".")
+    rank = int(os.environ.get("RANK", "0"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    out = open(os.path.join(progress_dir, f"rank{rank}.txt"), "a", buffering=1)
+    out.write(f"pid {os.getpid()}\n")
+
+    traceml.init()
+    if world > 1:
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    if world > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(1234 + rank)
+
+    for step in range(args.steps):
+        if args.fault != "none" and rank == args.fault_rank and step == args.fault_step:
+            time.sleep(args.settle)
+            out.write(f"sent {traceml.stats().get('sent', 0)}\n")
+            if args.fault == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if args.fault == "raise":
+                raise RuntimeError(f"injected failure on rank {rank} at step {step}")
+            if args.fault == "exit":
+                sys.exit(7)
+            if args.fault == "hang":
+                while True:  # a deadlock that never returns
+                    time.sleep(3600)
+        if step == args.pause_at:
+            time.sleep(args.pause_s)
+        x = torch.randn(32, 16, generator=gen)
+        y = x.sum(dim=1, keepdim=True)
+        with traceml.trace_step(model):
+            loss = F.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if args.step_ms:
+            time.sleep(args.step_ms / 1000.0)
+        out.write(f"step {step} {time.time():.6f}\n")
+
+    if world > 1:
+        dist.barrier()
+    if rank == 0:
+        with torch.no_grad():
+            checksum = sum(float(p.double().sum()) for p in model.parameters())
+        out.write(f"result {checksum:.10f}\n")
+        print(f"faulty_train: {args.steps} steps, checksum {checksum:.10f}", flush=True)
+    if world > 1:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

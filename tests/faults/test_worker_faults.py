@@ -1,0 +1,91 @@
+"""Faults of the training processes on one node: each case runs the real ``traceml run`` (real
+torchrun, real gloo DDP workers, real aggregator) and checks what a user would see: training's own
+exit code and result are what plain torchrun gives, nothing outlives its bound, the final summary
+exists and says what happened, and every step that reached the aggregator is counted.
+"""
+
+from __future__ import annotations
+
+from harness import assert_counted, assert_no_leftovers, run
+
+FAULT_STEP = 40
+FAULT = ("--steps", "200", "--step-ms", "10", "--fault-rank", "1", "--fault-step", str(FAULT_STEP))
+
+
+def _fault_time(r, rank=1):
+    """Wall time the faulty rank hit its fault (its last step + the settle pause)."""
+    return r.progress.steps[rank][-1][1] + 0.6
+
+
+def _bounded(r, what: str, bound: float = 10.0) -> None:
+    """The summary is written promptly after the fault: torchrun ends the run at the first failure."""
+    after = (r.run_dir / "final_summary.json").stat().st_mtime - _fault_time(r)
+    print(f"{what} -> summary written: {after:.1f} s")
+    assert 0 < after < bound, after
+
+
+def test_worker_sigkilled_mid_run(tmp_path, baseline):
+    r = run(tmp_path, FAULT + ("--fault", "kill"), run_name="killed")
+    plain = baseline(*FAULT, "--fault", "kill")
+    assert r.code == plain.code != 0, (r.code, plain.code)
+    assert r.progress.done(1) == FAULT_STEP
+    s = r.summary()
+    assert s["run"]["status"] == "failed" and s["run"]["exit_code"] == r.code
+    ranks = {x["rank"]: x for x in s["ranks"]}
+    assert ranks[1]["status"] == "crashed"  # no goodbye, failing exit: killed
+    assert "rank 1 (node 0" in r.out and "crashed" in r.out  # the printed summary says so
+    assert_counted(r, s)
+    assert ranks[1]["telemetry"]["received"] >= r.progress.sent[1] > 0
+    _bounded(r, "kill")
+    assert_no_leftovers(r)
+
+
+def test_worker_raises(tmp_path, baseline):
+    r = run(tmp_path, FAULT + ("--fault", "raise"), run_name="raised")
+    plain = baseline(*FAULT, "--fault", "raise")
+    assert r.code == plain.code != 0
+    s = r.summary()
+    rank1 = s["ranks"][1]
+    assert rank1["status"] == "error"
+    assert "injected failure on rank 1 at step 40" in rank1["error"]
+    assert "injected failure on rank 1 at step 40" in r.out
+    assert s["run"]["status"] == "failed"
+    assert_counted(r, s)
+    _bounded(r, "raise")
+    assert_no_leftovers(r)
+
+
+def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
+    """Rank 1 deadlocks; rank 0 then waits in the all-reduce forever (gloo's timeout is 30 min).
+    With --hang-timeout=3 the launcher stops the run, exits 124 and the summary names the ranks."""
+    r = run(tmp_path, FAULT + ("--fault", "hang"), flags=["--hang-timeout=3"], run_name="hung",
+            timeout=60)
+    assert r.code == 124
+    hung_at = _fault_time(r)
+    s = r.summary()
+    reason = s["run"]["reason"]
+    assert s["run"]["status"] == "failed" and s["run"]["exit_code"] == 124
+    assert "looks hung" in reason and "rank 1 (node 0" in reason and "--hang-timeout=3" in reason
+    assert "[traceml] error: training looks hung" in r.err
+    # bound: noticed within the timeout + the 1 s watch interval (+ up to 0.2 s of frame
+    # batching), then torchrun stops the workers at once (SIGTERM ends a process blocked in gloo)
+    # and the summary is written: well under timeout + 5 s after the hang began
+    written = (r.run_dir / "final_summary.json").stat().st_mtime
+    print(f"hang began -> summary written: {written - hung_at:.1f} s (--hang-timeout=3)")
+    assert written - hung_at < 3 + 5, written - hung_at
+    assert_counted(r, s)
+    assert_no_leftovers(r)
+
+
+def test_a_pause_shorter_than_the_hang_timeout_is_not_a_hang(tmp_path, baseline):
+    """An evaluation-like pause of every rank (2.5 s) under --hang-timeout=4: the run completes
+    untouched, with exactly plain torchrun's result."""
+    args = ("--steps", "60", "--pause-at", "30", "--pause-s", "2.5")
+    r = run(tmp_path, args, flags=["--hang-timeout=4"], run_name="paused")
+    plain = baseline("--steps", "60")
+    assert r.code == plain.code == 0
+    assert r.progress.result == plain.progress.result is not None
+    s = r.summary()
+    assert s["run"]["status"] == "completed" and s["telemetry"]["complete"]
+    assert s["telemetry"]["records_received"] == 2 * 60
+    assert_no_leftovers(r)

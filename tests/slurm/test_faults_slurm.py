@@ -1,0 +1,150 @@
+"""Node-level faults on the real local Slurm (issue 9, cases 3-5): a node that joins late, a node
+that never joins, scancel, and two jobs sharing the same nodes at once with no port forced.
+
+(A node lost mid-run and the step time limit are in test_multinode.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from e2e import REPO, job_env, summary
+
+EXAMPLE = REPO / "examples" / "ddp_minimal.py"
+TWO_NODES = ("--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", "--cpus-per-task=1")
+TOKEN = "export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')\n"
+KILLWAIT = float(os.environ.get("TRACEML_CLUSTER_KILLWAIT", "5"))
+
+
+def _launch(tmp_path: Path, body: str) -> Path:
+    """A per-node launch script (what srun runs on every node), as in examples/slurm/launch.sh."""
+    path = tmp_path / "launch.sh"
+    path.write_text("#!/bin/bash\n" + body)
+    path.chmod(0o755)
+    return path
+
+
+def _records(state_file: Path) -> int:
+    from traceml_core.aggregator.persist import load_checkpoint
+    try:
+        return int(load_checkpoint(state_file)["state"]["records"])
+    except (OSError, ValueError):
+        return 0
+
+
+def _ports(out: str) -> tuple[int, int]:
+    m = re.search(r"master node1:(\d+), aggregator node1:(\d+)", out)
+    assert m, out[-2000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_a_node_that_joins_late(slurm_cluster, tmp_path):
+    """Node 1's launcher starts 7 s late (a slow module load): the run works, and the summary
+    says which node joined late and by how much."""
+    launch = _launch(tmp_path, f'[ "$SLURM_NODEID" = 1 ] && sleep 7\nexec traceml run {EXAMPLE} --steps 40\n')
+    job, state, out = slurm_cluster.run_job(TOKEN + f"srun --kill-on-bad-exit=1 {launch}\n", *TWO_NODES,
+                                            timeout=120, env=job_env(tmp_path))
+    assert state == "COMPLETED", out
+    data = summary(tmp_path)
+    node1 = data["topology"]["nodes"][1]
+    assert node1["joined"] and node1["late"] and node1["join_delay_s"] >= 6.5, node1
+    assert not data["topology"]["nodes"][0]["late"]
+    assert data["run"]["status"] == "completed" and data["telemetry"]["complete"]
+    assert data["telemetry"]["records_received"] == 2 * 40
+    assert re.search(r"joined late: node 1 \(node2\) after \d+\.\d s", out), out[-3000:]
+    assert "node 1 (node2) joined late" in out  # the aggregator's log line
+
+
+def test_a_node_that_never_joins(slurm_cluster, tmp_path):
+    """Node 1 never starts traceml: node 0 gives up after --aggregator-wait, naming node 1, and
+    writes the summary; the whole job ends within a bound."""
+    launch = _launch(tmp_path, f'[ "$SLURM_NODEID" = 1 ] && exec sleep 300\n'
+                               f'exec traceml run {EXAMPLE} --steps 40 --run-name=never\n')
+    t0 = time.monotonic()
+    job, state, out = slurm_cluster.run_job(TOKEN + f"srun --kill-on-bad-exit=1 {launch}\n", *TWO_NODES,
+                                            timeout=90, env=job_env(tmp_path, TRACEML_AGGREGATOR_WAIT="5"))
+    elapsed = time.monotonic() - t0
+    assert state == "FAILED", out
+    assert elapsed < 5 + 25, f"the job took {elapsed:.0f} s to end"
+    assert "[traceml] error: node 1 never joined within 5 s" in out, out[-3000:]
+    data = summary(tmp_path, "never")
+    assert data["run"]["status"] == "failed"
+    assert "node 1 never joined within 5 s" in data["run"]["reason"]
+    assert not data["topology"]["nodes"][1]["joined"] and data["topology"]["nodes_joined"] == 1
+    assert {r["status"] for r in data["ranks"] if r["node"] == 1} == {"never_joined"}
+    assert "1 node(s) never joined: 1" in out
+
+
+def test_scancel_writes_the_summary_before_killwait(slurm_cluster, tmp_path):
+    script = TOKEN + f"srun traceml run {EXAMPLE} --steps 10000000 --run-name=cancelled\n"
+    job = slurm_cluster.submit(script, *TWO_NODES, env=job_env(tmp_path))
+    state_file = tmp_path / "cancelled" / "aggregate.state"
+    deadline = time.monotonic() + 60
+    while _records(state_file) < 50:
+        assert time.monotonic() < deadline, "telemetry never started flowing"
+        time.sleep(0.2)
+    t_cancel = time.time()
+    slurm_cluster.run("scancel", job)
+    state = slurm_cluster.wait(job, timeout=60)
+    out = slurm_cluster.output(job)
+    assert state == "CANCELLED", out
+    path = tmp_path / "cancelled" / "final_summary.json"
+    data = json.loads(path.read_text())
+    written = path.stat().st_mtime - t_cancel
+    print(f"scancel -> final summary written: {written:.2f} s (KillWait {KILLWAIT:.0f} s)")
+    assert not data["provisional"], "only the provisional summary was written"
+    assert written < KILLWAIT, f"summary written {written:.1f} s after scancel; KillWait is {KILLWAIT} s"
+    assert data["run"]["status"] == "interrupted"
+    assert data["topology"]["nodes_joined"] == 2 and data["telemetry"]["records_received"] > 0
+    assert "SIGTERM" in data["run"]["reason"], data["run"]
+    # (the launcher's own log lines after scancel are not in the job's output: srun, which relays
+    # the tasks' output, is signalled too; the summary file is what survives)
+
+
+def test_two_jobs_on_the_same_nodes_at_once(slurm_cluster, tmp_path):
+    """Two 2-node jobs share node1 and node2 with no port forced: each gets its own job-derived
+    ports and both succeed. A third job forcing the first job's aggregator port fails at once,
+    before training, with the port-in-use error."""
+    script = TOKEN + f"srun --kill-on-bad-exit=1 traceml run {EXAMPLE} --steps 100\n"
+    where = ("-w", "node1,node2")
+    logs = [tmp_path / "a", tmp_path / "b", tmp_path / "c"]
+    for d in logs:
+        d.mkdir()
+    a = slurm_cluster.submit(script, *TWO_NODES, *where, env=job_env(logs[0]))
+    b = slurm_cluster.submit(script, *TWO_NODES, *where, env=job_env(logs[1]))
+    out_a = ""
+    deadline = time.monotonic() + 60
+    while "aggregator node1:" not in out_a:  # job a's aggregator is up: learn its port
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+        try:
+            out_a = slurm_cluster.output(a)
+        except (OSError, KeyError):
+            pass
+    _, agg_a = _ports(out_a)
+    c = slurm_cluster.submit(script, *TWO_NODES, *where,
+                             env=job_env(logs[2], TRACEML_AGGREGATOR_PORT=str(agg_a)))
+    state_c = slurm_cluster.wait(c, timeout=90)
+    state_a, state_b = slurm_cluster.wait(a, timeout=120), slurm_cluster.wait(b, timeout=120)
+    # all three ran on the same two nodes, a and b at the same time (c failed while a ran: the
+    # port it forced was held by a's aggregator)
+    infos = {j: slurm_cluster.job_info(j)[0] for j in (a, b, c)}
+    assert {i["NodeList"] for i in infos.values()} == {"node[1-2]"}
+    assert infos[b]["StartTime"] <= infos[a]["EndTime"] and infos[a]["StartTime"] <= infos[b]["EndTime"]
+    out_a, out_b, out_c = (slurm_cluster.output(j) for j in (a, b, c))
+    assert state_a == "COMPLETED", out_a
+    assert state_b == "COMPLETED", out_b
+    ports_a, ports_b = _ports(out_a), _ports(out_b)
+    assert not set(ports_a) & set(ports_b), (ports_a, ports_b)
+    for d in logs[:2]:
+        data = summary(d)
+        assert data["run"]["status"] == "completed" and data["telemetry"]["records_received"] == 2 * 100
+    # the forced clash: a clear error on node 0 before any training process started
+    assert state_c == "FAILED", out_c
+    assert (f"port {agg_a} (from env:TRACEML_AGGREGATOR_PORT) is already in use" in out_c), out_c[-2000:]
+    assert "ddp_minimal:" not in out_c and "Traceback" not in out_c
+    assert not any(logs[2].glob("*/final_summary.json"))
