@@ -66,8 +66,9 @@ def test_aggregator_sigkilled_mid_run(tmp_path, baseline):
     assert_counted(r, s)
     # what the checkpoint held: everything up to the last checkpoint before the kill
     assert checkpointed <= s["telemetry"]["records_received"] < 2 * STEPS
-    # each rank says in the job log how many records never reached an aggregator
-    assert r.err.count("could not deliver") == 2
+    # the node's relay (ranks deliver to it) says in the job log how many records never reached
+    # an aggregator
+    assert "relay could not forward" in r.err
     assert_no_leftovers(r, [agg])
 
     # and anyone can rebuild it again later: `traceml summarize RUN_DIR`
