@@ -12,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # aggpeers: raw wire peers
 
 import harness  # noqa: E402
+from aggpeers import aggregator  # noqa: E402,F401  (the shared real-aggregator fixture)
 
 
 @pytest.fixture(scope="session")
@@ -28,22 +29,3 @@ def baseline(tmp_path_factory) -> Callable[..., harness.Run]:
         return cache[key]
 
     return get
-
-
-@pytest.fixture
-def aggregator(tmp_path):
-    """A real aggregator process (as tests/unit's fixture); yields a factory of settings overrides."""
-    from aggpeers import make_settings
-    from traceml_core.aggregator.process import start_aggregator
-
-    handles = []
-
-    def start(**kw):
-        h = start_aggregator(make_settings(tmp_path, **kw))
-        handles.append(h)
-        return h
-
-    yield start
-    for h in handles:
-        if h.alive():
-            h.kill()

@@ -6,6 +6,8 @@ on it; they build frames with wire/protocol.py, exactly as any client must.
 
 from __future__ import annotations
 
+import pytest
+
 import socket
 import time
 from pathlib import Path
@@ -117,3 +119,22 @@ class RankPeer(Peer):
     def bye(self, status: str = "clean", error: Optional[str] = None, dropped: int = 0) -> None:
         self.send({"t": "bye", "rank": self.rank, "status": status, "steps": self.seq,
                    "dropped": dropped, "error": error})
+
+
+@pytest.fixture
+def aggregator(tmp_path):
+    """A real aggregator process; yields a factory taking settings overrides. Shared by the unit
+    and fault suites (each conftest imports it)."""
+    from traceml_core.aggregator.process import start_aggregator
+
+    handles = []
+
+    def start(**kw):
+        h = start_aggregator(make_settings(tmp_path, **kw))
+        handles.append(h)
+        return h
+
+    yield start
+    for h in handles:
+        if h.alive():
+            h.kill()
