@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import traceml_core as traceml
 
-FAULTS = ("none", "kill", "raise", "hang", "exit")
+FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit")
 
 
 def main() -> int:
@@ -92,6 +92,11 @@ def main() -> int:
         print(f"faulty_train: {args.steps} steps, checksum {checksum:.10f}", flush=True)
     if world > 1:
         dist.destroy_process_group()
+    if args.fault == "abort-at-exit" and rank == args.fault_rank:
+        # training is over and said goodbye; the process then dies as gloo can at interpreter exit
+        traceml.shutdown()
+        out.close()
+        os.abort()
     return 0
 
 

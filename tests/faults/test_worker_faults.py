@@ -89,3 +89,23 @@ def test_a_pause_shorter_than_the_hang_timeout_is_not_a_hang(tmp_path, baseline)
     assert s["run"]["status"] == "completed" and s["telemetry"]["complete"]
     assert s["telemetry"]["records_received"] == 2 * 60
     assert_no_leftovers(r)
+
+
+def test_a_crash_after_training_is_told_apart_from_a_training_failure(tmp_path, baseline):
+    """Rank 1 trains to the end, says goodbye, then aborts as the process exits (what gloo can do
+    when a process group outlives interpreter shutdown). The exit code is torchrun's, every step is
+    counted, and the summary says the failure came after training instead of leaving the user with
+    "failed" next to "2 clean" ranks."""
+    args = ("--steps", "30", "--fault", "abort-at-exit", "--fault-rank", "1")
+    r = run(tmp_path, args, run_name="abort-at-exit")
+    plain = baseline(*args)
+    assert r.code == plain.code != 0
+    assert r.progress.result == plain.progress.result is not None
+    s = r.summary()
+    assert s["run"]["status"] == "failed" and s["run"]["exit_code"] == r.code
+    assert [x["status"] for x in s["ranks"]] == ["clean", "clean"]
+    assert s["telemetry"]["records_received"] == 2 * 30 and s["telemetry"]["complete"]
+    note = " ".join(s["notes"])
+    assert "every rank finished training" in note and f"code {r.code}" in note
+    assert "Note: every rank finished training" in r.out
+    assert_no_leftovers(r)

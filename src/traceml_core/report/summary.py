@@ -274,5 +274,20 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "step_series": merged_series(live_ranks),
         },
         "files": files or {},
-        "notes": [n for n in (data.get("run_dir_note"),) if n],
+        "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
+
+
+def _after_training_note(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
+    """A failing exit although every rank said a clean goodbye: the crash came after training
+    (typically at interpreter exit), which torchrun's log alone makes look like a training failure."""
+    code = (finish or {}).get("exit_code")
+    if not ranks or type(code) is not int or code == 0:
+        return ""
+    if any(r["status"] != "clean" for r in ranks):
+        return ""
+    return ("every rank finished training and said a clean goodbye; the failing exit (code "
+            f"{code}) came afterwards, as the processes ended (torchrun's log names the rank and "
+            "its signal). A common cause is a DDP model or process group still alive at "
+            "interpreter exit: call dist.destroy_process_group() and let the model go out of "
+            "scope (e.g. train inside main()) before the script ends")

@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 import traceback
+import weakref
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..runinfo import ENV_VAR, RunInfo
@@ -84,7 +85,7 @@ class _Session:
 _session: Optional[_Session] = None
 _init_lock = threading.Lock()
 _CTX: Any = NULL_CONTEXT
-_LAST_MODEL: Any = None
+_LAST_MODEL_ID = 0  # id() only: trace_step must not keep the user's model alive
 
 
 # ---- init ---------------------------------------------------------------------------------------
@@ -267,17 +268,23 @@ def trace_step(model: Any = None) -> Any:
                 return NULL_CONTEXT
         else:
             return NULL_CONTEXT
-    if model is not _LAST_MODEL and model is not None:
+    if model is not None and id(model) != _LAST_MODEL_ID:
         _register_model(model)
     return _CTX
 
 
 def _register_model(model: Any) -> None:
-    global _LAST_MODEL, _CTX
-    _LAST_MODEL = model
+    global _LAST_MODEL_ID, _CTX
     r = hotpath.REC
     if r is None:
         return
+    key = _LAST_MODEL_ID = id(model)
+    if key not in _watched_models:
+        try:
+            f = _watched_models[key] = weakref.finalize(model, _forget_last_model, key)
+            f.atexit = False
+        except TypeError:
+            pass
     try:
         from . import patches
 
@@ -295,6 +302,16 @@ def _register_model(model: Any) -> None:
     except Exception as exc:
         _warn_once("register-model", "traceml: could not instrument the model (%s: %s); its "
                    "forward is not timed", type(exc).__name__, exc)
+
+
+_watched_models: dict[int, Any] = {}
+
+
+def _forget_last_model(key: int) -> None:
+    global _LAST_MODEL_ID
+    _watched_models.pop(key, None)
+    if _LAST_MODEL_ID == key:
+        _LAST_MODEL_ID = 0
 
 
 # ---- shutdown, exceptions, fork ------------------------------------------------------------------
@@ -524,12 +541,12 @@ def stats() -> dict[str, Any]:
 
 def _reset_for_tests() -> None:
     """Forget the session (tests run several inits in one process). Not public API."""
-    global _session, _CTX, _LAST_MODEL
+    global _session, _CTX, _LAST_MODEL_ID
     s = _session
     if s is not None and not s.closed:
         shutdown(0.5)
     _session = None
     _CTX = NULL_CONTEXT
-    _LAST_MODEL = None
+    _LAST_MODEL_ID = 0
     _warned.clear()
     hotpath.set_recorder(None)

@@ -90,7 +90,7 @@ class StepRecorder:
     __slots__ = (
         # hot fields first
         "active", "t0", "inp", "fwd", "bwd", "opt", "opt_t0", "opt_owner", "pending_input",
-        "in_fwd", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model",
+        "in_fwd", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model_id",
         "models", "fwd0",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
@@ -128,8 +128,11 @@ class StepRecorder:
         self.opt_t0 = 0
         self.opt_owner: Any = None
         self.in_fwd = False
-        self.model: Any = None          # the model traced last (fast identity check)
-        self.models: set[int] = set()   # id() of every model passed to trace_step
+        # id() of the model traced last (fast check) and of every model passed to trace_step.
+        # Ids, not references: holding the user's model would keep its memory (and a DDP
+        # model's process group) alive until interpreter exit, where gloo can abort the process.
+        self.model_id = 0
+        self.models: set[int] = set()
         self.mem = -1                   # highest memory sample since the last step
         self.mem_last = -1              # latest memory sample
         self.wall_offset = time_ns() - perf_counter_ns()
@@ -355,7 +358,7 @@ def timed_forward(orig_forward: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         r = REC
-        if r is None or (self is not r.model and id(self) not in r.models):
+        if r is None or (id(self) != r.model_id and id(self) not in r.models):
             return orig_forward(self, *args, **kwargs)
         if not r.active:
             # evaluation (or any forward) between steps: the fetches before it belong to it
@@ -476,7 +479,7 @@ _TM_C_FWD, _TM_C_BWD = C_FWD, C_BWD
 _FORWARD_TEMPLATE = """
     def _tm_wrapper({params}):
         _tm_r = _tm_REC
-        if _tm_r is None or ({self} is not _tm_r.model and _tm_id({self}) not in _tm_r.models):
+        if _tm_r is None or (_tm_id({self}) != _tm_r.model_id and _tm_id({self}) not in _tm_r.models):
             return _tm_orig({call})
         if not _tm_r.active:
             _tm_r.pending_input = 0

@@ -140,14 +140,25 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
     if not compiled:
         _patch_forward(type(model))
         key = id(model)
-        recorder.models.add(key)
-        recorder.model = model
+        recorder.model_id = key
         recorder.fwd0 = 0
-        try:
-            weakref.finalize(model, recorder.models.discard, key)
-        except TypeError:
-            pass
+        if key not in recorder.models:
+            recorder.models.add(key)
+            try:
+                # forget the id when the model goes: a new object at that address is not timed
+                weakref.finalize(model, _forget_model, recorder, key).atexit = False
+            except TypeError:
+                _unweakrefable.append(model)  # rare: keep it alive rather than risk a reused id
     return _cuda_device(model)
+
+
+_unweakrefable: list[Any] = []
+
+
+def _forget_model(recorder: hotpath.StepRecorder, key: int) -> None:
+    recorder.models.discard(key)
+    if recorder.model_id == key:
+        recorder.model_id = 0
 
 
 def _patch_forward(cls: type) -> None:

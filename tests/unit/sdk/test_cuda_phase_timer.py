@@ -123,7 +123,7 @@ def test_cuda_variant_wrappers_bracket_each_phase_with_events():
         pass
 
     net = Net()
-    rec.model = net
+    rec.model_id = id(net)
 
     def forward(self, x):
         dev.clock_ms += 2.0

@@ -272,3 +272,26 @@ def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
     cols = finish(sdk, sink).columns
     assert all(v > 0 for v in cols["optimizer_ns"][:3]) and cols["optimizer_ns"][3] == 0
     assert cols["backward_ns"][3] == 0
+
+
+def test_tracing_a_model_does_not_keep_it_alive(sdk, sink):
+    """The SDK remembers traced models by id only. Holding the model would keep its memory, and a
+    DDP model's process group, alive until interpreter exit, where gloo's threads can abort the
+    rank ("terminate called without an active exception") after training succeeded."""
+    import gc
+    import weakref
+
+    start(sdk, sink)
+    x = torch.randn(4, 32)
+    model = tiny_mlp()
+    with sdk.trace_step(model):
+        model(x)
+    gone = weakref.ref(model)
+    del model
+    gc.collect()
+    assert gone() is None, "the traced model was freed once the script dropped it"
+    second = tiny_mlp()                  # may reuse the freed address: still registered and timed
+    with sdk.trace_step(second):
+        second(x)
+    cols = finish(sdk, sink).columns
+    assert cols["forward_ns"][0] > 0 and cols["forward_ns"][1] > 0
