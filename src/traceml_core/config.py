@@ -48,6 +48,9 @@ class LaunchConfig:
     hang_timeout: float = 0.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
+    #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's
+    #: node list); lets node 0 name a node that never joined. Not printed with the other values.
+    hostnames: tuple[str, ...] = ()
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     warnings: tuple[str, ...] = ()
 

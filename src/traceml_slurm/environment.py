@@ -180,6 +180,8 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"{v.source(list_field)[6:]} has {len(hosts)} hosts but the step has {nnodes} nodes; "
                 f"using {hosts[0]} as the master.")
         values["master_addr"] = Setting(hosts[0], v.source(list_field) + "[0]")
+        if len(hosts) == nnodes:
+            values["hostnames"] = Setting(tuple(hosts), v.source(list_field))
         if v.step_tasks_per_node:
             counts = expand_tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE")
             if any(c > 1 for c in counts):

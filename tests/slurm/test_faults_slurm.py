@@ -70,13 +70,19 @@ def test_a_node_that_never_joins(slurm_cluster, tmp_path):
     elapsed = time.monotonic() - t0
     assert state == "FAILED", out
     assert elapsed < 5 + 25, f"the job took {elapsed:.0f} s to end"
-    assert "[traceml] error: node 1 never joined within 5 s" in out, out[-3000:]
+    # named with its hostname although it never said hello: node 0 knows it from Slurm's list
+    m = re.search(r"\[traceml\] error: node 1 \((node\d)\) never joined within 5 s", out)
+    assert m, out[-3000:]
+    host = m.group(1)
     data = summary(tmp_path, "never")
     assert data["run"]["status"] == "failed"
-    assert "node 1 never joined within 5 s" in data["run"]["reason"]
-    assert not data["topology"]["nodes"][1]["joined"] and data["topology"]["nodes_joined"] == 1
+    assert f"node 1 ({host}) never joined within 5 s" in data["run"]["reason"]
+    topo = data["topology"]
+    assert not topo["nodes"][1]["joined"] and topo["nodes_joined"] == 1
+    assert topo["nodes"][1]["hostname"] == host != topo["nodes"][0]["hostname"]
     assert {r["status"] for r in data["ranks"] if r["node"] == 1} == {"never_joined"}
-    assert "1 node(s) never joined: 1" in out
+    assert {r["host"] for r in data["ranks"] if r["node"] == 1} == {host}
+    assert f"1 node(s) never joined: 1 ({host})" in out
 
 
 def test_scancel_writes_the_summary_before_killwait(slurm_cluster, tmp_path):

@@ -159,6 +159,25 @@ def test_short_killwait_warns_unless_a_term_signal_comes_early_enough():
     assert W.check_signal(ctx_with(fake_pyslurm(kill_wait=30))).status is Status.PASS
 
 
+def test_a_generated_job_forwarding_its_batch_signal_passes():
+    """`traceml slurm template` jobs use --signal=B:TERM@N and a trap that passes SIGTERM on to the
+    steps with scancel: the doctor must not warn on our own template."""
+    from pathlib import Path
+
+    golden = Path(__file__).resolve().parents[1] / "golden" / "template"
+    jobs = [j for j in sorted(golden.glob("*/*.sbatch")) if "#SBATCH --signal=B:TERM@" in j.read_text()]
+    assert len(jobs) >= 5   # every golden job but the one generated with --signal-margin 0
+    for job in jobs:
+        o = W.check_signal(ctx_with(fake_pyslurm(kill_wait=5, script=job.read_text())))
+        assert o.status is Status.PASS, (job, o.observed)
+        assert "trap passes SIGTERM on to the steps" in o.observed
+    trap_only = "#SBATCH --signal=B:TERM@120\ntrap 'echo bye' TERM\nsrun x &\nwait\n"
+    o = W.check_signal(ctx_with(fake_pyslurm(kill_wait=5, script=trap_only)))
+    assert o.status is Status.WARN and "batch shell only" in o.observed  # a trap that forwards nothing
+    other_sig = "#SBATCH --signal=B:USR1@120\ntrap f TERM\nf() { scancel --signal=TERM $SLURM_JOB_ID; }\n"
+    assert W.check_signal(ctx_with(fake_pyslurm(kill_wait=5, script=other_sig))).status is Status.WARN
+
+
 def test_signal_spec_parsing():
     s = W.parse_signal("B:USR1@60")
     assert (s.name, s.seconds, s.batch_only) == ("USR1", 60, True)

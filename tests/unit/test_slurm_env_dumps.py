@@ -64,6 +64,16 @@ def test_resolves(name):
     assert c.cluster == "slurm" and c.job_id == env["SLURM_JOB_ID"]
     assert c.logs_dir == env["SLURM_SUBMIT_DIR"] + "/logs"
     assert c.aggregator_bind_host == ("0.0.0.0" if c.nnodes > 1 else "127.0.0.1")
+    if c.hostnames:  # in a step: every node's name by node rank, this node's included
+        assert len(c.hostnames) == c.nnodes and c.hostnames[0] == c.master_addr
+        assert c.hostnames[c.node_rank] == env["SLURMD_NODENAME"]
+
+
+def test_steps_list_every_node_by_rank():
+    steps = [n for n in OK if "SLURM_STEP_ID" in load(n) and OK[n][0] > 1]
+    assert len(steps) >= 4, steps
+    for name in steps:
+        assert len(resolve({}, load(name), [SlurmEnvironment]).hostnames) == OK[name][0], name
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))

@@ -63,6 +63,7 @@ class NodeTelemetry:
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
+            hostnames=list(c.hostnames) if len(c.hostnames) == c.nnodes else [],
             script=script, script_args=list(script_args))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
@@ -196,7 +197,7 @@ class NodeTelemetry:
         joined = set(status.get("nodes_joined", []))
         missing = [n for n in range(self.config.nnodes) if n not in joined]
         lost = list(status.get("nodes_lost", []))
-        hosts = status.get("hosts", {})
+        hosts = self._hosts(status)
         if missing and now - self._started > wait and stalled > wait:
             self._fail(missing, hosts, f"never joined within {wait:.0f} s")
         elif lost and stalled > min(wait, 30.0):
@@ -225,6 +226,13 @@ class NodeTelemetry:
             self._sup.terminate(self._failure)
         return True
 
+    def _hosts(self, status: dict) -> dict[str, str]:
+        """Hostnames by node: what joined nodes said, else what the cluster plugin listed (so a
+        node that never joined is still named)."""
+        c = self.config
+        known = {str(n): h for n, h in enumerate(c.hostnames)} if len(c.hostnames) == c.nnodes else {}
+        return {**known, **(status.get("hosts") or {})}
+
     def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:
         names = ", ".join(f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "") for n in nodes)
         self.failed_nodes = nodes
@@ -240,7 +248,7 @@ class NodeTelemetry:
             status = self.handle.status(timeout=2.0) if self.link is not None else None
         if not status:
             return None
-        hosts = status.get("hosts", {})
+        hosts = self._hosts(status)
 
         def name(n: int) -> str:
             return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")

@@ -22,6 +22,8 @@ from .node import NodeContext
 from .thresholds import SUMMARY_BUDGET_S, TIME_LEFT_FAIL_S, TIME_LEFT_WARN_S
 
 _SBATCH_SIGNAL = re.compile(r"^#SBATCH\s+--signal[=\s]+(\S+)", re.MULTILINE)
+_TRAP = re.compile(r"^\s*trap\s+(?:'[^']*'|\"[^\"]*\"|\S+)((?:\s+[A-Za-z0-9]+)+)\s*(?:#.*)?$", re.MULTILINE)
+_SCANCEL_STOP = re.compile(r"\bscancel\b[^\n]*--signal[=\s]+[\"']?(?:SIG)?(TERM|INT|HUP)\b")
 #: signals `traceml run` turns into "stop and write the summary"
 STOPPING = {"TERM", "INT", "HUP"}
 
@@ -60,6 +62,19 @@ def find_signal(ctx: NodeContext) -> Optional[SignalSpec]:
         if found:
             return parse_signal(found[-1])
     return None
+
+
+def forwards_to_steps(script: object, spec: SignalSpec) -> bool:
+    """Whether a batch script traps the batch-only signal and passes a stopping signal on to the
+    steps with ``scancel --signal`` (what ``traceml slurm template`` generates: srun itself would
+    turn a SIGTERM into SIGKILL for its tasks)."""
+    if not isinstance(script, str) or not _SCANCEL_STOP.search(script):
+        return False
+    for m in _TRAP.finditer(script):
+        names = {n.upper().removeprefix("SIG") for n in m.group(1).split()}
+        if spec.name in names:
+            return True
+    return False
 
 
 def _fmt(seconds: float) -> str:
@@ -106,6 +121,10 @@ def check_signal(ctx: NodeContext) -> Outcome:
         if spec.name in STOPPING and not spec.batch_only and spec.seconds >= SUMMARY_BUDGET_S:
             return passed(f"--signal={spec.text}: every step gets SIG{spec.name} {spec.seconds} s before the limit, "
                           f"enough for TraceML's ~{SUMMARY_BUDGET_S:.0f} s to write the summary", **data)
+        if spec.batch_only and spec.seconds >= SUMMARY_BUDGET_S and forwards_to_steps(_facts(ctx, "script"), spec):
+            return passed(f"--signal={spec.text}: the batch shell gets SIG{spec.name} {spec.seconds} s before the "
+                          f"limit and its trap passes SIGTERM on to the steps (scancel --signal), enough for "
+                          f"TraceML's ~{SUMMARY_BUDGET_S:.0f} s to write the summary", forwarded=True, **data)
         if spec.batch_only:
             note = f"; --signal={spec.text} goes to the batch shell only, not to `traceml run` in the steps"
         elif spec.name not in STOPPING:
