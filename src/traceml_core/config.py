@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from .errors import ConfigError
-from .options import BY_KEY, OPTIONS, Option
+from .options import OPTIONS, Option
 from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1

@@ -16,8 +16,8 @@ import time
 
 from traceml_core.aggregator.persist import CHECKPOINT_NAME, load_checkpoint
 
-from harness import (PY, Launch, Progress, aggregator_pid, assert_counted, assert_no_leftovers,
-                     base_env, pid_alive, run)
+from harness import (PY, Launch, aggregator_pid, assert_counted, assert_no_leftovers, base_env,
+                     run)
 
 STEPS = 300
 

@@ -11,11 +11,9 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import time
 from pathlib import Path
 
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 TRACEML = str(Path(sys.executable).parent / "traceml")

@@ -10,7 +10,6 @@ import signal
 import time
 from pathlib import Path
 
-import pytest
 
 from e2e import REPO, hostnames, job_env, summary
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from e2e import REPO, job_env
+from e2e import job_env
 
 
 def test_two_node_job_resolves_on_each_node_and_batch_shell_is_refused(slurm_cluster, tmp_path):

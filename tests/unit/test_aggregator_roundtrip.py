@@ -87,7 +87,7 @@ def test_the_token_is_never_written_to_disk(aggregator):
     p = RankPeer(h.port, 0)
     p.steps(10)
     p.bye()
-    res = h.finish(0)
+    h.finish(0)
     files = list(h.run_dir.iterdir())
     assert {f.name for f in files} >= {"aggregate.state", "final_summary.json", "final_summary.txt"}
     for f in files:

@@ -14,7 +14,6 @@ import socket
 import threading
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 

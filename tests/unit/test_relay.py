@@ -13,7 +13,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 from aggpeers import RUN, TOKEN, RankPeer, columns, make_settings
 from traceml_core.aggregator.control import join_aggregator

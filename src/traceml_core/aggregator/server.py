@@ -29,9 +29,9 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-import msgpack
 
-from ..wire.protocol import HEADER, MAX_FRAME, PROTOCOL_VERSION, ProtocolError, encode
+from ..wire.framing import split_frames
+from ..wire.protocol import MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, ProtocolError, encode
 from .handshake import Identity, NonceCache, check_hello
 from .poller import READ, WRITE, Poller
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
@@ -39,9 +39,6 @@ from .rankstate import RankState
 from .settings import AggregatorSettings
 from .state import RunState
 
-#: a hello is a few hundred bytes; nothing bigger is read from an unauthenticated peer
-MAX_HELLO = 64 * 1024
-RECV_SIZE = 256 * 1024
 #: connections one node's launcher may hold at once (presence link, system sampler, relay)
 MAX_NODE_CONNS = 4
 TICK_S = 0.2
@@ -54,8 +51,6 @@ _BYE_STATUSES = ("clean", "error", "interrupted")
 _RELAYED = frozenset(("steps", "event", "bye", "join", "gone", "dropped"))
 #: relayed frames rejected as malformed are logged this many times, then every 1,000th
 _RELAY_ERROR_LOGS = 20
-_unpackb = msgpack.unpackb
-_unpack_header = HEADER.unpack_from
 
 
 def log(msg: str) -> None:
@@ -419,8 +414,6 @@ class Server:
             self.poller.modify(c.fd, READ)
 
     def _read(self, c: Conn) -> None:
-        # recv_into one reused buffer (sock.recv(256 KiB) would allocate 256 KiB per call); whole
-        # frames are decoded straight from it, only a partial frame is copied to the connection
         try:
             got = c.sock.recv_into(self._scratch)
         except (BlockingIOError, InterruptedError):
@@ -431,47 +424,24 @@ class Server:
         if not got:
             self._close(c)
             return
-        buf = c.buf
-        if buf:
-            buf += self._scratch_view[:got]
-            self.buffered += got
-            data = buf
-            size = len(buf)
-        else:
-            data = self._scratch_view
-            size = got
-        limit = MAX_FRAME if c.ident is not None else MAX_HELLO
-        off = 0
-        while size - off >= 4:
-            (length,) = _unpack_header(data, off)
-            if length > limit:
-                self._malformed(c, f"length prefix {length} exceeds the limit of {limit}")
-                return
-            end = off + 4 + length
-            if end > size:
-                break
-            try:
-                msg = _unpackb(data[off + 4:end], raw=False, strict_map_key=False)
-            except Exception as exc:
-                self._malformed(c, f"undecodable frame ({type(exc).__name__})")
-                return
-            off = end
-            if type(msg) is not dict:
-                self._malformed(c, "frame is not a map")
-                return
-            if not self._dispatch(c, msg):
-                return
-        if data is buf:
-            if off:
-                del buf[:off]
-                self.buffered -= off
-        elif off < size:
-            buf += self._scratch_view[off:size]
-            self.buffered += size - off
-        if buf and self.buffered > self.settings.max_buffered_bytes:
+        before = len(c.buf)
+        if before:
+            self.buffered += got   # split_frames appends them to c.buf; _close uncounts c.buf
+        why = split_frames(c, self._scratch_view, got, MAX_FRAME if c.ident is not None else MAX_HELLO,
+                           self._on_frame)
+        if why is not None:
+            self._malformed(c, why)
+            return
+        if c.closed:
+            return
+        self.buffered += len(c.buf) - (before + got if before else 0)
+        if c.buf and self.buffered > self.settings.max_buffered_bytes:
             self.state.counters["overload"] += 1
             log(f"closing {c.label()}: aggregator buffers full ({self.buffered} bytes)")
             self._close(c)
+
+    def _on_frame(self, c: Conn, msg: dict[str, Any], _data: Any, _off: int, _end: int) -> int:
+        return MAX_FRAME if self._dispatch(c, msg) else 0
 
     # --- frames -------------------------------------------------------------------------------
     def _dispatch(self, c: Conn, msg: dict[str, Any]) -> bool:

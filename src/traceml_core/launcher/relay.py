@@ -46,7 +46,8 @@ from ..aggregator.control import LinkRefused
 from ..aggregator.handshake import NonceCache, check_hello
 from ..aggregator.poller import READ, WRITE, Poller
 from ..aggregator.settings import AggregatorSettings
-from ..wire.protocol import HEADER, MAX_FRAME, PROTOCOL_VERSION, encode
+from ..wire.framing import split_frames
+from ..wire.protocol import HEADER, MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, encode
 from .relayframes import check_rank_frame, encode_frame, merge_into, steps_frame
 
 log = logging.getLogger("traceml.relay")
@@ -62,8 +63,6 @@ LIVE_FLUSH_S = 0.1
 FLUSH_BYTES = 1 << 20
 SEND_CHUNK = 1 << 20
 MAX_IOV = 512
-MAX_HELLO = 64 * 1024
-RECV_SIZE = 256 * 1024
 HANDSHAKE_TIMEOUT_S = 10.0
 BACKOFF_INITIAL_S = 0.1
 BACKOFF_MAX_S = 5.0
@@ -416,43 +415,14 @@ class Relay:
         if not got:
             self._close_conn(c)
             return
-        buf = c.buf
-        if buf:
-            buf += self._view[:got]
-            data: Any = buf
-            size = len(buf)
-        else:
-            data = self._view
-            size = got
-        limit = MAX_FRAME if c.lane is not None else MAX_HELLO
-        off = 0
-        while size - off >= 4:
-            (length,) = _unpack_header(data, off)
-            if length > limit:
-                self._bad(c, f"length prefix {length} exceeds the limit of {limit}")
-                return
-            end = off + 4 + length
-            if end > size:
-                break
-            try:
-                msg = _unpackb(data[off + 4:end], raw=False, strict_map_key=False)
-            except Exception as exc:
-                self._bad(c, f"undecodable frame ({type(exc).__name__})")
-                return
-            if type(msg) is not dict:
-                self._bad(c, "frame is not a map")
-                return
-            if c.lane is None:
-                if not self._hello(c, msg):
-                    return
-                limit = MAX_FRAME
-            elif not self._frame(c, c.lane, msg, data, off, end):
-                return
-            off = end
-        if data is buf:
-            del buf[:off]
-        elif off < size:
-            buf += self._view[off:size]
+        why = split_frames(c, self._view, got, MAX_FRAME if c.lane is not None else MAX_HELLO, self._on_frame)
+        if why is not None:
+            self._bad(c, why)
+
+    def _on_frame(self, c: _RankConn, msg: dict[str, Any], data: Any, off: int, end: int) -> int:
+        if c.lane is None:
+            return MAX_FRAME if self._hello(c, msg) else 0
+        return MAX_FRAME if self._frame(c, c.lane, msg, data, off, end) else 0
 
     def _bad(self, c: _RankConn, why: str) -> None:
         self._malformed += 1

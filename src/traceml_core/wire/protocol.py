@@ -92,6 +92,10 @@ import msgpack
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
+#: a hello is a few hundred bytes; nothing bigger is read from an unauthenticated peer
+MAX_HELLO = 64 * 1024
+#: what one recv_into reads at most (aggregator and relay)
+RECV_SIZE = 256 * 1024
 #: a hello whose timestamp differs from the server clock by more than this is refused
 HELLO_WINDOW_S = 300.0
 
