@@ -342,12 +342,16 @@ def shutdown(timeout: Optional[float] = None) -> None:
             return {"t": "bye", "rank": s.rank, "status": s.status, "steps": r.count,
                     "dropped": r.lost, "error": s.error}
 
-        client.close(s.flush_timeout if timeout is None else timeout, bye=bye)
+        told = client.close(s.flush_timeout if timeout is None else timeout, bye=bye)
         if s.probe is not None:
             s.probe.close()
         if r.lost and client.refused_reason is None:
+            # the count reaches the summary only in the bye; without it the rank is "incomplete"
+            where = ("the loss is counted in the summary" if told or client.stats().bye_sent else
+                     "the aggregator could not be told either, so the summary marks this rank's "
+                     "telemetry incomplete")
             log.warning("traceml: rank %d could not deliver %d of %d step records to the "
-                        "aggregator; the loss is counted in the summary", s.rank, r.lost, r.count)
+                        "aggregator; %s", s.rank, r.lost, r.count, where)
     except Exception:
         pass
 

@@ -35,7 +35,8 @@ def test_init_without_a_reachable_aggregator_warns_once_and_keeps_count(sdk, tra
     assert st["steps"] == 500 and st["sent"] == 0 and st["lost"] == 500
     warnings = [r.getMessage() for r in traceml_log.records if r.levelname == "WARNING"]
     assert sum("no answer from the aggregator" in w for w in warnings) == 1
-    assert any("could not deliver 500 of 500" in w for w in warnings)
+    lost = [w for w in warnings if "could not deliver 500 of 500" in w]
+    assert len(lost) == 1 and "the summary marks this rank's telemetry incomplete" in lost[0], lost
 
 
 def test_without_run_info_tracing_is_off_and_says_so_once(sdk, traceml_log, monkeypatch):
