@@ -19,8 +19,8 @@ torch). The contract with training code:
 * an uncaught exception sends its traceback as an ``event`` and the ``bye`` says ``error``
   (``interrupted`` for KeyboardInterrupt); the exception is printed and the process exits
   exactly as without TraceML. A failing ``sys.exit(n)`` (n not 0/None) never reaches the
-  exception hook, so ``sys.exit`` is wrapped to mark the rank ``error`` ("sys.exit(n)") before
-  exiting as usual. SIGTERM is not handled here (a Python-level handler would delay a worker stuck in a C call from dying); the
+  exception hook, so ``sys.exit`` and the builtin ``exit``/``quit`` are wrapped to mark the rank
+  ``error`` ("sys.exit(n)") before exiting as usual. SIGTERM is not handled here (a Python-level handler would delay a worker stuck in a C call from dying); the
   aggregator sees such a rank's connection close without ``bye``.
 """
 
@@ -422,21 +422,39 @@ def _install_exit_hooks() -> None:
     threading.excepthook = thread_excepthook
 
     # SystemExit never reaches sys.excepthook, and atexit cannot see the exit status: note a
-    # failing `sys.exit(n)` here so the rank's `bye` says "error" rather than "clean".
+    # failing `sys.exit(n)`, or the builtin `exit(n)` / `quit(n)`, here so the rank's `bye` says
+    # "error" rather than "clean". (A bare `raise SystemExit(n)` stays invisible.)
     prev_exit = sys.exit
 
     def exit_hook(code: Any = None) -> None:
-        try:
-            s = _session
-            if s is not None and s.active and not s.closed and code not in (None, 0):
-                s.status = "error"
-                s.error = f"sys.exit({code!r})"
-        except Exception:
-            pass
+        _note_failing_exit("sys.exit", code)
         prev_exit(code)
 
     sys.exit = exit_hook
+    try:
+        import _sitebuiltins
+
+        quitter = _sitebuiltins.Quitter
+        prev_call = quitter.__call__
+
+        def quitter_call(self: Any, code: Any = None) -> None:
+            _note_failing_exit(getattr(self, "name", "exit"), code)
+            prev_call(self, code)
+
+        quitter.__call__ = quitter_call  # type: ignore[method-assign]
+    except (ImportError, AttributeError):
+        pass
     atexit.register(shutdown)
+
+
+def _note_failing_exit(how: str, code: Any) -> None:
+    try:
+        s = _session
+        if s is not None and s.active and not s.closed and code not in (None, 0):
+            s.status = "error"
+            s.error = f"{how}({code!r})"
+    except Exception:
+        pass
 
 
 def _after_fork_in_child() -> None:

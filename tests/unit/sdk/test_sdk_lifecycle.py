@@ -7,6 +7,7 @@ import subprocess
 import textwrap
 import time
 
+import pytest
 import torch
 
 from traceml_core.wire.sink import SinkServer
@@ -118,6 +119,25 @@ def test_a_crash_sends_the_error_and_behaves_as_without_traceml(sink):
     (event,) = log.events
     assert event["kind"] == "exception" and "Traceback" in event["text"]
     assert "CUDA out of memory (pretend)" in event["text"]
+
+
+@pytest.mark.parametrize("call, said", [("sys.exit(5)", "sys.exit(5)"), ("exit(5)", "exit(5)"),
+                                         ("quit(5)", "quit(5)")])
+def test_a_failing_exit_call_marks_the_rank_error_with_the_same_exit_code(sink, call, said):
+    script = f"""
+        import sys
+        import traceml_core as traceml
+        traceml.init()
+        for i in range(3):
+            with traceml.trace_step():
+                pass
+        {call}
+    """
+    res = run_script(script, subprocess_env(TRACEML_RUN_INFO=run_info_env(sink.port), RANK="1"))
+    assert res.returncode == 5, "the script's own exit code"
+    assert sink.wait_for(lambda s: 1 in s.ranks and s.ranks[1].bye is not None)
+    bye = sink.ranks[1].bye
+    assert bye["status"] == "error" and bye["error"] == said and bye["steps"] == 3
 
 
 def test_an_exception_in_a_helper_thread_is_an_event_not_a_failed_rank(sink):
