@@ -199,7 +199,6 @@ def breakdown(args: argparse.Namespace) -> int:
                 patches.register_model(rec, model)
                 hotpath.set_recorder(rec)
                 api._CTX = StepContext(rec)
-                api._LAST_MODEL_ID = id(model)
             it = iter(loader)
             while True:
                 a = pc()

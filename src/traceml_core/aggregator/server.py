@@ -29,7 +29,6 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-
 from ..wire.framing import split_frames
 from ..wire.protocol import MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, ProtocolError, encode
 from .handshake import Identity, NonceCache, check_hello

@@ -35,7 +35,6 @@ import sys
 import threading
 import time
 import traceback
-import weakref
 from typing import Any, Iterable, Iterator, Mapping, Optional
 
 from ..runinfo import ENV_VAR, RunInfo
@@ -85,7 +84,6 @@ class _Session:
 _session: Optional[_Session] = None
 _init_lock = threading.Lock()
 _CTX: Any = NULL_CONTEXT
-_LAST_MODEL_ID = 0  # id() only: trace_step must not keep the user's model alive
 
 
 # ---- init ---------------------------------------------------------------------------------------
@@ -268,23 +266,16 @@ def trace_step(model: Any = None) -> Any:
                 return NULL_CONTEXT
         else:
             return NULL_CONTEXT
-    if model is not None and id(model) != _LAST_MODEL_ID:
+    if model is not None and id(model) != hotpath.REC.model_id:
         _register_model(model)
     return _CTX
 
 
 def _register_model(model: Any) -> None:
-    global _LAST_MODEL_ID, _CTX
+    global _CTX
     r = hotpath.REC
     if r is None:
         return
-    key = _LAST_MODEL_ID = id(model)
-    if key not in _watched_models:
-        try:
-            f = _watched_models[key] = weakref.finalize(model, _forget_last_model, key)
-            f.atexit = False
-        except TypeError:
-            pass
     try:
         from . import patches
 
@@ -300,18 +291,9 @@ def _register_model(model: Any) -> None:
             if s is not None and s.probe is not None:
                 s.probe.use_cuda(device)
     except Exception as exc:
+        r.model_id = id(model)  # do not retry every step
         _warn_once("register-model", "traceml: could not instrument the model (%s: %s); its "
                    "forward is not timed", type(exc).__name__, exc)
-
-
-_watched_models: dict[int, Any] = {}
-
-
-def _forget_last_model(key: int) -> None:
-    global _LAST_MODEL_ID
-    _watched_models.pop(key, None)
-    if _LAST_MODEL_ID == key:
-        _LAST_MODEL_ID = 0
 
 
 # ---- shutdown, exceptions, fork ------------------------------------------------------------------
@@ -563,12 +545,11 @@ def stats() -> dict[str, Any]:
 
 def _reset_for_tests() -> None:
     """Forget the session (tests run several inits in one process). Not public API."""
-    global _session, _CTX, _LAST_MODEL_ID
+    global _session, _CTX
     s = _session
     if s is not None and not s.closed:
         shutdown(0.5)
     _session = None
     _CTX = NULL_CONTEXT
-    _LAST_MODEL_ID = 0
     _warned.clear()
     hotpath.set_recorder(None)

@@ -129,8 +129,7 @@ class StepRecorder:
         self.opt_owner: Any = None
         self.in_fwd = False
         # id() of the model traced last (fast check) and of every model passed to trace_step.
-        # Ids, not references: holding the user's model would keep its memory (and a DDP
-        # model's process group) alive until interpreter exit, where gloo can abort the process.
+        # Ids, not references (see patches.register_model); 0 is no model.
         self.model_id = 0
         self.models: set[int] = set()
         self.mem = -1                   # highest memory sample since the last step

@@ -137,18 +137,20 @@ def unwrap_compiled(model: Any) -> tuple[Any, bool]:
 def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
     """Time ``model``'s forward from now on; returns the CUDA device its parameters live on."""
     model, compiled = unwrap_compiled(model)
+    key = id(model)
     if not compiled:
         _patch_forward(type(model))
-        key = id(model)
-        recorder.model_id = key
         recorder.fwd0 = 0
-        if key not in recorder.models:
-            recorder.models.add(key)
-            try:
-                # forget the id when the model goes: a new object at that address is not timed
-                weakref.finalize(model, _forget_model, recorder, key).atexit = False
-            except TypeError:
-                _unweakrefable.append(model)  # rare: keep it alive rather than risk a reused id
+    # Ids, not references: holding the model would keep its memory (and a DDP model's process
+    # group) alive until interpreter exit. trace_step compares against model_id to skip this call.
+    recorder.model_id = key
+    if key not in recorder.models:
+        recorder.models.add(key)
+        try:
+            # forget the id when the model goes: a new object at that address is a new model
+            weakref.finalize(model, _forget_model, recorder, key).atexit = False
+        except TypeError:
+            _unweakrefable.append(model)  # rare: keep it alive rather than risk a reused id
     return _cuda_device(model)
 
 
