@@ -13,6 +13,7 @@ without TraceML because the data and the seed are fixed).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import signal
 import sys
@@ -92,6 +93,10 @@ def main() -> int:
         print(f"faulty_train: {args.steps} steps, checksum {checksum:.10f}", flush=True)
     if world > 1:
         dist.destroy_process_group()
+    # free the DDP model now: left to interpreter exit (it sits in reference cycles), gloo aborts
+    # the process now and then, which would make the plain-torchrun baseline flaky
+    del model, opt
+    gc.collect()
     if args.fault == "abort-at-exit" and rank == args.fault_rank:
         # training is over and said goodbye; the process then dies as gloo can at interpreter exit
         traceml.shutdown()

@@ -288,6 +288,6 @@ def _after_training_note(finish: Optional[dict[str, Any]], ranks: list[dict[str,
         return ""
     return ("every rank finished training and said a clean goodbye; the failing exit (code "
             f"{code}) came afterwards, as the processes ended (torchrun's log names the rank and "
-            "its signal). A common cause is a DDP model or process group still alive at "
-            "interpreter exit: call dist.destroy_process_group() and let the model go out of "
-            "scope (e.g. train inside main()) before the script ends")
+            "its signal). A common cause is a DDP model still alive at interpreter exit, where "
+            "gloo can abort the process: after dist.destroy_process_group(), `del model` and "
+            "call gc.collect() (or train inside main(), which TraceML collects at exit)")

@@ -426,7 +426,22 @@ def _install_exit_hooks() -> None:
         quitter.__call__ = quitter_call  # type: ignore[method-assign]
     except (ImportError, AttributeError):
         pass
+    atexit.register(_collect_at_exit)   # atexit runs the last registered first: after shutdown
     atexit.register(shutdown)
+
+
+def _collect_at_exit() -> None:
+    """Free unreachable objects while the interpreter is still whole. A DDP model sits in reference
+    cycles, so without this it is destroyed during interpreter finalization, where torch's gloo
+    backend aborts the process now and then ("terminate called without an active exception")
+    after training succeeded: 3 of 30 plain torchrun runs of a 2-rank script, 0 of 30 with a
+    gc.collect() before exit."""
+    try:
+        import gc
+
+        gc.collect()
+    except Exception:
+        pass
 
 
 def _note_failing_exit(how: str, code: Any) -> None:
