@@ -63,6 +63,11 @@ class LaunchConfig:
         return Path(self.logs_dir) / self.run_name
 
     @property
+    def hosts_by_node(self) -> tuple[str, ...]:
+        """``hostnames`` when they match the node count (a --nnodes flag may disagree), else ()."""
+        return self.hostnames if len(self.hostnames) == self.nnodes else ()
+
+    @property
     def is_multinode(self) -> bool:
         return self.nnodes > 1
 

@@ -63,7 +63,7 @@ class NodeTelemetry:
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
-            hostnames=list(c.hostnames) if len(c.hostnames) == c.nnodes else [],
+            hostnames=list(c.hosts_by_node),
             script=script, script_args=list(script_args))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
@@ -229,8 +229,7 @@ class NodeTelemetry:
     def _hosts(self, status: dict) -> dict[str, str]:
         """Hostnames by node: what joined nodes said, else what the cluster plugin listed (so a
         node that never joined is still named)."""
-        c = self.config
-        known = {str(n): h for n, h in enumerate(c.hostnames)} if len(c.hostnames) == c.nnodes else {}
+        known = {str(n): h for n, h in enumerate(self.config.hosts_by_node)}
         return {**known, **(status.get("hosts") or {})}
 
     def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:

@@ -128,8 +128,8 @@ class StepRecorder:
         self.opt_t0 = 0
         self.opt_owner: Any = None
         self.in_fwd = False
-        # id() of the model traced last (fast check) and of every model passed to trace_step.
-        # Ids, not references (see patches.register_model); 0 is no model.
+        # id() of the model traced last (trace_step's fast check) and of every model passed to
+        # trace_step (the forward wrappers' check). Ids, not references (patches.register_model).
         self.model_id = 0
         self.models: set[int] = set()
         self.mem = -1                   # highest memory sample since the last step
@@ -357,7 +357,7 @@ def timed_forward(orig_forward: Callable[..., Any]) -> Callable[..., Any]:
 
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         r = REC
-        if r is None or (id(self) != r.model_id and id(self) not in r.models):
+        if r is None or id(self) not in r.models:
             return orig_forward(self, *args, **kwargs)
         if not r.active:
             # evaluation (or any forward) between steps: the fetches before it belong to it
@@ -478,7 +478,7 @@ _TM_C_FWD, _TM_C_BWD = C_FWD, C_BWD
 _FORWARD_TEMPLATE = """
     def _tm_wrapper({params}):
         _tm_r = _tm_REC
-        if _tm_r is None or (_tm_id({self}) != _tm_r.model_id and _tm_id({self}) not in _tm_r.models):
+        if _tm_r is None or _tm_id({self}) not in _tm_r.models:
             return _tm_orig({call})
         if not _tm_r.active:
             _tm_r.pending_input = 0

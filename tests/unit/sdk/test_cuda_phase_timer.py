@@ -124,6 +124,7 @@ def test_cuda_variant_wrappers_bracket_each_phase_with_events():
 
     net = Net()
     rec.model_id = id(net)
+    rec.models.add(id(net))
 
     def forward(self, x):
         dev.clock_ms += 2.0

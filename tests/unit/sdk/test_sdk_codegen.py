@@ -47,6 +47,7 @@ def test_forward_wrapper_is_transparent_and_timed(fn):
     rec = StepRecorder()
     m = Model()
     rec.model_id = id(m)
+    rec.models.add(id(m))
     rec.fwd0 = 0
     wrapped = hotpath.make_forward(fn)
     assert inspect.signature(wrapped) == inspect.signature(fn)
