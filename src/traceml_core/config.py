@@ -44,7 +44,6 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
-    relay: bool = True
     hang_timeout: float = 0.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None

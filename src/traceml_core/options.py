@@ -82,15 +82,6 @@ def _mode(text: str) -> str:
     return value
 
 
-def _switch(text: str) -> bool:
-    value = _nonempty(text).lower()
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ValueError("must be on or off (or 1/0)")
-
-
 def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
@@ -142,9 +133,6 @@ OPTIONS: tuple[Option, ...] = (
            "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
            default_doc="0 (off)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
-    Option("relay", _switch, True,
-           "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
-           "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),
 )
 
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}

@@ -160,7 +160,6 @@ MALFORMED_OPTION = {
     "aggregator_port": ["70000", "-5"], "aggregator_host": ["two words"],
     "aggregator_bind_host": ["eth0", "node1"], "aggregator_wait": ["soon", "-1", "nan"],
     "hang_timeout": ["-3", "never", "nan"], "cluster": ["pbs"], "logs_dir": [" "],
-    "relay": ["maybe", "2"],
 }
 
 

@@ -106,10 +106,24 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
+def _wait_for_records(path: Path, timeout: float = 90) -> None:
+    """Until a checkpoint holds step records (workers may take a while to start on a busy host)."""
+    from traceml_core.aggregator.persist import load_checkpoint
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if load_checkpoint(path)["state"]["records"] > 0:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, "no step record was checkpointed"
+        time.sleep(0.2)
+
+
 def test_sigterm_writes_interrupted_summary_quickly(tmp_path):
     proc = launch(tmp_path, str(REPO / "examples" / "ddp_minimal.py"), "--steps", "10000000")
-    _wait_for(tmp_path / "r" / "aggregate.state")
-    time.sleep(3)  # let steps flow (the first checkpoint is written at start)
+    _wait_for_records(tmp_path / "r" / "aggregate.state")  # steps are flowing
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc, timeout=60)

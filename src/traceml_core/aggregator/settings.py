@@ -9,6 +9,7 @@ checkpoints so a summary can be rebuilt without the launcher.
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -22,7 +23,7 @@ ERROR = "TRACEML_AGGREGATOR_ERROR"
 @dataclass
 class AggregatorSettings:
     run_name: str
-    #: the per-run secret; hellos must carry HMAC(token, ...) (see wire/protocol.py)
+    #: the per-run secret; relays' hellos must carry HMAC(token, ...) (see wire/auth.py)
     token: str
     #: <logs_dir>/<run_name>; a fallback under $TMPDIR/traceml/ is used when it is not writable
     run_dir: Path
@@ -49,6 +50,10 @@ class AggregatorSettings:
     #: section keeps them so `traceml compare` can tell runs of different scripts apart)
     script: str = ""
     script_args: list[str] = field(default_factory=list)
+    #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
+    #: launcher and this process (it travels on the child's stdin), so no other process of the
+    #: run - a rank, another node - can finish the run or read its live state
+    control_token: str = field(default_factory=lambda: secrets.token_hex(16))
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)
@@ -94,5 +99,6 @@ class AggregatorSettings:
         """The settings without the token, as plain data (what checkpoints and summaries keep)."""
         data = asdict(self)
         data.pop("token")
+        data.pop("control_token")
         data["run_dir"] = str(self.run_dir)
         return data

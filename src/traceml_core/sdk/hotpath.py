@@ -220,9 +220,13 @@ class StepRecorder:
         self.sealed.appendleft(batch)
 
     def frame(self, batch: Batch) -> dict[str, Any]:
+        n = len(batch.rows)
         return {
-            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": len(batch.rows),
+            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": n,
             "cols": batch.columns(self.wall_offset), "dropped": self.dropped + self.discarded,
+            # what this rank holds beyond this batch (later sealed batches, the open one): the
+            # bound of what dies with it if it is killed now
+            "open": max(0, self.count - batch.seq - n),
         }
 
     def records(self, batch: Batch) -> int:
