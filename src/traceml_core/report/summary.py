@@ -14,6 +14,7 @@ from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
+from .timeline import build_timeline
 from .verdicts import judge
 
 SCHEMA_VERSION = 1
@@ -273,6 +274,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                          for c in DURATION_COLUMNS},
             "step_series": merged_series(live_ranks),
         },
+        "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
