@@ -24,6 +24,7 @@ from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
+from ..options import export_kinds
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
 
@@ -64,7 +65,7 @@ class NodeTelemetry:
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node),
-            script=script, script_args=list(script_args))
+            script=script, script_args=list(script_args), export=export_kinds(c.export))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:

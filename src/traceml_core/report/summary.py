@@ -15,6 +15,7 @@ from ..aggregator.series import series_values
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
+from .timeline import build_timeline
 from .verdicts import judge
 
 SCHEMA_VERSION = 1
@@ -319,6 +320,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                          for c in DURATION_COLUMNS},
             "step_series": merged_series(live_ranks),
         },
+        "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
