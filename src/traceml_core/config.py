@@ -45,6 +45,7 @@ class LaunchConfig:
     aggregator_wait: float
     cluster: str
     hang_timeout: float = 0.0
+    export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's

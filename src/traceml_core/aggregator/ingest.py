@@ -124,9 +124,9 @@ class Ingest:
             self.system(ident, msg)
             return
         rank = msg.get("rank")
-        if rank is None:  # the node launcher's own end (bye without a rank)
+        if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
-                                       "at": time.time()}
+                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"]}
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -205,7 +205,7 @@ class Ingest:
             rs.client_dropped = dropped
         self.state.flush_rank(rs)
         rs.bye = {"status": msg["status"], "steps": msg.get("steps"), "error": msg.get("error"),
-                  "at": time.time()}
+                  "at": time.time(), "fail_step": msg["fail_step"], "fail_in_step": msg["fail_in_step"]}
 
     def resp(self, rs: RankState, msg: dict[str, Any]) -> None:
         """A rank's answer to a request (see wire/frames.REQUESTS)."""
@@ -222,7 +222,8 @@ class Ingest:
     def finish(self, msg: dict[str, Any]) -> None:
         self.state.finish = {"exit_code": msg.get("exit_code"), "interrupted": msg["interrupted"],
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
-                             "source": "launcher", "at": time.time()}
+                             "source": "launcher", "at": time.time(), "workers": msg["workers"],
+                             "oom": msg["oom"]}
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

@@ -108,7 +108,8 @@ class AggregatorHandle:
         return self.control.request({**request, "t": "snapshot"}, "snapshot", timeout)
 
     def finish(self, exit_code: Optional[int], *, interrupted: bool = False, reason: str = "",
-               failed_nodes: Sequence[int] = (), timeout: Optional[float] = None) -> FinishResult:
+               failed_nodes: Sequence[int] = (), timeout: Optional[float] = None,
+               report: Optional[dict[str, Any]] = None) -> FinishResult:
         """Report the end of training; wait for the summary. Never raises.
 
         ``timeout`` defaults to the drain time plus 10 s of finalisation budget. When the
@@ -122,7 +123,8 @@ class AggregatorHandle:
             try:
                 reply = self.control.request(
                     {"t": "finish", "exit_code": exit_code, "interrupted": interrupted,
-                     "reason": reason, "failed_nodes": list(failed_nodes)}, "finished", budget)
+                     "reason": reason, "failed_nodes": list(failed_nodes), **(report or {})},
+                    "finished", budget)
             except LinkError as exc:
                 error = str(exc)
         elif not self.alive():
@@ -142,7 +144,7 @@ class AggregatorHandle:
             why = "; ".join(x for x in (reason, f"summary rebuilt because {error}" if error else "") if x)
             out = summarize(self.run_dir, finish={
                 "exit_code": exit_code, "interrupted": interrupted, "reason": why,
-                "failed_nodes": list(failed_nodes), "at": time.time()})
+                "failed_nodes": list(failed_nodes), "at": time.time(), **(report or {})})
         except TraceMLError as exc:
             return FinishResult(None, None, False, f"{error}; {exc}")
         return FinishResult(Path(out["summary_json"]), Path(out["summary_txt"]), True, error)

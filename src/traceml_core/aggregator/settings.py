@@ -50,6 +50,8 @@ class AggregatorSettings:
     #: section keeps them so `traceml compare` can tell runs of different scripts apart)
     script: str = ""
     script_args: list[str] = field(default_factory=list)
+    #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/export.py)
+    export: list[str] = field(default_factory=list)
     #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
@@ -93,6 +95,7 @@ class AggregatorSettings:
         data["run_dir"] = Path(data["run_dir"])
         data["hostnames"] = list(data.get("hostnames") or [])
         data["script_args"] = [str(a) for a in data.get("script_args") or []]
+        data["export"] = [str(a) for a in data.get("export") or []]
         return cls(**data)
 
     def public(self) -> dict[str, Any]:

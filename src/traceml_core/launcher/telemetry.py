@@ -22,6 +22,7 @@ from typing import Any, Optional, Sequence
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
+from ..options import export_kinds
 from ..wire.client import Link, LinkError
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
@@ -62,7 +63,7 @@ class NodeTelemetry:
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node),
-            script=script, script_args=list(script_args))
+            script=script, script_args=list(script_args), export=export_kinds(c.export))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -224,8 +225,10 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
-        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
+    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+               report: Optional[dict[str, Any]] = None) -> Optional[str]:
+        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
+        ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
         if self._reporter is not None:
             self._reporter.stop(1.0)
         relay = self.relay
@@ -236,7 +239,7 @@ class NodeTelemetry:
                 relay.run_ended()
             with self._lock:
                 result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
-                                            failed_nodes=self.failed_nodes)
+                                            failed_nodes=self.failed_nodes, report=report)
                 self.link = None
             if relay is not None:
                 self._relay_report(relay.close(1.0))
@@ -252,7 +255,8 @@ class NodeTelemetry:
                 return None
         status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
         if relay is not None:
-            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code}))
+            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code,
+                                                     **(report or {})}))
         return None
 
     @staticmethod

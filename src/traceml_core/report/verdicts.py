@@ -27,6 +27,17 @@ _PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer":
                 "backward": "backward"}
 
 Verdict = dict[str, Any]
+#: phases in which a rank waits for the others (DDP's gradient all-reduce runs inside backward):
+#: left out of a rank's own time
+WAIT_PHASES = ("backward",)
+
+
+def own_time(step: Optional[float], phase_ms: Callable[[str], Optional[float]]) -> Optional[float]:
+    """A rank's own time per step: ``step - backward + outside`` (the wait phases out, the time
+    between steps in). The straggler verdict and the report's per-rank charts both use it."""
+    if step is None:
+        return None
+    return step - sum(phase_ms(p) or 0.0 for p in WAIT_PHASES) + (phase_ms("outside") or 0.0)
 
 
 def _m(r: dict[str, Any], phase: str) -> Optional[float]:
@@ -90,7 +101,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
         return None
 
     def own(r: dict[str, Any]) -> float:
-        return (_m(r, "step") or 0.0) - (_m(r, "backward") or 0.0) + (_m(r, "outside") or 0.0)
+        return own_time(_m(r, "step") or 0.0, lambda p: _m(r, p)) or 0.0
 
     for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
         worst = max(live, key=fn)
@@ -104,7 +115,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
             continue
-        phases = OWN_PHASES if metric == "own" else OWN_PHASES + ("backward",)
+        phases = OWN_PHASES if metric == "own" else OWN_PHASES + WAIT_PHASES
         diffs = []
         for ph in phases:
             mine = _m(worst, ph)

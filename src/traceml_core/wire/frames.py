@@ -84,14 +84,50 @@ def check_event(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
+#: worker rows a node may report (more are dropped: torchrun reports failures of one node)
+MAX_WORKER_ROWS = 1024
+
+
+def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
+    """The worker report of a node ``bye`` or a ``finish``: ``{"workers": [...], "oom": {...} or
+    None}``; missing fields are empty. Raises ProtocolError for wrong types."""
+    rows = msg.get("workers") or []
+    if type(rows) is not list:
+        raise ProtocolError("workers must be a list")
+    workers = []
+    for w in rows[:MAX_WORKER_ROWS]:
+        if type(w) is not dict:
+            raise ProtocolError("a workers entry must be a map")
+        rank, code = w.get("rank"), w.get("exitcode")
+        if type(rank) is not int or type(code) is not int or rank < 0:
+            raise ProtocolError("workers: rank and exitcode must be integers")
+        sig = w.get("signal")
+        ts = w.get("ts")
+        workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
+                        "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
+                        "signal": sig[:32] if isinstance(sig, str) else None,
+                        "ts": float(ts) if type(ts) in (int, float) else None})
+    oom = msg.get("oom")
+    if oom is not None:
+        if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
+            raise ProtocolError("oom must be a map with an integer kills")
+        limit = oom.get("limit_bytes")
+        src = oom.get("source")
+        oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
+               "source": src[:200] if isinstance(src, str) else None}
+    return {"workers": workers, "oom": oom}
+
+
 def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
-    """A rank's ``bye`` (it has ``rank``), or a node launcher's (no ``rank``)."""
+    """A rank's ``bye`` (it has ``rank``), or a node launcher's (no ``rank``: with its worker
+    report, checked and normalised in place)."""
     if "rank" not in msg:
         if not isinstance(msg.get("status"), str):
             msg["status"] = None
         code = msg.get("exit_code")
         if code is not None and type(code) is not int:
             raise ProtocolError("bye: exit_code must be an integer")
+        msg.update(worker_report(msg))
         return msg
     _int(msg, "rank")
     if msg.get("status") not in BYE_STATUSES:
@@ -100,6 +136,9 @@ def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
     _int(msg, "dropped", optional=True)
     err = msg.get("error")
     msg["error"] = err[:MAX_TEXT] if isinstance(err, str) else None
+    fail_step = msg.get("fail_step")
+    msg["fail_step"] = fail_step if type(fail_step) is int and 0 <= fail_step <= MAX_VALUE else None
+    msg["fail_in_step"] = msg.get("fail_in_step") is True
     return msg
 
 
@@ -139,6 +178,7 @@ def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
     msg["failed_nodes"] = failed[:100000]
     msg["interrupted"] = bool(msg.get("interrupted"))
     msg["reason"] = str(msg.get("reason") or "")[:500]
+    msg.update(worker_report(msg))
     return msg
 
 

@@ -40,8 +40,11 @@ Rank → relay, after ``welcome``:
             records it had to drop; optional ``open``: records the rank holds but has not sent yet
             (its open batch and queue), the bound of what dies with it if it is killed.
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
-``bye``     ``{"t","rank","status","steps","dropped","error"}``: a rank's clean or failed end;
-            ``steps`` is the total number of records it produced.
+``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
+            rank's clean or failed end; ``steps`` is the total number of records it produced;
+            ``fail_step`` (int or null) is the index of the step a fatal error happened in
+            (``fail_in_step`` true: it left that step's ``trace_step`` block, and that step is
+            not recorded) or, raised between steps, of the step that would have come next.
 ``resp``    ``{"t","id","rank","kind","data"}``: a rank's answer to a ``req`` (below).
 
 Relay → aggregator (kind ``node``), every frame about a rank carrying its ``rank``: the ranks'
@@ -59,9 +62,14 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              (cumulative); ``seq_end`` is the seq after the last record it received from the rank,
              so records dropped at the very end still count as lost. Also carried by ``gone``.
 ``system``   ``{"t","node","host","samples"}``: the node's samples (see :data:`SYSTEM_FIELDS`).
-``bye``      ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit
-             code; the last frame of the link. The link closing without it before the run's
-             ``finish`` means the node vanished, and ``gone`` for every rank it carried.
+``bye``      ``{"t","status","exit_code","workers","oom"}`` (no ``rank``): the node's launcher
+             ended, with its exit code and the node's **worker report**
+             (:func:`traceml_core.wire.frames.worker_report`): ``workers`` is torchrun's outcome for
+             each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts"}``,
+             ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's
+             memory cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null
+             where unreadable. The last frame of the link: the link closing without it before the
+             run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
 
@@ -80,9 +88,10 @@ Aggregator → relay → rank (downstream, after ``welcome``):
 Launcher → aggregator, on the ``control`` connection (requests carry an ``id``, echoed in the
 answer, so an answer to a timed-out request is never taken for the next one's):
 
-``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes"}``: training is over
-            (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit), ``reason`` one
-            line, ``failed_nodes`` list of node ranks the launcher saw fail or vanish). The
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom"}``: training
+            is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
+            ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
+            vanish, ``workers``/``oom`` node 0's worker report as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
