@@ -45,6 +45,7 @@ class LaunchConfig:
     aggregator_wait: float
     cluster: str
     relay: bool = True
+    auto_steps: bool = True
     hang_timeout: float = 0.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None

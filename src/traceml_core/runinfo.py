@@ -30,6 +30,8 @@ class RunInfo:
     connect_wait: float
     mode: str
     logs_dir: str
+    #: the worker bootstrap finds steps in a script without trace_step (``--auto-steps``)
+    auto_steps: bool = True
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
+from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
 from .verdicts import judge
@@ -218,7 +219,12 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             r["host"] = topo_nodes[r["node"] or 0]["hostname"] or ""
 
     system = _system(data)
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"]})
+    run_status = _run_status(finish, ranks, provisional)
+    steps = steps_block([by_rank[k] for k in sorted(by_rank)], ranks)
+    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
+                             "step_source": steps["source"],
+                             "no_steps": no_steps_reason(steps, joined_n, world, run_status)})
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1
@@ -230,7 +236,6 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     started = s["started_at"]
     ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
     live_ranks = [by_rank[r] for r in sorted(by_rank)]
-    run_status = _run_status(finish, ranks, provisional)
     return {
         "schema_version": SCHEMA_VERSION,
         "provisional": provisional,
@@ -248,6 +253,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
                      "master_addr": s.get("master_addr") or None,
                      "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "steps": steps,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
