@@ -638,6 +638,9 @@ def _reset_for_tests() -> None:
     _off()
     _warned.clear()
     hotpath.set_recorder(None)
-    from . import source
+    from . import inference, patches, source
 
+    inference.reset_for_tests()
+    if patches._infer_mode:
+        patches.set_inference(False)
     source.reset_for_tests()

@@ -109,8 +109,29 @@ def _install_optimizer_timing() -> None:
 def _wrap_step(step: Any) -> Any:
     wrapped = hotpath.make_step(step, gpu=_gpu_mode, infer=_infer_mode)
     wrapped._traceml = True
+    wrapped._traceml_inner = step   # uninstall() unwraps classes torch hooked through us
     wrapped.hooked = True       # torch's marker: "already wrapped, do not wrap again"
     return wrapped
+
+
+def _unwrap_optimizer_classes() -> None:
+    """Classes first instantiated after install_global got our wrapper from torch's own
+    ``_patch_step_function`` (via profile_hook_step), so it is not among ``_originals``."""
+    try:
+        from torch.optim.optimizer import Optimizer
+    except Exception:
+        return
+    stack, seen = list(Optimizer.__subclasses__()), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        inner = getattr(cls.__dict__.get("step"), "_traceml_inner", None)
+        if inner is not None:
+            inner.hooked = True     # torch's profiling wrapper: torch must not wrap it again
+            cls.step = inner
 
 
 def install_copy_timing() -> None:
@@ -226,6 +247,7 @@ def uninstall() -> None:
             setattr(owner, name, orig)
     while _hook_handles:
         _hook_handles.pop().remove()
+    _unwrap_optimizer_classes()
     _patched_classes.clear()
     _installed = _copy_installed = False
 
