@@ -277,8 +277,10 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
-        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
+    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+               report: Optional[dict[str, Any]] = None) -> Optional[str]:
+        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
+        ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
         self._stop.set()
         relay = self.relay
         if self.handle is not None:
@@ -288,7 +290,7 @@ class NodeTelemetry:
                 relay.upstream_ending()
             with self._lock:
                 result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
-                                            failed_nodes=self.failed_nodes)
+                                            failed_nodes=self.failed_nodes, report=report)
                 self.link = None
             if relay is not None:
                 self._relay_report(relay.close(1.0))
@@ -304,12 +306,13 @@ class NodeTelemetry:
                 return None
         status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
         if relay is not None:
-            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code}))
+            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code,
+                                                     **(report or {})}))
             return None
         with self._lock:
             if self.link is not None:
                 try:
-                    self.link.bye(exit_code, status)
+                    self.link.bye(exit_code, status, report)
                 except LinkError:
                     pass
                 self.link.close()
