@@ -51,6 +51,7 @@ class LaunchConfig:
     live_refresh: float = 0.5
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 0
+    export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's

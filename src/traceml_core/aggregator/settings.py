@@ -58,6 +58,8 @@ class AggregatorSettings(BaseModel):
     #: section keeps them so `traceml compare` can tell runs of different scripts apart)
     script: str = ""
     script_args: list[str] = Field(default_factory=list)
+    #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/export.py)
+    export: list[str] = Field(default_factory=list)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)
