@@ -15,7 +15,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import TraceMLError
-from .options import OPTIONS
+from .options import EXPORT_KINDS, OPTIONS
 
 RUN_EPILOG = """\
 The grammar is torchrun's: flags, then SCRIPT, then the script's arguments. Flags may be written
@@ -63,10 +63,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run = _add_run_parser(sub)
     s = sub.add_parser("summarize", help="(re)build a run's final summary from its run directory")
     s.add_argument("run_dir")
+    r = sub.add_parser("report", help="(re)write a run's final_summary.html from its summary",
+                       description="Write RUN_DIR/final_summary.html from RUN_DIR/final_summary.json "
+                                   "(one self-contained page: opens offline).")
+    r.add_argument("run_dir", help="the run directory <logs-dir>/<run-name>, or its final_summary.json")
+    r.add_argument("--output", "-o", metavar="PATH", default=None,
+                   help="where to write the page (default: final_summary.html beside the JSON)")
+    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=EXPORT_KINDS,
+                   help="also write the run's series for another tool: tensorboard or jsonl (repeatable)")
     c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--html", metavar="PATH", default=None,
+                   help="also write the comparison and both runs side by side as one HTML page")
     c.add_argument("--fail-on-regression", type=float, metavar="PCT", default=None)
     from .plugins import command_registrars
 
@@ -135,7 +145,7 @@ def print_config(config, script: Optional[str], script_args: Sequence[str], *, a
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] not in ("run", "summarize", "compare", "-h", "--help", "--version"):
+        if argv and argv[0] not in ("run", "summarize", "report", "compare", "-h", "--help", "--version"):
             from .plugins import command_registrars
 
             for name, loader in command_registrars():
@@ -149,10 +159,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from .report.summarize import summarize_cli
 
             return summarize_cli(ns.run_dir)
+        if ns.command == "report":
+            from .report.rebuild import report_cli
+
+            return report_cli(ns.run_dir, ns.output, ns.export)
         if ns.command == "compare":
             from .report.compare import compare_cli
 
-            return compare_cli(ns.a, ns.b, as_json=ns.json, fail_on_regression=ns.fail_on_regression)
+            return compare_cli(ns.a, ns.b, as_json=ns.json, fail_on_regression=ns.fail_on_regression,
+                               html=ns.html)
         parser.print_help()
         return 0
     except TraceMLError as exc:

@@ -22,6 +22,7 @@ from .supervise import Supervisor, log
 from .telemetry import NodeTelemetry, _flag_source
 from .token import resolve_token
 from .agent import FD_VAR as AGENT_FD_VAR
+from .memcg import OomWatch
 from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_probe, check_script,
                         probe_failure)
 from .torchrun import agent_command, torchrun_command
@@ -93,6 +94,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
                     f"traceml run: the torchrun process ended (exit code {code}) before it could "
                     "check the workers' Python; its output above says why. Nothing was started.")
             raise probe_failure(reply, script)
+        oom = OomWatch().start()  # the OOM killer's count in the workers' memory cgroup, from now
         if not no_python:  # pre-flight, step 3: the worker count against the GPUs torch sees
             check_probe(WorkerProbe(str(reply.get("torch")), int(reply.get("cuda_devices") or 0),
                                     reply.get("module"), str(reply.get("python"))),
@@ -142,6 +144,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     finally:
         if view:
             view.stop()  # the final picture stays on screen; the summary prints below it
+    # which workers failed how (torchrun's own record) and whether the OOM killer took any
+    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report()}
     agent.close()
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
@@ -158,7 +162,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
         + (f" ({reason})" if reason else ""))
     try:  # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
-        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason, report=report)
     finally:
         sup.restore()
     if text:

@@ -104,8 +104,9 @@ class CudaPhaseTimer:
         self._pre_spans = []
         self._opt_ev = None
 
-    def discard_step(self) -> None:
-        """Forget the open step's spans (it is abandoned, never committed); events are reused."""
+    def abort_step(self) -> None:
+        """The step's block raised, or it was abandoned: it is not recorded; its events go back
+        to the pool."""
         for _, a, b in self._spans:
             self._pool += (a, b)
         self._spans = []

@@ -22,10 +22,15 @@ fewest operations on its common path.
 
 Timing model (what the user sees in the summary):
 
+* a step is recorded when its ``trace_step`` block completes; a block left by an exception is
+  not a step (its time is often a collective waiting for a dead peer) and is not recorded, but
+  its index is remembered (:attr:`StepRecorder.raised_at`) for the failure report;
 * ``step_ns`` = time inside ``trace_step`` + the input fetches credited to the step;
 * ``input_ns`` = DataLoader ``__next__`` time spent inside the step, plus the fetches made after
   the previous step's exit and before this step's entry (the usual
-  ``for batch in loader: with trace_step(model): ...`` shape). A forward pass of a traced model
+  ``for batch in loader: with trace_step(model): ...`` shape); -1 (not measured) when no fetch
+  of a DataLoader or a ``wrap_dataloader`` iterable was timed for the step (a ``get_batch()``
+  function): the summary then reads the time between steps instead, and says so. A forward pass of a traced model
   outside any step (evaluation) clears those pending fetches, so an evaluation loop between two
   steps is never credited to the next step; other work between steps (checkpointing, logging) is
   never timed at all;
@@ -95,7 +100,7 @@ class StepRecorder:
         "models", "fwd0", "nbwd",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
-        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog",
+        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog", "raised_at",
     )
 
     def __init__(
@@ -122,8 +127,8 @@ class StepRecorder:
         self.discarded = 0    # records the client thread discarded (refused, flush timed out)
         self.active = 0       # 0 outside a step; 1 inside; 1 + n inside n nested trace_step blocks
         self.t0 = 0           # step start, moved back by the input wait credited before entry
-        self.pending_input = 0
-        self.inp = 0
+        self.pending_input = -1  # -1: no batch fetch timed since the last step (input not measured)
+        self.inp = -1
         self.fwd0 = -1        # forward_ns when no traced model ran: -1 until a model is traced
         self.fwd = self.bwd = self.opt = 0
         self.opt_t0 = 0
@@ -141,6 +146,9 @@ class StepRecorder:
         #: sealed batches waiting that make seal() call on_backlog (the client's wake-up)
         self.backlog_mark = max(2, max_batches // 8)
         self.on_backlog: Optional[Callable[[], None]] = None
+        #: index of the last step whose ``trace_step`` block an exception left (-1: none), so a
+        #: failure report can say "during step N" rather than "after N steps"
+        self.raised_at = -1
 
     # ---- training thread ---------------------------------------------------------------------
 
@@ -197,7 +205,7 @@ class StepRecorder:
         self.inp = self.bwd = self.opt = 0
         self.fwd = self.fwd0
         if self.gpu is not None:
-            self.gpu.discard_step()
+            self.gpu.abort_step()
 
     def flush_partial(self) -> None:
         """Seal the partly filled batch (shutdown; called on the training thread)."""
@@ -267,11 +275,11 @@ class StepContext:
         r.active = 1
         inp = r.pending_input
         r.inp = inp
-        r.pending_input = 0
+        r.pending_input = -1
         r.fwd = r.fwd0
         r.bwd = r.opt = 0
         # the fetch made just before entering is part of the step: start the clock that much earlier
-        r.t0 = perf_counter_ns() - inp
+        r.t0 = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -283,6 +291,9 @@ class StepContext:
                 r.active = a - 1
             return False
         r.active = 0
+        if et is not None:      # an aborted step is no step: its time (often a collective
+            r.raised_at = r.count   # timing out on a dead peer) would only mislead
+            return False
         mem = r.mem
         r.mem = r.mem_last
         rows = r.rows
@@ -308,11 +319,11 @@ class GpuStepContext(StepContext):
         r.active = 1
         inp = r.pending_input
         r.inp = inp
-        r.pending_input = 0
+        r.pending_input = -1
         r.fwd = r.fwd0
         r.bwd = r.opt = 0
         r.gpu.begin_step()
-        r.t0 = perf_counter_ns() - inp
+        r.t0 = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -324,6 +335,10 @@ class GpuStepContext(StepContext):
                 r.active = a - 1
             return False
         r.active = 0
+        if et is not None:      # aborted: not recorded (see StepContext.__exit__)
+            r.raised_at = r.count + r.gpu.pending   # rows still waiting for their CUDA events
+            r.gpu.abort_step()
+            return False
         mem = r.mem
         r.mem = r.mem_last
         r.gpu.end_step(r, t1, mem)
@@ -356,10 +371,12 @@ def timed_next(orig_next: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return orig_next(self)
         t0 = perf_counter_ns()
         item = orig_next(self)      # StopIteration (end of epoch) propagates and is not credited
-        if r.active:
-            r.inp += perf_counter_ns() - t0
+        if r.active:            # (-1 until the step's first fetch: input not measured)
+            i = r.inp
+            r.inp = (i if i > 0 else 0) + perf_counter_ns() - t0
         else:
-            r.pending_input += perf_counter_ns() - t0
+            i = r.pending_input
+            r.pending_input = (i if i > 0 else 0) + perf_counter_ns() - t0
         return item
 
     __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
@@ -375,7 +392,7 @@ def timed_forward(orig_forward: Callable[..., Any]) -> Callable[..., Any]:
             return orig_forward(self, *args, **kwargs)
         if not r.active:
             # evaluation (or any forward) between steps: the fetches before it belong to it
-            r.pending_input = 0
+            r.pending_input = -1
             if r.gpu is not None:
                 r.gpu.clear_pre()
             return orig_forward(self, *args, **kwargs)
@@ -531,7 +548,7 @@ _FORWARD_TEMPLATE = """
         if _tm_r is None or _tm_id({self}) not in _tm_r.models:
             return _tm_orig({call})
         if not _tm_r.active:
-            _tm_r.pending_input = 0
+            _tm_r.pending_input = -1
 #G          _tm_r.gpu.clear_pre()
             return _tm_orig({call})
         if _tm_r.in_fwd:

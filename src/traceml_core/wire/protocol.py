@@ -20,8 +20,11 @@ Client → server frames after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`step_source`); the latest one counts, it is not a notable event.
-``bye``     ``{"t","rank","status","steps","dropped","error"}``: a rank's clean or failed end;
-            ``steps`` is the total number of records it produced.
+``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
+            rank's clean or failed end; ``steps`` is the total number of records it produced;
+            ``fail_step`` (int or null) is the index of the step a fatal error happened in
+            (``fail_in_step`` true: it left that step's ``trace_step`` block, and that step is
+            not recorded) or, raised between steps, of the step that would have come next.
 
 Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
 
@@ -36,7 +39,11 @@ Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against t
 ``control``  node 0's own launcher (``node`` 0).
 
 On a ``node`` connection: ``system`` frames (that node's sampler) and
-``bye`` ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit code.
+``bye`` ``{"t","status","exit_code","workers","oom"}`` (no ``rank``): the node's launcher ended,
+with its exit code and the node's **worker report** (see :func:`worker_report`): ``workers`` is
+torchrun's outcome for each worker that failed (``{"rank","local_rank","pid","exitcode","signal",
+"ts"}``, ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's memory
+cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null where unreadable.
 
 The same connection carries the node's **relay** stream (launcher/relay.py): the node's ranks
 connect to their launcher, which checks their hellos exactly as the aggregator does and forwards
@@ -60,9 +67,10 @@ A malformed relayed frame is counted and skipped; it does not close the node's c
 
 On the ``control`` connection (launcher → aggregator):
 
-``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes"}``: training is over
-            (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit), ``reason`` one
-            line, ``failed_nodes`` list of node ranks the launcher saw fail or vanish). The
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom"}``: training
+            is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
+            ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
+            vanish, ``workers``/``oom`` node 0's worker report as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
@@ -106,7 +114,8 @@ STEP_COLUMNS = (
     "step",          # user-visible step index (0-based count of trace_step entries on this rank)
     "t_end_ns",      # wall clock (time.time_ns) at step end
     "step_ns",       # whole step, from entering trace_step (or the input fetch before it) to exit
-    "input_ns",      # waiting for the next batch (DataLoader __next__) credited to this step
+    "input_ns",      # waiting for the next batch (DataLoader / wrap_dataloader __next__) credited
+                     # to this step; -1 when no such fetch was timed (a get_batch() function)
     "forward_ns",
     "backward_ns",
     "optimizer_ns",
@@ -154,6 +163,40 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
 
 class ProtocolError(Exception):
     """The peer sent something that is not a valid frame; the connection must be closed."""
+
+
+#: worker rows a node may report (more are dropped: torchrun reports failures of one node)
+MAX_WORKER_ROWS = 1024
+
+
+def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
+    """The validated worker report of a node ``bye`` or a ``finish``: ``{"workers": [...], "oom":
+    {...} or None}``; missing fields are empty. Raises ProtocolError for wrong types."""
+    rows = msg.get("workers") or []
+    if type(rows) is not list:
+        raise ProtocolError("workers must be a list")
+    workers = []
+    for w in rows[:MAX_WORKER_ROWS]:
+        if type(w) is not dict:
+            raise ProtocolError("a workers entry must be a map")
+        rank, code = w.get("rank"), w.get("exitcode")
+        if type(rank) is not int or type(code) is not int or rank < 0:
+            raise ProtocolError("workers: rank and exitcode must be integers")
+        sig = w.get("signal")
+        ts = w.get("ts")
+        workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
+                        "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
+                        "signal": sig[:32] if isinstance(sig, str) else None,
+                        "ts": float(ts) if type(ts) in (int, float) else None})
+    oom = msg.get("oom")
+    if oom is not None:
+        if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
+            raise ProtocolError("oom must be a map with an integer kills")
+        limit = oom.get("limit_bytes")
+        src = oom.get("source")
+        oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
+               "source": src[:200] if isinstance(src, str) else None}
+    return {"workers": workers, "oom": oom}
 
 
 def encode(message: dict[str, Any]) -> bytes:
