@@ -20,7 +20,7 @@ from . import limits
 from .limits import Limit
 
 MODES = ("summary", "cli", "dashboard")
-#: what --export can write besides the summary (traceml_core/export.py)
+#: what --export can write besides the summary (traceml_core/report/export.py)
 EXPORT_KINDS = ("tensorboard", "jsonl")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 

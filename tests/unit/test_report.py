@@ -172,7 +172,10 @@ def test_jsonl_has_a_line_per_step_bucket(runs):
         assert r["step_last"] - r["step_first"] + 1 == tl["steps_per_bucket"]
         assert {"step_ms", "own_ms", "input_ms", "forward_ms", "backward_ms", "mem_peak_bytes"} <= set(r)
     by = {k: [r["own_ms"] for r in ranks if r["rank"] == k and r["own_ms"] is not None] for k in (0, 1, 2)}
-    assert min(by[2]) > max(by[0] + by[1])
+    mean = {k: sum(v) / len(v) for k, v in by.items()}
+    assert mean[2] > 20 + max(mean[0], mean[1]), mean
+    # a bucket's phases are consistent with its step: own time (step - backward + outside) >= 0
+    assert all(v >= -0.5 for vals in by.values() for v in vals), by
 
 
 def test_traceml_report_rebuilds_the_page_and_exports(runs, tmp_path):
