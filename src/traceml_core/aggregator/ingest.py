@@ -150,7 +150,10 @@ class Ingest:
         elif t == "bye":
             self._rank_bye(rs, msg)
         elif t == "event":
-            rs.note_event(msg["kind"], msg["text"], msg["ts"] or time.time())
+            if msg["kind"] == "step_source":
+                rs.step_source = msg["source"]
+            else:
+                rs.note_event(msg["kind"], msg["text"], msg["ts"] or time.time())
         elif t == "resp":
             self.resp(rs, msg)
         st.dirty = True

@@ -119,7 +119,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             aggregator_host=relay.host if relay is not None else "127.0.0.1",
             aggregator_port=relay.port if relay is not None else 0, token=token.value,
             connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
-            logs_dir=config.logs_dir)
+            logs_dir=config.logs_dir, auto_steps=config.auto_steps)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}
         fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()

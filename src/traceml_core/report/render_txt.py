@@ -75,25 +75,33 @@ def render(summary: dict[str, Any]) -> str:
                  + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
                  for n in nodes[:MAX_RANK_LINES]]
         lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
+    lines += (summary.get("steps") or {}).get("explain") or []
     lines.append("")
     lines += _verdict_line(summary["verdict"], "Verdict: ")
     for v in summary["other_verdicts"]:
         lines += _verdict_line(v, "   also: ")
     lines.append("")
     ac = summary["across_ranks"]
-    lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    if any(ac.get(name) for name in summary["phases"]):
+        lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    unmeasured = []
     for name in summary["phases"]:
         a = ac.get(name)
         if not a:
+            if name != "step":
+                unmeasured.append(name)
             continue
-        lines.append(f"  {name:<10}                         {_f(a['median_ms'], '', 2):>9} "
+        label = "between" if name == "outside" else name
+        lines.append(f"  {label:<10}                         {_f(a['median_ms'], '', 2):>9} "
                      f"{_f(a['worst_ms'], '', 2):>9} ({a['worst_rank']:>4})  {_f(a['skew'], 'x', 2):>6}")
-    ranks = [r for r in summary["ranks"] if r["phases"].get("step")]
-    if ranks:
-        step = sorted(ranks, key=lambda r: r["phases"]["step"]["steady_mean_ms"] or 0)[len(ranks) // 2]
-        p = step["phases"]["step"]
-        lines.append(f"  median rank {step['rank']} step: p50 {_f(p['p50_ms'], '', 2)}  p90 "
-                     f"{_f(p['p90_ms'], '', 2)}  p99 {_f(p['p99_ms'], '', 2)}  max {_f(p['max_ms'], '', 2)} ms")
+    if unmeasured and ac.get("step"):
+        why = {"input": "input (no DataLoader or wrap_dataloader seen; time between steps is 'between')",
+               "h2d": "h2d (CUDA only)", "forward": "forward (no model passed to trace_step)"}
+        lines.append("  not measured: " + ", ".join(why.get(n, n) for n in unmeasured))
+    st = summary.get("step_time") or {}
+    if st.get("median_ms") is not None:
+        lines.append(f"  median step {_f(st['median_ms'], '', 2)} ms (p90 {_f(st['p90_ms'], '', 2)}, p99 "
+                     f"{_f(st['p99_ms'], '', 2)}) over {st['steps']:,} steps of all ranks")
     mems = [(r["mem_peak"]["max_bytes"], r) for r in summary["ranks"] if r.get("mem_peak")]
     if mems:
         mx, r = max(mems, key=lambda x: x[0])
@@ -114,7 +122,11 @@ def render(summary: dict[str, Any]) -> str:
     if sys_parts:
         lines.append("System: " + "; ".join(sys_parts))
     endings = summary["rank_endings"]
-    lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
+    if summary["verdict"]["kind"] == "no_steps" and set(endings) == {"never_joined"}:
+        # the workers ran and exited cleanly without calling traceml: not a network fault
+        lines.append(f"Ranks: {endings['never_joined']} ran without connecting to TraceML")
+    else:
+        lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
     order = {"first": 0, "independent": 1, "consequence": 2}
     bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
                  key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))
@@ -152,5 +164,5 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"Note: {note}")
     files = summary.get("files") or {}
     if files.get("json"):
-        lines.append(f"Files: {files['json']}")
+        lines.append(f"Files: {files['json']}" + (f" (report: {files['html']})" if files.get("html") else ""))
     return "\n".join(lines) + "\n"

@@ -12,7 +12,8 @@ from typing import Any, Optional
 
 from ..wire.protocol import DURATION_COLUMNS
 from ..aggregator.series import series_values
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
+from .steps import no_steps_reason, steps_block
+from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
 from .timeline import build_timeline
@@ -257,8 +258,17 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             r["host"] = topo_nodes[r["node"] or 0]["hostname"] or ""
 
     system = _system(data)
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"]})
+    live_ranks = [by_rank[r] for r in sorted(by_rank)]
+    sketches = {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
+                for c in DURATION_COLUMNS}
+    steps = step_time(sketches["step"])
+    steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
     run_status = _run_status(finish, ranks, provisional)
+    step_src = steps_block(live_ranks, ranks)
+    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
+                             "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
     failure = diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
     if failure is not None:  # failures first: the primary verdict is the failure
@@ -277,7 +287,6 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     expected = sum(t["expected"] or 0 for t in tel)
     started = s["started_at"]
     ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
-    live_ranks = [by_rank[r] for r in sorted(by_rank)]
     return {
         "schema_version": SCHEMA_VERSION,
         "provisional": provisional,
@@ -295,10 +304,12 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
                      "master_addr": s.get("master_addr") or None,
                      "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "steps": step_src,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
         "warmup_steps": WARMUP_STEPS,
+        "step_time": steps,
         "across_ranks": _across(joined),
         "ranks": ranks,
         "rank_endings": {k: v for k, v in endings.items() if v},
@@ -316,8 +327,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "wire": data.get("counters", {}),
         },
         "compare": {
-            "sketches": {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
-                         for c in DURATION_COLUMNS},
+            "sketches": sketches,
             "step_series": merged_series(live_ranks),
         },
         "timeline": build_timeline(data, ranks, verdicts[0]),

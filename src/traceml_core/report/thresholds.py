@@ -81,6 +81,18 @@ COMPUTE_FRACTION = 0.80
 #: phases are long because of launch overhead or host work, not the GPU's math.
 COMPUTE_GPU_UTIL_PCT = 70.0
 
+# --- hang report (--hang-report-after auto) -------------------------------------------------------
+#: No rank completing a step for a minute is worth a look at every rank's stack even for slow
+#: steps: shorter than that, ordinary pauses (a DataLoader worker respawn, a GC of a large heap,
+#: a slow collective on a busy fabric) would trigger reports nobody needs. Collecting stacks costs
+#: the ranks nothing (a signal, answered in C), so a false report is noise, never harm.
+HANG_REPORT_FLOOR_S = 60.0
+#: ...and at least 20 median steps: a run whose steps take 10 s (large models, gradient
+#: accumulation) would otherwise be called stalled after six missed steps. Evaluation and
+#: checkpointing pauses longer than this are reported (as stalls that resolved) when they happen;
+#: set --hang-report-after above them, or off.
+HANG_REPORT_STEPS = 20.0
+
 # --- compare (traceml compare A B) -----------------------------------------------------------------
 #: Confidence level of the intervals `compare` prints and judges by.
 COMPARE_LEVEL = 0.95
@@ -91,10 +103,11 @@ COMPARE_LEVEL = 0.95
 #: whatever the per-step statistics of each run say. A run's own drift between its halves raises
 #: this floor further (see report/uncertainty.py).
 COMPARE_MIN_CHANGE_PCT = 3.0
-#: ...and at least 10 us per step: below that a phase's change is timer granularity and
-#: scheduler jitter, not something a code change did. A phase other than the step must also
-#: change by at least the floor above times A's median step: a smaller change cannot move the
-#: step beyond noise (0.02 ms more backward in a 6 ms step is scheduling, not a regression).
+#: The floor applies in milliseconds to every row alike, the step's and each phase's: the floor
+#: above times A's median step, and at least 10 us (below that a change is timer granularity and
+#: scheduler jitter, not something a code change did). A phase change under it cannot move the
+#: step beyond noise, however large relative to the phase (0.02 ms more backward in a 6 ms step
+#: is scheduling); when its interval excludes zero it is called "negligible", not "within noise".
 COMPARE_MIN_CHANGE_MS = 0.01
 #: With fewer step records than this (all ranks together) a run is not compared: a median of a
 #: handful of steps is mostly warm-up.

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from .protocol import BYE_STATUSES, STEP_COLUMNS, ProtocolError
+from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
 MAX_VALUE = 1 << 62
@@ -75,9 +75,44 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    import json
+
+    if len(text) > 2000:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+        return None
+    out: dict[str, Any] = {"source": raw["source"]}
+    for key in ("accumulation", "backward_per_step"):
+        v = raw.get(key)
+        if type(v) is int and 0 <= v < 1_000_000:
+            out[key] = v
+    bs = raw.get("backward_steps")
+    if isinstance(bs, list) and len(bs) == 2 and all(type(x) is int and x >= 0 for x in bs):
+        out["backward_steps"] = bs
+    if type(raw.get("forward")) is bool:
+        out["forward"] = raw["forward"]
+    for key in ("framework", "note"):
+        v = raw.get(key)
+        if isinstance(v, str):
+            out[key] = v[:200]
+    return out
+
+
 def check_event(msg: dict[str, Any]) -> dict[str, Any]:
+    """An event; kind ``step_source`` carries how the rank's steps are found (``source``: the
+    checked payload, or None when it is not one)."""
     _int(msg, "rank")
     _str(msg, "kind", 64)
+    if msg["kind"] == "step_source":
+        msg["source"] = step_source(msg["text"]) if isinstance(msg.get("text"), str) else None
     _str(msg, "text", 2000)
     if type(msg.get("ts")) not in (int, float):
         msg["ts"] = None

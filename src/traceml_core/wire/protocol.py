@@ -40,6 +40,9 @@ Rank → relay, after ``welcome``:
             records it had to drop; optional ``open``: records the rank holds but has not sent yet
             (its open batch and queue), the bound of what dies with it if it is killed.
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
+            Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
+            found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
+            is not a notable event.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -146,7 +149,8 @@ COLUMNS = (
     Column("step", "index", "user-visible step index (0-based count of trace_step entries on this rank)"),
     Column("t_end_ns", "clock", "wall clock (time.time_ns) at step end"),
     Column("step_ns", "duration", "whole step, from entering trace_step (or the input fetch before it) to exit"),
-    Column("input_ns", "duration", "waiting for the next batch (DataLoader __next__) credited to this step"),
+    Column("input_ns", "duration", "waiting for the next batch (DataLoader / wrap_dataloader __next__) "
+                                   "credited to this step; -1 when no such fetch was timed (a get_batch() function)"),
     Column("forward_ns", "duration", "forward passes of the traced model"),
     Column("backward_ns", "duration", "backward passes"),
     Column("optimizer_ns", "duration", "optimizer steps"),
@@ -164,6 +168,9 @@ GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")
 RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "running")
 #: what a rank's ``bye`` may say
 BYE_STATUSES = ("clean", "error", "interrupted")
+#: how a rank's steps are found: the script's trace_step, inferred from optimizer steps (no
+#: trace_step), or a framework's own hooks (traceml_core.integrations)
+STEP_SOURCES = ("trace_step", "inferred", "lightning", "huggingface", "accelerate")
 
 
 class ProtocolError(Exception):
