@@ -119,7 +119,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         if config.node_rank == 0:
             # raises TraceMLError (port in use, ...) before training starts
             telemetry.start_aggregator(script, script_args)
-        joined = telemetry.join(config.aggregator_wait)
+        joined = telemetry.join(config.aggregator_wait, interrupted=lambda: sup.interrupted_by is not None)
         relay = telemetry.start_relay() if config.relay else None
 
         info = RunInfo(
