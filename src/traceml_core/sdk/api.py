@@ -221,6 +221,10 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
     _install_exit_hooks()
+    if info is not None and info.stack_dir:
+        from . import stackdump
+
+        stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
     global _CTX
     _CTX = StepContext(recorder)
