@@ -17,7 +17,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
@@ -29,6 +29,8 @@ from .supervise import Supervisor, log
 
 #: seconds between two status queries of node 0's launcher
 WATCH_INTERVAL_S = 1.0
+#: the join waits in slices this long, checking for SIGTERM between them
+JOIN_SLICE_S = 1.0
 #: seconds between two system samples of a node
 SYSTEM_INTERVAL_S = 1.0
 
@@ -69,9 +71,12 @@ class NodeTelemetry:
         if self.handle.run_dir_note:
             log(f"warning: {self.handle.run_dir_note}")
 
-    def start_relay(self, wait: float) -> Optional[Relay]:
+    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False) -> Optional[Relay]:
         """Start this node's relay and wait (at most ``wait`` s) for its link to node 0's
-        aggregator. Never raises; None when the relay cannot listen (no telemetry from here)."""
+        aggregator. Never raises; None when the relay cannot listen (no telemetry from here).
+
+        Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
+        long --aggregator-wait is."""
         c = self.config
         if self.handle is not None:
             up = (self.handle.connect_host, self.handle.port)
@@ -89,7 +94,17 @@ class NodeTelemetry:
         if self.handle is None:
             log(f"joining the aggregator at {up[0]}:{up[1]} (waiting up to {wait:.0f} s)")
         t0 = time.monotonic()
-        if self.relay.wait_connected(wait):
+        deadline = t0 + wait
+        connected = False
+        while not connected and self.relay.client.refused_reason is None:
+            left = deadline - time.monotonic()
+            connected = self.relay.wait_connected(max(0.0, min(JOIN_SLICE_S, left)))
+            if connected or left <= JOIN_SLICE_S:
+                break
+            if interrupted():
+                log("stopped waiting for the aggregator: interrupted")
+                break
+        if connected:
             if self.handle is None:
                 log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
         elif self.relay.client.refused_reason is not None:
@@ -182,7 +197,7 @@ class NodeTelemetry:
         return {**known, **(status.get("hosts") or {})}
 
     def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:
-        names = ", ".join(f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "") for n in nodes)
+        names = node_names(nodes, hosts)
         self.failed_nodes = nodes
         self._failure = f"{names} {what}"
         if self._sup is not None:
@@ -198,19 +213,20 @@ class NodeTelemetry:
             return None
         hosts = self._hosts(status)
 
-        def name(n: int) -> str:
-            return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
-
         parts = []
         failed = {int(n): code for n, code in status.get("nodes_failed", {}).items()}
         if failed:
-            parts.append(", ".join(f"{name(n)} failed (exit code {code})" for n, code in sorted(failed.items())))
+            shown = sorted(failed.items())
+            parts.append(", ".join(f"{node_names([n], hosts)} failed (exit code {code})"
+                                   for n, code in shown[:NAMED_NODES])
+                         + (f" and {len(shown) - NAMED_NODES:,} more nodes failed" if len(shown) > NAMED_NODES else ""))
         lost = [n for n in status.get("nodes_lost", []) if n not in failed]
         if lost:
-            parts.append(", ".join(name(n) for n in lost) + " vanished (its launcher's connection closed)")
-        missing = [n for n in range(self.config.nnodes) if n not in set(status.get("nodes_joined", []))]
+            parts.append(node_names(lost, hosts) + " vanished (its launcher's connection closed)")
+        joined = set(status.get("nodes_joined", []))
+        missing = [n for n in range(self.config.nnodes) if n not in joined]
         if missing:
-            parts.append(", ".join(name(n) for n in missing) + " never joined")
+            parts.append(node_names(missing, hosts) + " never joined")
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
 
@@ -272,6 +288,24 @@ class NodeTelemetry:
                 f"step records while node 0 was slow or unreachable; node 0 was told of {told:,} "
                 "(counted as lost in the summary)"
                 + (f", not of the other {st.dropped_untold:,}" if st.dropped_untold else ""))
+
+
+#: how many nodes a log line names one by one; the rest are counted (a line stays readable, and a
+#: 65,536-node run does not write megabytes of log)
+NAMED_NODES = 8
+
+
+def node_names(nodes: list[int], hosts: dict) -> str:
+    """``node 3 (gpu07), node 5`` for at most NAMED_NODES nodes, then ``and N more (nodes a-b,...)``."""
+    def name(n: int) -> str:
+        return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
+
+    text = ", ".join(name(n) for n in nodes[:NAMED_NODES])
+    if len(nodes) > NAMED_NODES:
+        rest = sorted(nodes[NAMED_NODES:])
+        text += f" and {len(rest):,} more (nodes {rest[0]}-{rest[-1]})" if rest[-1] - rest[0] + 1 == len(rest) \
+            else f" and {len(rest):,} more"
+    return text
 
 
 def _flag_source(config: LaunchConfig, key: str) -> str:
