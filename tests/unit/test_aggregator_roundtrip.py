@@ -70,6 +70,7 @@ def test_status_query_reports_joined_nodes_and_ranks(rig):
         time.sleep(0.05)
     st.pop("checkpoint_s")
     st.pop("id")
+    assert st.pop("refused") == 0
     hosts = st.pop("hosts")
     silent = st.pop("silent")
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,

@@ -131,6 +131,9 @@ class Ingest:
             return
         if not 0 <= rank < st.settings.world_size:
             raise ProtocolError(f"relayed {t!r} frame for rank {rank} outside the world")
+        if rank // st.settings.nproc_per_node != ident.node:
+            # a node's link speaks for that node's ranks only (torchrun's static layout)
+            raise ProtocolError(f"relayed {t!r} frame for rank {rank}, not one of node {ident.node}'s")
         if t == "join":
             self._join(link, ident, st.rank(rank), msg)
             return
@@ -242,7 +245,7 @@ class Ingest:
                                  if ni.bye is not None
                                  and ni.bye.get("status") not in ("clean", "interrupted", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
-                "checkpoint_s": round(checkpoint_s, 4),
+                "checkpoint_s": round(checkpoint_s, 4), "refused": st.counters["refused"],
                 "silent": self.silent_ranks()}
 
     def silent_ranks(self, limit: int = 8) -> list[list[Any]]:

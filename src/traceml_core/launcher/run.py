@@ -107,7 +107,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
         f"master {config.master_addr}:{config.master_port}, aggregator "
         f"{config.aggregator_host}:{config.aggregator_port}")
-    telemetry = NodeTelemetry(config, token.value)
+    telemetry = NodeTelemetry(config, token)
     started = time.time()
     view = None
     try:

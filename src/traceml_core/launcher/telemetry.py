@@ -26,6 +26,7 @@ from ..options import export_kinds
 from ..wire.client import Link, LinkError
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
+from .token import Token, disagreement_hint
 
 #: seconds between two status queries of node 0's launcher
 WATCH_INTERVAL_S = 1.0
@@ -36,9 +37,10 @@ SYSTEM_INTERVAL_S = 1.0
 
 
 class NodeTelemetry:
-    def __init__(self, config: LaunchConfig, token: str) -> None:
+    def __init__(self, config: LaunchConfig, token: Token) -> None:
         self.config = config
-        self.token = token
+        self.token_info = token
+        self.token = token.value
         self.hostname = socket.gethostname()
         self.handle: Optional[AggregatorHandle] = None
         self.link: Optional[Link] = None
@@ -109,6 +111,9 @@ class NodeTelemetry:
                 log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
         elif self.relay.client.refused_reason is not None:
             self.join_refused = True   # the client logged the reason; its ranks are refused too
+            if self.relay.client.refused_reason.startswith("authentication failed"):
+                log(f"error: node 0's aggregator does not accept this node's token, so this node "
+                    f"sends no telemetry (training goes on): {disagreement_hint(self.token_info)}")
         else:
             log(f"warning: no answer from the aggregator at {up[0]}:{up[1]} after "
                 f"{time.monotonic() - t0:.0f} s. Training goes on; this node's relay keeps trying in "
@@ -163,7 +168,7 @@ class NodeTelemetry:
         lost = list(status.get("nodes_lost", []))
         hosts = self._hosts(status)
         if missing and now - self._started > wait and stalled > wait:
-            self._fail(missing, hosts, f"never joined within {wait:.0f} s")
+            self._fail(missing, hosts, f"never joined within {wait:.0f} s" + self._refused_note(status))
         elif lost and stalled > min(wait, 30.0):
             self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
                                     f"no progress for {stalled:.0f} s")
@@ -189,6 +194,14 @@ class NodeTelemetry:
         if self._sup is not None:
             self._sup.terminate(self._failure)
         return True
+
+    def _refused_note(self, status: dict) -> str:
+        """Why a node may not have joined: its hellos were refused (tokens that differ)."""
+        refused = int(status.get("refused") or 0)
+        if not refused:
+            return ""
+        return (f" (node 0 refused {refused} connection(s) that did not authenticate; "
+                f"{disagreement_hint(self.token_info)})")
 
     def _hosts(self, status: dict) -> dict[str, str]:
         """Hostnames by node: what joined nodes said, else what the cluster plugin listed (so a
@@ -226,7 +239,7 @@ class NodeTelemetry:
         joined = set(status.get("nodes_joined", []))
         missing = [n for n in range(self.config.nnodes) if n not in joined]
         if missing:
-            parts.append(node_names(missing, hosts) + " never joined")
+            parts.append(node_names(missing, hosts) + " never joined" + self._refused_note(status))
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
 

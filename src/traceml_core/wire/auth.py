@@ -174,6 +174,9 @@ def check_hello(msg: dict[str, Any], ep: Endpoint, nonces: NonceCache,
         if not _int_in(rank, 0, ep.world_size):
             return (f"rank {rank!r} is outside 0..{ep.world_size - 1} "
                     f"({ep.nnodes} node(s) x {ep.nproc_per_node} processes)")
+        if ep.node is not None and rank // ep.nproc_per_node != node:
+            return (f"rank {rank} is not one of node {node}'s ranks "
+                    f"({node * ep.nproc_per_node}..{(node + 1) * ep.nproc_per_node - 1})")
     else:
         rank = -1
     nonces.add(nonce, now)
