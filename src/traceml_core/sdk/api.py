@@ -217,10 +217,14 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
     _install_exit_hooks()
+    from . import comm
+
+    recorder.comm = comm.CommAccount()
 
     global _CTX
     _CTX = StepContext(recorder)
     hotpath.set_recorder(recorder)
+    comm.attach(recorder)       # after set_recorder: DDP models built before init() get the hook
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
