@@ -5,10 +5,14 @@ first of the sorted list is the primary verdict. All numbers it compares against
 :mod:`.thresholds`. Means are "steady" means (first :data:`WARMUP_STEPS` steps left out).
 
 How a straggler is found under DDP: every rank's *step* time is the same (all ranks wait for the
-slowest in the gradient all-reduce, inside backward), so step time cannot name the culprit. A
-rank's *own* time, ``step - backward + outside``, can: the slow rank spends longer in its own
-work (input, forward, optimizer, or between steps) while the others spend that time waiting in
-backward. Without synchronisation (independent ranks) the two agree anyway.
+slowest in the gradient all-reduce), so step time cannot name the culprit. A rank's *own* time
+can: ``step - comm + outside`` where communication is measured (the wait is its own phase, so
+backward is compute), else ``step - backward + outside`` (the wait hides inside backward). The
+slow rank spends longer in its own work while the others spend that time waiting. Without
+synchronisation (independent ranks) own and step time agree anyway.
+
+Advice fits the device the run used (``ctx["device"]``: ``cuda``, ``cpu`` or ``unknown``, see
+summary._device): no bf16, torch.compile or "batch per GPU" on a CPU run.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ from typing import Any, Callable, Optional, Sequence
 from . import thresholds as T
 from .stats import median
 
-KINDS = ("straggler", "input_bound", "memory_creep", "low_gpu_util", "compute_bound",
-         "no_clear_bottleneck")
+KINDS = ("straggler", "input_bound", "communication_bound", "memory_creep", "low_gpu_util",
+         "compute_bound", "no_clear_bottleneck")
 SEVERITIES = ("critical", "warning", "info")
 OWN_PHASES = ("input", "forward", "optimizer", "h2d", "outside")
 _PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer": "the optimizer step",
                 "h2d": "host-to-device copies", "outside": "code outside trace_step",
-                "backward": "backward"}
+                "backward": "backward", "comm": "waiting for communication"}
 
 Verdict = dict[str, Any]
 
@@ -61,6 +65,18 @@ def _verdict(kind: str, severity: str, why: str, next_step: str, culprit: Option
             "culprit": culprit, "evidence": evidence}
 
 
+def _gpu(ctx: dict[str, Any]) -> bool:
+    return ctx.get("device") == "cuda"
+
+
+def _cpu(ctx: dict[str, Any]) -> bool:
+    return ctx.get("device") == "cpu"
+
+
+def _comm_measured(live: Sequence[dict[str, Any]]) -> bool:
+    return all(_m(r, "comm") is not None for r in live)
+
+
 def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
     pairs = [(_m(r, "input"), _m(r, "step")) for r in live]
     pairs = [(i, s) for i, s in pairs if i is not None and s]
@@ -74,12 +90,16 @@ def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
         return None
+    if _gpu(ctx):
+        nxt = ("feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
+               "persistent_workers=True, or move per-sample preprocessing out of __getitem__")
+    else:
+        nxt = ("load batches faster: raise DataLoader num_workers (the node's spare cores permitting), "
+               "set persistent_workers=True, or move per-sample preprocessing out of __getitem__")
     return _verdict(
         "input_bound", sev,
         f"the median rank waits {wait:.1f} ms of its {step:.1f} ms step ({frac:.0%}) for the next batch",
-        "feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
-        "persistent_workers=True, or move per-sample preprocessing out of __getitem__",
-        None, input_fraction=round(frac, 4), input_ms=round(wait, 4), step_ms=round(step, 4))
+        nxt, None, input_fraction=round(frac, 4), input_ms=round(wait, 4), step_ms=round(step, 4))
 
 
 def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
@@ -89,8 +109,11 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
     if step_med <= 0:
         return None
 
+    # the wait for the others: its own phase when measured, else hidden inside backward
+    wait_phase = "comm" if _comm_measured(live) else "backward"
+
     def own(r: dict[str, Any]) -> float:
-        return (_m(r, "step") or 0.0) - (_m(r, "backward") or 0.0) + (_m(r, "outside") or 0.0)
+        return (_m(r, "step") or 0.0) - (_m(r, wait_phase) or 0.0) + (_m(r, "outside") or 0.0)
 
     for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
         worst = max(live, key=fn)
@@ -104,7 +127,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
             continue
-        phases = OWN_PHASES if metric == "own" else OWN_PHASES + ("backward",)
+        phases = OWN_PHASES + (("backward",) if metric == "step" or wait_phase == "comm" else ())
         diffs = []
         for ph in phases:
             mine = _m(worst, ph)
@@ -119,9 +142,13 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
             nxt = (f"rank {worst['rank']} does extra work between steps (logging, evaluation or "
                    "checkpointing on that rank only?): move it off the training loop or spread it "
                    "over all ranks")
-        else:
+        elif _gpu(ctx):
             nxt = (f"rank {worst['rank']} computes slower: check its GPU's clocks and temperature "
                    "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
+        else:
+            nxt = (f"rank {worst['rank']} computes slower: check what else runs on its node (top, "
+                   "other jobs sharing its cores) and how many threads each rank uses "
+                   "(OMP_NUM_THREADS, torch.get_num_threads())")
         why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the other ranks' median "
                f"({frac:.0%} of a {step_med:.1f} ms step), mostly in {_PHASE_WORDS.get(phase, phase)}"
                + ("; the other ranks wait for it" if metric == "own" else ""))
@@ -169,6 +196,8 @@ def low_gpu_util(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optiona
     low = min(gpus, key=lambda g: g["util_pct_mean"])
     if ctx.get("input_bound"):
         nxt = "see the input verdict: the GPUs are waiting for data"
+    elif ctx.get("communication_bound"):
+        nxt = "see the communication verdict: the GPUs are waiting for the network"
     else:
         nxt = ("the GPUs wait on the host: look at time outside the model phases, raise the batch "
                "size per GPU, or cut kernel-launch overhead with torch.compile / CUDA graphs")
@@ -177,6 +206,74 @@ def low_gpu_util(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optiona
         f"the {len(gpus)} GPU(s) were busy {overall:.0f}% of the time on average (lowest: GPU "
         f"{low['index']} on node {low['node']}, {low['util_pct_mean']:.0f}%)",
         nxt, None, gpu_util_pct=round(overall, 2))
+
+
+def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    """Exposed communication dominates the step, judged on the rank that waits least (see
+    thresholds.COMM_FRACTION_WARN), with the bandwidth achieved and, if the probe named one,
+    the slow node."""
+    rows = [(c / s, c, s, r) for c, s, r in ((_m(r, "comm"), _m(r, "step"), r) for r in live)
+            if c is not None and s]
+    if len(rows) < 2:
+        return None
+    frac, wait, step, least = min(rows, key=lambda x: x[0])
+    sev = _severity(frac, wait, T.COMM_FRACTION_WARN, T.COMM_FRACTION_CRIT, T.COMM_FLOOR_MS,
+                    T.COMM_CRIT_FLOOR_MS)
+    if sev is None:
+        return None
+    comm = ctx.get("communication") or {}
+    med_wait = median([c for _, c, _, _ in rows]) or 0.0
+
+    def med(key: str) -> Optional[float]:
+        return (comm.get(key) or {}).get("median")
+
+    busbw, algbw, nbytes, overlap = med("busbw_gbps"), med("algbw_gbps"), med("bytes_per_step"), \
+        med("overlap_fraction")
+    why = (f"every rank waits for communication after its own compute: at least {wait:.1f} ms of "
+           f"its {step:.1f} ms step ({frac:.0%}; median rank {med_wait:.1f} ms)")
+    if busbw is not None and algbw is not None:
+        why += (f"; its collectives reach {busbw:.3g} GB/s bus bandwidth ({algbw:.3g} GB/s "
+                f"algorithm) moving {_mb(nbytes)} per step")
+    slow = (comm.get("probe") or {}).get("slow_node")
+    advice = []
+    if slow:
+        why += (f"; the bandwidth probe measured node {slow['node']} ({slow.get('host') or '?'}) at "
+                f"{slow['gbps']:.3g} GB/s against {slow['others_gbps']:.3g} GB/s for the other nodes")
+        advice.append(f"fix node {slow['node']} ({slow.get('host') or '?'})'s link first: check its NIC "
+                      "speed and errors (ethtool, ip -s link) and that its traffic takes the fast "
+                      "interface")
+    if _gpu(ctx):
+        advice.append("check that NCCL uses InfiniBand/RoCE rather than TCP sockets (NCCL_DEBUG=INFO "
+                      "logs NET/IB, not NET/Socket) and the fast interface (NCCL_SOCKET_IFNAME, "
+                      "NCCL_IB_HCA)")
+        compress = "bf16_compress_hook"
+    elif _cpu(ctx):
+        advice.append("gloo sends over TCP: point GLOO_SOCKET_IFNAME at the fastest interface "
+                      "between the nodes")
+        compress = "fp16_compress_hook"
+    else:
+        advice.append("make sure the collectives use the fastest interface (NCCL_SOCKET_IFNAME / "
+                      "GLOO_SOCKET_IFNAME; InfiniBand for NCCL)")
+        compress = "fp16_compress_hook"
+    if overlap is not None and overlap < T.COMM_LOW_OVERLAP:
+        advice.append(f"only {overlap:.0%} of the communication overlaps with compute: a smaller "
+                      "DDP bucket_cap_mb starts the all-reduce earlier in backward")
+    advice.append("then send less, less often: accumulate gradients over k micro-batches under "
+                  f"DDP's no_sync() (one all-reduce per k), or compress them ({compress} as a DDP "
+                  "comm hook)")
+    return _verdict(
+        "communication_bound", sev, why, "; ".join(advice),
+        ({"rank": None, "node": slow["node"], "host": slow.get("host")} if slow else None),
+        comm_fraction=round(frac, 4), comm_ms=round(wait, 4), comm_median_ms=round(med_wait, 4),
+        step_ms=round(step, 4), least_waiting_rank=least["rank"], busbw_gbps=busbw,
+        algbw_gbps=algbw, bytes_per_step=nbytes, overlap_fraction=overlap,
+        slow_node=slow["node"] if slow else None)
+
+
+def _mb(nbytes: Optional[float]) -> str:
+    if nbytes is None:
+        return "?"
+    return f"{nbytes / 1e6:.3g} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.3g} kB"
 
 
 def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
@@ -196,23 +293,35 @@ def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Option
         return None
     step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
     on_gpu = f"; GPUs {util:.0f}% busy" if util is not None else ""
+    if _comm_measured(live):
+        note = " (communication excluded: it is its own phase)"
+    elif (ctx.get("world") or 1) > 1:
+        note = " (backward includes the gradient all-reduce: communication was not measured)"
+    else:
+        note = ""
+    if _gpu(ctx):
+        nxt = ("speed-ups now come from the model itself: bf16 autocast, a larger batch per GPU, "
+               "torch.compile or a fused optimizer; torch.profiler shows the heaviest kernels")
+    elif _cpu(ctx):
+        nxt = ("the CPU does the math: give each rank the cores it can use (OMP_NUM_THREADS / "
+               "torch.set_num_threads = cores per rank, no more ranks than cores); torch.profiler "
+               "shows the heaviest operations")
+    else:
+        nxt = "speed-ups now come from the model itself; torch.profiler shows the heaviest operations"
     return _verdict(
         "compute_bound", "info",
-        f"forward, backward and optimizer take {frac:.0%} of the median {step:.1f} ms step "
-        f"(backward includes the gradient all-reduce){on_gpu}",
-        "speed-ups now come from the model itself: bf16 autocast, a larger batch per GPU, "
-        "torch.compile or a fused optimizer; torch.profiler shows the heaviest kernels",
-        None, compute_fraction=round(frac, 4))
+        f"forward, backward and optimizer take {frac:.0%} of the median {step:.1f} ms step{note}{on_gpu}",
+        nxt, None, compute_fraction=round(frac, 4))
 
 
 DETECTORS: tuple[Callable[[Sequence[dict[str, Any]], dict[str, Any]], Optional[Verdict]], ...] = (
-    straggler, input_bound, memory_creep, low_gpu_util, compute_bound)
+    straggler, input_bound, communication_bound, memory_creep, low_gpu_util, compute_bound)
 
 
 def _breakdown(live: Sequence[dict[str, Any]]) -> str:
     step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
     parts = []
-    for ph in ("input", "forward", "backward", "optimizer", "outside"):
+    for ph in ("input", "forward", "backward", "optimizer", "comm", "outside"):
         vals = [v for v in (_m(r, ph) for r in live) if v is not None]
         if vals and step > 0:
             parts.append(f"{ph} {100.0 * (median(vals) or 0.0) / step:.0f}%")
@@ -220,8 +329,9 @@ def _breakdown(live: Sequence[dict[str, Any]]) -> str:
 
 
 def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]:
-    """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary) and
-    ``gpu_util_pct`` (overall mean or None)."""
+    """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary),
+    ``gpu_util_pct`` (overall mean or None), ``device`` (``cuda``/``cpu``/``unknown``),
+    ``communication`` (the summary's section) and ``world`` (world size)."""
     live = [r for r in ranks if r["phases"].get("step") and r["steady_steps"] >= T.MIN_STEPS]
     if not live:
         most = max((r["steady_steps"] for r in ranks), default=0)

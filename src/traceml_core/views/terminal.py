@@ -150,8 +150,9 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     if not ok and age is not None:
         items.append(Text(f"aggregator not answering for {age:.0f} s ({err}); the numbers below are "
                           f"{age:.0f} s old", style="bold red"))
-    show_h2d = any(r.ms.get("h2d") is not None for r in st.ranks)
-    phases = [p for p in PHASES if p != "step" and (p != "h2d" or show_h2d)]
+    # optional columns appear once some rank measures them (h2d: CUDA; comm: a process group)
+    shown = {p for p in ("h2d", "comm") if any(r.ms.get(p) is not None for r in st.ranks)}
+    phases = [p for p in PHASES if p != "step" and (p not in ("h2d", "comm") or p in shown)]
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
     for name, justify in [("rank", "right"), ("where", "left"), ("status", "left"), ("step", "right"),
                           ("steps/s", "right"), ("step ms", "right")] + \
