@@ -160,7 +160,7 @@ def test_communication_bound_with_its_numbers_and_cpu_advice():
     v = s["verdict"]
     assert v["kind"] == "communication_bound" and v["severity"] == "critical"
     assert "at least 30.0 ms of its 50.0 ms step (60%" in v["why"]
-    assert "1.25 GB/s bus bandwidth" in v["why"] and "40 MB per step" in v["why"]
+    assert "40 MB per step in 4 collective(s) at 1.25 GB/s bus bandwidth" in v["why"]
     assert v["evidence"]["busbw_gbps"] == 1.25 and v["evidence"]["least_waiting_rank"] == 0
     assert "GLOO_SOCKET_IFNAME" in v["next_step"] and "no_sync()" in v["next_step"]
     assert not any(w in v["next_step"] for w in GPU_WORDS), v["next_step"]
@@ -209,3 +209,16 @@ def test_unmeasured_communication_is_null_not_zero():
     assert s["ranks"][0]["comm"] is None and s["ranks"][0]["phases"]["comm"] is None
     assert s["communication"]["measured"] is False and s["communication"]["exposed_ms"] is None
     assert "backward includes the gradient all-reduce" in s["verdict"]["why"]
+
+
+def test_small_all_reduces_on_one_cpu_node_get_latency_advice():
+    # the README's demo: 2 ranks on one node, one 25 kB bucket per step, CPUs saturated
+    samples = {0: [{"ts": 1.0 + i, "cpu_pct": 99.0, "ram_used": 1 << 30, "ram_total": 8 << 30,
+                    "gpus": []} for i in range(20)]}
+    s = _run(1, 2, lambda r: _comm(8.0, 0.4, 1.3, 0.25, 5.5, nbytes=25_300, calls=1), system=samples)
+    v = s["verdict"]
+    assert v["kind"] == "communication_bound" and v["evidence"]["small_messages"] is True
+    assert "latency rather than bandwidth" in v["why"]
+    assert "no_sync()" in v["next_step"] and "99% busy" in v["next_step"]
+    for word in GPU_WORDS + ("GLOO_SOCKET_IFNAME", "between the nodes", "bucket_cap_mb"):
+        assert word not in v["next_step"], (word, v["next_step"])

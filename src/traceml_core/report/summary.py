@@ -298,8 +298,10 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     system = _system(data)
     device = _device(ranks, system)
     communication = _communication(ranks, world, data.get("probe"))
+    cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "device": device, "communication": communication, "world": world})
+                             "device": device, "communication": communication, "world": world,
+                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1

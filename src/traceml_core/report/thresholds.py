@@ -93,6 +93,15 @@ COMM_CRIT_FLOOR_MS = 5.0
 #: (bucket_cap_mb, static_graph) are worth a look besides the network itself.
 COMM_LOW_OVERLAP = 0.30
 
+#: Collectives of under 1 MB each are latency-bound: over TCP at 1-10 GB/s a megabyte moves in
+#: 0.1-1 ms, the same order as one collective's fixed cost (tens to hundreds of microseconds), so
+#: below it the bandwidth figure describes latency and the advice is "fewer calls", not "a
+#: faster link".
+COMM_SMALL_BYTES = 1_000_000
+#: A node whose CPUs were this busy on average leaves gloo's communication threads waiting for a
+#: core: part of a CPU run's communication latency is then scheduling, not the network.
+COMM_CPU_BUSY_PCT = 90.0
+
 # --- bandwidth probe between nodes ------------------------------------------------------------------
 #: A node is named as the slow link when its best measured transfer rate is below half the
 #: median of the other nodes': real NICs of one model differ by a few percent, a degraded link

@@ -229,11 +229,17 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
 
     busbw, algbw, nbytes, overlap = med("busbw_gbps"), med("algbw_gbps"), med("bytes_per_step"), \
         med("overlap_fraction")
+    calls = med("calls_per_step")
+    per_call = nbytes / calls if nbytes is not None and calls else None
+    small = per_call is not None and per_call < T.COMM_SMALL_BYTES
+    multi = (ctx.get("nnodes") or 1) > 1
     why = (f"every rank waits for communication after its own compute: at least {wait:.1f} ms of "
            f"its {step:.1f} ms step ({frac:.0%}; median rank {med_wait:.1f} ms)")
     if busbw is not None and algbw is not None:
-        why += (f"; its collectives reach {busbw:.3g} GB/s bus bandwidth ({algbw:.3g} GB/s "
-                f"algorithm) moving {_mb(nbytes)} per step")
+        why += (f"; {_mb(nbytes)} per step in {calls:g} collective(s) at {busbw:.3g} GB/s bus "
+                f"bandwidth ({algbw:.3g} GB/s algorithm)")
+        if small:
+            why += " - small messages, so latency rather than bandwidth sets their time"
     slow = (comm.get("probe") or {}).get("slow_node")
     advice = []
     if slow:
@@ -242,32 +248,43 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
         advice.append(f"fix node {slow['node']} ({slow.get('host') or '?'})'s link first: check its NIC "
                       "speed and errors (ethtool, ip -s link) and that its traffic takes the fast "
                       "interface")
-    if _gpu(ctx):
-        advice.append("check that NCCL uses InfiniBand/RoCE rather than TCP sockets (NCCL_DEBUG=INFO "
-                      "logs NET/IB, not NET/Socket) and the fast interface (NCCL_SOCKET_IFNAME, "
-                      "NCCL_IB_HCA)")
-        compress = "bf16_compress_hook"
-    elif _cpu(ctx):
-        advice.append("gloo sends over TCP: point GLOO_SOCKET_IFNAME at the fastest interface "
-                      "between the nodes")
-        compress = "fp16_compress_hook"
+    compress = "bf16_compress_hook" if _gpu(ctx) else "fp16_compress_hook"
+    if small:
+        advice.append(f"the collectives are small ({_mb(per_call)} each): call them less often - "
+                      "accumulate gradients over k micro-batches under DDP's no_sync() (one "
+                      "all-reduce per k)")
+        cpu_busy = ctx.get("cpu_busy_pct")
+        if _cpu(ctx) and cpu_busy is not None and cpu_busy >= T.COMM_CPU_BUSY_PCT:
+            advice.append(f"the CPUs were {cpu_busy:.0f}% busy, so gloo's threads also wait for a "
+                          "core: fewer ranks or threads per node (OMP_NUM_THREADS) leave them one")
     else:
-        advice.append("make sure the collectives use the fastest interface (NCCL_SOCKET_IFNAME / "
-                      "GLOO_SOCKET_IFNAME; InfiniBand for NCCL)")
-        compress = "fp16_compress_hook"
-    if overlap is not None and overlap < T.COMM_LOW_OVERLAP:
-        advice.append(f"only {overlap:.0%} of the communication overlaps with compute: a smaller "
-                      "DDP bucket_cap_mb starts the all-reduce earlier in backward")
-    advice.append("then send less, less often: accumulate gradients over k micro-batches under "
-                  f"DDP's no_sync() (one all-reduce per k), or compress them ({compress} as a DDP "
-                  "comm hook)")
+        if multi and _gpu(ctx):
+            advice.append("check that NCCL uses InfiniBand/RoCE rather than TCP sockets "
+                          "(NCCL_DEBUG=INFO logs NET/IB, not NET/Socket) and the fast interface "
+                          "(NCCL_SOCKET_IFNAME, NCCL_IB_HCA)")
+        elif multi and _cpu(ctx):
+            advice.append("gloo sends over TCP: point GLOO_SOCKET_IFNAME at the fastest interface "
+                          "between the nodes")
+        elif multi:
+            advice.append("make sure the collectives use the fastest interface between the nodes "
+                          "(NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME; InfiniBand for NCCL)")
+        elif _gpu(ctx):
+            advice.append("on one node NCCL should use NVLink/PCIe peer-to-peer: check that "
+                          "NCCL_P2P_DISABLE and NCCL_SHM_DISABLE are unset (NCCL_DEBUG=INFO names "
+                          "the transport)")
+        if overlap is not None and overlap < T.COMM_LOW_OVERLAP:
+            advice.append(f"only {overlap:.0%} of the communication overlaps with compute: a smaller "
+                          "DDP bucket_cap_mb starts the all-reduce earlier in backward")
+        advice.append("send less, less often: accumulate gradients over k micro-batches under "
+                      f"DDP's no_sync() (one all-reduce per k), or compress them ({compress} as a "
+                      "DDP comm hook)")
     return _verdict(
         "communication_bound", sev, why, "; ".join(advice),
         ({"rank": None, "node": slow["node"], "host": slow.get("host")} if slow else None),
         comm_fraction=round(frac, 4), comm_ms=round(wait, 4), comm_median_ms=round(med_wait, 4),
         step_ms=round(step, 4), least_waiting_rank=least["rank"], busbw_gbps=busbw,
-        algbw_gbps=algbw, bytes_per_step=nbytes, overlap_fraction=overlap,
-        slow_node=slow["node"] if slow else None)
+        algbw_gbps=algbw, bytes_per_step=nbytes, calls_per_step=calls, overlap_fraction=overlap,
+        small_messages=small, slow_node=slow["node"] if slow else None)
 
 
 def _mb(nbytes: Optional[float]) -> str:
