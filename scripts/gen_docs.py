@@ -45,6 +45,9 @@ OTHER_VARIABLES = {
     "TRACEML_DOCTOR_OPTS": ("internal", "Set by `traceml slurm doctor` for its agents: the doctor's options."),
     "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": ("tests", "Test hook of the doctor's clock-skew check (`node2=400` adds 400 s "
                                          "to node2's clock reading). Nothing else reads it."),
+    "TRACEML_AGENT_FD": ("internal", "Set by the launcher for its torchrun process: the file descriptor of the "
+                         "private socket over which it reports the pre-flight check of the workers' Python and "
+                         "waits for the go. Removed from the environment before the workers start."),
     "TRACEML_RUN_INFO": ("internal", "Set by the launcher for its workers: JSON with the run name, ranks, the "
                          "aggregator's address and the token. `traceml.init()` reads it once. Do not set it."),
     "TRACEML_STATUS_INTERVAL": ("user", "`--mode cli` when stdout is not a terminal: seconds between status lines "
@@ -195,8 +198,22 @@ def explicit_launch() -> str:
     return "```bash\n" + (ROOT / "examples" / "slurm" / "launch_explicit.sh").read_text() + "```\n"
 
 
+def torchrun_flags() -> str:
+    from traceml_core.runargs import SHORT, TORCHRUN_TREATMENT
+
+    short = {v: k for k, v in SHORT.items()}
+    lines = ["| torchrun flag | What `traceml run` does with it |", "| --- | --- |"]
+    for name, what in TORCHRUN_TREATMENT.items():
+        spell = f"`--{name}`" + (f" / `--{name.replace('-', '_')}`" if "-" in name else "")
+        if name in short:
+            spell = f"`{short[name]}` / " + spell
+        lines.append(f"| {spell} | {_cell(what)} |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS = {
     "explicit-launch": explicit_launch,
+    "torchrun-flags": torchrun_flags,
     "configuration": configuration,
     "template-options": template_options,
     "presets": presets,

@@ -6,7 +6,7 @@ MASTER_ADDR="${MASTER_ADDR:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | he
 # The ports TraceML derives from the job id when none is given: different for each job, so two jobs
 # sharing a node never clash (fixed ports such as 29500/29765 would).
 PORT0=$(( 61440 + 4 * (SLURM_JOB_ID % 1024) ))
-exec traceml run examples/ddp_minimal.py \
+exec traceml run \
   --mode=summary \
   --run-name="${RUN_NAME:-ddp-${SLURM_JOB_ID}}" \
   --nnodes="${SLURM_NNODES}" \
@@ -15,4 +15,4 @@ exec traceml run examples/ddp_minimal.py \
   --master-addr="${MASTER_ADDR}" \
   --master-port="${PORT0}" \
   --aggregator-port=$(( PORT0 + 1 )) \
-  "$@"
+  examples/ddp_minimal.py "$@"

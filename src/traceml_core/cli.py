@@ -15,19 +15,32 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import TraceMLError
-from .options import OPTIONS
+from .options import EXPORT_KINDS, OPTIONS
 
 RUN_EPILOG = """\
-TraceML flags may come before or after the script; arguments it does not know go to the script.
-Put `--` before script arguments that share a name with a TraceML flag.
+The grammar is torchrun's: flags, then SCRIPT, then the script's arguments. Flags may be written
+with - or _ (--nproc_per_node), as torchrun allows. An unknown flag before SCRIPT is refused (with
+"did you mean"). After SCRIPT, TraceML's own flags still count as TraceML's; put `--` before script
+arguments that share a name with one of them (everything after `--` goes to the script). torchrun's own flags are honoured: --nproc_per_node, --node_rank, --master_addr/--master_port are
+these flags; --standalone picks free local ports; -m/--module runs a module; --no-python,
+--run-path, --log-dir, -r/--redirects, -t/--tee, --local-ranks-filter, --start-method,
+--monitor-interval, --role and the other torchrun options are passed on to torchrun;
+--rdzv-endpoint gives the master, --rdzv-backend=static|c10d and --rdzv-id are accepted. Refused,
+with the reason: elastic ranges (--nnodes=1:4), --max-restarts other than 0, --rdzv-conf, other
+rendezvous backends, symbolic worker counts other than cpu.
 Every flag can also be set as TRACEML_<FLAG> (for example TRACEML_LOGS_DIR). Precedence:
 flag > TRACEML_* variable > cluster plugin (Slurm) > default. See --print-config.
 """
 
 
 def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """The parser behind `traceml run --help` (runargs.py parses the command line itself)."""
     p = sub.add_parser("run", help="launch a training script with telemetry (wraps torchrun)",
-                       description="Launch SCRIPT on this node with torchrun and collect telemetry.",
+                       description="Launch SCRIPT on this node with torchrun and collect telemetry. "
+                                   "Checks first that the script (or -m module) and torch are there "
+                                   "for the workers; a launch that cannot work exits 2 with the "
+                                   "reason, before anything starts.",
+                       usage="traceml run [flags] SCRIPT [script args]  |  traceml run [flags] -m MODULE [args]",
                        epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     for o in OPTIONS:
         default = o.default_doc or o.default
@@ -36,6 +49,9 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved launch config with the source of each value, then exit")
     p.add_argument("--json", action="store_true", help="with --print-config: print JSON only")
+    p.add_argument("-m", "--module", action="store_true", help="SCRIPT is a module name (python -m)")
+    p.add_argument("--standalone", action="store_true",
+                   help="single node on free local ports (torchrun's --standalone)")
     p.add_argument("script", nargs="?", help="the training script")
     return p
 
@@ -47,10 +63,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     run = _add_run_parser(sub)
     s = sub.add_parser("summarize", help="(re)build a run's final summary from its run directory")
     s.add_argument("run_dir")
+    r = sub.add_parser("report", help="(re)write a run's final_summary.html from its summary",
+                       description="Write RUN_DIR/final_summary.html from RUN_DIR/final_summary.json "
+                                   "(one self-contained page: opens offline).")
+    r.add_argument("run_dir", help="the run directory <logs-dir>/<run-name>, or its final_summary.json")
+    r.add_argument("--output", "-o", metavar="PATH", default=None,
+                   help="where to write the page (default: final_summary.html beside the JSON)")
+    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=EXPORT_KINDS,
+                   help="also write the run's series for another tool: tensorboard or jsonl (repeatable)")
     c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--json", action="store_true")
+    c.add_argument("--html", metavar="PATH", default=None,
+                   help="also write the comparison and both runs side by side as one HTML page")
     c.add_argument("--fail-on-regression", type=float, metavar="PCT", default=None)
     from .plugins import command_registrars
 
@@ -59,40 +85,44 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
-def _split_run_args(run: argparse.ArgumentParser, argv: Sequence[str]):
-    argv = list(argv)
-    after: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, after = argv[:i], argv[i + 1:]
-    ns, extra = run.parse_known_args(argv)
-    return ns, extra + after
-
-
 def cmd_run(run: argparse.ArgumentParser, argv: Sequence[str]) -> int:
-    ns, script_args = _split_run_args(run, argv)
-    if ns.script is None and script_args and not script_args[0].startswith("-"):
-        ns.script, script_args = script_args[0], script_args[1:]
-    unknown_flags = [a for a in script_args if a.startswith("--") and ns.script is None]
-    if unknown_flags:
-        run.error(f"unrecognised argument {unknown_flags[0]}")
-    cli = {o.key: getattr(ns, o.key) for o in OPTIONS if getattr(ns, o.key) is not None}
+    from . import runargs
+
+    args = runargs.parse(argv)
+    if args.help:
+        run.print_help()
+        return 0
+    cli = dict(args.cli)
+    if args.standalone:
+        runargs.apply_standalone(cli, os.environ)
     from .config import resolve
 
-    config = resolve(cli, os.environ, script=ns.script)
-    if ns.print_config:
-        return print_config(config, ns.script, script_args, as_json=ns.json)
-    if ns.script is None:
-        run.error("the training script is missing: traceml run [flags] SCRIPT [script args]")
+    name_from = args.script.rsplit(".", 1)[-1] if (args.module and args.script) else args.script
+    config = resolve(cli, os.environ, script=name_from)
+    notes = list(args.notes)
+    rdzv = runargs.check_rdzv(args, config.nnodes, config.source("node_rank"))
+    if rdzv:
+        notes.append(rdzv)
+    if args.print_config:
+        return print_config(config, args.script, args.script_args, as_json=args.json,
+                            extra=args.launcher_argv(), notes=notes)
+    if args.script is None:
+        raise runargs.UsageError("the training script is missing: traceml run [flags] SCRIPT "
+                                 "[script args] (or -m MODULE). See traceml run --help.")
     from .launcher.run import launch
+    from .launcher.supervise import log
 
-    return launch(config, ns.script, script_args)
+    for note in notes:
+        log(note)
+    return launch(config, args.script, args.script_args, torchrun_args=args.launcher_argv(),
+                  module=args.module, no_python=args.no_python)
 
 
-def print_config(config, script: Optional[str], script_args: Sequence[str], *, as_json: bool) -> int:
+def print_config(config, script: Optional[str], script_args: Sequence[str], *, as_json: bool,
+                 extra: Sequence[str] = (), notes: Sequence[str] = ()) -> int:
     from .launcher.torchrun import torchrun_command
 
-    cmd = torchrun_command(config, script or "SCRIPT", script_args)
+    cmd = torchrun_command(config, script or "SCRIPT", script_args, extra=extra)
     if as_json:
         data = config.to_json()
         sys.stdout.write(json.dumps(data) + "\n")
@@ -105,6 +135,8 @@ def print_config(config, script: Optional[str], script_args: Sequence[str], *, a
         print(f"{k:<{w0}}  {v:<{w1}}  {s}")
     for w in config.warnings:
         print(f"warning: {w}")
+    for n in notes:
+        print(f"note: {n}")
     print("\ntorchrun command on this node:")
     print("  " + shlex.join(cmd))
     return 0
@@ -113,7 +145,7 @@ def print_config(config, script: Optional[str], script_args: Sequence[str], *, a
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if argv and argv[0] not in ("run", "summarize", "compare", "-h", "--help", "--version"):
+        if argv and argv[0] not in ("run", "summarize", "report", "compare", "-h", "--help", "--version"):
             from .plugins import command_registrars
 
             for name, loader in command_registrars():
@@ -127,10 +159,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from .report.summarize import summarize_cli
 
             return summarize_cli(ns.run_dir)
+        if ns.command == "report":
+            from .report.rebuild import report_cli
+
+            return report_cli(ns.run_dir, ns.output, ns.export)
         if ns.command == "compare":
             from .report.compare import compare_cli
 
-            return compare_cli(ns.a, ns.b, as_json=ns.json, fail_on_regression=ns.fail_on_regression)
+            return compare_cli(ns.a, ns.b, as_json=ns.json, fail_on_regression=ns.fail_on_regression,
+                               html=ns.html)
         parser.print_help()
         return 0
     except TraceMLError as exc:

@@ -46,6 +46,7 @@ class LaunchConfig:
     cluster: str
     relay: bool = True
     hang_timeout: float = 0.0
+    export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's

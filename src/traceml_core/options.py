@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 MODES = ("summary", "cli", "dashboard")
+#: what --export can write besides the summary (traceml_core/export.py)
+EXPORT_KINDS = ("tensorboard", "jsonl")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
@@ -91,6 +93,23 @@ def _switch(text: str) -> bool:
     raise ValueError("must be on or off (or 1/0)")
 
 
+def _exports(text: str) -> str:
+    value = _nonempty(text).lower()
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    if kinds == ["none"]:
+        return "none"
+    bad = [k for k in kinds if k not in EXPORT_KINDS]
+    if bad or not kinds:
+        raise ValueError(f"must be none or a comma-separated list of {', '.join(EXPORT_KINDS)} "
+                         f"(got {bad[0] if bad else value!r})")
+    return ",".join(dict.fromkeys(kinds))
+
+
+def export_kinds(value: str) -> list[str]:
+    """The kinds of a normalised ``export`` value (``[]`` for none)."""
+    return [] if value in ("", "none") else value.split(",")
+
+
 def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
@@ -141,6 +160,11 @@ OPTIONS: tuple[Option, ...] = (
            "this many seconds (a hang); exit status 124, the summary names the silent ranks. Set it "
            "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
            default_doc="0 (off)"),
+    Option("export", _exports, "none",
+           "Also write the run's per-step series for other tools, from node 0's aggregator at the "
+           "end of the run: tensorboard (event files in <run-dir>/tensorboard; needs the "
+           "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
+           "comma-separated. Never fails training.", "KINDS"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
     Option("relay", _switch, True,
            "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "

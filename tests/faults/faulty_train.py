@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 import traceml_core as traceml
 
-FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit")
+FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective")
 
 
 def main() -> int:
@@ -49,8 +49,11 @@ def main() -> int:
     out.write(f"pid {os.getpid()}\n")
 
     traceml.init()
+    side = None
     if world > 1:
         dist.init_process_group("gloo")
+        if args.fault == "hang-in-collective":
+            side = dist.new_group(list(range(world)))
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
     if world > 1:
@@ -71,6 +74,15 @@ def main() -> int:
             if args.fault == "hang":
                 while True:  # a deadlock that never returns
                     time.sleep(3600)
+            if args.fault == "oom":
+                hog = []
+                while True:  # touched memory (a filled bytearray), until the OOM killer ends it
+                    hog.append(bytearray(b"\1") * (64 << 20))
+            if args.fault == "hang-in-collective" and side is not None:
+                # a collective only this rank enters (on a second group, so gloo cannot pair it
+                # with another one): it waits there for good, and the others wait for it in the
+                # next step's gradient all-reduce -- the classic mismatched-collective hang
+                dist.all_reduce(torch.ones(1), group=side)
         if step == args.pause_at:
             time.sleep(args.pause_s)
         x = torch.randn(32, 16, generator=gen)

@@ -147,7 +147,7 @@ class Launch:
     def __init__(self, tmp: Path, script_args: Sequence[str] = (), *, nproc: int = 2,
                  traceml: bool = True, flags: Sequence[str] = (), env: Optional[dict[str, str]] = None,
                  run_name: str = "run", logs: Optional[Path] = None,
-                 aggregator_port: Optional[int] = None) -> None:
+                 aggregator_port: Optional[int] = None, prefix: Sequence[str] = ()) -> None:
         self.progress_dir = tmp / ("progress" if traceml else "progress-plain")
         self.progress_dir.mkdir(parents=True, exist_ok=True)
         self.logs = logs or tmp / "logs"
@@ -162,7 +162,7 @@ class Launch:
         else:
             cmd = [PY, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
                    f"--master-port={master}", "--max-restarts=0", SCRIPT, *script_args]
-        self.cmd = cmd
+        self.cmd = cmd = [*prefix, *cmd]
         self.env = base_env(self.progress_dir, **(env or {}))
         self.out_path = tmp / f"{run_name}-{'traceml' if traceml else 'plain'}.out"
         self.err_path = self.out_path.with_suffix(".err")

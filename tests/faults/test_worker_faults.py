@@ -34,6 +34,15 @@ def test_worker_sigkilled_mid_run(tmp_path, baseline):
     ranks = {x["rank"]: x for x in s["ranks"]}
     assert ranks[1]["status"] == "crashed"  # no goodbye, failing exit: killed
     assert "rank 1 (node 0" in r.out and "crashed" in r.out  # the printed summary says so
+    # failures first: the headline names the killed rank, its signal and where the run was
+    v = s["verdict"]
+    assert v["kind"] == "run_failed" and v["culprit"]["rank"] == 1, v
+    ev = v["evidence"]
+    assert ev["signal"] == "SIGKILL" and ev["step"] == FAULT_STEP and ev["consequence_ranks"] == [0], ev
+    assert ev["oom_killed"] is not True  # a kill -9, not the OOM killer
+    assert s["run"]["reason"].startswith(f"rank 1 was killed by SIGKILL around step {FAULT_STEP}")
+    assert "Verdict: RUN-FAILED (critical): rank 1 (node 0" in r.out
+    assert ranks[0]["failure"]["role"] == "consequence" and ranks[1]["failure"]["role"] == "first"
     assert_counted(r, s)
     assert ranks[1]["telemetry"]["received"] >= r.progress.sent[1] > 0
     _bounded(r, "kill")
@@ -50,6 +59,20 @@ def test_worker_raises(tmp_path, baseline):
     assert "injected failure on rank 1 at step 40" in rank1["error"]
     assert "injected failure on rank 1 at step 40" in r.out
     assert s["run"]["status"] == "failed"
+    # failures first: the raising rank, its step, the exception and where it was raised; rank 0's
+    # gloo error is a consequence, and no performance verdict blames rank 0 for its aborted step
+    v = s["verdict"]
+    assert v["kind"] == "run_failed" and v["culprit"] == {"rank": 1, "node": 0, "host": rank1["host"]}
+    ev = v["evidence"]
+    assert ev["exception_type"] == "RuntimeError" and ev["step"] == FAULT_STEP, ev
+    assert ev["message"] == "injected failure on rank 1 at step 40"
+    assert ev["where"].startswith("faulty_train.py:") and ev["consequence_ranks"] == [0], ev
+    assert s["run"]["reason"] == ("rank 1 raised RuntimeError before step 40: injected failure on "
+                                  "rank 1 at step 40")
+    assert not [o for o in s["other_verdicts"] if (o.get("culprit") or {}).get("rank") == 0]
+    head = r.out.split("Verdict: ", 1)[1].splitlines()[0]
+    assert head.startswith("RUN-FAILED (critical): rank 1 (node 0") and "RuntimeError" in head
+    assert "rank 0 failed as a consequence (gloo lost the connection to a peer)" in head
     assert_counted(r, s)
     _bounded(r, "raise")
     assert_no_leftovers(r)
@@ -75,6 +98,30 @@ def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     assert written - hung_at < 3 + 5, written - hung_at
     assert_counted(r, s)
     assert_no_leftovers(r)
+
+
+def test_worker_exits_with_a_failing_status(tmp_path, baseline):
+    r = run(tmp_path, FAULT + ("--fault", "exit"), run_name="exited")
+    plain = baseline(*FAULT, "--fault", "exit")
+    assert r.code == plain.code != 0
+    s = r.summary()
+    v = s["verdict"]
+    assert v["kind"] == "run_failed" and v["culprit"]["rank"] == 1
+    assert v["evidence"]["cause"] == "exit" and v["evidence"]["message"] == "sys.exit(7)"
+    assert s["run"]["reason"] == f"rank 1 exited with sys.exit(7) before step {FAULT_STEP}"
+    assert_no_leftovers(r)
+
+
+def test_a_clean_run_gets_no_failure_headline(tmp_path):
+    """The control: same script, no fault."""
+    r = run(tmp_path, ("--steps", "60"), run_name="clean")
+    assert r.code == 0
+    s = r.summary()
+    assert s["run"]["status"] == "completed" and s["run"]["reason"] == ""
+    assert s["verdict"]["kind"] != "run_failed"
+    assert all(o["kind"] != "run_failed" for o in s["other_verdicts"])
+    assert all("failure" not in x for x in s["ranks"])
+    assert "FIRST FAILURE" not in r.out
 
 
 def test_a_pause_shorter_than_the_hang_timeout_is_not_a_hang(tmp_path, baseline):

@@ -2,7 +2,7 @@
 
 ``--remote-debugging-pipe`` makes the browser read NUL-terminated JSON commands from fd 3 and
 write replies and events to fd 4: no port, no websocket library, nothing but the standard
-library. Used by the dashboard's browser test.
+library. Used by the dashboard's and the HTML report's browser tests.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from typing import Any, Optional
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run",
          "--no-default-browser-check", "--disable-extensions", "--mute-audio"]
+OFFLINE_FLAGS = ["--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>",
+                 "--host-resolver-rules=MAP * ~NOTFOUND"]
 
 
 def chromium_path() -> Optional[str]:
@@ -36,7 +38,10 @@ class CDPError(Exception):
 
 
 class Chromium:
-    def __init__(self, user_data_dir: Path, *, width: int = 1400, height: int = 1100) -> None:
+    def __init__(self, user_data_dir: Path, *, width: int = 1400, height: int = 1100,
+                 offline: bool = False) -> None:
+        """``offline``: every request the page makes goes to a proxy that does not exist (port 9
+        of loopback, nothing listens there), so a page that needed the network would fail."""
         exe = chromium_path()
         if exe is None:
             raise CDPError("chromium is not installed (apt-get install chromium)")
@@ -54,7 +59,8 @@ class Chromium:
 
         self.log = open(Path(user_data_dir).with_suffix(".log"), "wb")
         self.proc = subprocess.Popen(
-            [exe, *FLAGS, f"--user-data-dir={user_data_dir}", "--remote-debugging-pipe",
+            [exe, *FLAGS, *(OFFLINE_FLAGS if offline else []), f"--user-data-dir={user_data_dir}",
+             "--remote-debugging-pipe",
              f"--window-size={width},{height}", "about:blank"],
             pass_fds=(3, 4), preexec_fn=child_fds, stdin=subprocess.DEVNULL,
             stdout=self.log, stderr=self.log)

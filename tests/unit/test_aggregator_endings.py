@@ -57,7 +57,9 @@ def test_crashed_error_and_never_joined_ranks(aggregator):
     assert s["rank_endings"] == {"clean": 1, "error": 1, "crashed": 1, "never_joined": 1}
     txt = h.run_dir.joinpath("final_summary.txt").read_text()
     assert "rank 2 (node 0, host0) crashed" in txt
-    assert "rank 1 (node 0, host0) error: RuntimeError: CUDA error: device-side assert" in txt
+    assert "rank 1 (node 0, host0) error FIRST FAILURE: RuntimeError: CUDA error: device-side assert" in txt
+    assert s["verdict"]["kind"] == "run_failed" and s["verdict"]["culprit"]["rank"] == 1
+    assert s["run"]["reason"].startswith("rank 1 raised RuntimeError")
     node0 = s["topology"]["nodes"][0]["hostname"]  # from the launcher's own hello
     assert node0 == socket.gethostname()
     assert f"rank 3 (node 0, {node0}) never joined" in txt

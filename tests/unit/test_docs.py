@@ -162,7 +162,7 @@ def _traceml(argv, tmp_path, capsys):
         args = ["run", "--print-config", *args[1:]]  # resolve the launch fully, start nothing
     if args[:2] == ["slurm", "doctor"]:
         return _doctor(args[2:])
-    if args[:1] == ["compare"]:
+    if args[:1] in (["compare"], ["report"]):  # they need finished runs: parsed only
         from traceml_core.cli import build_parser
 
         build_parser()[0].parse_args(args)

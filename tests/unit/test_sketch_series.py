@@ -7,7 +7,7 @@ import random
 from hypothesis import given, settings, strategies as st
 
 from traceml_core.aggregator.rankstate import RankState
-from traceml_core.aggregator.series import BUCKETS, Series, series_values
+from traceml_core.aggregator.series import BUCKETS, series_values
 from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
 from traceml_core.wire.protocol import STEP_COLUMNS
 
@@ -93,23 +93,44 @@ def test_partly_unmeasured_column_is_exact():
 @settings(max_examples=50, deadline=None)
 @given(st.lists(st.integers(min_value=1, max_value=300), min_size=1, max_size=60))
 def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
-    s = Series()
-    seq = total = 0
+    """Whatever the batching, the buckets hold every record once: counts and sums of the step and
+    of each phase add up, the memory and wall-clock maxima survive the merging, and the time
+    outside the steps adds up to the rank's own total."""
+    rs = RankState(0)
     rnd = random.Random(len(batch_sizes))
-    mx = -1
+    seq = t = 0
+    totals = {"step_ns": 0, "forward_ns": 0}
+    inputs_measured = mx = 0
     for n in batch_sizes:
         steps = [rnd.randrange(1, 1000) for _ in range(n)]
+        gaps = [rnd.randrange(0, 50) for _ in range(n)]
+        t_end = []
+        for st_, g in zip(steps, gaps):
+            t += st_ + g
+            t_end.append(t)
+        fwd = [rnd.randrange(0, 500) for _ in range(n)]
+        inp = [rnd.choice([-1, rnd.randrange(0, 99)]) for _ in range(n)]  # partly not measured
         mems = [rnd.randrange(0, 10**9) for _ in range(n)]
-        s.add(seq, steps, mems, sum(steps), n, max(steps), max(mems))
+        cols = {"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
+                "input_ns": inp, "forward_ns": fwd, "backward_ns": [-1] * n,
+                "optimizer_ns": [-1] * n, "h2d_ns": [-1] * n, "mem_peak": mems}
+        rs.ingest_steps({"seq": seq, "n": n, "cols": cols, "dropped": 0})
+        rs.flush()
         seq += n
-        total += sum(steps)
+        totals["step_ns"] += sum(steps)
+        totals["forward_ns"] += sum(fwd)
+        inputs_measured += sum(1 for v in inp if v >= 0)
         mx = max(mx, max(mems))
-    d = {k: series_values(s.to_data(), k) for k in ("step_cnt", "step_sum", "mem_max")}
-    d["width"] = s.width
-    assert len(d["step_cnt"]) <= BUCKETS
-    assert sum(d["step_cnt"]) == seq and sum(d["step_sum"]) == total
-    assert max(d["mem_max"]) == mx
-    assert d["width"] * BUCKETS >= seq
+    d = rs.to_data()["series"]
+    cnt = series_values(d, "step_cnt")
+    assert len(cnt) <= BUCKETS and d["width"] * BUCKETS >= seq
+    assert sum(cnt) == seq and sum(series_values(d, "step_sum")) == totals["step_ns"]
+    assert sum(series_values(d, "phase_sum", "forward_ns")) == totals["forward_ns"]
+    assert sum(series_values(d, "phase_cnt", "input_ns")) == inputs_measured
+    assert sum(series_values(d, "phase_cnt", "backward_ns")) == 0
+    assert max(series_values(d, "mem_max")) == mx and max(series_values(d, "t_end")) == t
+    assert sum(series_values(d, "phase_sum", "outside")) == rs.outside_sum
+    assert sum(series_values(d, "phase_cnt", "outside")) == rs.outside_n == seq - 1
 
 
 def test_small_frames_are_pooled_and_give_the_same_statistics_as_one_frame():

@@ -72,6 +72,14 @@ def main() -> int:
         out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
+            if settings.export:
+                try:
+                    from ..report.export import export_all
+
+                    for line in export_all(out["summary"], server.run_dir.path, settings.export):
+                        log(line)
+                except Exception as exc:  # never: export_all catches; belt and braces
+                    log(f"export failed: {exc}")
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 
     server = Server(settings, listener, run_dir, finalize)

@@ -104,9 +104,11 @@ class Link:
 
     # --- control (node 0's launcher) --------------------------------------------------------
     def finish(self, exit_code: Optional[int], *, interrupted: bool = False, reason: str = "",
-               failed_nodes: tuple[int, ...] | list[int] = (), timeout: float = 15.0) -> dict[str, Any]:
+               failed_nodes: tuple[int, ...] | list[int] = (), timeout: float = 15.0,
+               report: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+        """``report``: this node's worker report (``workers``, ``oom``; see protocol.worker_report)."""
         return self.request({"t": "finish", "exit_code": exit_code, "interrupted": interrupted,
-                             "reason": reason, "failed_nodes": list(failed_nodes)},
+                             "reason": reason, "failed_nodes": list(failed_nodes), **(report or {})},
                             "finished", timeout)
 
     def query(self, timeout: float = 2.0) -> dict[str, Any]:
@@ -123,8 +125,9 @@ class Link:
                 return reply
 
     # --- node launchers -----------------------------------------------------------------------
-    def bye(self, exit_code: Optional[int], status: str = "clean") -> None:
-        self.send({"t": "bye", "status": status, "exit_code": exit_code})
+    def bye(self, exit_code: Optional[int], status: str = "clean",
+            report: Optional[dict[str, Any]] = None) -> None:
+        self.send({"t": "bye", "status": status, "exit_code": exit_code, **(report or {})})
 
     def close(self) -> None:
         try:

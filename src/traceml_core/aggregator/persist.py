@@ -21,6 +21,7 @@ import msgpack
 CHECKPOINT_NAME = "aggregate.state"
 SUMMARY_JSON = "final_summary.json"
 SUMMARY_TXT = "final_summary.txt"
+SUMMARY_HTML = "final_summary.html"
 CHECKPOINT_FORMAT = "traceml-aggregate"
 CHECKPOINT_VERSION = 1
 

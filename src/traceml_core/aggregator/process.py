@@ -93,7 +93,8 @@ class AggregatorHandle:
             return None
 
     def finish(self, exit_code: Optional[int], *, interrupted: bool = False, reason: str = "",
-               failed_nodes: Sequence[int] = (), timeout: Optional[float] = None) -> FinishResult:
+               failed_nodes: Sequence[int] = (), timeout: Optional[float] = None,
+               report: Optional[dict[str, Any]] = None) -> FinishResult:
         """Report the end of training; wait for the summary. Never raises.
 
         ``timeout`` defaults to the drain time plus 10 s of finalisation budget. When the
@@ -106,7 +107,8 @@ class AggregatorHandle:
         if self.control is not None and self.alive():
             try:
                 reply = self.control.finish(exit_code, interrupted=interrupted, reason=reason,
-                                            failed_nodes=list(failed_nodes), timeout=budget)
+                                            failed_nodes=list(failed_nodes), timeout=budget,
+                                            report=report)
             except LinkError as exc:
                 error = str(exc)
         elif not self.alive():
@@ -126,7 +128,7 @@ class AggregatorHandle:
             why = "; ".join(x for x in (reason, f"summary rebuilt because {error}" if error else "") if x)
             out = summarize(self.run_dir, finish={
                 "exit_code": exit_code, "interrupted": interrupted, "reason": why,
-                "failed_nodes": list(failed_nodes), "at": time.time()})
+                "failed_nodes": list(failed_nodes), "at": time.time(), **(report or {})})
         except TraceMLError as exc:
             return FinishResult(None, None, False, f"{error}; {exc}")
         return FinishResult(Path(out["summary_json"]), Path(out["summary_txt"]), True, error)

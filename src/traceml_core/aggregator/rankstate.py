@@ -18,7 +18,7 @@ from typing import Any, Optional
 
 from ..report.thresholds import WARMUP_STEPS
 from ..wire.protocol import STEP_COLUMNS, ProtocolError
-from .series import BUCKETS, Series
+from .series import Series
 from .sketch import QuantileSketch, column_keys
 
 #: step columns that are durations in ns and get full statistics (order = report order);
@@ -128,7 +128,7 @@ class RankState:
         #: time between the end of one traced step and the end of the next one's step_ns window
         self.outside_sum = 0
         self.outside_n = 0
-        self.series = Series()
+        self.series = Series(DURATION_COLUMNS)
         self.tail: deque = deque()
         self.tail_n = 0
         self.tail_keep = max(0, tail_records)
@@ -237,6 +237,12 @@ class RankState:
         t_last = t_end[-1]
         if type(last_step) is not int or type(t_first) is not int or type(t_last) is not int:
             raise ProtocolError("steps: step and t_end_ns must be integers")
+        if not (0 <= t_first <= MAX_VALUE and 0 <= t_last <= MAX_VALUE):
+            raise ProtocolError("steps: t_end_ns holds a value out of range")
+        w = self.series.width
+        if seq // w != (seq + n - 1) // w:  # straddles series buckets: each one's end is read
+            if type(sum(t_end)) is not int or min(t_end) < 0 or max(t_end) > MAX_VALUE:
+                raise ProtocolError("steps: t_end_ns holds a value out of range")
         cap = self.sketch_cap
         if n <= cap:
             stride = 1
@@ -265,7 +271,7 @@ class RankState:
                 sample = col if stride == 1 else (col[off % len(col)::stride] or col)
                 mn = min(sample)
                 total = sum(col)
-            measured.append((ph, col, len(sample), total, mx, mn))
+            measured.append((ph, col, len(sample), total, mx, mn, name, cols[name]))
             flat += sample
         keys = column_keys(flat)  # one C conversion for every sketched value of the frame
         mem = cols["mem_peak"]
@@ -302,7 +308,7 @@ class RankState:
         for ph in unmeasured_all:
             ph.unmeasured += n
         pos = 0
-        for ph, col, m, total, mx, mn in measured:
+        for ph, col, m, total, mx, mn, _name, _orig in measured:
             cnt = len(col)
             ph.count += cnt
             ph.sum += total
@@ -322,8 +328,9 @@ class RankState:
                 ph.warm_sum += sum(wv)
         step_sum = step_cnt = 0
         step_max = -1
+        outside_batch = None
         if measured and measured[0][0] is self._step_phase:
-            _, col, m, step_sum, step_max, _ = measured[0]
+            _, col, m, step_sum, step_max, _, _, _ = measured[0]
             step_cnt = len(col)
             self.sketched += m * stride
             # time outside trace_step: wall time between step ends minus the steps' own time
@@ -336,29 +343,19 @@ class RankState:
                     intervals += 1
                 self.outside_sum += outside
                 self.outside_n += intervals
+                outside_batch = (outside, intervals)
         if mem_n:
             self.mem_count += mem_n
             self.mem_sum += mem_sum
             if mem_max > self.mem_max:
                 self.mem_max = mem_max
+        prev_t_end = self.last_t_end if contiguous else None
         if self.first_t_end is None:
             self.first_t_end = t_first
         self.last_t_end = t_last
-        series = self.series
-        w = series.width
-        b = seq // w
-        if b == (seq + n - 1) // w and b < BUCKETS:  # the usual case: one bucket, inline
-            if step_cnt:
-                series.step_sum[b] += step_sum
-                series.step_cnt[b] += step_cnt
-                if step_max > series.step_max[b]:
-                    series.step_max[b] = step_max
-            if mem_max > series.mem_max[b]:
-                series.mem_max[b] = mem_max
-            if b >= series.used:
-                series.used = b + 1
-        else:
-            series.add(seq, cols["step_ns"], mem_series, step_sum, step_cnt, step_max, mem_max)
+        self.series.add(seq, n, [(name, orig, total, len(col), mx)
+                                 for _, col, _, total, mx, _, name, orig in measured],
+                        mem_series, mem_max, t_end, outside_batch, prev_t_end)
         # raw tail for live views (cli/dashboard modes): references to whole batches, trimmed
         # by record count; summary mode keeps none (it is never read, and costs memory per rank)
         keep = self.tail_keep

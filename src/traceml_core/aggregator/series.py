@@ -1,14 +1,17 @@
-"""Step-time and peak-memory series over a rank's whole run, in a fixed number of buckets.
+"""Per-rank series over the whole run, in a fixed number of buckets of consecutive steps.
 
 Bucket ``i`` covers record indices (``seq``) ``[i*width, (i+1)*width)``. When a record lands past the
 last bucket, neighbouring buckets are merged pairwise and ``width`` doubles, so memory stays at
 :data:`BUCKETS` entries per metric however long the run is, and the series always spans it all.
-Per bucket: step-time sum, count and max (mean and worst for live views and ``compare``) and the
-maximum peak memory (its trend is the memory-creep evidence).
+Per bucket: step-time sum, count and max (mean and worst for live views and ``compare``), the
+maximum peak memory (its trend is the memory-creep evidence), the last step's wall-clock end
+(to put steps on a time axis), and sum + count of every other phase and of the time outside
+``trace_step`` (each phase over the run, per rank, for the HTML report, the dashboard and the
+exports). Per rank that is about ``256 x (26 + 12 x phases)`` bytes: 21 KB with six phases.
 
 A batch usually falls into one bucket, so the caller passes the batch totals it already computed;
 only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice), and the width also
-doubles until a batch spans at most about four buckets, so a rank with very fast steps never costs
+doubles until a batch spans at most :data:`SPAN` buckets, so a rank with very fast steps never costs
 a Python loop per record.
 """
 
@@ -19,33 +22,47 @@ from operator import add
 from typing import Any, Optional, Sequence
 
 BUCKETS = 256
+#: a batch may straddle at most this many buckets (else the width doubles): at the start of a
+#: run with fast steps the series is a little coarser, and a batch costs at most SPAN slices
+SPAN = 16
+#: the extra "phase" for time between traced steps (``outside`` in the summary)
+OUTSIDE = "outside"
 
-
-_ONES = array("q", [1]) * BUCKETS
 _NONE = array("q", [-1]) * BUCKETS
 
 
 def _zeros(code: str = "q") -> array:
-    return array(code, bytes(8 * BUCKETS))
+    return array(code, bytes(array(code).itemsize * BUCKETS))
 
 
 def _merge_pairs(a: array, combine: str) -> array:
-    """Buckets (2i, 2i+1) -> i, in C (``map`` over strided slices); the upper half is zeroed."""
-    out = _zeros(a.typecode)
+    """Buckets (2i, 2i+1) -> i, in C (``map`` over strided slices); the upper half is emptied."""
+    out = array(a.typecode, _NONE) if combine == "max" and a.typecode == "q" else _zeros(a.typecode)
     fn = add if combine == "sum" else max
     out[:BUCKETS // 2] = array(a.typecode, map(fn, a[0::2], a[1::2]))
     return out
 
 
-class Series:
-    __slots__ = ("width", "step_sum", "step_cnt", "step_max", "mem_max", "used")
+#: one measured column of a batch: (name, values, sum, count, max); values hold -1 = not measured
+Measured = tuple[str, Sequence[int], int, int, int]
 
-    def __init__(self) -> None:
+
+class Series:
+    """``phases``: the duration columns besides ``step_ns`` whose sums are kept per bucket."""
+
+    __slots__ = ("width", "step_sum", "step_cnt", "step_max", "mem_max", "t_end", "phase_sum",
+                 "phase_cnt", "used")
+
+    def __init__(self, phases: Sequence[str] = ()) -> None:
         self.width = 1
         self.step_sum = _zeros("d")  # float: sums can never overflow
         self.step_cnt = _zeros()
-        self.step_max = _zeros()
+        self.step_max = array("q", _NONE)
         self.mem_max = array("q", _NONE)
+        self.t_end = array("q", _NONE)  # ns, the latest step end in the bucket
+        names = [p for p in phases if p != "step_ns"] + [OUTSIDE]
+        self.phase_sum = {p: _zeros("d") for p in names}
+        self.phase_cnt = {p: _zeros("i") for p in names}
         #: number of buckets touched so far (index of the last one + 1)
         self.used = 0
 
@@ -53,65 +70,90 @@ class Series:
         self.step_sum = _merge_pairs(self.step_sum, "sum")
         self.step_cnt = _merge_pairs(self.step_cnt, "sum")
         self.step_max = _merge_pairs(self.step_max, "max")
-        mem = _merge_pairs(self.mem_max, "max")
-        mem[BUCKETS // 2:] = _NONE[:BUCKETS // 2]
-        self.mem_max = mem
+        self.mem_max = _merge_pairs(self.mem_max, "max")
+        self.t_end = _merge_pairs(self.t_end, "max")
+        for p in self.phase_sum:
+            self.phase_sum[p] = _merge_pairs(self.phase_sum[p], "sum")
+            self.phase_cnt[p] = _merge_pairs(self.phase_cnt[p], "sum")
         self.width *= 2
         self.used = (self.used + 1) // 2
 
-    def _grow(self, last_index: int, n: int) -> None:
-        # past the last bucket, or a batch that would span more than 4 buckets (fast steps: a
-        # per-record series at the start of the run is not worth a Python loop per bucket)
-        while last_index // self.width >= BUCKETS or n > 4 * self.width:
-            self._double()
+    def add(self, seq: int, n: int, measured: Sequence[Measured], mems: Optional[Sequence[int]],
+            mem_max: int, t_end: Sequence[int], outside: Optional[tuple[int, int]],
+            prev_t_end: Optional[int] = None) -> None:
+        """Record ``n`` records starting at ``seq``.
 
-    def add(self, seq: int, steps: Sequence[int], mems: Optional[Sequence[int]],
-            step_sum: int, step_cnt: int, step_max: int, mem_max: int) -> None:
-        """Record ``len(steps)`` records starting at ``seq``; negative values mean not measured.
-
-        ``step_sum``/``step_cnt``/``step_max``/``mem_max`` are the batch totals over measured values
-        (the caller passes ``-1`` for a max, and ``None`` for ``mems``, when that column holds no
-        measurement).
+        ``measured``: the duration columns that hold a measurement, with their batch totals over
+        measured values; ``mems``/``mem_max``: the peak-memory column (``None``/``-1`` when not
+        measured); ``outside``: ``(sum, intervals)`` of the batch's time between steps when known,
+        ``prev_t_end``: the previous batch's last step end (the first record's interval).
         """
-        n = len(steps)
         last = seq + n - 1
         if not self.used:  # first data: start at a width that fits it, no merging needed
-            while last // self.width >= BUCKETS or n > 4 * self.width:
+            while last // self.width >= BUCKETS or n > SPAN * self.width:
                 self.width *= 2
-        if last // self.width >= BUCKETS or n > 4 * self.width:
-            self._grow(last, n)
+        while last // self.width >= BUCKETS or n > SPAN * self.width:
+            self._double()
         w = self.width
         first_b, last_b = seq // w, last // w
-        if w == 1 and step_cnt == n and self.used <= first_b:
-            # the start of a run (one record per bucket, fresh buckets): whole-slice copies
-            self.step_sum[first_b:last_b + 1] = array("d", steps)
-            self.step_max[first_b:last_b + 1] = array("q", steps)
-            self.step_cnt[first_b:last_b + 1] = _ONES[:n]
-            if mems is not None:
-                self.mem_max[first_b:last_b + 1] = array("q", mems)
-        elif first_b == last_b:
-            self._put(first_b, step_cnt, step_sum, step_max, mem_max)
+        if first_b == last_b:  # the usual case: batch totals into one bucket
+            b = first_b
+            for name, _vals, total, cnt, mx in measured:
+                if name == "step_ns":
+                    self.step_sum[b] += total
+                    self.step_cnt[b] += cnt
+                    if mx > self.step_max[b]:
+                        self.step_max[b] = mx
+                else:
+                    self.phase_sum[name][b] += total
+                    self.phase_cnt[name][b] += cnt
+            if mem_max > self.mem_max[b]:
+                self.mem_max[b] = mem_max
+            if t_end[-1] > self.t_end[b]:
+                self.t_end[b] = t_end[-1]
+            if outside is not None and outside[1] > 0:
+                self.phase_sum[OUTSIDE][b] += outside[0]
+                self.phase_cnt[OUTSIDE][b] += outside[1]
         else:
+            step_all = None
+            if outside is not None:
+                step_all = next((v for name, v, _t, c, _m in measured if name == "step_ns"), None)
             for b in range(first_b, last_b + 1):
                 lo = max(b * w - seq, 0)
                 hi = min((b + 1) * w - seq, n)
-                st = steps[lo:hi]
-                smax = max(st)
-                if smax >= 0 and min(st) < 0:
-                    st = [v for v in st if v >= 0]
-                self._put(b, len(st) if smax >= 0 else 0, sum(st) if smax >= 0 else 0,
-                          smax if smax >= 0 else -1, max(mems[lo:hi]) if mems is not None else -1)
+                for name, vals, _t, _c, _m in measured:
+                    part = vals[lo:hi]
+                    mx = max(part)
+                    if mx < 0:
+                        continue
+                    if min(part) < 0:
+                        part = [v for v in part if v >= 0]
+                    if name == "step_ns":
+                        self.step_sum[b] += sum(part)
+                        self.step_cnt[b] += len(part)
+                        if mx > self.step_max[b]:
+                            self.step_max[b] = mx
+                    else:
+                        self.phase_sum[name][b] += sum(part)
+                        self.phase_cnt[name][b] += len(part)
+                if mems is not None:
+                    m = max(mems[lo:hi])
+                    if m > self.mem_max[b]:
+                        self.mem_max[b] = m
+                if t_end[hi - 1] > self.t_end[b]:
+                    self.t_end[b] = t_end[hi - 1]
+                if step_all is not None:  # between step ends, minus the steps' own time
+                    tot = (t_end[hi - 1] - t_end[lo]) - sum(step_all[lo + 1:hi])
+                    k = hi - lo - 1
+                    before = t_end[lo - 1] if lo > 0 else prev_t_end
+                    if before is not None:
+                        tot += t_end[lo] - before - step_all[lo]
+                        k += 1
+                    if k > 0:
+                        self.phase_sum[OUTSIDE][b] += tot
+                        self.phase_cnt[OUTSIDE][b] += k
         if last_b + 1 > self.used:
             self.used = last_b + 1
-
-    def _put(self, b: int, cnt: int, ssum: int, smax: int, mmax: int) -> None:
-        if cnt:
-            self.step_sum[b] += ssum
-            self.step_cnt[b] += cnt
-            if smax > self.step_max[b]:
-                self.step_max[b] = smax
-        if mmax > self.mem_max[b]:
-            self.mem_max[b] = mmax
 
     def to_data(self) -> dict[str, Any]:
         """Plain data: the used buckets as raw arrays (bytes; see :func:`series_values`)."""
@@ -120,13 +162,25 @@ class Series:
             "width": self.width, "used": u,
             "step_sum": self.step_sum[:u].tobytes(),  # float64
             "step_cnt": self.step_cnt[:u].tobytes(),  # int64
-            "step_max": self.step_max[:u].tobytes(),  # int64
+            "step_max": self.step_max[:u].tobytes(),  # int64, -1 = no data
             "mem_max": self.mem_max[:u].tobytes(),  # int64, -1 = no data
+            "t_end": self.t_end[:u].tobytes(),  # int64 ns, -1 = no data
+            "phase_sum": {p: a[:u].tobytes() for p, a in self.phase_sum.items()},  # float64
+            "phase_cnt": {p: a[:u].tobytes() for p, a in self.phase_cnt.items()},  # int32
         }
 
 
-def series_values(data: dict[str, Any], key: str) -> list:
-    """One metric of a serialised series as a list of numbers."""
-    arr = array("d" if key == "step_sum" else "q")
-    arr.frombytes(data[key])
+_CODES = {"step_sum": "d", "phase_sum": "d", "phase_cnt": "i"}
+
+
+def series_values(data: dict[str, Any], key: str, phase: Optional[str] = None) -> list:
+    """One metric of a serialised series as a list of numbers (``phase`` for ``phase_sum`` /
+    ``phase_cnt``); ``[]`` when the series predates that metric (an older checkpoint)."""
+    raw = data.get(key)
+    if phase is not None:
+        raw = (raw or {}).get(phase)
+    if raw is None:
+        return []
+    arr = array(_CODES.get(key, "q"))
+    arr.frombytes(raw)
     return arr.tolist()

@@ -30,7 +30,8 @@ import time
 from typing import Any, Callable, Optional
 
 from ..wire.framing import split_frames
-from ..wire.protocol import MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, ProtocolError, encode
+from ..wire.protocol import (MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, ProtocolError, encode,
+                             worker_report)
 from .handshake import Identity, NonceCache, check_hello
 from .poller import READ, WRITE, Poller
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
@@ -252,7 +253,11 @@ class Server:
         st = self.state
         if self.drain_until is not None:
             open_ranks = bool(self.relayed) or any(not c.closed for c in self.rank_conns.values())
-            return not open_ranks or now >= self.drain_until
+            # a node launcher still connected will send its bye with its worker report (which
+            # rank failed, with what signal): wait for it too, within the same bound
+            open_nodes = any(conns and st.node(n).bye is None
+                             for n, conns in self.node_conns.items() if n != 0)
+            return not (open_ranks or open_nodes) or now >= self.drain_until
         if self.term_until is not None and (now >= self.term_until or
                                             (self.control is None and self.control_seen)):
             if st.finish is None:
@@ -480,7 +485,8 @@ class Server:
                     c.bye = True
                     self.state.node(i.node).bye = {
                         "status": status if isinstance(status, str) else None,
-                        "exit_code": code if type(code) is int else None, "at": time.time()}
+                        "exit_code": code if type(code) is int else None, "at": time.time(),
+                        **worker_report(msg)}
                     self.state.dirty = True
                 else:
                     self.state.counters["ignored_frames"] += 1
@@ -671,8 +677,11 @@ class Server:
         if rs.pending:
             self.unflushed.discard(rs)
             self._flush_rank(rs)
+        fail_step = msg.get("fail_step")
         rs.bye = {"status": status, "steps": steps,
-                  "error": error[:4000] if isinstance(error, str) else None, "at": time.time()}
+                  "error": error[:4000] if isinstance(error, str) else None, "at": time.time(),
+                  "fail_step": fail_step if type(fail_step) is int and fail_step >= 0 else None,
+                  "fail_in_step": msg.get("fail_in_step") is True}
         self.state.dirty = True
 
     def _event(self, rs: RankState, msg: dict[str, Any]) -> None:
@@ -699,7 +708,7 @@ class Server:
             raise ProtocolError("finish: failed_nodes must be a list of node ranks")
         self.state.finish = {"exit_code": code, "interrupted": bool(msg.get("interrupted")),
                              "reason": str(reason)[:500], "failed_nodes": failed[:100000],
-                             "source": "launcher", "at": time.time()}
+                             "source": "launcher", "at": time.time(), **worker_report(msg)}
         self.finish_conn = c
         self.drain_until = time.monotonic() + self.settings.drain_s
         self.state.dirty = True

@@ -49,6 +49,8 @@ class AggregatorSettings:
     #: section keeps them so `traceml compare` can tell runs of different scripts apart)
     script: str = ""
     script_args: list[str] = field(default_factory=list)
+    #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/export.py)
+    export: list[str] = field(default_factory=list)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)
@@ -88,6 +90,7 @@ class AggregatorSettings:
         data["run_dir"] = Path(data["run_dir"])
         data["hostnames"] = list(data.get("hostnames") or [])
         data["script_args"] = [str(a) for a in data.get("script_args") or []]
+        data["export"] = [str(a) for a in data.get("export") or []]
         return cls(**data)
 
     def public(self) -> dict[str, Any]:

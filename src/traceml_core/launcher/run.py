@@ -19,9 +19,13 @@ from ..config import LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
 from ..views import start_view
 from .supervise import Supervisor, log
-from .telemetry import NodeTelemetry
+from .telemetry import NodeTelemetry, _flag_source
 from .token import resolve_token
-from .torchrun import torchrun_command
+from .agent import FD_VAR as AGENT_FD_VAR
+from .memcg import OomWatch
+from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_probe, check_script,
+                        probe_failure)
+from .torchrun import agent_command, torchrun_command
 
 #: seconds torchrun gets after SIGTERM before its process group is killed; with the aggregator's
 #: finalisation budget this stays inside Slurm's default KillWait of 30 s
@@ -43,51 +47,106 @@ def exit_status(code: int) -> int:
 
 
 def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
-           environ: Optional[Mapping[str, str]] = None) -> int:
+           environ: Optional[Mapping[str, str]] = None, *, torchrun_args: Sequence[str] = (),
+           module: bool = False, no_python: bool = False) -> int:
+    """Run one node of the job; returns the launcher's exit status. ``torchrun_args``: torchrun
+    flags passed on from the command line (runargs.py); ``module``/``no_python`` are torchrun's
+    ``--module``/``--no-python``, already among them."""
     environ = os.environ if environ is None else environ
+    # pre-flight, step 1 (cheap): the script exists; nothing has started yet
+    check_script(script, module=module, no_python=no_python)
     for warning in config.warnings:
         log(f"warning: {warning}")
+    if not no_python:
+        crowded = check_cpus(config.nproc_per_node)
+        if crowded:
+            log(f"warning: {crowded}")
     token = resolve_token(config, environ)
     if token.warning:
         log(f"warning: {token.warning}")
+
+    # the torchrun process starts first: it imports torch (pre-flight, step 2) while we wait, and
+    # starts torchrun only when told to
+    agent = AgentLink()
+    cmd = agent_command(torchrun_command(config, script, script_args, extra=torchrun_args))
+    env = dict(environ)
+    env[AGENT_FD_VAR] = str(agent.child_fd)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    sup = Supervisor(cmd, env, grace=STOP_GRACE_S, pass_fds=(agent.child_fd,))
+    try:
+        sup.start()
+    except BaseException:
+        agent.close()
+        sup.restore()
+        raise
+    agent.spawned()
+    try:
+        reply = agent.wait_ready(lambda: sup.poll() is None and sup.interrupted_by is None, log)
+        if reply is None or not reply.get("ready"):
+            agent.abort()
+            code = sup.wait()
+            sup.restore()
+            if sup.interrupted_by is not None:
+                log(f"interrupted by {signal.Signals(sup.interrupted_by).name} before training started")
+                return 128 + int(sup.interrupted_by)
+            if reply is None:
+                raise PreflightError(
+                    f"traceml run: the torchrun process ended (exit code {code}) before it could "
+                    "check the workers' Python; its output above says why. Nothing was started.")
+            raise probe_failure(reply, script)
+        oom = OomWatch().start()  # the OOM killer's count in the workers' memory cgroup, from now
+        if not no_python:  # pre-flight, step 3: the worker count against the GPUs torch sees
+            check_probe(WorkerProbe(str(reply.get("torch")), int(reply.get("cuda_devices") or 0),
+                                    reply.get("module"), str(reply.get("python"))),
+                        config.nproc_per_node, _flag_source(config, "nproc_per_node"))
+    except BaseException:
+        agent.abort()
+        sup.signal_now(signal.SIGKILL)
+        sup.wait()
+        sup.restore()
+        raise
+
     log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
         f"master {config.master_addr}:{config.master_port}, aggregator "
         f"{config.aggregator_host}:{config.aggregator_port}")
-
     telemetry = NodeTelemetry(config, token.value)
     started = time.time()
-    if config.node_rank == 0:
-        # raises TraceMLError (port in use, ...) before training starts
-        telemetry.start_aggregator(script, script_args)
-    joined = telemetry.join(config.aggregator_wait)
-    relay = telemetry.start_relay() if config.relay else None
-
-    info = RunInfo(
-        run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
-        nproc_per_node=config.nproc_per_node,
-        aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
-        aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
-        connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
-        logs_dir=config.logs_dir)
-    env = dict(environ)
-    env[RUN_INFO_VAR] = info.to_env()
-    env.setdefault("PYTHONUNBUFFERED", "1")
-
-    view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
-    sup = Supervisor(torchrun_command(config, script, script_args), env, grace=STOP_GRACE_S,
-                     **(view.popen_kwargs() if view else {}))
+    view = None
     try:
-        sup.start()
+        if config.node_rank == 0:
+            # raises TraceMLError (port in use, ...) before training starts
+            telemetry.start_aggregator(script, script_args)
+        joined = telemetry.join(config.aggregator_wait)
+        relay = telemetry.start_relay() if config.relay else None
+
+        info = RunInfo(
+            run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
+            nproc_per_node=config.nproc_per_node,
+            aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
+            aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
+            connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
+            logs_dir=config.logs_dir)
+        view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
+        pipes = view.popen_kwargs() if view else {}
+        fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()
+        if not agent.go({RUN_INFO_VAR: info.to_env()}, fds):
+            log("warning: the torchrun process was gone before training could start")
         if view:
             view.attach()
         telemetry.attach(sup)
         code = sup.wait(on_tick=telemetry.tick)
     except BaseException:
+        agent.abort()
+        sup.signal_now(signal.SIGKILL)
+        sup.wait()
         sup.restore()
         raise
     finally:
         if view:
             view.stop()  # the final picture stays on screen; the summary prints below it
+    # which workers failed how (torchrun's own record) and whether the OOM killer took any
+    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report()}
+    agent.close()
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:
@@ -103,7 +162,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
         + (f" ({reason})" if reason else ""))
     try:  # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
-        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason)
+        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason, report=report)
     finally:
         sup.restore()
     if text:

@@ -44,6 +44,8 @@ class Supervisor:
     #: a pipe it prints above its display (views/output.py)
     stdout: Any = None
     stderr: Any = None
+    #: file descriptors the child inherits (the torchrun process's socket to the launcher)
+    pass_fds: Sequence[int] = ()
     interrupted_by: Optional[int] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
@@ -54,7 +56,8 @@ class Supervisor:
             self._old[sig] = signal.signal(sig, self._handle)
         # own process group: we decide when the workers get signals, and can kill them all at once
         self.proc = subprocess.Popen(list(self.cmd), env=dict(self.env), preexec_fn=_ignore_user_signals,
-                                     start_new_session=True, stdout=self.stdout, stderr=self.stderr)
+                                     start_new_session=True, stdout=self.stdout, stderr=self.stderr,
+                                     pass_fds=tuple(self.pass_fds))
 
     def _handle(self, signum: int, _frame) -> None:
         name = signal.Signals(signum).name
@@ -81,6 +84,10 @@ class Supervisor:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+
+    def signal_now(self, sig: int) -> None:
+        """Send ``sig`` to torchrun's whole process group (a launch abandoned before training)."""
+        self._signal_group(sig)
 
     def terminate(self, reason: str) -> None:
         """Stop the workers on our own initiative (a node vanished, a rank hung)."""

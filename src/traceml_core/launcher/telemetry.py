@@ -24,6 +24,7 @@ from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
+from ..options import export_kinds
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
 
@@ -64,7 +65,7 @@ class NodeTelemetry:
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node),
-            script=script, script_args=list(script_args))
+            script=script, script_args=list(script_args), export=export_kinds(c.export))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -276,8 +277,10 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str]) -> Optional[str]:
-        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye."""
+    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+               report: Optional[dict[str, Any]] = None) -> Optional[str]:
+        """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
+        ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
         self._stop.set()
         relay = self.relay
         if self.handle is not None:
@@ -287,7 +290,7 @@ class NodeTelemetry:
                 relay.upstream_ending()
             with self._lock:
                 result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
-                                            failed_nodes=self.failed_nodes)
+                                            failed_nodes=self.failed_nodes, report=report)
                 self.link = None
             if relay is not None:
                 self._relay_report(relay.close(1.0))
@@ -303,12 +306,13 @@ class NodeTelemetry:
                 return None
         status = "interrupted" if interrupted else ("clean" if exit_code == 0 else "error")
         if relay is not None:
-            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code}))
+            self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code,
+                                                     **(report or {})}))
             return None
         with self._lock:
             if self.link is not None:
                 try:
-                    self.link.bye(exit_code, status)
+                    self.link.bye(exit_code, status, report)
                 except LinkError:
                     pass
                 self.link.close()

@@ -419,7 +419,8 @@ def gate(c: Comparison, threshold_pct: float) -> dict[str, Any]:
     return {"threshold_pct": threshold_pct, "failed": failed, "why": why}
 
 
-def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optional[float] = None) -> int:
+def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optional[float] = None,
+                html: Optional[str] = None) -> int:
     if fail_on_regression is not None and not (math.isfinite(fail_on_regression) and fail_on_regression >= 0):
         raise CompareError(f"--fail-on-regression {fail_on_regression!r} is not a usable threshold: "
                            "give the slowdown in percent that should fail, a number >= 0 (for "
@@ -432,5 +433,15 @@ def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optio
         sys.stdout.write(json.dumps(c.to_json(), indent=1) + "\n")
     else:
         sys.stdout.write(render(c))
+    if html:
+        from ..aggregator.persist import atomic_write
+        from .render_html import render_compare_html
+
+        try:
+            atomic_write(Path(html), render_compare_html(c.to_json(), ra.summary, rb.summary).encode())
+        except OSError as exc:
+            raise CompareError(f"--html {html}: cannot write the page ({exc.strerror or exc}); "
+                               "give a path in a writable directory.") from None
+        sys.stderr.write(f"traceml: comparison page written to {html}\n")
     sys.stdout.flush()
     return 1 if c.gate is not None and c.gate["failed"] else 0

@@ -1,33 +1,65 @@
-"""Write final_summary.json and final_summary.txt (atomically, with the logs-dir fallback)."""
+"""Write final_summary.json, .txt and .html (atomically, with the logs-dir fallback)."""
 
 from __future__ import annotations
 
 import json
+import re
+import sys
 from typing import Any, Optional
 
-from ..aggregator.persist import SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..aggregator.persist import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
 from .render_txt import render
 from .summary import build_summary
+
+#: a JSON list of numbers/nulls that ``indent`` spread over several lines
+_NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
 
 
 def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
                   provisional: bool = False) -> dict[str, Any]:
-    """Build, render and write both files; returns ``{"summary_json", "summary_txt", "summary"}``.
+    """Build, render and write the files; returns ``{"summary_json", "summary_txt",
+    "summary_html", "summary"}`` (``summary_html`` None when the page could not be written).
 
     Paths are decided before rendering so the summary can name them; when the run directory
-    fails mid-write, both files move to the fallback and the note says why.
+    fails mid-write, the files move to the fallback and the note says why. The HTML page comes
+    last and can never cost the JSON or the text.
     """
-    files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT)}
+    files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
+             "html": str(rd.path / SUMMARY_HTML)}
     summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional)
-    jpath = write_file(rd, run_name, SUMMARY_JSON, _dumps(summary), sync=not provisional)
+    jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
     if str(jpath) != files["json"]:  # moved to the fallback: say so in both files
-        summary["files"] = {"json": str(jpath), "txt": str(jpath.with_name(SUMMARY_TXT))}
+        summary["files"] = {"json": str(jpath), "txt": str(jpath.with_name(SUMMARY_TXT)),
+                            "html": str(jpath.with_name(SUMMARY_HTML))}
         summary["notes"] = [n for n in (rd.note,) if n]
-        jpath = write_file(rd, run_name, SUMMARY_JSON, _dumps(summary), sync=not provisional)
+        jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
     tpath = write_file(rd, run_name, SUMMARY_TXT, render(summary).encode(), sync=not provisional)
-    return {"summary_json": str(jpath), "summary_txt": str(tpath), "summary": summary}
+    hpath = write_html(summary, rd, run_name, sync=not provisional)
+    return {"summary_json": str(jpath), "summary_txt": str(tpath),
+            "summary_html": None if hpath is None else str(hpath), "summary": summary}
 
 
-def _dumps(summary: dict[str, Any]) -> bytes:
-    return (json.dumps(summary, indent=1, allow_nan=False) + "\n").encode()
+def write_html(summary: dict[str, Any], rd: RunDir, run_name: str, *, sync: bool = False) -> Optional[Any]:
+    """Write ``final_summary.html``; on any error, say why on stderr and return None."""
+    try:
+        from .render_html import render_html
+
+        return write_file(rd, run_name, SUMMARY_HTML, render_html(summary).encode(), sync=sync)
+    except Exception as exc:  # the page is a view of the JSON: never lose the run over it
+        try:
+            sys.stderr.write(f"traceml: warning: final_summary.html not written ({type(exc).__name__}: "
+                             f"{exc}); `traceml report {rd.path}` can try again\n")
+        except (OSError, ValueError):
+            pass
+        return None
+
+
+def dumps(summary: dict[str, Any]) -> bytes:
+    """The summary as indented JSON, with lists of numbers kept on one line each (the series
+    would otherwise take a line per number)."""
+    text = json.dumps(summary, indent=1, allow_nan=False)
+    # a raw newline never occurs inside a JSON string, so a match spanning lines is a list
+    text = _NUMBER_LIST.sub(lambda m: "[" + ",".join(x.strip() for x in m.group(1).split(","))
+                            + "]" if "\n" in m.group(0) else m.group(0), text)
+    return (text + "\n").encode()

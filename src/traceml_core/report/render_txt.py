@@ -170,11 +170,18 @@ def render(summary: dict[str, Any]) -> str:
         lines.append("System: " + "; ".join(sys_parts))
     endings = summary["rank_endings"]
     lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
-    bad = [r for r in summary["ranks"] if r["status"] not in ("clean", "running")]
+    order = {"first": 0, "independent": 1, "consequence": 2}
+    bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
+                 key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))
     for r in bad[:MAX_RANK_LINES]:
         err = f": {r['error'].strip().splitlines()[-1][:100]}" if r.get("error") else ""
+        ex = r.get("exit") or {}
+        if not err and ex.get("signal"):
+            err = f": {ex['signal']}" + (" (OOM kill)" if (r.get("failure") or {}).get("oom_killed") else "")
+        role = (r.get("failure") or {}).get("role")
+        tag = {"first": " FIRST FAILURE", "consequence": " (consequence)", "independent": ""}.get(role, "")
         lines.append(f"  rank {r['rank']} (node {r['node']}, {r['host'] or '?'}) "
-                     f"{r['status'].replace('_', ' ')}{err}")
+                     f"{r['status'].replace('_', ' ')}{tag}{err}")
     if len(bad) > MAX_RANK_LINES:
         lines.append(f"  ... and {len(bad) - MAX_RANK_LINES} more (see final_summary.json)")
     rb = summary.get("rebuilt")

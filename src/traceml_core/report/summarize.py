@@ -64,7 +64,8 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
                           "reason": str(finish.get("reason") or ""),
                           "failed_nodes": list(finish.get("failed_nodes") or []),
                           "source": "launcher (after the aggregator was gone)",
-                          "at": finish.get("at")}
+                          "at": finish.get("at"), "workers": list(finish.get("workers") or []),
+                          "oom": finish.get("oom")}
     run_name = data["settings"]["run_name"]
     try:
         rd = prepare_run_dir(path.parent, run_name)

@@ -14,6 +14,8 @@ from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
 from .thresholds import WARMUP_STEPS
+from .failure import diagnose
+from .timeline import build_timeline
 from .verdicts import judge
 
 SCHEMA_VERSION = 1
@@ -99,7 +101,37 @@ def _comm(r: dict[str, Any], phases: dict[str, Any]) -> Optional[dict[str, Any]]
     }
 
 
-def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
+def _failed_at(r: dict[str, Any], status: str) -> Optional[float]:
+    """When a failed rank's failure was seen (epoch seconds): its exception's own time stamp,
+    else its goodbye's arrival, else when its connection closed."""
+    if status in ("clean", "running"):
+        return None
+    for e in reversed(r.get("events", [])):
+        if e.get("kind") == "exception" and isinstance(e.get("ts"), (int, float)):
+            return float(e["ts"])
+    bye = r.get("bye") or {}
+    if bye.get("at") is not None:
+        return float(bye["at"])
+    return r.get("closed_at")
+
+
+def _worker_reports(finish: Optional[dict[str, Any]], nodes: dict[int, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
+    """torchrun's failed-worker rows by global rank, and each node's OOM report by node (node 0's
+    come with the launcher's finish, the others' with their node launcher's goodbye)."""
+    workers: dict[int, Any] = {}
+    oom: dict[int, Any] = {}
+    reports = [(0, finish)] + [(n, (ni or {}).get("bye")) for n, ni in nodes.items() if n != 0]
+    for node, rep in reports:
+        if not rep:
+            continue
+        for w in rep.get("workers") or []:
+            workers[w["rank"]] = {"exitcode": w.get("exitcode"), "signal": w.get("signal")}
+        if "oom" in rep:
+            oom[node] = rep.get("oom")
+    return workers, oom
+
+
+def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     phases = {phase_name(c): _phase(r["phases"][c]) for c in DURATION_COLUMNS}
     step = r["phases"]["step_ns"]
     steady = max(0, step["count"] - step["warm_count"])
@@ -113,6 +145,9 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
         "rank": r["rank"], "node": r["node"], "host": r["host"], "local_rank": r["local_rank"],
         "status": status, "error": bye.get("error") or (errors[-1] if errors else None),
         "steps": r["received"], "steady_steps": steady, "last_step": r["last_step"],
+        "steps_produced": bye.get("steps"), "fail_step": bye.get("fail_step"),
+        "fail_in_step": bool(bye.get("fail_in_step")),
+        "failed_at": _failed_at(r, status), "exit": exit_,
         "phases": phases,
         "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
         "comm": _comm(r, phases),
@@ -130,9 +165,11 @@ def _rank(r: dict[str, Any], status: str) -> dict[str, Any]:
     }
 
 
-def _never_joined(rank: int, node: int) -> dict[str, Any]:
+def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {"rank": rank, "node": node, "host": "", "local_rank": None, "status": "never_joined",
             "error": None, "steps": 0, "steady_steps": 0, "last_step": -1,
+            "steps_produced": None, "fail_step": None, "fail_in_step": False, "failed_at": None,
+            "exit": exit_,
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
             "comm": None, "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
@@ -268,13 +305,15 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     nodes_data = {n["node"]: n for n in data.get("nodes", [])}
     failed_nodes = set((finish or {}).get("failed_nodes") or [])
     by_rank = {r["rank"]: r for r in data.get("ranks", [])}
+    exits, oom_by_node = _worker_reports(finish, nodes_data)
     ranks: list[dict[str, Any]] = []
     for rank in range(max([world] + [k + 1 for k in by_rank])):
         r = by_rank.get(rank)
         if r is None:
-            ranks.append(_never_joined(rank, rank // nproc if nproc else 0))
+            ranks.append(_never_joined(rank, rank // nproc if nproc else 0, exits.get(rank)))
         else:
-            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional)))
+            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional),
+                               exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
     topo_nodes = []
@@ -302,6 +341,15 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
                              "device": device, "communication": communication, "world": world,
                              "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
+    run_status = _run_status(finish, ranks, provisional)
+    failure = diagnose(ranks, oom_by_node, run_status)
+    reason = (finish or {}).get("reason") or ""
+    if failure is not None:  # failures first: the primary verdict is the failure
+        verdicts = [failure] + [v for v in verdicts if v["kind"] != "no_clear_bottleneck"]
+        short = failure.pop("reason")
+        reason = f"{short}; {reason}" if reason else short
+    elif run_status == "failed" and not reason:
+        reason = _after_training_reason(finish, ranks) or "the launcher reported a failing exit code"
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1
@@ -313,7 +361,6 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     started = s["started_at"]
     ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
     live_ranks = [by_rank[r] for r in sorted(by_rank)]
-    run_status = _run_status(finish, ranks, provisional)
     return {
         "schema_version": SCHEMA_VERSION,
         "provisional": provisional,
@@ -325,7 +372,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "duration_s": round(max(0.0, ended - started), 3),
             "status": run_status,
             "exit_code": (finish or {}).get("exit_code"),
-            "reason": (finish or {}).get("reason") or "",
+            "reason": reason,
             "finish_reported_by": (finish or {}).get("source"),
         },
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
@@ -358,9 +405,19 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                          for c in DURATION_COLUMNS},
             "step_series": merged_series(live_ranks),
         },
+        "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
+
+
+def _after_training_reason(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
+    if not _after_training_note(finish, ranks):
+        return ""
+    died = [f"rank {r['rank']} ({r['exit']['signal'] or 'exit code ' + str(r['exit']['exitcode'])})"
+            for r in ranks if r.get("exit")]
+    return ("every rank finished training cleanly; the failure came as the processes exited"
+            + (": " + ", ".join(died) if died else ""))
 
 
 def _after_training_note(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:

@@ -31,6 +31,17 @@ _PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer":
                 "backward": "backward", "comm": "waiting for communication"}
 
 Verdict = dict[str, Any]
+def own_time(step: Optional[float], phase_ms: Callable[[str], Optional[float]]) -> Optional[float]:
+    """A rank's own time per step: ``step - wait + outside``, where the wait for the others is the
+    measured communication (``comm``) or, where that was not measured, ``backward`` (DDP's
+    gradient all-reduce hides inside it). The straggler verdict and the report's per-rank charts
+    both use it."""
+    if step is None:
+        return None
+    wait = phase_ms("comm")
+    if wait is None:
+        wait = phase_ms("backward")
+    return step - (wait or 0.0) + (phase_ms("outside") or 0.0)
 
 
 def _m(r: dict[str, Any], phase: str) -> Optional[float]:
@@ -109,11 +120,11 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
     if step_med <= 0:
         return None
 
-    # the wait for the others: its own phase when measured, else hidden inside backward
-    wait_phase = "comm" if _comm_measured(live) else "backward"
+    # where communication is measured, backward is compute (the wait is its own phase)
+    comm_measured = _comm_measured(live)
 
     def own(r: dict[str, Any]) -> float:
-        return (_m(r, "step") or 0.0) - (_m(r, wait_phase) or 0.0) + (_m(r, "outside") or 0.0)
+        return own_time(_m(r, "step") or 0.0, lambda p: _m(r, p)) or 0.0
 
     for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
         worst = max(live, key=fn)
@@ -127,7 +138,7 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
             continue
-        phases = OWN_PHASES + (("backward",) if metric == "step" or wait_phase == "comm" else ())
+        phases = OWN_PHASES + (("backward",) if metric == "step" or comm_measured else ())
         diffs = []
         for ph in phases:
             mine = _m(worst, ph)

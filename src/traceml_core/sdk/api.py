@@ -77,6 +77,10 @@ class _Session:
         self.probe: Any = None
         self.status = "clean"
         self.error: Optional[str] = None
+        #: the step a fatal error happened in (or, between steps, the next step's index), and
+        #: whether it happened inside that step's ``trace_step`` block
+        self.fail_step: Optional[int] = None
+        self.fail_in_step = False
         self.flush_timeout = DEFAULT_FLUSH_TIMEOUT
         self.reason_off: Optional[str] = None
 
@@ -326,7 +330,8 @@ def shutdown(timeout: Optional[float] = None) -> None:
 
         def bye() -> dict[str, Any]:
             return {"t": "bye", "rank": s.rank, "status": s.status, "steps": r.count,
-                    "dropped": r.lost, "error": s.error}
+                    "dropped": r.lost, "error": s.error, "fail_step": s.fail_step,
+                    "fail_in_step": s.fail_in_step}
 
         told = client.close(s.flush_timeout if timeout is None else timeout, bye=bye)
         if s.probe is not None:
@@ -364,6 +369,8 @@ def _record_exception(etype: Any, value: Any, tb: Any, *, fatal: bool, thread: s
     if fatal:
         s.status = "interrupted" if issubclass(etype, KeyboardInterrupt) else "error"
         s.error = summary
+        if s.fail_step is None and s.recorder is not None:
+            s.fail_step, s.fail_in_step = _failing_step(s.recorder)
     kind = "exception" if fatal else "thread_exception"
     if thread:
         text = f"in thread {thread}:\n{text}"
@@ -454,8 +461,20 @@ def _note_failing_exit(how: str, code: Any) -> None:
         if s is not None and s.active and not s.closed and code not in (None, 0):
             s.status = "error"
             s.error = f"{how}({code!r})"
+            r = s.recorder
+            if r is not None:  # called before SystemExit is raised: an open step is this one
+                s.fail_step = r.count + (r.gpu.pending if r.gpu is not None else 0)
+                s.fail_in_step = r.active > 0
     except Exception:
         pass
+
+
+def _failing_step(r: StepRecorder) -> tuple[int, bool]:
+    """(step, inside) for a fatal exception: the index of the step whose ``trace_step`` block it
+    left (that step is not recorded, so it is the next index), or, raised between steps, the
+    index of the step that would have come next."""
+    produced = r.count + (r.gpu.pending if r.gpu is not None else 0)
+    return produced, r.raised_at == produced
 
 
 def _after_fork_in_child() -> None:

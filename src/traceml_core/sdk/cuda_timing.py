@@ -140,6 +140,15 @@ class CudaPhaseTimer:
         self._pre_spans = []
         self._opt_ev = None
 
+    def abort_step(self) -> None:
+        """The step's block raised: it is not recorded; its events go back to the pool."""
+        for _, a, b in self._spans:
+            self._pool += (a, b)
+        self._spans = []
+        if self._opt_ev is not None:
+            self._pool.append(self._opt_ev)
+            self._opt_ev = None
+
     def end_step(self, r: StepRecorder, t1: int, mem: int) -> None:
         """Called at step exit instead of appending the row: it waits here for its events."""
         comm = None

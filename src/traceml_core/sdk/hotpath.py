@@ -22,6 +22,9 @@ fewest operations on its common path.
 
 Timing model (what the user sees in the summary):
 
+* a step is recorded when its ``trace_step`` block completes; a block left by an exception is
+  not a step (its time is often a collective waiting for a dead peer) and is not recorded, but
+  its index is remembered (:attr:`StepRecorder.raised_at`) for the failure report;
 * ``step_ns`` = time inside ``trace_step`` + the input fetches credited to the step;
 * ``input_ns`` = DataLoader ``__next__`` time spent inside the step, plus the fetches made after
   the previous step's exit and before this step's entry (the usual
@@ -106,7 +109,7 @@ class StepRecorder:
         "models", "fwd0", "cn", "cdef", "comm",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
-        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog",
+        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog", "raised_at",
     )
 
     def __init__(
@@ -156,6 +159,9 @@ class StepRecorder:
         #: sealed batches waiting that make seal() call on_backlog (the client's wake-up)
         self.backlog_mark = max(2, max_batches // 8)
         self.on_backlog: Optional[Callable[[], None]] = None
+        #: index of the last step whose ``trace_step`` block an exception left (-1: none), so a
+        #: failure report can say "during step N" rather than "after N steps"
+        self.raised_at = -1
 
     # ---- training thread ---------------------------------------------------------------------
 
@@ -287,6 +293,9 @@ class StepContext:
                 r.active = a - 1
             return False
         r.active = 0
+        if et is not None:      # an aborted step is no step: its time (often a collective
+            r.raised_at = r.count   # timing out on a dead peer) would only mislead
+            return False
         mem = r.mem
         r.mem = r.mem_last
         if r.cn:    # collectives ran: the communication columns, phases without their waits
@@ -332,6 +341,10 @@ class GpuStepContext(StepContext):
                 r.active = a - 1
             return False
         r.active = 0
+        if et is not None:      # aborted: not recorded (see StepContext.__exit__)
+            r.raised_at = r.count + r.gpu.pending   # rows still waiting for their CUDA events
+            r.gpu.abort_step()
+            return False
         mem = r.mem
         r.mem = r.mem_last
         r.gpu.end_step(r, t1, mem)

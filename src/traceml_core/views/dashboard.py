@@ -26,24 +26,20 @@ import socket
 import threading
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
 
+from ..assets import STATIC, chart_assets, fill
 from .feed import LiveFeed
 from .terminal import rate, verdict_so_far
 
-STATIC = Path(__file__).with_name("static")
 _CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
         "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 
 
 def page_html() -> str:
-    """The page with uPlot inlined (one request, no second route to protect)."""
-    html = (STATIC / "dashboard.html").read_text(encoding="utf-8")
-    js = (STATIC / "uPlot.iife.min.js").read_text(encoding="utf-8")
-    css = (STATIC / "uPlot.min.css").read_text(encoding="utf-8")
-    return html.replace("/*UPLOT_CSS*/", css).replace("/*UPLOT_JS*/", js.replace("</script", "<\\/script"))
+    """The page with uPlot and our chart helpers inlined (one request, no second route to protect)."""
+    return fill((STATIC / "dashboard.html").read_text(encoding="utf-8"), chart_assets())
 
 
 def live_json(feed: LiveFeed) -> dict[str, Any]:

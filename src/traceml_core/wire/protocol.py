@@ -18,8 +18,11 @@ Client → server frames after ``welcome``:
             counts gaps; ``dropped`` is the client's cumulative count of records it had to drop.
 ``system``  ``{"t","node","host","samples"}``: node-level samples (see :data:`SYSTEM_FIELDS`).
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
-``bye``     ``{"t","rank","status","steps","dropped","error"}``: a rank's clean or failed end;
-            ``steps`` is the total number of records it produced.
+``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
+            rank's clean or failed end; ``steps`` is the total number of records it produced;
+            ``fail_step`` (int or null) is the index of the step a fatal error happened in
+            (``fail_in_step`` true: it left that step's ``trace_step`` block, and that step is
+            not recorded) or, raised between steps, of the step that would have come next.
 
 Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
 
@@ -34,7 +37,11 @@ Hello ``kind`` (the hello's ``node``/``rank`` fields are range-checked against t
 ``control``  node 0's own launcher (``node`` 0).
 
 On a ``node`` connection: ``system`` frames (that node's sampler) and
-``bye`` ``{"t","status","exit_code"}`` (no ``rank``): the node's launcher ended, with its exit code.
+``bye`` ``{"t","status","exit_code","workers","oom"}`` (no ``rank``): the node's launcher ended,
+with its exit code and the node's **worker report** (see :func:`worker_report`): ``workers`` is
+torchrun's outcome for each worker that failed (``{"rank","local_rank","pid","exitcode","signal",
+"ts"}``, ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's memory
+cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null where unreadable.
 
 The same connection carries the node's **relay** stream (launcher/relay.py): the node's ranks
 connect to their launcher, which checks their hellos exactly as the aggregator does and forwards
@@ -58,9 +65,10 @@ A malformed relayed frame is counted and skipped; it does not close the node's c
 
 On the ``control`` connection (launcher → aggregator):
 
-``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes"}``: training is over
-            (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit), ``reason`` one
-            line, ``failed_nodes`` list of node ranks the launcher saw fail or vanish). The
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom"}``: training
+            is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
+            ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
+            vanish, ``workers``/``oom`` node 0's worker report as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
@@ -125,6 +133,40 @@ RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "runnin
 
 class ProtocolError(Exception):
     """The peer sent something that is not a valid frame; the connection must be closed."""
+
+
+#: worker rows a node may report (more are dropped: torchrun reports failures of one node)
+MAX_WORKER_ROWS = 1024
+
+
+def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
+    """The validated worker report of a node ``bye`` or a ``finish``: ``{"workers": [...], "oom":
+    {...} or None}``; missing fields are empty. Raises ProtocolError for wrong types."""
+    rows = msg.get("workers") or []
+    if type(rows) is not list:
+        raise ProtocolError("workers must be a list")
+    workers = []
+    for w in rows[:MAX_WORKER_ROWS]:
+        if type(w) is not dict:
+            raise ProtocolError("a workers entry must be a map")
+        rank, code = w.get("rank"), w.get("exitcode")
+        if type(rank) is not int or type(code) is not int or rank < 0:
+            raise ProtocolError("workers: rank and exitcode must be integers")
+        sig = w.get("signal")
+        ts = w.get("ts")
+        workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
+                        "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
+                        "signal": sig[:32] if isinstance(sig, str) else None,
+                        "ts": float(ts) if type(ts) in (int, float) else None})
+    oom = msg.get("oom")
+    if oom is not None:
+        if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
+            raise ProtocolError("oom must be a map with an integer kills")
+        limit = oom.get("limit_bytes")
+        src = oom.get("source")
+        oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
+               "source": src[:200] if isinstance(src, str) else None}
+    return {"workers": workers, "oom": oom}
 
 
 def encode(message: dict[str, Any]) -> bytes:

@@ -94,7 +94,7 @@ def test_run_info_from_the_launcher_is_read_once(sink):
     log = sink.ranks[5]
     assert log.hello["local_rank"] == 1 and log.hello["world"] == 8 and log.hello["kind"] == "rank"
     assert log.bye == {"t": "bye", "rank": 5, "status": "clean", "steps": 3, "dropped": 0,
-                       "error": None}, "atexit flushed and said goodbye without shutdown()"
+                       "error": None, "fail_step": None, "fail_in_step": False}, "atexit flushed and said goodbye without shutdown()"
     assert log.columns["step"] == [0, 1, 2]
     assert "traceml" not in res.stderr, "a healthy run prints nothing"
 
@@ -115,7 +115,9 @@ def test_a_crash_sends_the_error_and_behaves_as_without_traceml(sink):
     log = sink.ranks[1]
     assert log.bye["status"] == "error"
     assert log.bye["error"] == "RuntimeError: CUDA out of memory (pretend)"
-    assert log.bye["steps"] == 4 and log.records == 4
+    # the step whose block raised is not recorded; the bye says the failure was in step 3
+    assert log.bye["steps"] == 3 and log.records == 3
+    assert log.bye["fail_step"] == 3 and log.bye["fail_in_step"] is True
     (event,) = log.events
     assert event["kind"] == "exception" and "Traceback" in event["text"]
     assert "CUDA out of memory (pretend)" in event["text"]

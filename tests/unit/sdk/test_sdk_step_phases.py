@@ -241,8 +241,8 @@ def test_exceptions_inside_a_step_propagate_and_later_steps_are_still_timed(sdk,
         model(x).sum().backward()
         opt.step()
     cols = finish(sdk, sink).columns
-    assert cols["step"] == [0, 1, 2], "steps that raised are recorded too"
-    assert cols["forward_ns"][2] > 0 and cols["optimizer_ns"][2] > 0
+    assert cols["step"] == [0], "a step whose block raised is not a step: only the third is recorded"
+    assert cols["forward_ns"][0] > 0 and cols["optimizer_ns"][0] > 0
 
 
 def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):

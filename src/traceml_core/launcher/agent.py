@@ -1,0 +1,178 @@
+"""The torchrun process of ``traceml run``: checks the workers' Python first, then runs torchrun.
+
+``python -m traceml_core.launcher.agent TORCHRUN-ARGS...`` is started by the launcher before
+anything else (see :mod:`.preflight`). Its first job is the pre-flight check that only the workers'
+interpreter can answer: it imports torch (the import torchrun needs anyway, so the check costs no
+extra time) and, for ``-m module``, resolves the module, exactly where the workers will (same
+interpreter, environment and working directory). It reports the result over a private socket
+(``TRACEML_AGENT_FD``) and waits for the launcher's go; only then does it run
+``torch.distributed.run`` with the environment additions the launcher sends (the run info with
+the aggregator's or relay's address, known only once those started). So a missing torch or module
+ends the launch before the aggregator exists (no run directory) and without a second torch import.
+
+While torchrun runs, a failing run's per-worker outcome (exit code, signal, pid, time) that
+torchrun collected is sent back over the same socket: the summary names a killed rank's signal
+from it. The socket is closed to the workers (not inheritable).
+
+Protocol (one JSON object per line): agent -> launcher ``{"ready": true, "torch": VERSION,
+"cuda_devices": N, "module": PATH|null}`` or ``{"ready": false, "error": "torch"|"module",
+"detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
+descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
+end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
+``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message"}]}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import time
+from typing import Any, Optional
+
+FD_VAR = "TRACEML_AGENT_FD"
+#: how many file descriptors a go message may carry (stdout and stderr for a live view)
+MAX_FDS = 2
+
+
+def _send(sock: socket.socket, obj: dict[str, Any]) -> None:
+    try:
+        sock.sendall((json.dumps(obj) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _probe(module: Optional[str]) -> dict[str, Any]:
+    """Import torch and resolve ``module`` as the workers would."""
+    try:
+        import torch
+    except BaseException as exc:  # ImportError, OSError of a missing shared library, ...
+        return {"ready": False, "error": "torch", "detail": f"{type(exc).__name__}: {exc}",
+                "python": sys.executable}
+    out: dict[str, Any] = {"ready": True, "torch": str(torch.__version__), "cuda_devices": 0,
+                           "module": None, "python": sys.executable}
+    try:
+        out["cuda_devices"] = int(torch.cuda.device_count())
+    except Exception:
+        pass
+    if module:
+        import importlib.util
+
+        if "" not in sys.path:
+            sys.path.insert(0, "")  # `python -m` puts the working directory first
+        try:
+            spec = importlib.util.find_spec(module)
+            if spec is not None and spec.submodule_search_locations is not None:
+                spec = importlib.util.find_spec(module + ".__main__")  # `-m package`
+        except BaseException as exc:
+            return {"ready": False, "error": "module", "detail": f"{type(exc).__name__}: {exc}",
+                    "python": sys.executable}
+        if spec is None:
+            return {"ready": False, "error": "module", "detail": f"No module named {module!r}",
+                    "python": sys.executable}
+        out["module"] = spec.origin
+    return out
+
+
+def _module_of(argv: list[str]) -> Optional[str]:
+    """The module name when torchrun is asked to run one (``--module NAME``)."""
+    if "--module" not in argv:
+        return None
+    for tok in argv:
+        if not tok.startswith("-"):
+            return tok
+    return None
+
+
+def _read_go(sock: socket.socket) -> Optional[tuple[dict[str, Any], list[int]]]:
+    buf = b""
+    fds: list[int] = []
+    while b"\n" not in buf:
+        try:
+            data, got, _flags, _addr = socket.recv_fds(sock, 65536, MAX_FDS)
+        except OSError:
+            return None
+        fds += got
+        if not data:
+            return None
+        buf += data
+    try:
+        msg = json.loads(buf.split(b"\n", 1)[0])
+    except ValueError:
+        return None
+    if not isinstance(msg, dict) or not msg.get("go"):
+        return None
+    return msg, fds
+
+
+def _failure_reporter(sock: socket.socket) -> None:
+    """Send torchrun's per-worker outcome of a failed run back to the launcher (best effort: on
+    a torch without these internals the run is simply not annotated)."""
+    try:
+        import torch.distributed.launcher.api as api
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    except Exception:
+        return
+    original = api.launch_agent
+
+    def launch_agent(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return original(*args, **kwargs)
+        except ChildFailedError as exc:
+            rows = []
+            for rank, f in sorted((getattr(exc, "failures", None) or {}).items()):
+                try:
+                    code = int(f.exitcode)
+                    rows.append({"rank": int(rank), "local_rank": int(f.local_rank), "pid": int(f.pid),
+                                 "exitcode": code, "signal": f.signal_name() if code < 0 else None,
+                                 "ts": float(f.timestamp), "message": str(f.message)[:2000]})
+                except Exception:
+                    continue
+            _send(sock, {"failures": rows, "at": time.time()})
+            raise
+
+    api.launch_agent = launch_agent
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    raw = os.environ.pop(FD_VAR, "")
+    sock: Optional[socket.socket] = None
+    if raw.isdigit():
+        try:
+            sock = socket.socket(fileno=int(raw))
+            os.set_inheritable(sock.fileno(), False)
+        except OSError:
+            sock = None
+    if sock is None:  # started by hand: behave like torchrun
+        from torch.distributed.run import main as torchrun_main
+
+        torchrun_main(argv)
+        return 0
+    result = _probe(_module_of(argv))
+    _send(sock, result)
+    if not result["ready"]:
+        return 0
+    go = _read_go(sock)
+    if go is None:
+        return 0  # the launcher gave up (pre-flight failed elsewhere, signal) or is gone
+    msg, fds = go
+    env = msg.get("env") or {}
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    if len(fds) == 2:  # a live view prints the workers' output above its display
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(fds[0], 1)
+        os.dup2(fds[1], 2)
+    for fd in fds:
+        os.close(fd)
+    _failure_reporter(sock)
+    from torch.distributed.run import main as torchrun_main
+
+    torchrun_main(argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,306 @@
+"""Failures first: when a run fails, the headline is the failure, not a performance verdict.
+
+A pure function of the summary's rank list and the worker reports (no I/O). For every rank that
+did not end cleanly it works out the **cause** and whether it is only a **consequence** of
+another rank's failure, then names the first rank to fail: its node and host, the step, and the
+exception (type, message, where it was raised) or the signal, with an OOM kill named as such.
+
+How each rank's failure is read (strongest evidence first):
+
+* an uncaught exception (the rank's ``bye`` says ``error`` and its traceback arrived as an event):
+  type, message, the innermost frame outside Python's and torch's own files, and the step
+  (``fail_step``/``fail_in_step`` in the bye: inside that step's ``trace_step`` block, or
+  between steps);
+  ``sys.exit(n)`` is read as an exit status, not an exception;
+* torchrun's record of the worker (the launcher's torchrun process sends it; see
+  launcher/agent.py): its exit code or signal. SIGKILL while the node's memory cgroup counted an
+  OOM kill is an **OOM kill**; where the cgroup was not readable the summary says the OOM killer
+  could not be checked;
+* otherwise the rank only disappeared (no goodbye): crashed, cause unknown.
+
+A failure is a **consequence** when it is what a rank sees after a peer died: a collective
+backend reporting a lost connection, a reset, a broken pipe or a timeout (gloo, NCCL, the TCP
+store), DDP or the process group aborting, SIGTERM/SIGINT (torchrun stops the other workers once
+one failed), or no evidence at all on a rank that ended after the first real failure. The first
+rank to fail is the earliest of the failures that are *not* consequences (by the time each was
+seen); when every failure looks like a consequence (a network fault, a killed node) it is the
+earliest of all of them, and the verdict says so.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional, Sequence
+
+#: what a surviving rank's error looks like when a peer died or a link broke: the backend's own
+#: words (gloo, NCCL, the c10d TCP store, DDP). Each entry: (pattern, what it means for the user)
+CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"Connection closed by peer", "gloo lost the connection to a peer"),
+    (r"Connection reset by peer", "a peer's connection was reset"),
+    (r"Broken pipe", "a peer's connection broke"),
+    (r"gloo/transport", "gloo transport error"),
+    (r"Timed out waiting|[Tt]imeout.*(recv|send|collective|store)|Socket Timeout|timed out after",
+     "a collective or the store timed out waiting for a peer"),
+    (r"NCCL communicator was aborted|ncclRemoteError|remote process exited|Watchdog caught collective",
+     "NCCL lost a peer"),
+    (r"DistBackendError|DistNetworkError|DistStoreError", "the process group lost a peer"),
+    (r"TCPStore|Connection refused", "the rendezvous store went away"),
+    (r"ProcessGroup.*(abort|shut ?down)", "the process group was aborted"),
+)
+_CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
+#: signals a worker gets when torchrun (or the user, or Slurm) stops it, not the cause of a failure
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+#: statuses that are a failure of the rank
+FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
+_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
+_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
+_SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
+
+
+def consequence_of(text: str) -> Optional[str]:
+    """What a surviving rank's error text says happened to its peers, or None."""
+    for rx, what in _CONSEQUENCE_RE:
+        if rx.search(text):
+            return what
+    return None
+
+
+def _traceback(rank: dict[str, Any]) -> str:
+    for ev in reversed(rank.get("last_events") or []):
+        if ev.get("kind") == "exception":
+            return str(ev.get("text") or "")
+    return ""
+
+
+def raised_where(traceback_text: str) -> Optional[str]:
+    """``file.py:LINE in func`` of the innermost frame in the user's own code (not Python's, a
+    library's or TraceML's), else of the innermost frame at all."""
+    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines()) if m]
+    if not frames:
+        return None
+    own = [m for m in frames if not any(p in m.group("file") for p in _LIB_PARTS)]
+    m = (own or frames)[-1]
+    name = m.group("file").rsplit("/", 1)[-1]
+    return f"{name}:{m.group('line')} in {m.group('func').strip()}"
+
+
+def split_exception(line: str) -> tuple[Optional[str], str]:
+    """``"RuntimeError: boom"`` -> ("RuntimeError", "boom"); a dotted type name is kept whole."""
+    head, sep, rest = line.partition(":")
+    if sep and re.fullmatch(r"[A-Za-z_][\w.]*", head.strip()):
+        return head.strip(), rest.strip()
+    return None, line.strip()
+
+
+def _step_words(rank: dict[str, Any]) -> tuple[Optional[int], str]:
+    """(step index, words) for where in training the rank failed."""
+    fs = rank.get("fail_step")
+    if type(fs) is int:
+        if rank.get("fail_in_step"):
+            return fs, f"in step {fs}"
+        return fs, f"before step {fs} (after {fs} completed steps)"
+    steps = rank.get("steps") or 0
+    if steps:
+        return steps, f"after {steps} steps"
+    return None, "before its first traced step"
+
+
+def classify(rank: dict[str, Any], oom: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """The cause of one failed rank: ``{"cause", "type", "message", "where", "signal",
+    "oom_killed", "consequence", "step", "step_words", "at"}``."""
+    status = rank["status"]
+    exit_ = rank.get("exit") or {}
+    signal = exit_.get("signal")
+    error = (rank.get("error") or "").strip()
+    last = error.splitlines()[-1] if error else ""
+    step, words = _step_words(rank)
+    short = words.split(" (", 1)[0]
+    out: dict[str, Any] = {"cause": "unknown", "type": None, "message": None, "where": None,
+                           "signal": signal, "exitcode": exit_.get("exitcode"), "oom_killed": None,
+                           "consequence": None, "step": step, "step_words": words, "step_short": short,
+                           "at": rank.get("failed_at")}
+    m = _SYS_EXIT_RE.match(last)
+    if status == "error" and last and not m:
+        etype, msg = split_exception(last)
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(_traceback(rank)))
+        out["consequence"] = consequence_of(error + "\n" + _traceback(rank))
+    elif status == "error" and m:
+        out.update(cause="exit", message=f"{m.group(1)}({m.group('code')})")
+    elif status == "interrupted":
+        out.update(cause="interrupted", consequence="it was interrupted (SIGINT/KeyboardInterrupt)")
+    elif signal:
+        out["cause"] = "signal"
+        if signal in STOP_SIGNALS:
+            out["consequence"] = f"it was stopped with {signal}"
+        elif signal == "SIGKILL" and oom is not None:
+            out["oom_killed"] = oom.get("kills", 0) > 0
+            if out["oom_killed"]:
+                out["cause"] = "oom"
+    elif out["exitcode"] not in (None, 0):
+        out["cause"] = "exit"
+        out["message"] = f"exit code {out['exitcode']}"
+    elif status == "never_joined":
+        out["cause"] = "never_joined"
+    return out
+
+
+def _align_silent_steps(ranks: list[dict[str, Any]], causes: dict[int, dict[str, Any]]) -> None:
+    """A rank killed without a goodbye loses the steps it had not sent yet (up to a fraction of a
+    second), so its own count understates where it died. Ranks that step together (DDP) were at
+    the same step: the furthest any other rank got is the better estimate."""
+    def reached(r: dict[str, Any]) -> int:
+        c = causes.get(r["rank"])
+        if c is not None and c["step"] is not None and type(r.get("fail_step")) is int:
+            return c["step"]
+        return int(r.get("steps_produced") or r.get("steps") or 0)
+
+    for r in ranks:
+        c = causes.get(r["rank"])
+        if c is None or type(r.get("fail_step")) is int or r.get("steps_produced") is not None:
+            continue
+        others = [reached(o) for o in ranks if o is not r and o["status"] != "never_joined"]
+        peak = max(others, default=0)
+        own = int(r.get("steps") or 0)
+        if peak > own:
+            c["step"] = peak
+            c["step_words"] = (f"around step {peak} (where the other ranks stopped; the steps it had "
+                               f"not sent yet died with it, its telemetry reached {own})")
+            c["step_short"] = f"around step {peak}"
+
+
+def _name(rank: dict[str, Any]) -> str:
+    host = f", {rank['host']}" if rank.get("host") else ""
+    return f"rank {rank['rank']} (node {rank['node']}{host})"
+
+
+def _ranks_list(ranks: Sequence[int]) -> str:
+    ranks = sorted(ranks)
+    if len(ranks) > 6:
+        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def _mib(n: Optional[int]) -> str:
+    if not n:
+        return "?"
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
+
+
+def describe(rank: dict[str, Any], c: dict[str, Any], oom: Optional[dict[str, Any]]) -> tuple[str, str]:
+    """(what happened, one-line reason) for the first failure."""
+    who = _name(rank)
+    if c["cause"] == "exception":
+        where = f", at {c['where']}" if c["where"] else ""
+        msg = f": {c['message']}" if c["message"] else ""
+        return (f"{who} raised {c['type'] or 'an exception'} {c['step_words']}{where}{msg}",
+                f"rank {rank['rank']} raised {c['type'] or 'an exception'} {c['step_short']}"
+                + (f": {c['message']}" if c["message"] else ""))
+    if c["cause"] == "oom":
+        kills = oom.get("kills", 0) if oom else 0
+        limit = f", limit {_mib(oom.get('limit_bytes'))}" if oom and oom.get("limit_bytes") else ""
+        text = (f"{who} was killed by the kernel's OOM killer {c['step_words']} (SIGKILL, and the "
+                f"workers' memory cgroup counted {kills} OOM kill{'s' if kills != 1 else ''} during "
+                f"the run{limit})")
+        return text, f"rank {rank['rank']} was killed by the OOM killer {c['step_short']}"
+    if c["cause"] == "signal":
+        extra = ""
+        if c["signal"] == "SIGKILL":
+            extra = (" (no OOM kill counted in its memory cgroup: something else killed it, e.g. a "
+                     "user, the scheduler or a health check)" if c["oom_killed"] is False else
+                     " (its memory cgroup was not readable, so an OOM kill could not be checked)")
+        return (f"{who} was killed by {c['signal']} {c['step_words']}{extra}",
+                f"rank {rank['rank']} was killed by {c['signal']} {c['step_short']}")
+    if c["cause"] == "exit":
+        return (f"{who} exited with {c['message']} {c['step_words']}",
+                f"rank {rank['rank']} exited with {c['message']} {c['step_short']}")
+    if c["cause"] == "interrupted":
+        return (f"{who} was interrupted {c['step_words']}", f"rank {rank['rank']} was interrupted")
+    if c["cause"] == "never_joined":
+        return (f"{who} never connected to TraceML (it failed before traceml.init(), or its node "
+                "never started)", f"rank {rank['rank']} never connected")
+    return (f"{who} ended without a goodbye {c['step_words']} (killed, or died inside native code; "
+            "torchrun's output above has its exit code)",
+            f"rank {rank['rank']} ended without a goodbye {c['step_short']}")
+
+
+def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[str, Any]]],
+             run_status: str) -> Optional[dict[str, Any]]:
+    """The failure verdict of a failed run (None otherwise). Annotates each failed rank in place
+    with ``failure``: ``{"role": "first"|"consequence"|"independent", ...cause}``.
+
+    An interrupted run (SIGTERM from scancel, the time limit, or ``srun --kill-on-bad-exit`` after
+    another node failed) gets it too when a rank failed by itself, not by the interruption."""
+    if run_status not in ("failed", "interrupted"):
+        return None
+    failed = [r for r in ranks if r["status"] in FAILED]
+    if not failed:
+        return None
+    causes = {r["rank"]: classify(r, oom_by_node.get(r["node"])) for r in failed}
+    _align_silent_steps(ranks, causes)
+    real = [r for r in failed if not causes[r["rank"]]["consequence"]
+            and causes[r["rank"]]["cause"] not in ("unknown", "never_joined")]
+    if run_status == "interrupted" and not real:
+        return None
+    pool = real or [r for r in failed if causes[r["rank"]]["cause"] != "never_joined"] or failed
+    first = min(pool, key=lambda r: (causes[r["rank"]]["at"] is None, causes[r["rank"]]["at"] or 0.0, r["rank"]))
+    t_first = causes[first["rank"]]["at"]
+    independent, consequences = [], []
+    for r in failed:
+        c = causes[r["rank"]]
+        if r is first:
+            role = "first"
+        elif r in real:
+            role = "independent"
+        elif (c["consequence"] or c["cause"] == "never_joined" or t_first is None or c["at"] is None
+              or c["at"] >= t_first):
+            role = "consequence"
+        else:  # no evidence either way, and it ended before the first real failure
+            role = "independent"
+        r["failure"] = {"role": role, **{k: v for k, v in c.items() if k not in ("step_words", "step_short")}}
+        (independent if role == "independent" else consequences if role == "consequence" else []).append(r)
+    c = causes[first["rank"]]
+    oom = oom_by_node.get(first["node"])
+    text, reason = describe(first, c, oom)
+    parts = [text]
+    if independent:
+        parts.append(f"{_ranks_list([r['rank'] for r in independent])} also failed with an error of "
+                     + ("its own" if len(independent) == 1 else "their own"))
+    if consequences:
+        kinds = sorted({causes[r["rank"]]["consequence"] or "stopped after the first failure"
+                        for r in consequences})
+        parts.append(f"{_ranks_list([r['rank'] for r in consequences])} failed as a consequence ("
+                     + "; ".join(kinds[:3]) + ")")
+    if not real:
+        parts.append("every failure looks like a lost peer or connection: check the node and "
+                     "network of the first one")
+    nxt = _next_step(first, c)
+    evidence = {"first_rank": first["rank"], "node": first["node"], "host": first.get("host") or None,
+                "step": c["step"], "cause": c["cause"], "exception_type": c["type"],
+                "message": c["message"], "where": c["where"], "signal": c["signal"],
+                "oom_killed": c["oom_killed"], "exitcode": c["exitcode"],
+                "consequence_ranks": [r["rank"] for r in consequences],
+                "independent_ranks": [r["rank"] for r in independent]}
+    return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
+            "culprit": {"rank": first["rank"], "node": first["node"], "host": first.get("host") or None},
+            "evidence": evidence, "reason": reason}
+
+
+def _next_step(first: dict[str, Any], c: dict[str, Any]) -> str:
+    r = first["rank"]
+    if c["cause"] == "exception":
+        return (f"fix the error on rank {r}: its traceback is in its output above and in "
+                f"final_summary.json (ranks[{r}].last_events); the other ranks' errors followed from it")
+    if c["cause"] == "oom":
+        return ("give the job more memory (Slurm --mem / --mem-per-gpu) or use less host memory per "
+                "rank: fewer DataLoader workers or a smaller prefetch_factor, no dataset cached in "
+                "RAM per rank; the memory peak per rank is below")
+    if c["cause"] == "signal" and c["signal"] == "SIGKILL":
+        return ("find who killed it: the scheduler's log (sacct -j JOB -o State,ExitCode,MaxRSS), "
+                "the node's kernel log (dmesg) for the OOM killer, or a health check")
+    if c["cause"] == "exit":
+        return f"see why rank {r}'s script exited with that status (its output above)"
+    if c["cause"] == "never_joined":
+        return (f"see rank {r}'s output above for why it never started; a script without "
+                "traceml.init() cannot report")
+    return (f"torchrun's output above shows rank {r}'s exit code or signal; a crash inside native "
+            "code (a segfault in an extension) leaves no Python traceback")

@@ -1,0 +1,173 @@
+"""The run over time: per rank, per step bucket; per node, per time bucket (the summary's ``timeline``).
+
+Built from the aggregator's bounded series (:mod:`traceml_core.aggregator.series`: at most
+:data:`~traceml_core.aggregator.series.BUCKETS` buckets per rank, and per node over time), so its
+size never grows with the run's length. Every rank is regrouped to the coarsest rank's bucket
+width, so bucket ``i`` covers the same steps (record indices ``[i*W, (i+1)*W)``) on every rank.
+
+Its size is bounded in ranks too: up to :data:`RANK_LINES` ranks each get their own series; a
+larger run keeps :data:`FEATURED_RANKS` of them (the verdict's culprit, the ranks whose own time
+is highest and lowest, ranks that did not end cleanly, rank 0) and, over all ranks, the minimum,
+median and maximum per bucket of the step time and the own time (``envelope``). So the summary
+holds at most ``64 x 12 x 256`` numbers of series however large and long the run.
+
+A rank's *own* time per bucket is :func:`~.verdicts.own_time` of the bucket's means: its step
+minus the phases in which it waits for the others, plus the time outside ``trace_step``. Under
+DDP every rank's step time is the same (the slowest sets the pace), so the straggler shows in
+its own time, never in its step time.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from ..aggregator.series import BUCKETS, OUTSIDE, series_values
+from .verdicts import own_time
+
+#: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
+RANK_LINES = 64
+#: ranks kept one by one when the run has more than RANK_LINES
+FEATURED_RANKS = 16
+NS_PER_MS = 1e6
+
+
+def _regroup(values: list, factor: int, combine: str) -> list:
+    if factor <= 1:
+        return values
+    fn = sum if combine == "sum" else max
+    return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
+
+
+def _means(sums: list, cnts: list, n: int) -> list[Optional[float]]:
+    out = [round(s / c / NS_PER_MS, 4) if c else None for s, c in zip(sums, cnts)]
+    return out + [None] * (n - len(out))
+
+
+def _phase_col(name: str) -> str:
+    return name[:-3] if name.endswith("_ns") else name
+
+
+def rank_series(r: dict[str, Any], width: int, n: int, started_at: float) -> dict[str, Any]:
+    """One rank's series at bucket width ``width`` (a multiple of its own), ``n`` buckets long."""
+    s = r["series"]
+    f = max(1, width // max(1, int(s["width"])))
+    scnt = _regroup(series_values(s, "step_cnt"), f, "sum")
+    step = _means(_regroup(series_values(s, "step_sum"), f, "sum"), scnt, n)
+    smax = [None if m < 0 else round(m / NS_PER_MS, 4)
+            for m in _regroup(series_values(s, "step_max"), f, "max")]
+    mem = [None if m < 0 else m for m in _regroup(series_values(s, "mem_max"), f, "max")]
+    t_end = [None if t < 0 else round(t / 1e9 - started_at, 3)
+             for t in _regroup(series_values(s, "t_end"), f, "max")]
+    phases: dict[str, list[Optional[float]]] = {}
+    for col in (s.get("phase_cnt") or {}):
+        cnt = _regroup(series_values(s, "phase_cnt", col), f, "sum")
+        if any(cnt):
+            phases[_phase_col(col)] = _means(_regroup(series_values(s, "phase_sum", col), f, "sum"),
+                                             cnt, n)
+    own = []
+    for i, st in enumerate(step):
+        v = own_time(st, lambda p: phases[p][i] if p in phases else None)
+        own.append(None if v is None else round(v, 4))
+    pad = [None] * max(0, n - len(smax))
+    return {"rank": r["rank"], "node": r.get("node"), "host": r.get("host") or "",
+            "step_ms": step, "step_max_ms": smax + pad, "own_ms": own,
+            "phases_ms": phases, "mem_max_bytes": mem + pad if any(m is not None for m in mem) else None,
+            "t_s": t_end + pad}
+
+
+def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
+    vals = [x for x in xs if x is not None]
+    return sum(vals) / len(vals) if vals else None
+
+
+def _featured(ranks: list[dict[str, Any]], summary_ranks: Sequence[dict[str, Any]],
+              verdict: Optional[dict[str, Any]], own_mean: dict[int, Optional[float]]) -> list[int]:
+    """The ranks worth a line of their own in a large run, most interesting first."""
+    picked: list[int] = []
+
+    def take(rank: Optional[int]) -> None:
+        if rank is not None and rank in own_mean and rank not in picked:
+            picked.append(rank)
+
+    take(((verdict or {}).get("culprit") or {}).get("rank"))
+    for r in summary_ranks:
+        if r.get("status") not in ("clean", "running", "never_joined"):
+            take(r["rank"])
+    by_own = sorted((v, k) for k, v in own_mean.items() if v is not None)
+    for _v, k in reversed(by_own[-6:]):
+        take(k)
+    for _v, k in by_own[:3]:
+        take(k)
+    take(0)
+    for r in ranks:  # fill up in rank order
+        if len(picked) >= FEATURED_RANKS:
+            break
+        take(r["rank"])
+    return picked[:FEATURED_RANKS]
+
+
+def _envelope(series: list[list[Optional[float]]], n: int) -> dict[str, list[Optional[float]]]:
+    lo, mid, hi = [], [], []
+    for i in range(n):
+        col = sorted(v[i] for v in series if v[i] is not None)
+        if not col:
+            lo.append(None), mid.append(None), hi.append(None)
+            continue
+        k = len(col)
+        lo.append(col[0])
+        hi.append(col[-1])
+        mid.append(col[k // 2] if k % 2 else round((col[k // 2 - 1] + col[k // 2]) / 2, 4))
+    return {"min": lo, "median": mid, "max": hi}
+
+
+def _node(ns: dict[str, Any], started_at: float) -> Optional[dict[str, Any]]:
+    ot = ns.get("over_time") or {}
+    u = int(ot.get("used") or 0)
+    if not u or ot.get("t0") is None:
+        return None
+    w = float(ot["width_s"])
+    mean, mx = ot.get("mean") or {}, ot.get("max") or {}
+    gpus = []
+    for g in ns.get("gpus") or []:
+        i = g["index"]
+        gpus.append({"index": i, "util_pct": mean.get(f"gpu{i}.util_pct"),
+                     "mem_used_bytes": mx.get(f"gpu{i}.mem_used"),
+                     "mem_total_bytes": (g.get("mem_total") or {}).get("max")})
+    return {"node": ns["node"], "host": ns.get("host") or "", "seconds_per_bucket": w,
+            "t_s": [round(ot["t0"] + (i + 0.5) * w - started_at, 2) for i in range(u)],
+            "cpu_pct": mean.get("cpu_pct"), "ram_used_bytes": mx.get("ram_used"),
+            "ram_total_bytes": (ns.get("ram_total") or {}).get("max"), "gpus": gpus}
+
+
+def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]],
+                   verdict: Optional[dict[str, Any]], *, rank_lines: int = RANK_LINES) -> dict[str, Any]:
+    """The ``timeline`` section from aggregate plain data (``RunState.to_data`` / a checkpoint)."""
+    started = float(data["settings"]["started_at"])
+    ranks = [r for r in data.get("ranks", []) if (r.get("series") or {}).get("used")]
+    width = max((int(r["series"]["width"]) for r in ranks), default=1)
+    n = max((-(-int(r["series"]["used"]) * int(r["series"]["width"]) // width) for r in ranks),
+            default=0)
+    per = {r["rank"]: rank_series(r, width, n, started) for r in ranks}
+    envelope = None
+    shown = sorted(per)
+    if len(per) > rank_lines:
+        own_mean = {k: _mean(v["own_ms"]) for k, v in per.items()}
+        shown = _featured(ranks, summary_ranks, verdict, own_mean)
+        envelope = {"ranks": len(per),
+                    "step_ms": _envelope([v["step_ms"] for v in per.values()], n),
+                    "own_ms": _envelope([v["own_ms"] for v in per.values()], n)}
+    phases = []
+    for v in per.values():
+        for p in v["phases_ms"]:
+            if p not in phases:
+                phases.append(p)
+    order = [p for p in ("input", "forward", "backward", "optimizer", "h2d", OUTSIDE) if p in phases]
+    nodes = [x for x in (_node(ns, started) for ns in data.get("system", [])) if x is not None]
+    return {"steps_per_bucket": width, "buckets": n, "bucket_limit": BUCKETS,
+            "rank_limit": rank_lines, "ranks_total": len(per),
+            "ranks_shown": "all" if envelope is None else "selected",
+            "phases": order + [p for p in phases if p not in order],
+            "ranks": [per[k] for k in shown], "envelope": envelope, "nodes": nodes}
+
+
+__all__ = ["build_timeline", "rank_series", "RANK_LINES", "FEATURED_RANKS"]

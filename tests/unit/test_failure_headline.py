@@ -1,0 +1,83 @@
+"""How the failure headline reads the evidence (report/failure.py), on summary-shaped ranks.
+
+The end-to-end cases (a raising, a SIGKILLed, an OOM-killed, an exiting rank; a failure on
+node 2 under Slurm) run real `traceml run` in tests/faults and tests/slurm; these cover the
+readings that those runs cannot all produce (an unreadable cgroup, NCCL's words, two independent
+errors, an interrupted run).
+"""
+
+from __future__ import annotations
+
+from traceml_core.report.failure import consequence_of, diagnose, raised_where, split_exception
+
+TB = '''Traceback (most recent call last):
+  File "/home/u/proj/train.py", line 88, in <module>
+    main()
+  File "/home/u/proj/train.py", line 61, in main
+    loss = model(x)
+  File "/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", line 1775, in _call_impl
+    return forward_call(*args, **kwargs)
+RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
+'''
+
+
+def rank(r, status, *, node=0, error=None, tb=None, fail_step=None, in_step=False, steps=10,
+         at=None, exit_=None):
+    events = [{"kind": "exception", "text": tb, "ts": at}] if tb else []
+    return {"rank": r, "node": node, "host": f"n{node}", "status": status, "error": error,
+            "steps": steps, "steps_produced": steps if status != "crashed" else None,
+            "fail_step": fail_step, "fail_in_step": in_step, "failed_at": at, "exit": exit_,
+            "last_events": events}
+
+
+def test_the_users_own_frame_and_the_exception_are_named():
+    assert raised_where(TB) == "train.py:61 in main"
+    assert split_exception("torch.distributed.DistBackendError: NCCL error") == (
+        "torch.distributed.DistBackendError", "NCCL error")
+    assert split_exception("something odd happened") == (None, "something odd happened")
+
+
+def test_backend_words_for_a_lost_peer_are_consequences():
+    assert consequence_of("RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    assert consequence_of("DistBackendError: NCCL communicator was aborted on rank 3")
+    assert consequence_of("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(...)")
+    assert consequence_of("RuntimeError: CUDA out of memory") is None
+    assert consequence_of("ValueError: bad label 7") is None
+
+
+def test_an_exception_inside_a_step_beats_the_gloo_errors_it_caused():
+    ranks = [rank(0, "error", error="RuntimeError: Connection closed by peer", at=100.5,
+                  tb="RuntimeError: [gloo] Connection closed by peer", fail_step=7, in_step=True, steps=7),
+             rank(1, "error", error="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
+                  tb=TB, at=100.9, fail_step=7, in_step=True, steps=7),
+             rank(2, "crashed", at=101.0, steps=3)]
+    v = diagnose(ranks, {0: {"kills": 0, "limit_bytes": None, "source": "x"}}, "failed")
+    assert v["culprit"]["rank"] == 1  # later by the clock, but the only real error
+    assert v["reason"] == "rank 1 raised RuntimeError in step 7: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert "at train.py:61 in main" in v["why"]
+    assert v["evidence"]["consequence_ranks"] == [0, 2]
+    assert ranks[2]["failure"]["role"] == "consequence" and ranks[2]["failure"]["step"] == 7
+
+
+def test_sigkill_where_the_cgroup_was_unreadable_says_so():
+    ranks = [rank(0, "crashed", at=5.0, exit_={"exitcode": -9, "signal": "SIGKILL"}),
+             rank(1, "error", error="RuntimeError: Connection reset by peer", at=5.2, fail_step=3)]
+    v = diagnose(ranks, {}, "failed")
+    assert v["culprit"]["rank"] == 0 and v["evidence"]["signal"] == "SIGKILL"
+    assert v["evidence"]["oom_killed"] is None
+    assert "an OOM kill could not be checked" in v["why"]
+
+
+def test_two_independent_errors_are_not_called_consequences():
+    ranks = [rank(0, "error", error="ValueError: bad label 7", at=10.0, fail_step=4),
+             rank(1, "error", error="KeyError: 'mask'", at=10.3, fail_step=4)]
+    v = diagnose(ranks, {}, "failed")
+    assert v["culprit"]["rank"] == 0
+    assert "rank 1 also failed with an error of its own" in v["why"]
+    assert v["evidence"]["independent_ranks"] == [1] and v["evidence"]["consequence_ranks"] == []
+
+
+def test_an_interrupted_run_without_a_real_failure_has_no_failure_headline():
+    ranks = [rank(0, "interrupted"), rank(1, "interrupted")]
+    assert diagnose(ranks, {}, "interrupted") is None
+    assert diagnose([rank(0, "clean")], {}, "completed") is None
