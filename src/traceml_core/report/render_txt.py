@@ -84,13 +84,18 @@ def _probe_lines(probe: dict[str, Any]) -> list[str]:
         return [f"Link probe: not run ({probe['error']})"]
     nodes = probe.get("nodes") or []
     parts = [f"{n['node']}={n.get('host') or '?'} {_gbps(n.get('gbps'))}" for n in nodes[:MAX_RANK_LINES]]
-    line = (f"Link probe ({probe.get('bytes_per_pair', 0) / 1e6:.3g} MB per pair, "
-            f"{probe.get('seconds', 0):.1f} s): " + ", ".join(parts))
+    line = (f"Link probe (best send rate per node; up to {probe.get('bytes_per_pair', 0) / 1e6:.3g} MB "
+            f"per transfer, {probe.get('seconds', 0):.1f} s in all): " + ", ".join(parts))
     out = [line]
-    slow = probe.get("slow_node")
+    slow, link = probe.get("slow_node"), probe.get("slow_link")
     if slow:
-        out.append(f"  SLOW LINK: node {slow['node']} ({slow.get('host') or '?'}) at {_gbps(slow['gbps'])}, "
-                   f"the other nodes {_gbps(slow['others_gbps'])}")
+        verb = "sends" if slow.get("direction") == "send" else "receives"
+        out.append(f"  SLOW LINK: node {slow['node']} ({slow.get('host') or '?'}) {verb} at "
+                   f"{_gbps(slow['gbps'])}, the other nodes at {_gbps(slow['others_gbps'])}")
+    elif link:
+        out.append(f"  SLOW LINK: node {link['src']} ({link.get('src_host') or '?'}) -> node "
+                   f"{link['dst']} ({link.get('dst_host') or '?'}) at {_gbps(link['gbps'])}, the "
+                   f"other way {_gbps(link['others_gbps'])}")
     return out
 
 

@@ -251,14 +251,23 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
                 f"bandwidth ({algbw:.3g} GB/s algorithm)")
         if small:
             why += " - small messages, so latency rather than bandwidth sets their time"
-    slow = (comm.get("probe") or {}).get("slow_node")
+    probe = comm.get("probe") or {}
+    slow, link = probe.get("slow_node"), probe.get("slow_link")
     advice = []
     if slow:
-        why += (f"; the bandwidth probe measured node {slow['node']} ({slow.get('host') or '?'}) at "
+        verb = "sending" if slow.get("direction") == "send" else "receiving"
+        why += (f"; the link probe measured node {slow['node']} ({slow.get('host') or '?'}) {verb} at "
                 f"{slow['gbps']:.3g} GB/s against {slow['others_gbps']:.3g} GB/s for the other nodes")
         advice.append(f"fix node {slow['node']} ({slow.get('host') or '?'})'s link first: check its NIC "
                       "speed and errors (ethtool, ip -s link) and that its traffic takes the fast "
                       "interface")
+    elif link:
+        why += (f"; the link probe measured node {link['src']} ({link.get('src_host') or '?'}) -> node "
+                f"{link['dst']} ({link.get('dst_host') or '?'}) at {link['gbps']:.3g} GB/s, "
+                f"{link['others_gbps']:.3g} GB/s the other way")
+        advice.append(f"check the link between node {link['src']} and node {link['dst']} first (either "
+                      "end: NIC speed and errors with ethtool / ip -s link, the interface its traffic "
+                      "takes)")
     compress = "bf16_compress_hook" if _gpu(ctx) else "fp16_compress_hook"
     if small:
         advice.append(f"the collectives are small ({_mb(per_call)} each): call them less often - "
