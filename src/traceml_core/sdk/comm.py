@@ -422,14 +422,25 @@ def _wrap_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
 class DdpHookState:
     """Our hook's state on one DDP model: its process group and the user's own hook, if any."""
 
-    __slots__ = ("group", "size", "user_hook", "user_state", "builtin")
+    __slots__ = ("group", "pg", "size", "user_hook", "user_state", "builtin")
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        #: the ProcessGroup object to call directly (skips the Python c10d wrapper: ~30 us a call)
+        self.pg = group if group is not None and hasattr(group, "allreduce") else _default_pg()
         self.size = _group_size(group) or 1
         self.user_hook: Optional[Callable[..., Any]] = None
         self.user_state: Any = None
         self.builtin: Any = None     # a BuiltinCommHookType registered after ours (emulated)
+
+
+def _default_pg() -> Any:
+    try:
+        import torch.distributed as dist
+
+        return dist.group.WORLD
+    except Exception:
+        return None
 
 
 def _default_fut(state: DdpHookState, buf: Any) -> Any:
@@ -438,6 +449,8 @@ def _default_fut(state: DdpHookState, buf: Any) -> Any:
     bit-identical (``tensor.div_(n)``, as torch's allreduce_hook does, can differ in the last bit
     when n is not a power of two)."""
     buf.mul_(1.0 / state.size)
+    if state.pg is not None:    # the process group's own call, as DDP's reducer makes it
+        return state.pg.allreduce([buf]).get_future()
     return _ORIG["all_reduce"](buf, group=state.group, async_op=True).get_future()
 
 
