@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from traceml_slurm.doctor.model import Status  # noqa: E402
 from traceml_slurm.doctor.node import NodeContext, Options  # noqa: E402
-from traceml_slurm.doctor.nvml import NvmlUnavailable, load_nvml  # noqa: E402
+from traceml_core.sdk.samplers.nvml import NvmlUnavailable, load_nvml  # noqa: E402
 from traceml_slurm.doctor.registry import NODE_SPECS, run_checks  # noqa: E402
 from traceml_slurm.doctor.thresholds import NCCL_SWEEP_BYTES  # noqa: E402
 from traceml_slurm.doctor.torchprobe import run_probe  # noqa: E402

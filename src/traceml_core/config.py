@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from .errors import ConfigError
-from .options import OPTIONS, Option
+from .limits import WORLD_SIZE
+from .options import BY_KEY, OPTIONS, launch_vars
 from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
@@ -46,6 +47,10 @@ class LaunchConfig:
     cluster: str
     relay: bool = True
     hang_timeout: float = 0.0
+    status_interval: float = 10.0
+    live_refresh: float = 0.5
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = 0
     export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
@@ -85,20 +90,6 @@ class LaunchConfig:
             "config": {k: {"value": v, "source": s} for k, v, s in self.items()},
             "warnings": list(self.warnings),
         }
-
-
-def _parse(option: Option, raw: Any, origin: str) -> Any:
-    """Parse ``raw`` for ``option``; ``origin`` names the flag or variable for the error."""
-    if not isinstance(raw, str):
-        return raw
-    try:
-        return option.parse(raw)
-    except ValueError as exc:
-        raise ConfigError(
-            f"{origin}={raw!r} is invalid: {option.key.replace('_', ' ')} {exc}. "
-            f"Fix the value, or unset it to use the default ({option.default_doc or option.default}).",
-            variable=origin,
-        ) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -150,18 +141,14 @@ def resolve(
 
     chosen: dict[str, Setting] = {}
 
-    def explicit(option: Option) -> Optional[Setting]:
-        if cli.get(option.key) is not None:
-            return Setting(_parse(option, cli[option.key], option.flag), "cli")
-        raw = environ.get(option.env)
-        if raw is not None and raw != "":
-            return Setting(_parse(option, raw, option.env), f"env:{option.env}")
-        return None
-
-    for option in OPTIONS:
-        s = explicit(option)
-        if s is not None:
-            chosen[option.key] = s
+    # flags and TRACEML_* variables: one pydantic-settings model (prefix TRACEML_) validates both;
+    # a variable whose flag was given is not read at all (the flag wins, even over a bad value)
+    given = {k: v for k, v in cli.items() if v is not None}
+    shadowed = {BY_KEY[k].env for k in given if k in BY_KEY}
+    explicit = launch_vars().from_environ({k: v for k, v in environ.items() if k not in shadowed}, **given)
+    for key in explicit.model_fields_set:
+        source = "cli" if key in given else f"env:{BY_KEY[key].env}"
+        chosen[key] = Setting(getattr(explicit, key), source)
 
     cluster_name = chosen["cluster"].value if "cluster" in chosen else "auto"
     plugin = select_cluster(cluster_name, environ, clusters)
@@ -211,6 +198,11 @@ def resolve(
 def _core_checks(c: LaunchConfig) -> list[Refusal]:
     """Checks that hold for every cluster; an empty ``keys`` makes the refusal unconditional."""
     out: list[Refusal] = []
+    if c.world_size > WORLD_SIZE.hi:
+        out.append(Refusal(
+            f"{c.nnodes:,} nodes (from {c.source('nnodes')}) x {c.nproc_per_node:,} workers per node (from "
+            f"{c.source('nproc_per_node')}) make {c.world_size:,} ranks, more than TraceML supports "
+            f"({WORLD_SIZE.hi:,}: {WORLD_SIZE.why}). Check both values.", frozenset(), "nnodes"))
     if c.node_rank >= c.nnodes:
         out.append(Refusal(
             f"node rank {c.node_rank} (from {c.source('node_rank')}) is not below the node count "

@@ -1,48 +1,28 @@
 """The one table of launch options.
 
-The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config`` and the documentation
-are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use torchrun's spelling.
+The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the settings model
+that reads them (:func:`launch_vars`, pydantic-settings with the ``TRACEML_`` prefix) and the
+documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
+torchrun's spelling. Numbers are bounded by :mod:`.limits`; strings by a check function.
+
+Nothing here imports pydantic: ``traceml --help`` builds its parser from this table alone.
 """
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
+
+from . import limits
+from .limits import Limit
 
 MODES = ("summary", "cli", "dashboard")
 #: what --export can write besides the summary (traceml_core/export.py)
 EXPORT_KINDS = ("tensorboard", "jsonl")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-
-
-def _int(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(str(text).strip())
-        except ValueError:
-            raise ValueError("not a whole number") from None
-        if value < lo or (hi is not None and value > hi):
-            bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-            raise ValueError(f"must be {bound}")
-        return value
-
-    parse.__name__ = "integer"
-    return parse
-
-
-def _float(lo: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(str(text).strip())
-        except ValueError:
-            raise ValueError("not a number of seconds") from None
-        if not value >= lo:
-            raise ValueError(f"must be at least {lo}")
-        return value
-
-    return parse
 
 
 def _nonempty(text: str) -> str:
@@ -54,8 +34,10 @@ def _nonempty(text: str) -> str:
 
 def _host(text: str) -> str:
     value = _nonempty(text)
-    if any(c.isspace() for c in value) or "/" in value:
+    if any(c.isspace() for c in value) or "/" in value or "\0" in value:
         raise ValueError("is not a host name or IP address")
+    if len(value) > limits.HOST_CHARS.hi:
+        raise ValueError(f"is not a host name or IP address (longer than {limits.HOST_CHARS.hi} characters)")
     return value
 
 
@@ -77,20 +59,29 @@ def _run_name(text: str) -> str:
     return value
 
 
+def _path(text: str) -> str:
+    value = _nonempty(text)
+    if "\0" in value:
+        raise ValueError("contains a NUL character")
+    if len(value) > limits.PATH_CHARS.hi:
+        raise ValueError(f"is longer than {limits.PATH_CHARS.hi} characters ({limits.PATH_CHARS.why})")
+    return value
+
+
+def _ip(text: str) -> str:
+    value = _nonempty(text)
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        raise ValueError("must be an IP address of this node (for example 127.0.0.1)") from None
+    return value
+
+
 def _mode(text: str) -> str:
     value = _nonempty(text).lower()
     if value not in MODES:
         raise ValueError(f"must be one of {', '.join(MODES)}")
     return value
-
-
-def _switch(text: str) -> bool:
-    value = _nonempty(text).lower()
-    if value in ("1", "on", "true", "yes"):
-        return True
-    if value in ("0", "off", "false", "no"):
-        return False
-    raise ValueError("must be on or off (or 1/0)")
 
 
 def _exports(text: str) -> str:
@@ -114,12 +105,16 @@ def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
 
+#: what a value is: a bounded number (a Limit), a checked string (a function), or on/off (bool)
+Kind = Union[Limit, Callable[[str], Any], type]
+
+
 @dataclass(frozen=True)
 class Option:
-    """One launch option: its key, how to parse it, its default and its help."""
+    """One launch option: its key, its kind of value, its default and its help."""
 
     key: str
-    parse: Callable[[str], Any]
+    kind: Kind
     default: Any
     help: str
     metavar: str = ""
@@ -134,28 +129,63 @@ class Option:
     def env(self) -> str:
         return "TRACEML_" + self.key.upper()
 
+    @property
+    def limit(self) -> Optional[Limit]:
+        return self.kind if isinstance(self.kind, Limit) else None
+
+    def describe_default(self) -> str:
+        return str(self.default_doc or self.default)
+
+    def annotation(self) -> Any:
+        """The pydantic type of this option's value (imports pydantic)."""
+        from .settings import bounded, checked
+
+        if isinstance(self.kind, Limit):
+            return bounded(self.kind)
+        if self.kind is bool:
+            return bool
+        return checked(self.kind)  # type: ignore[arg-type]
+
+    def parse(self, text: str) -> Any:
+        """Validate one raw value as the settings model does; ValueError says what is wrong."""
+        from pydantic import ValidationError
+
+        from .settings import problem
+
+        try:
+            return _adapter(self.key).validate_python(text)
+        except ValidationError as exc:
+            raise ValueError(problem(exc.errors()[0], self.limit)) from None
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(key: str) -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(BY_KEY[key].annotation())
+
 
 OPTIONS: tuple[Option, ...] = (
-    Option("nnodes", _int(1), 1, "Number of nodes; one `traceml run` per node.", "N"),
-    Option("node_rank", _int(0), 0, "Rank of this node, 0..nnodes-1. Node 0 hosts the aggregator.", "R"),
-    Option("nproc_per_node", _int(1), 1, "Workers (one per GPU) that this node starts.", "N"),
+    Option("nnodes", limits.NODES, 1, "Number of nodes; one `traceml run` per node.", "N"),
+    Option("node_rank", limits.NODE_RANK, 0, "Rank of this node, 0..nnodes-1. Node 0 hosts the aggregator.", "R"),
+    Option("nproc_per_node", limits.PROCS_PER_NODE, 1, "Workers (one per GPU) that this node starts.", "N"),
     Option("master_addr", _host, "127.0.0.1", "Address of node 0 for the torchrun rendezvous.", "HOST"),
-    Option("master_port", _int(1, 65535), 29500, "torchrun rendezvous port on node 0.", "PORT",
+    Option("master_port", limits.PORT, 29500, "torchrun rendezvous port on node 0.", "PORT",
            default_doc="29500; under Slurm 61440 + 4 x (SLURM_JOB_ID mod 1024)"),
     Option("run_name", _run_name, None, "Name of the run directory; identical on every node.", "NAME",
            default_doc="<script>-<date>-<time>, or <job name>-<job id> under Slurm"),
-    Option("logs_dir", _nonempty, "./logs", "Where node 0 writes <run-name>/final_summary.{json,txt}.", "DIR",
+    Option("logs_dir", _path, "./logs", "Where node 0 writes <run-name>/final_summary.{json,txt}.", "DIR",
            default_doc="./logs, or $SLURM_SUBMIT_DIR/logs under Slurm"),
     Option("mode", _mode, "summary", "summary (default; the only mode for multi-node), cli or dashboard.", "MODE"),
-    Option("aggregator_port", _int(1, 65535), 29765, "TraceML aggregator port on node 0.", "PORT",
+    Option("aggregator_port", limits.PORT, 29765, "TraceML aggregator port on node 0.", "PORT",
            default_doc="29765; under Slurm the master port + 1"),
     Option("aggregator_host", _host, None, "Address other nodes use to reach the aggregator.", "HOST",
            default_doc="the master address"),
     Option("aggregator_bind_host", _bind_host, None, "Interface the aggregator listens on, on node 0.", "IP",
            default_doc="0.0.0.0 for multi-node, 127.0.0.1 for one node"),
-    Option("aggregator_wait", _float(0), 60.0,
+    Option("aggregator_wait", limits.WAIT_S, 60.0,
            "Seconds a node waits for the aggregator (and node 0 for the other nodes) before giving up.", "S"),
-    Option("hang_timeout", _float(0), 0.0,
+    Option("hang_timeout", limits.HANG_S, 0.0,
            "Stop the run when a rank that has started stepping and not finished sends no step for "
            "this many seconds (a hang); exit status 124, the summary names the silent ranks. Set it "
            "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
@@ -166,9 +196,45 @@ OPTIONS: tuple[Option, ...] = (
            "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
            "comma-separated. Never fails training.", "KINDS"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
-    Option("relay", _switch, True,
+    Option("relay", bool, True,
            "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
            "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),
+    # the live views (--mode cli|dashboard, node 0 only)
+    Option("status_interval", limits.STATUS_INTERVAL_S, 10.0,
+           "--mode cli when stdout is not a terminal: seconds between status lines.", "S"),
+    Option("live_refresh", limits.REFRESH_S, 0.5, "--mode cli on a terminal: seconds between redraws.", "S"),
+    Option("dashboard_host", _ip, "127.0.0.1",
+           "--mode dashboard: address the page listens on (anything but loopback leaves the URL's token "
+           "as the only protection).", "IP"),
+    Option("dashboard_port", limits.PORT_OR_AUTO, 0,
+           "--mode dashboard: its port; 0 = the aggregator port + 1 when free, else any free port (the "
+           "launcher prints the URL).", "PORT", default_doc="0 (automatic)"),
 )
 
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
+
+
+@functools.lru_cache(maxsize=None)
+def launch_vars() -> Any:
+    """The pydantic-settings model of every option: field ``nnodes`` reads ``TRACEML_NNODES`` (the
+    prefix), bounded and checked as the table says. Built on first use (imports pydantic)."""
+    from typing import Optional as Opt
+
+    from pydantic import create_model
+
+    from .settings import EnvSettings
+
+    class LaunchVarsBase(EnvSettings):
+        model_config = {**EnvSettings.model_config, "env_prefix": "TRACEML_"}  # type: ignore[misc]
+
+        @classmethod
+        def flag(cls, field: str) -> str:
+            return BY_KEY[field].flag
+
+        @classmethod
+        def fix(cls, field: str) -> str:
+            o = BY_KEY.get(field)
+            return f"Fix the value, or unset it to use the default ({o.describe_default()})." if o else ""
+
+    fields: dict[str, Any] = {o.key: (Opt[o.annotation()], None) for o in OPTIONS}
+    return create_model("LaunchVars", __base__=LaunchVarsBase, **fields)

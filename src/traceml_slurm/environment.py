@@ -13,10 +13,11 @@ import re
 from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from traceml_core.errors import ConfigError
+from traceml_core.limits import JOB_ID
 from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 from .context import Context, classify
-from .hostlists import expand_nodelist, expand_tasks_per_node
+from .hostlists import expand_nodelist, tasks_per_node
 
 if TYPE_CHECKING:
     from .settings import SlurmVars
@@ -94,9 +95,10 @@ class SlurmEnvironment(ClusterEnvironment):
             return out
 
         values["job_id"] = Setting(v.job_id, v.source("job_id"))
-        if not str(v.job_id).isdigit():
+        job_id = str(v.job_id)
+        if not (job_id.isascii() and job_id.isdigit()) or len(job_id) > 10 or int(job_id) > JOB_ID.hi:
             raise ConfigError(
-                f"SLURM_JOB_ID={v.job_id!r} is not a whole number, so it is not a Slurm job id. Slurm "
+                f"SLURM_JOB_ID={v.job_id!r} is not a Slurm job id (a whole number {JOB_ID.text()}). Slurm "
                 f"sets this variable; if your script or shell sets it, remove that (or pass "
                 f"--cluster=none to ignore Slurm).", variable="SLURM_JOB_ID")
         master_port, aggregator_port = job_ports(v.job_id)
@@ -174,19 +176,27 @@ class SlurmEnvironment(ClusterEnvironment):
         values["node_rank"] = Setting(v.nodeid, v.source("nodeid"))
         list_field = "step_nodelist" if v.step_nodelist is not None else "job_nodelist"
         nodelist = getattr(v, list_field)
-        hosts = expand_nodelist(nodelist or "", type(v).model_fields[list_field].alias or list_field)
+        list_var = type(v).variable(list_field)
+        hosts = expand_nodelist(nodelist or "", list_var)
         if len(hosts) != nnodes:
-            out.warnings.append(
-                f"{v.source(list_field)[6:]} has {len(hosts)} hosts but the step has {nnodes} nodes; "
-                f"using {hosts[0]} as the master.")
+            # a list that does not match the step cannot say which host is node 0 (or which rank
+            # this node is): refuse rather than guess, unless the user gives the values themselves
+            shown = nodelist if len(nodelist or "") <= 120 else (nodelist or "")[:117] + "..."
+            out.refusals.append(Refusal(
+                f"{list_var}={shown!r} names {len(hosts):,} host(s) but this step has {nnodes:,} node(s) "
+                f"({v.source(nnodes_src)[6:]}), so which host is node 0 (the master) is unknown. These come "
+                f"from Slurm; if your script sets either, remove that. To launch anyway, pass --nnodes, "
+                f"--node-rank and --master-addr (or --cluster=none).",
+                LAUNCH_KEYS, list_var))
         values["master_addr"] = Setting(hosts[0], v.source(list_field) + "[0]")
         if len(hosts) == nnodes:
             values["hostnames"] = Setting(tuple(hosts), v.source(list_field))
         if v.step_tasks_per_node:
-            counts = expand_tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE")
-            if any(c > 1 for c in counts):
+            runs = tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE")
+            most = max(count for count, _ in runs)
+            if most > 1:
                 out.refusals.append(Refusal(
-                    f"this srun step runs {max(counts)} tasks on a node (SLURM_STEP_TASKS_PER_NODE="
+                    f"this srun step runs {most} tasks on a node (SLURM_STEP_TASKS_PER_NODE="
                     f"{v.step_tasks_per_node}), but TraceML needs ONE launcher per node: it starts one worker "
                     f"per GPU itself. Use `srun --ntasks-per-node=1` (with --gres=gpu:N or --gpus-per-node=N "
                     f"for the GPUs): `{launcher_srun_line(nnodes)}`.",

@@ -113,10 +113,24 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
+def _wait_for_records(path: Path, timeout: float = 120) -> None:
+    """Until the aggregator's checkpoint holds step records (training is running and reporting)."""
+    from traceml_core.aggregator.persist import load_checkpoint
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if int(load_checkpoint(path)["state"]["records"]) > 0:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"no step records in {path} after {timeout} s"
+        time.sleep(0.2)
+
+
 def test_sigterm_writes_interrupted_summary_quickly(tmp_path):
     proc = launch(tmp_path, str(REPO / "examples" / "ddp_minimal.py"), "--steps", "10000000")
-    _wait_for(tmp_path / "r" / "aggregate.state")
-    time.sleep(3)  # let steps flow (the first checkpoint is written at start)
+    _wait_for_records(tmp_path / "r" / "aggregate.state")  # steps flow (a checkpoint says so)
     t0 = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code, out, err = finish(proc, timeout=60)

@@ -104,6 +104,11 @@ def test_dashboard_in_chromium_updates_and_shows_a_dead_rank(run, tmp_path):
         browser.wait_for(f"{points} > {first} + 20", 20)  # charts grow as telemetry arrives
         assert browser.eval("Number(document.body.dataset.updates)") > updates
         assert browser.eval("document.querySelectorAll('#c-step canvas, #c-rate canvas').length") >= 2
+        assert browser.eval("document.querySelectorAll('#c-own canvas, #c-phases canvas').length") == 2
+        # phases over time: one line per measured phase; memory and time axes start at 0
+        assert browser.eval("Number(document.getElementById('c-phases').dataset.series)") >= 4
+        for cid in ("c-mem", "c-step", "c-own"):
+            assert browser.eval(f"TraceCharts.registry['{cid}'].plot.scales.y.min") == 0, cid
         # rank 1 died at step 100: its row turns stale and the count of its silence grows, while
         # rank 0 is still live (one look at the page, so both hold at the same moment)
         stale = browser.wait_for(
@@ -122,3 +127,46 @@ def test_dashboard_in_chromium_updates_and_shows_a_dead_rank(run, tmp_path):
         browser.close()
     assert p.returncode != 0
     assert "TraceML summary:" in "".join(out)
+
+
+def test_dashboard_shows_the_straggler_above_the_others(tmp_path):
+    """examples/straggler.py with rank 2 30 ms slower: under DDP the step-time lines overlap,
+    the own-time chart puts rank 2 above the others and names it the culprit."""
+    from tinyrun import env_for, traceml_cmd
+    import subprocess
+
+    script = REPO / "examples" / "straggler.py"
+    cmd = traceml_cmd(tmp_path, "dash-strag", mode="dashboard", nproc=3, script=script,
+                      args=["--steps", "700"])
+    p = subprocess.Popen(cmd, env=env_for(STRAGGLER_RANK="2", STRAGGLER_DELAY_MS="30"), text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
+    err_lines: list[str] = []
+    seen = threading.Event()
+
+    def drain():
+        for line in p.stderr:
+            err_lines.append(line)
+            if "ssh -L " in line:
+                seen.set()
+
+    threading.Thread(target=drain, daemon=True).start()
+    threading.Thread(target=lambda: p.stdout.read(), daemon=True).start()
+    browser = None
+    try:
+        assert seen.wait(90), "".join(err_lines)
+        url = re.search(r"dashboard: (http://\S+)", "".join(err_lines)).group(1)
+        browser = Chromium(tmp_path / "chromium-strag")
+        browser.open(url)
+        labels = browser.wait_for(
+            "(() => { const c = TraceCharts.registry['c-own']; return c && c.labels.length === 3 &&"
+            " c.labels.includes('rank 2 (culprit)') && c.labels; })()", 90)
+        assert labels == ["rank 0", "rank 1", "rank 2 (culprit)"]
+        means = browser.eval("TraceCharts.seriesMeans('c-own')")
+        assert means[2] > 3 * max(means[0], means[1]), means
+        step = browser.eval("TraceCharts.seriesMeans('c-step')")
+        assert max(step) < 1.5 * min(step), step  # lockstep: the step time cannot show it
+        browser.screenshot(ARTIFACTS / "dashboard-straggler.png")
+    finally:
+        if browser is not None:
+            browser.close()
+        stop(p)

@@ -8,7 +8,7 @@ from doctor_env import CPU_TORCH, cuda_torch, gpus, make, step
 
 from traceml_slurm.doctor import gpu as G
 from traceml_slurm.doctor.model import Status
-from traceml_slurm.doctor.nvml import FakeNvml, GpuProcess, fake_gpus
+from traceml_core.sdk.samplers.nvml import FakeNvml, GpuProcess, fake_gpus
 from traceml_slurm.doctor.torchprobe import TorchInfo
 
 
@@ -92,6 +92,6 @@ def test_our_own_process_does_not_count_and_invisible_memory_warns():
 
 
 def test_uuid_lists_in_cuda_visible_devices_map_to_nvml_devices():
-    devices = fake_gpus(3)
+    devices = FakeNvml(fake_gpus(3)).devices()
     chosen = G.allocated(devices, [devices[2].uuid[:12], "0"])
     assert [d.index for d in chosen] == [2, 0]

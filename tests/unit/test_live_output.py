@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
 from traceml_core.views import start_view
 from traceml_core.views.output import OutputPump
-from traceml_core.views.settings import ViewSettings
 
 
 def test_training_output_reaches_the_terminal_as_a_terminal_would_show_it():
@@ -34,13 +35,22 @@ def test_output_falls_back_to_plain_writes_when_the_view_fails(capfd):
     assert "still here" in capfd.readouterr().out
 
 
-def test_bad_view_settings_are_named_and_replaced_by_defaults():
-    s = ViewSettings.from_env({"TRACEML_STATUS_INTERVAL": "soon", "TRACEML_DASHBOARD_PORT": "70000",
-                               "TRACEML_DASHBOARD_HOST": "my laptop", "TRACEML_LIVE_REFRESH": "2"})
-    assert (s.status_interval, s.dashboard_port, s.dashboard_host, s.refresh) == (10.0, 0, "127.0.0.1", 2.0)
-    assert len(s.warnings) == 3
-    assert "TRACEML_STATUS_INTERVAL='soon' is invalid" in s.warnings[0] and "default (10.0)" in s.warnings[0]
-    assert "TRACEML_DASHBOARD_PORT='70000'" in s.warnings[2]
+def test_view_settings_are_launch_options_refused_before_anything_starts():
+    """The view's settings are options of the one table: a bad value is named at resolution (before
+    the aggregator or the workers start), with the range; a good one shows its source."""
+    from traceml_core.config import resolve
+    from traceml_core.errors import ConfigError
+
+    for env, needle in [({"TRACEML_STATUS_INTERVAL": "soon"}, "TRACEML_STATUS_INTERVAL='soon' is not a number"),
+                        ({"TRACEML_DASHBOARD_PORT": "70000"}, "TRACEML_DASHBOARD_PORT='70000' must be between 0 and 65,535"),
+                        ({"TRACEML_DASHBOARD_HOST": "my laptop"}, "TRACEML_DASHBOARD_HOST='my laptop'"),
+                        ({"TRACEML_LIVE_REFRESH": "0"}, "TRACEML_LIVE_REFRESH='0' must be between 0.05 and 60")]:
+        with pytest.raises(ConfigError) as err:
+            resolve({}, env, [])
+        assert needle in str(err.value) and "\n" not in str(err.value)
+    c = resolve({"live_refresh": "2"}, {"TRACEML_STATUS_INTERVAL": "30"}, [])
+    assert (c.live_refresh, c.source("live_refresh")) == (2.0, "cli")
+    assert (c.status_interval, c.source("status_interval")) == (30.0, "env:TRACEML_STATUS_INTERVAL")
 
 
 def test_no_view_for_summary_mode_or_other_nodes():

@@ -6,6 +6,7 @@ travels over the launcher's real control link. No torch: these run in about a se
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -48,9 +49,35 @@ def test_snapshot_describes_each_rank_from_its_recent_steps(aggregator):
     st = read_snapshot(frame)
     assert [r.state for r in st.ranks] == ["ok", "ok", "waiting"]  # rank 2 never connected
     text = status_line(st, (True, 0.0, None))
-    assert "step 40" in text and "ranks 2/3 ok" in text and "worst rank 1 40.0" in text
+    assert "step 40" in text and "ranks 2/3 running, 1 waiting" in text and "worst rank 1 40.0" in text
+    assert "steps/s per rank" in text  # a per-rank median, never the sum over ranks
+    rate = float(re.search(r"([\d.]+) steps/s per rank", text).group(1))
+    assert rate <= 1.1 * 100  # the fast rank's 100 steps/s at most, not 125 summed
+    # no progress since the previous line: said, not repeated as news
+    again = status_line(st, (True, 0.0, None), prev_step=40, since_s=30)
+    assert "step 40 (no new step in 30 s)" in again
+    # the table fits an 80- and a 100-column terminal: columns dropped whole, no number cut
+    for width, height in ((80, 24), (100, 30)):
+        lines = rendered(render(st, (True, 0.0, None), width, height), width)
+        assert all(len(ln) <= width for ln in lines), lines
+        table = "\n".join(lines)
+        assert "\u2026" not in table and "..." not in table.split("so far")[0], table
+        head = next(ln for ln in lines if ln.lstrip().startswith("rank"))
+        assert {"rank", "step", "status", "own"} <= set(head.replace("step ms", "step_ms").split()), head
+        rows = [ln.split() for ln in lines if re.match(r"^\s*[012]\s", ln)]
+        assert [r[0] for r in rows] == ["0", "1", "2"]
+        assert "40" in rows[0] and "10.0" in rows[0] and "40.0" in rows[1], rows
+        assert "too narrow for:" in table  # says what it left out
     fast.close()
     slow.close()
+
+
+def rendered(renderable, width: int) -> list[str]:
+    from rich.console import Console
+
+    con = Console(width=width, record=True, color_system=None, force_terminal=False)
+    con.print(renderable)
+    return con.export_text().splitlines()
 
 
 def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(aggregator):

@@ -31,11 +31,12 @@ class Tmux:
         return subprocess.run(["tmux", "-L", self.sock, *args], capture_output=True, text=True,
                               check=check, timeout=10).stdout
 
-    def start(self, cmd: list[str], env: dict[str, str]) -> None:
+    def start(self, cmd: list[str], env: dict[str, str], size: tuple[int, int] = (160, 50)) -> None:
         # the pane keeps its screen after the command ends, so the end can be read too
         line = (f"cd {shlex.quote(str(REPO))} && env -i " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
                 + " " + shlex.join(cmd) + "; echo TRACEML-EXIT $?; sleep 600")
-        self.tmux("-f", "/dev/null", "new-session", "-d", "-s", self.name, "-x", "160", "-y", "50", line)
+        self.tmux("-f", "/dev/null", "new-session", "-d", "-s", self.name, "-x", str(size[0]),
+                  "-y", str(size[1]), line)
 
     def screen(self, history: int = 0) -> str:
         args = ["capture-pane", "-p", "-t", self.name]
@@ -103,6 +104,43 @@ def test_cli_view_shows_each_rank_updates_and_keeps_training_output(tmux, tmp_pa
     assert end.index("tiny: done 500 steps") < end.index("TraceML summary:")
 
 
+NUMBER = re.compile(r"^(-|\d+|\d+\.\d+|\d+\.\d+s|\d+(\.\d)?[KMG]|\d+B)$")
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30)])
+def test_cli_view_fits_a_small_terminal_without_cutting_numbers(tmux, tmp_path, size):
+    """At 80x24 and 100x30 the table drops whole columns by priority (and says which), never
+    cuts a header or a number ("0..."), and every line fits the width."""
+    width, height = size
+    env = env_for(TINY_STEPS="1500", TINY_SLEEP_MS="5", TERM="xterm-256color")
+    tmux.start(traceml_cmd(tmp_path, f"narrow{width}", mode="cli"), env, size)
+
+    def table(s):
+        lines = s.splitlines()
+        head = [i for i, ln in enumerate(lines) if ln.split()[:1] == ["rank"] and "step" in ln]
+        if not head:
+            return None
+        cols = lines[head[-1]].replace("step ms", "step_ms").split()
+        rows = [dict(zip(cols, ln.split())) for ln in lines[head[-1] + 2:head[-1] + 4]]
+        if len(rows) < 2 or [(r.get("rank"), r.get("status")) for r in rows] != [("0", "ok"), ("1", "ok")]:
+            return None
+        return lines, cols, [ln.split() for ln in lines[head[-1] + 2:head[-1] + 4]]
+
+    lines, cols, rows = tmux.wait(table, 60, f"both ranks running in the {width}x{height} table")
+    screen = "\n".join(lines)
+    assert "\u2026" not in screen and "..." not in screen, screen
+    assert all(len(ln.rstrip()) <= width for ln in lines), screen
+    assert {"rank", "status", "step", "steps/s", "step_ms", "own", "input", "fwd", "bwd"} <= set(cols), cols
+    for r in rows:  # every cell whole: the status word, a host:rank, or a whole number
+        assert len(r) == len(cols), (cols, r)
+        cell = dict(zip(cols, r))
+        assert all(NUMBER.match(v) for k, v in cell.items() if k not in ("status", "where")), (cols, r)
+        assert int(cell["step"]) > 0 and float(cell["step_ms"]) >= 5.0  # a step sleeps 5 ms
+    assert "too narrow for:" in screen and "recent steps" in screen.split("too narrow for:")[1]
+    end = tmux.wait(lambda s: "TRACEML-EXIT" in s and s, 90, "the run to end", history=400)
+    assert "TRACEML-EXIT 0" in end
+
+
 def test_a_killed_rank_shows_as_stale_while_the_others_go_on(tmux, tmp_path):
     # rank 1 SIGKILLs itself at step 60; rank 0 goes on (no collectives). torchrun is told to
     # check its workers only every 15 s (torch < 2.3 checked every 5 s by default; a hung rank is
@@ -141,10 +179,16 @@ def test_status_lines_when_stdout_is_not_a_terminal(tmp_path):
     assert p.returncode == 0, err[-3000:]
     assert "\x1b[" not in out, "no terminal control codes in a log"
     lines = [ln for ln in out.splitlines() if ln.startswith("[traceml] ")]
-    running = [ln for ln in lines if re.search(r"\| step \d+ \| ranks 2/2 ok \| [\d.]+ ms/step \(worst rank \d", ln)]
+    running = [ln for ln in lines if re.search(r"\| step \d+ \| ranks 2/2 running \| [\d.]+ ms/step \(worst rank \d", ln)]
     assert len(running) >= 2, out
     steps = [int(re.search(r"\| step (\d+) \|", ln).group(1)) for ln in running]
     assert steps == sorted(steps) and steps[-1] > steps[0], "each line reports progress"
+    # speed per rank (~1 step per 10+ ms: under 100/s), never the sum over the two ranks
+    rates = [float(re.search(r"\| ([\d.]+) steps/s per rank", ln).group(1)) for ln in running]
+    assert all(0 < r < 100 for r in rates), running
+    fields = [ln.split(" | ") for ln in lines if ln.count(" | ") >= 2]
+    assert all(f[2].startswith("ranks ") and not f[2].endswith(" ok") for f in fields), \
+        "each rank counted once, by what it is doing (no 'ranks 0/2 ok' after a clean end)"
     assert all(len(ln) < 300 for ln in lines), "compact"
     assert "tiny: rank 0 step 100" in out, "training output goes through untouched"
     assert out.index("tiny: done 300 steps") < out.index("TraceML summary:")

@@ -205,3 +205,24 @@ def test_compare_html_shows_both_runs_side_by_side(runs, tmp_path):
         c.screenshot(ARTIFACTS / "report-compare.png")
     finally:
         c.close()
+
+
+@needs_chromium
+def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
+    """A rank SIGKILLs itself: the page opens on how the run ended, and the rank's fate is in
+    the table, so nobody reads a bottleneck verdict of a run that died."""
+    from tinyrun import run_tiny
+
+    p = run_tiny(tmp_path, "dies", TINY_STEPS="400", TINY_SLEEP_MS="3", TINY_KILL_RANK="1",
+                 TINY_KILL_AT="60", PET_MONITOR_INTERVAL="1")
+    assert p.returncode != 0
+    c = _open(tmp_path / "dies" / "final_summary.html", "dies", tmp_path)
+    try:
+        text = c.eval("document.body.innerText")
+        first = c.eval("document.querySelector('.badbox').innerText")
+        assert "The run ended failed" in first, first
+        assert "crashed" in text and "How each rank ended" in text
+        assert _charts(c)["own"]["series"] == 2  # what it measured before dying is still drawn
+        c.screenshot(ARTIFACTS / "report-failed.png")
+    finally:
+        c.close()

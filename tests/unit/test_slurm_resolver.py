@@ -112,12 +112,38 @@ def test_no_gpu_batch_shell_uses_tasks_per_node_step_uses_one_with_fix():
     assert c.nproc_per_node == 4
 
 
-@pytest.mark.parametrize("nodelist,first", [
-    ("gpu[07-08]", "gpu07"), ("rack1-n[01-02],rack2-n[01-02]", "rack1-n01"), ("a[3,1-2]", "a3"),
-    ("login,compute", "login"), (" gpu[1-2] \n", "gpu1"), ("node[001-002]", "node001"),
+@pytest.mark.parametrize("nodelist,first,count", [
+    ("gpu[07-08]", "gpu07", 2), ("rack1-n[01-02],rack2-n[01-02]", "rack1-n01", 4), ("a[3,1-2]", "a3", 3),
+    ("login,compute", "login", 2), (" gpu[1-2] \n", "gpu1", 2), ("node[001-002]", "node001", 2),
+    # Slurm's parser separates hosts by whitespace as by commas (scontrol show hostnames agrees)
+    ("alpha beta gamma", "alpha", 3), ("node[1-2] node3", "node1", 3), ("a\tb", "a", 2),
 ])
-def test_master_is_first_host_of_step_nodelist(nodelist, first):
-    assert r(step(SLURM_STEP_NODELIST=nodelist)).master_addr == first
+def test_master_is_first_host_of_step_nodelist(nodelist, first, count):
+    c = r(step(SLURM_STEP_NODELIST=nodelist, SLURM_STEP_NUM_NODES=str(count),
+               SLURM_STEP_TASKS_PER_NODE=f"1(x{count})"))
+    assert c.master_addr == first and len(c.hostnames) == count
+
+
+@pytest.mark.parametrize("nodelist", ["node[1-3]", "node1", "alpha beta gamma"])
+def test_a_step_whose_node_list_does_not_match_its_node_count_is_refused(nodelist):
+    with pytest.raises(ConfigError) as err:
+        r(step(SLURM_STEP_NODELIST=nodelist))   # the step has 2 nodes
+    msg = str(err.value)
+    assert f"SLURM_STEP_NODELIST={nodelist!r}" in msg and "this step has 2 node(s)" in msg and "\n" not in msg
+    # the user who gives every launch value themselves may go on (a warning then)
+    c = r(step(SLURM_STEP_NODELIST=nodelist), nnodes="2", node_rank="0", master_addr="node1")
+    assert any("SLURM_STEP_NODELIST" in w for w in c.warnings)
+
+
+def test_whitespace_inside_brackets_and_huge_lists_are_refused_not_expanded():
+    with pytest.raises(ConfigError, match="whitespace inside"):
+        expand_nodelist("node[1-2, 3]", "X")
+    with pytest.raises(ConfigError, match="more hosts than TraceML supports"):
+        expand_nodelist("node[1-99999999]", "X")
+    with pytest.raises(ConfigError, match="more than 65,536 nodes"):
+        expand_tasks_per_node("1(x99999999999999)", "X")
+    with pytest.raises(ConfigError, match="SLURM_STEP_TASKS_PER_NODE"):
+        r(step(SLURM_STEP_TASKS_PER_NODE="1(x99999999999999)"))
 
 
 def test_hostlist_helpers():

@@ -38,7 +38,8 @@ def test_input_bound_is_named_with_its_numbers():
                                   optimizer_ms=5.0))
     v = s["verdict"]
     assert v["kind"] == "input_bound" and v["severity"] == "critical"
-    assert "waits 20.0 ms of its 50.0 ms step (40%)" in v["why"]
+    assert "waits for the next batch 40% of its step time (20.0 ms of 50.0 ms per step on average)" in v["why"]
+    assert v["evidence"]["source"] == "fetch"
     assert "num_workers" in v["next_step"] and v["culprit"] is None
 
 
@@ -69,6 +70,9 @@ def test_straggler_in_forward_names_rank_and_node():
     assert v["culprit"] == {"rank": 3, "node": 1, "host": "gpu-node-1"}
     assert "rank 3 (node 1, gpu-node-1)" in v["why"] and "mostly in forward" in v["why"]
     assert "30.0 ms more per step" in v["why"]
+    # forward+backward+optimizer are 98% of every rank's step, but most of the others' backward
+    # is waiting for rank 3: "compute-bound" would contradict the straggler verdict
+    assert "compute_bound" not in _kinds(s)
 
 
 def test_straggler_outside_the_traced_step():
@@ -141,6 +145,41 @@ def test_straggler_excess_is_measured_against_the_other_ranks():
     v = _run(1, 2, rank)["verdict"]
     assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1
     assert v["evidence"]["excess_ms"] == 30.0
+
+
+def test_input_not_measured_reads_the_time_between_steps():
+    """A get_batch() before each step: no DataLoader, so input is not measured (null, never 0),
+    and the 15 ms between 2 ms steps is the input wait; the model phases are 90% of the *step* but
+    not compute-bound, since most of the wall clock is between steps."""
+    s = _run(1, 2, lambda r: dict(step_ms=2.0, input_ms=None, forward_ms=0.5, backward_ms=1.2,
+                                  optimizer_ms=0.1, gap_ms=15.0))
+    v = s["verdict"]
+    assert v["kind"] == "input_bound" and v["severity"] == "critical"
+    assert v["evidence"]["source"] == "between_steps"
+    assert "input is not measured" in v["why"] and "time between steps, e.g. fetching the next batch" in v["why"]
+    assert "wrap_dataloader" in v["next_step"]
+    assert "compute_bound" not in _kinds(s)
+    assert s["across_ranks"]["input"] is None and all(r["phases"]["input"] is None for r in s["ranks"])
+    from traceml_core.report.render_txt import render
+    txt = render(s)
+    assert "not measured: input" in txt and "0.00" not in txt.split("input", 1)[1].split("\n", 1)[0]
+
+
+def test_one_median_step_everywhere():
+    """The summary's median step is the p50 of every step of every rank; the verdicts quote it and
+    compare reads the same histogram."""
+    from traceml_core.report.compare import Run, compare_phase
+
+    def rank(r):
+        if r == 1:
+            return dict(step_ms=60.0, input_ms=1.0, forward_ms=40.0, backward_ms=15.0, optimizer_ms=4.0)
+        return dict(step_ms=60.0, input_ms=1.0, forward_ms=10.0, backward_ms=45.0, optimizer_ms=4.0)
+    s = _run(1, 3, rank)
+    med = s["step_time"]["median_ms"]
+    assert abs(med - 60.0) / 60.0 < 0.01 and s["step_time"]["steps"] == 600
+    assert f"the median step, {med:.1f} ms" in s["verdict"]["why"]
+    run = Run("A", Path("x"), s)
+    assert abs(compare_phase("step", run, run, floor_pct=3.0).a_ms - med) < 1e-3  # (the summary rounds to 0.1 us)
 
 
 # --- communication ---------------------------------------------------------------------------------

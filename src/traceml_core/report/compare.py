@@ -3,13 +3,19 @@
 A and B are run directories (``<logs-dir>/<run-name>``) or ``final_summary.json`` files. For the
 whole step and for each phase the median per-step time of B is set against A's, with a 95 %
 interval from the runs' own per-step distributions (the ``compare`` section of the summary: one
-histogram per phase over every step of every rank, and the step-time series; see
-:mod:`.uncertainty`). A change counts only when the interval excludes zero AND it exceeds a
-floor (``thresholds.COMPARE_MIN_CHANGE_PCT``, raised to a run's own drift between its halves), so
-run-to-run noise is called "within noise", never a regression. Step times are all it needs, so
-CPU-only runs get a verdict like GPU runs.
+histogram per phase over every step of every rank), widened by the spread of the run's series
+over time (``compare.step_series`` for the step, ``timeline`` for the phases; see
+:mod:`.uncertainty`).
 
-Verdict (about the median step time): ``faster``, ``slower``, ``within_noise``, or
+One rule decides every row, the step's and each phase's (:func:`decide`): the interval holds
+zero -> ``within_noise``; it does not, but the change is under the floor -> ``negligible`` (real,
+too small to matter); else ``faster`` / ``slower``. The floor is one number in milliseconds for
+all rows: ``thresholds.COMPARE_MIN_CHANGE_PCT`` of A's median step (raised to a run's own drift
+between its halves), at least ``COMPARE_MIN_CHANGE_MS``: a phase change smaller than that cannot
+move the step beyond noise, however large it is relative to the phase. Step times are all it
+needs, so CPU-only runs get a verdict like GPU runs.
+
+Verdict (the step's row): ``faster``, ``slower``, ``negligible``, ``within_noise``, or
 ``not_comparable`` with the reasons (different world size, different script, GPUs on one side
 only, the step not measured, too few steps). Differences in topology and configuration are listed
 either way. Exit status: 0, or 1 with ``--fail-on-regression PCT`` when B is significantly slower
@@ -138,11 +144,22 @@ def _quantile(values: list[float], counts: list[int], q: float) -> Optional[floa
     return values[-1]
 
 
-def _blocks(summary: dict[str, Any]) -> list[float]:
-    """Bucket means of the step series, without the buckets that hold warm-up steps."""
-    series = summary["compare"]["step_series"]
-    means = [m for m in series.get("mean_ms") or []]
-    width = max(1, int(series.get("steps_per_bucket") or 1))
+def _blocks(summary: dict[str, Any], phase: str = "step") -> list[float]:
+    """Bucket means of a phase over the run, without the buckets that hold warm-up steps: the
+    step from ``compare.step_series`` (all ranks), another phase from ``timeline`` (the mean over
+    the ranks it lists); ``[]`` when the summary has no such series."""
+    if phase == "step":
+        series = summary["compare"]["step_series"]
+        means = [m for m in series.get("mean_ms") or []]
+        width = max(1, int(series.get("steps_per_bucket") or 1))
+    else:
+        tl = summary.get("timeline") or {}
+        cols = [r["phases_ms"][phase] for r in tl.get("ranks") or [] if (r.get("phases_ms") or {}).get(phase)]
+        means = []
+        for vals in zip(*cols):
+            got = [v for v in vals if v is not None]
+            means.append(sum(got) / len(got) if got else None)
+        width = max(1, int(tl.get("steps_per_bucket") or 1))
     skip = -(-int(summary.get("warmup_steps") or 0) // width)
     return [m for m in means[skip:] if m is not None]
 
@@ -159,16 +176,22 @@ class PhaseChange:
     change_pct: Optional[float] = None
     interval_ms: Optional[tuple[float, float]] = None
     interval_pct: Optional[tuple[float, float]] = None
+    #: the size a change needs to count, in % of A's median step and in ms
     floor_pct: Optional[float] = None
-    verdict: str = "within_noise"  # faster | slower | within_noise | not_measured | only_in_a | only_in_b
+    floor_ms: Optional[float] = None
+    #: faster | slower | negligible | within_noise | not_measured | only_in_a | only_in_b
+    verdict: str = "within_noise"
 
 
-def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float,
-                  block_hw: tuple[Optional[float], Optional[float]] = (None, None),
-                  min_ms: float = COMPARE_MIN_CHANGE_MS) -> PhaseChange:
-    """One row: B's ``q``-quantile of ``phase`` against A's, its interval and verdict. A change
-    counts when the interval excludes zero, it is at least ``floor_pct`` of A's value and at
-    least ``min_ms``."""
+def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float, floor_ms: float,
+                  block_hw: tuple[Optional[float], Optional[float]] = (None, None)) -> PhaseChange:
+    """One row: B's ``q``-quantile of ``phase`` against A's, its interval and verdict.
+
+    THE rule, the same for the step and every phase (see :func:`decide`): the change is
+    *significant* when its 95 % interval excludes zero, and *large enough* when it is at least
+    ``floor_ms`` (``floor_pct`` of A's median step); the interval is the wider of the per-step
+    bootstrap and the block bootstrap over the run's series (``block_hw``, relative half-widths
+    of A and B, when the summaries hold a series of this phase)."""
     va, ca = histogram(a.summary["compare"]["sketches"].get(phase))
     vb, cb = histogram(b.summary["compare"]["sketches"].get(phase))
     stat = "median" if q == 0.5 else f"p{round(q * 100)}"
@@ -187,16 +210,23 @@ def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: floa
     pc.diff_ms = round(d, 4)
     pc.interval_ms = (round(lo, 4), round(hi, 4))
     pc.floor_pct = round(floor_pct, 2)
+    pc.floor_ms = round(floor_ms, 4)
     if pc.a_ms > 0:
         pc.change_pct = round(100.0 * d / pc.a_ms, 2)
         pc.interval_pct = (round(100.0 * lo / pc.a_ms, 2), round(100.0 * hi / pc.a_ms, 2))
-    relevant = abs(d) >= min_ms and (pc.change_pct is None
-                                                    or abs(pc.change_pct) >= floor_pct)
-    if relevant and lo > 0:
-        pc.verdict = "slower"
-    elif relevant and hi < 0:
-        pc.verdict = "faster"
+    pc.verdict = decide(d, lo, hi, floor_ms)
     return pc
+
+
+def decide(diff_ms: float, lo_ms: float, hi_ms: float, floor_ms: float) -> str:
+    """``within_noise`` (the interval holds zero), ``negligible`` (it does not, but the change
+    is under the floor: real and too small to move the step beyond noise), else ``faster`` /
+    ``slower``."""
+    if lo_ms <= 0.0 <= hi_ms:
+        return "within_noise"
+    if abs(diff_ms) < floor_ms:
+        return "negligible"
+    return "slower" if diff_ms > 0 else "faster"
 
 
 @dataclass
@@ -223,7 +253,7 @@ class Comparison:
         return {"compare_schema": COMPARE_SCHEMA, "a": self.a, "b": self.b, "verdict": self.verdict,
                 "phases": [asdict(p) for p in self.phases], "extra": [asdict(p) for p in self.extra],
                 "differences": [asdict(d) for d in self.differences], "notes": self.notes,
-                "gate": self.gate}
+                "gate": self.gate, "rule": RULE}
 
 
 def _gpu_count(s: dict[str, Any]) -> int:
@@ -304,16 +334,18 @@ def compare(a: Run, b: Run) -> Comparison:
     floor = max([COMPARE_MIN_CHANGE_PCT] + [100.0 * d for d in drifts])
     if floor > COMPARE_MIN_CHANGE_PCT:
         notes.append(f"A run's speed drifted by {floor:.1f}% between its own halves; smaller changes "
-                     "are treated as noise.")
-    hw = (block_relative_halfwidth(blocks_a), block_relative_halfwidth(blocks_b))
+                     "are treated as negligible.")
     names = [p for p in (sa.get("phases") or []) if p in sa["compare"]["sketches"]]
     names += [p for p in sb["compare"]["sketches"] if p not in names]
     step_a = _quantile(*histogram(sa["compare"]["sketches"].get("step")), 0.5)
-    # a phase change smaller than the step's noise floor cannot move the step beyond noise
-    phase_min = max(COMPARE_MIN_CHANGE_MS, floor / 100.0 * (step_a or 0.0))
-    phases = [compare_phase(p, a, b, floor_pct=floor, block_hw=hw) if p == "step" else
-              compare_phase(p, a, b, floor_pct=floor, min_ms=phase_min) for p in names]
-    extra = [compare_phase("step", a, b, q=0.9, floor_pct=floor, block_hw=hw)]
+    # one floor for every row: a change under floor% of the step cannot move the step beyond noise
+    floor_ms = max(COMPARE_MIN_CHANGE_MS, floor / 100.0 * (step_a or 0.0))
+
+    def hw(phase: str) -> tuple[Optional[float], Optional[float]]:
+        return (block_relative_halfwidth(_blocks(sa, phase)), block_relative_halfwidth(_blocks(sb, phase)))
+
+    phases = [compare_phase(p, a, b, floor_pct=floor, floor_ms=floor_ms, block_hw=hw(p)) for p in names]
+    extra = [compare_phase("step", a, b, q=0.9, floor_pct=floor, floor_ms=floor_ms, block_hw=hw("step"))]
     for pc in phases:
         if pc.verdict in ("only_in_a", "only_in_b"):
             diffs.append(Difference(f"phase {pc.phase} measured", pc.a_ms is not None,
@@ -333,7 +365,7 @@ def _verdict(step: Optional[PhaseChange], phases: list[PhaseChange], reasons: li
         base.update(change_pct=step.change_pct, interval_pct=step.interval_pct,
                     a_ms=step.a_ms, b_ms=step.b_ms)
     if reasons:
-        base["why"] = "not comparable: " + "; ".join(reasons)
+        base["why"] = "; ".join(reasons)
         return base
     assert step is not None
     lo, hi = step.interval_pct or (None, None)
@@ -345,8 +377,11 @@ def _verdict(step: Optional[PhaseChange], phases: list[PhaseChange], reasons: li
                         key=lambda p: -abs(p.diff_ms or 0.0))
         if movers:
             head += "; " + ", ".join(f"{p.phase} {p.diff_ms:+.3f} ms" for p in movers[:3])
+    elif step.verdict == "negligible":
+        head += (f"; a real change, under the {step.floor_pct:.1f}% of the step "
+                 f"({step.floor_ms:.3f} ms) that counts")
     else:
-        head += f"; changes under {step.floor_pct:.1f}% or inside the interval are noise"
+        head += "; the interval holds zero"
     base["why"] = head
     return base
 
@@ -356,8 +391,15 @@ def _pct(v: Optional[float]) -> str:
 
 
 # --- output -------------------------------------------------------------------------------------
-_LABEL = {"faster": "faster", "slower": "SLOWER", "within_noise": "within noise",
+_LABEL = {"faster": "faster", "slower": "SLOWER", "within_noise": "within noise", "negligible": "negligible",
           "not_measured": "not measured", "only_in_a": "only in A", "only_in_b": "only in B"}
+
+
+#: the one rule behind every row's verdict, printed under the table
+RULE = ("Rule, the same for the step and each phase: 95% interval from the exact bootstrap of each "
+        "run's per-step histogram (all ranks), widened by the spread of the run's series over "
+        "time; interval holds zero = within noise; else a change under the floor (% of A's median "
+        "step) = negligible; else faster / SLOWER.")
 
 
 def render(c: Comparison) -> str:
@@ -388,8 +430,7 @@ def render(c: Comparison) -> str:
         lines.append(f"Regression gate ({g['threshold_pct']:g}%): " + ("FAIL: " if g["failed"] else "pass: ")
                      + g["why"])
     lines.append("")
-    lines.append("Intervals: exact bootstrap of each run's per-step histogram (all ranks), widened by "
-                 "the spread of its step series over time.")
+    lines.append(RULE)
     return "\n".join(lines) + "\n"
 
 

@@ -141,18 +141,24 @@ def render(summary: dict[str, Any]) -> str:
     lines.append("")
     ac = summary["across_ranks"]
     lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    unmeasured = []
     for name in summary["phases"]:
         a = ac.get(name)
         if not a:
+            if name != "step":
+                unmeasured.append(name)
             continue
-        lines.append(f"  {name:<10}                         {_f(a['median_ms'], '', 2):>9} "
+        label = "between" if name == "outside" else name
+        lines.append(f"  {label:<10}                         {_f(a['median_ms'], '', 2):>9} "
                      f"{_f(a['worst_ms'], '', 2):>9} ({a['worst_rank']:>4})  {_f(a['skew'], 'x', 2):>6}")
-    ranks = [r for r in summary["ranks"] if r["phases"].get("step")]
-    if ranks:
-        step = sorted(ranks, key=lambda r: r["phases"]["step"]["steady_mean_ms"] or 0)[len(ranks) // 2]
-        p = step["phases"]["step"]
-        lines.append(f"  median rank {step['rank']} step: p50 {_f(p['p50_ms'], '', 2)}  p90 "
-                     f"{_f(p['p90_ms'], '', 2)}  p99 {_f(p['p99_ms'], '', 2)}  max {_f(p['max_ms'], '', 2)} ms")
+    if unmeasured and ac.get("step"):
+        why = {"input": "input (no DataLoader or wrap_dataloader seen; time between steps is 'between')",
+               "h2d": "h2d (CUDA only)", "forward": "forward (no model passed to trace_step)"}
+        lines.append("  not measured: " + ", ".join(why.get(n, n) for n in unmeasured))
+    st = summary.get("step_time") or {}
+    if st.get("median_ms") is not None:
+        lines.append(f"  median step {_f(st['median_ms'], '', 2)} ms (p90 {_f(st['p90_ms'], '', 2)}, p99 "
+                     f"{_f(st['p99_ms'], '', 2)}) over {st['steps']:,} steps of all ranks")
     lines += _communication_lines(summary)
     mems = [(r["mem_peak"]["max_bytes"], r) for r in summary["ranks"] if r.get("mem_peak")]
     if mems:

@@ -54,6 +54,17 @@ def merge_sketches(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
     return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}
 
 
+def step_time(merged_step: dict[str, Any]) -> dict[str, Any]:
+    """THE median step of a run, and its spread: quantiles of every recorded step of every rank
+    (the merged step-time histogram, which ``traceml compare`` reads too), in ms. This is the one
+    number the summary, its verdicts, ``compare`` and the report call "the median step"; means
+    (which the verdicts' shares of time are built from) are always called means."""
+    n = int(merged_step.get("zero", 0)) + sum(merged_step.get("counts") or [])
+    p50, p90, p99 = merged_quantiles(merged_step, (0.5, 0.9, 0.99))
+    # (``steps`` here counts the histogram; the summary replaces it with the exact record count)
+    return {"median_ms": ms(p50), "p90_ms": ms(p90), "p99_ms": ms(p99), "steps": n}
+
+
 def merged_quantiles(merged: dict[str, Any], qs: Sequence[float]) -> list[Optional[float]]:
     return quantiles_of(merged["lo"], merged["counts"], merged["zero"], qs)
 

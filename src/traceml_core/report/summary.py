@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles
+from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
 from .timeline import build_timeline
@@ -335,12 +335,18 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             r["host"] = topo_nodes[r["node"] or 0]["hostname"] or ""
 
     system = _system(data)
+    live_ranks = [by_rank[r] for r in sorted(by_rank)]
+    sketches = {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
+                for c in DURATION_COLUMNS}
+    steps = step_time(sketches["step"])
+    steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
     device = _device(ranks, system)
     communication = _communication(ranks, world, data.get("probe"))
     cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "device": device, "communication": communication, "world": world,
-                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
+                             "median_step_ms": steps["median_ms"], "device": device,
+                             "communication": communication, "world": world, "nnodes": nnodes,
+                             "cpu_busy_pct": max(cpu) if cpu else None})
     run_status = _run_status(finish, ranks, provisional)
     failure = diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
@@ -360,7 +366,6 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     expected = sum(t["expected"] or 0 for t in tel)
     started = s["started_at"]
     ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
-    live_ranks = [by_rank[r] for r in sorted(by_rank)]
     return {
         "schema_version": SCHEMA_VERSION,
         "provisional": provisional,
@@ -382,6 +387,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
         "warmup_steps": WARMUP_STEPS,
+        "step_time": steps,
         "across_ranks": _across(joined),
         "device": device,
         "communication": communication,
@@ -401,8 +407,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "wire": data.get("counters", {}),
         },
         "compare": {
-            "sketches": {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
-                         for c in DURATION_COLUMNS},
+            "sketches": sketches,
             "step_series": merged_series(live_ranks),
         },
         "timeline": build_timeline(data, ranks, verdicts[0]),

@@ -127,10 +127,11 @@ COMPARE_LEVEL = 0.95
 #: whatever the per-step statistics of each run say. A run's own drift between its halves raises
 #: this floor further (see report/uncertainty.py).
 COMPARE_MIN_CHANGE_PCT = 3.0
-#: ...and at least 10 us per step: below that a phase's change is timer granularity and
-#: scheduler jitter, not something a code change did. A phase other than the step must also
-#: change by at least the floor above times A's median step: a smaller change cannot move the
-#: step beyond noise (0.02 ms more backward in a 6 ms step is scheduling, not a regression).
+#: The floor applies in milliseconds to every row alike, the step's and each phase's: the floor
+#: above times A's median step, and at least 10 us (below that a change is timer granularity and
+#: scheduler jitter, not something a code change did). A phase change under it cannot move the
+#: step beyond noise, however large relative to the phase (0.02 ms more backward in a 6 ms step
+#: is scheduling); when its interval excludes zero it is called "negligible", not "within noise".
 COMPARE_MIN_CHANGE_MS = 0.01
 #: With fewer step records than this (all ranks together) a run is not compared: a median of a
 #: handful of steps is mostly warm-up.

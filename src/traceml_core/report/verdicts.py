@@ -22,8 +22,15 @@ from typing import Any, Callable, Optional, Sequence
 from . import thresholds as T
 from .stats import median
 
-KINDS = ("straggler", "input_bound", "communication_bound", "memory_creep", "low_gpu_util",
-         "compute_bound", "no_clear_bottleneck")
+KINDS = ("hang", "run_failed", "straggler", "input_bound", "communication_bound", "memory_creep",
+         "low_gpu_util", "compute_bound", "no_clear_bottleneck")
+#: a secondary verdict is dropped when the primary (or another verdict found) says the opposite:
+#: "the time goes into the model's own work" cannot stand beside "ranks wait for one rank",
+#: "ranks wait for data", "ranks wait for the network" or "the GPUs are idle" (where communication
+#: is not measured, backward includes the all-reduce wait, so a waiting rank looks compute-bound)
+CONTRADICTS: dict[str, tuple[str, ...]] = {
+    "compute_bound": ("straggler", "input_bound", "communication_bound", "low_gpu_util"),
+}
 SEVERITIES = ("critical", "warning", "info")
 OWN_PHASES = ("input", "forward", "optimizer", "h2d", "outside")
 _PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer": "the optimizer step",
@@ -88,19 +95,61 @@ def _comm_measured(live: Sequence[dict[str, Any]]) -> bool:
     return all(_m(r, "comm") is not None for r in live)
 
 
-def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
-    pairs = [(_m(r, "input"), _m(r, "step")) for r in live]
-    pairs = [(i, s) for i, s in pairs if i is not None and s]
-    if not pairs:
+def _iteration(r: dict[str, Any]) -> Optional[float]:
+    """Wall time per step of one rank: the traced step plus the time between steps."""
+    step = _m(r, "step")
+    if not step:
         return None
-    frac = median([i / s for i, s in pairs])
-    wait = median([i for i, _ in pairs])
-    step = median([s for _, s in pairs])
-    assert frac is not None and wait is not None and step is not None
+    return step + max(0.0, _m(r, "outside") or 0.0)
+
+
+def _input_wait(r: dict[str, Any]) -> Optional[tuple[float, float, str]]:
+    """(wait ms, of how many ms, how it was measured) for one rank.
+
+    With a DataLoader (or ``wrap_dataloader``) the fetch is timed and credited to the step:
+    ``("fetch")`` against the step. Without one, input is *not measured*; the time between traced
+    steps, which nothing else explains, is then read as the input wait (``"between"``) against
+    the whole iteration (step + between): a ``get_batch()`` before each step shows up there."""
+    step = _m(r, "step")
+    if not step:
+        return None
+    inp = _m(r, "input")
+    if inp is not None:
+        return inp, step, "fetch"
+    between = _m(r, "outside")
+    if between is None:
+        return None
+    return max(0.0, between), step + max(0.0, between), "between"
+
+
+def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+    waits = [w for w in (_input_wait(r) for r in live) if w is not None]
+    if not waits:
+        return None
+    between = sum(1 for w in waits if w[2] == "between") > len(waits) / 2
+    waits = [w for w in waits if (w[2] == "between") == between]
+    frac = median([i / s for i, s, _ in waits])
+    wait = median([i for i, _, _ in waits])
+    of = median([s for _, s, _ in waits])
+    assert frac is not None and wait is not None and of is not None
     sev = _severity(frac, wait, T.INPUT_FRACTION_WARN, T.INPUT_FRACTION_CRIT, T.INPUT_FLOOR_MS,
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
         return None
+    if between:
+        return _verdict(
+            "input_bound", sev,
+            f"input is not measured (no DataLoader or wrap_dataloader), and the median rank spends "
+            f"{wait:.1f} ms between steps for each {of:.1f} ms of wall clock per step ({frac:.0%}): "
+            "time between steps, e.g. fetching the next batch, counted as input wait because "
+            "nothing else explains it",
+            "if that is data loading, move it into a DataLoader with num_workers"
+            + (" and pin_memory" if _gpu(ctx) else "") + ", "
+            "or prefetch the next batch in a background thread; wrap the batch source with "
+            "traceml.wrap_dataloader(...) to measure the fetch itself; if it is logging, "
+            "evaluation or checkpointing, do it less often",
+            None, source="between_steps", input_fraction=round(frac, 4), input_ms=round(wait, 4),
+            iteration_ms=round(of, 4))
     if _gpu(ctx):
         nxt = ("feed the GPUs faster: raise DataLoader num_workers, set pin_memory=True and "
                "persistent_workers=True, or move per-sample preprocessing out of __getitem__")
@@ -109,14 +158,16 @@ def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional
                "set persistent_workers=True, or move per-sample preprocessing out of __getitem__")
     return _verdict(
         "input_bound", sev,
-        f"the median rank waits {wait:.1f} ms of its {step:.1f} ms step ({frac:.0%}) for the next batch",
-        nxt, None, input_fraction=round(frac, 4), input_ms=round(wait, 4), step_ms=round(step, 4))
+        f"the median rank waits for the next batch {frac:.0%} of its step time ({wait:.1f} ms of "
+        f"{of:.1f} ms per step on average)",
+        nxt, None, source="fetch", input_fraction=round(frac, 4), input_ms=round(wait, 4),
+        step_ms=round(of, 4))
 
 
 def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
     if len(live) < 2:
         return None
-    step_med = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    step_med = ctx.get("median_step_ms") or median([_m(r, "step") or 0.0 for r in live]) or 0.0
     if step_med <= 0:
         return None
 
@@ -161,7 +212,8 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
                    "other jobs sharing its cores) and how many threads each rank uses "
                    "(OMP_NUM_THREADS, torch.get_num_threads())")
         why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the other ranks' median "
-               f"({frac:.0%} of a {step_med:.1f} ms step), mostly in {_PHASE_WORDS.get(phase, phase)}"
+               f"({frac:.0%} of the median step, {step_med:.1f} ms), mostly in "
+               f"{_PHASE_WORDS.get(phase, phase)}"
                + ("; the other ranks wait for it" if metric == "own" else ""))
         return _verdict("straggler", sev, why, nxt, _culprit(worst), metric=metric,
                         excess_ms=round(excess, 4), excess_fraction=round(frac, 4),
@@ -316,24 +368,24 @@ def _mb(nbytes: Optional[float]) -> str:
 def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
     fracs = []
     for r in live:
-        step = _m(r, "step")
-        if not step:
+        wall = _iteration(r)  # the time between steps counts: a step that is mostly model work
+        if not wall:          # is not compute-bound when most of the wall clock is elsewhere
             continue
         comp = sum(v for v in (_m(r, p) for p in ("forward", "backward", "optimizer", "h2d"))
                    if v is not None)
-        fracs.append(comp / step)
+        fracs.append(comp / wall)
     frac = median(fracs)
     if frac is None or frac < T.COMPUTE_FRACTION:
         return None
     util = ctx.get("gpu_util_pct")
     if util is not None and util < T.COMPUTE_GPU_UTIL_PCT:
         return None
-    step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    step = ctx.get("median_step_ms") or median([_m(r, "step") or 0.0 for r in live]) or 0.0
     on_gpu = f"; GPUs {util:.0f}% busy" if util is not None else ""
     if _comm_measured(live):
-        note = " (communication excluded: it is its own phase)"
+        note = "; communication excluded: it is its own phase"
     elif (ctx.get("world") or 1) > 1:
-        note = " (backward includes the gradient all-reduce: communication was not measured)"
+        note = "; backward includes the gradient all-reduce: communication was not measured"
     else:
         note = ""
     if _gpu(ctx):
@@ -347,7 +399,8 @@ def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Option
         nxt = "speed-ups now come from the model itself; torch.profiler shows the heaviest operations"
     return _verdict(
         "compute_bound", "info",
-        f"forward, backward and optimizer take {frac:.0%} of the median {step:.1f} ms step{note}{on_gpu}",
+        f"forward, backward and optimizer take {frac:.0%} of the wall clock per step (median step "
+        f"{step:.1f} ms{note}){on_gpu}",
         nxt, None, compute_fraction=round(frac, 4))
 
 
@@ -356,19 +409,24 @@ DETECTORS: tuple[Callable[[Sequence[dict[str, Any]], dict[str, Any]], Optional[V
 
 
 def _breakdown(live: Sequence[dict[str, Any]]) -> str:
-    step = median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    """Each phase's share of the wall clock per step (median over ranks of mean / iteration)."""
     parts = []
     for ph in ("input", "forward", "backward", "optimizer", "comm", "outside"):
-        vals = [v for v in (_m(r, ph) for r in live) if v is not None]
-        if vals and step > 0:
-            parts.append(f"{ph} {100.0 * (median(vals) or 0.0) / step:.0f}%")
+        shares = [v / w for v, w in ((_m(r, ph), _iteration(r)) for r in live) if v is not None and w]
+        if shares:
+            parts.append(f"{'between steps' if ph == 'outside' else ph} {100.0 * (median(shares) or 0.0):.0f}%")
+        elif ph == "input":
+            parts.append("input not measured")
     return ", ".join(parts)
 
 
 def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]:
     """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary),
-    ``gpu_util_pct`` (overall mean or None), ``device`` (``cuda``/``cpu``/``unknown``),
-    ``communication`` (the summary's section) and ``world`` (world size)."""
+    ``gpu_util_pct`` (overall mean or None), ``median_step_ms`` (the run's one median step,
+    :func:`~.stats.median_step_ms`, quoted by the verdicts), ``device`` (``cuda``/``cpu``/
+    ``unknown``), ``communication`` (the summary's section), ``world`` (world size), ``nnodes``
+    and ``cpu_busy_pct``. A verdict that contradicts another one found (:data:`CONTRADICTS`) is
+    dropped."""
     live = [r for r in ranks if r["phases"].get("step") and r["steady_steps"] >= T.MIN_STEPS]
     if not live:
         most = max((r["steady_steps"] for r in ranks), default=0)
@@ -384,10 +442,11 @@ def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]
         if v is not None:
             found.append(v)
             ctx[v["kind"]] = v
+    found = [v for v in found if not set(CONTRADICTS.get(v["kind"], ())) & set(ctx)]
     if not found:
         found.append(_verdict(
             "no_clear_bottleneck", "info",
-            "no single phase dominates the median step (" + _breakdown(live) + ")",
+            "no single phase dominates the wall clock per step (" + _breakdown(live) + ")",
             "profile a few steps with torch.profiler to see inside the phases", None))
     found.sort(key=lambda v: (SEVERITIES.index(v["severity"]), KINDS.index(v["kind"])))
     return found

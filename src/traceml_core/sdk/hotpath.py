@@ -28,7 +28,9 @@ Timing model (what the user sees in the summary):
 * ``step_ns`` = time inside ``trace_step`` + the input fetches credited to the step;
 * ``input_ns`` = DataLoader ``__next__`` time spent inside the step, plus the fetches made after
   the previous step's exit and before this step's entry (the usual
-  ``for batch in loader: with trace_step(model): ...`` shape). A forward pass of a traced model
+  ``for batch in loader: with trace_step(model): ...`` shape); -1 (not measured) when no fetch
+  of a DataLoader or a ``wrap_dataloader`` iterable was timed for the step (a ``get_batch()``
+  function): the summary then reads the time between steps instead, and says so. A forward pass of a traced model
   outside any step (evaluation) clears those pending fetches, so an evaluation loop between two
   steps is never credited to the next step; other work between steps (checkpointing, logging) is
   never timed at all;
@@ -136,8 +138,8 @@ class StepRecorder:
         self.discarded = 0    # records the client thread discarded (refused, flush timed out)
         self.active = 0       # 0 outside a step; 1 inside; 1 + n inside n nested trace_step blocks
         self.t0 = 0           # step start, moved back by the input wait credited before entry
-        self.pending_input = 0
-        self.inp = 0
+        self.pending_input = -1  # -1: no batch fetch timed since the last step (input not measured)
+        self.inp = -1
         self.fwd0 = -1        # forward_ns when no traced model ran: -1 until a model is traced
         self.fwd = self.bwd = self.opt = 0
         self.opt_t0 = 0
@@ -277,11 +279,11 @@ class StepContext:
         r.active = 1
         inp = r.pending_input
         r.inp = inp
-        r.pending_input = 0
+        r.pending_input = -1
         r.fwd = r.fwd0
         r.bwd = r.opt = 0
         # the fetch made just before entering is part of the step: start the clock that much earlier
-        r.t0 = perf_counter_ns() - inp
+        r.t0 = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -325,11 +327,11 @@ class GpuStepContext(StepContext):
         r.active = 1
         inp = r.pending_input
         r.inp = inp
-        r.pending_input = 0
+        r.pending_input = -1
         r.fwd = r.fwd0
         r.bwd = r.opt = 0
         r.gpu.begin_step()
-        r.t0 = perf_counter_ns() - inp
+        r.t0 = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -377,10 +379,12 @@ def timed_next(orig_next: Callable[[Any], Any]) -> Callable[[Any], Any]:
             return orig_next(self)
         t0 = perf_counter_ns()
         item = orig_next(self)      # StopIteration (end of epoch) propagates and is not credited
-        if r.active:
-            r.inp += perf_counter_ns() - t0
+        if r.active:            # (-1 until the step's first fetch: input not measured)
+            i = r.inp
+            r.inp = (i if i > 0 else 0) + perf_counter_ns() - t0
         else:
-            r.pending_input += perf_counter_ns() - t0
+            i = r.pending_input
+            r.pending_input = (i if i > 0 else 0) + perf_counter_ns() - t0
         return item
 
     __next__.__wrapped__ = orig_next  # type: ignore[attr-defined]
@@ -396,7 +400,7 @@ def timed_forward(orig_forward: Callable[..., Any]) -> Callable[..., Any]:
             return orig_forward(self, *args, **kwargs)
         if not r.active:
             # evaluation (or any forward) between steps: the fetches before it belong to it
-            r.pending_input = 0
+            r.pending_input = -1
             if r.gpu is not None:
                 r.gpu.clear_pre()
             return orig_forward(self, *args, **kwargs)
@@ -516,7 +520,7 @@ _FORWARD_TEMPLATE = """
         if _tm_r is None or _tm_id({self}) not in _tm_r.models:
             return _tm_orig({call})
         if not _tm_r.active:
-            _tm_r.pending_input = 0
+            _tm_r.pending_input = -1
 #G          _tm_r.gpu.clear_pre()
             return _tm_orig({call})
         if _tm_r.in_fwd:

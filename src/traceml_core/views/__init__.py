@@ -22,10 +22,9 @@ start, and every view thread catches its own errors.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Mapping, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from .feed import Fetch, LiveFeed
-from .settings import ViewSettings
 
 
 class ViewHandle(Protocol):
@@ -83,20 +82,18 @@ def is_terminal(stream: Any) -> bool:
         return False
 
 
-def start_view(config: Any, fetch: Fetch, *, environ: Optional[Mapping[str, str]] = None,
-               log: Callable[[str], None] = _log) -> Optional[ViewHandle]:
+def start_view(config: Any, fetch: Fetch, *, log: Callable[[str], None] = _log) -> Optional[ViewHandle]:
     """Start the live view that ``config.mode`` asks for (node 0 only); never raises."""
     if getattr(config, "mode", "summary") not in ("cli", "dashboard") or getattr(config, "node_rank", 0) != 0:
         return None
     try:
-        settings = ViewSettings.from_env(environ)
-        for w in settings.warnings:
-            log(f"warning: {w}")
+        # the view's settings are launch options (--status-interval, TRACEML_STATUS_INTERVAL, ...),
+        # validated with every other value before anything started
         if config.mode == "dashboard":
             from .dashboard import Dashboard
 
             feed = LiveFeed(fetch, interval=1.0, series=True).start()
-            dash = Dashboard(feed, host=settings.dashboard_host, port=settings.dashboard_port,
+            dash = Dashboard(feed, host=config.dashboard_host, port=config.dashboard_port,
                              preferred_port=int(config.aggregator_port) + 1)
             dash.start()
             for line in dash.announce():
@@ -105,15 +102,15 @@ def start_view(config: Any, fetch: Fetch, *, environ: Optional[Mapping[str, str]
         if is_terminal(sys.stdout):
             from .terminal import TerminalView
 
-            feed = LiveFeed(fetch, interval=settings.refresh).start()
-            view: Any = TerminalView(feed, refresh=settings.refresh)
+            feed = LiveFeed(fetch, interval=config.live_refresh).start()
+            view: Any = TerminalView(feed, refresh=config.live_refresh)
         else:
             from .terminal import LineView
 
-            feed = LiveFeed(fetch, interval=min(2.0, settings.status_interval)).start()
-            view = LineView(feed, settings.status_interval)
-            log(f"live status every {settings.status_interval:g} s (stdout is not a terminal; "
-                "TRACEML_STATUS_INTERVAL sets it)")
+            feed = LiveFeed(fetch, interval=min(2.0, config.status_interval)).start()
+            view = LineView(feed, config.status_interval)
+            log(f"live status every {config.status_interval:g} s (stdout is not a terminal; "
+                "--status-interval or TRACEML_STATUS_INTERVAL sets it)")
         view.start()
         return _Handle(feed, view)
     except Exception as exc:
@@ -122,4 +119,4 @@ def start_view(config: Any, fetch: Fetch, *, environ: Optional[Mapping[str, str]
         return None
 
 
-__all__ = ["start_view", "ViewHandle", "LiveFeed", "ViewSettings"]
+__all__ = ["start_view", "ViewHandle", "LiveFeed"]

@@ -63,7 +63,8 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
             out["series"].append({
                 "rank": r.rank,
                 "x": [i * w + (w - 1) / 2 for i in range(len(s.get("step_ms") or []))],
-                "step_ms": s.get("step_ms") or [],
+                "step_ms": s.get("step_ms") or [], "own_ms": s.get("own_ms") or [],
+                "phases_ms": s.get("phases_ms") or {},
                 "mem_mib": [None if m is None else round(m / 1048576, 1) for m in s.get("mem_max") or []]})
     out["state"] = {"run_name": st.run_name, "world_size": st.world_size, "nnodes": st.nnodes,
                     "elapsed_s": st.elapsed_s, "records": st.records, "finishing": st.finishing,

@@ -101,15 +101,14 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
             "spark_ms": [round(v / 1e6, 3) for v in rec["step_ns"][-SPARK_POINTS:] if v >= 0],
         },
     }
-    if series:
+    if series:  # the whole run so far, per step bucket (the same series as the report's)
+        from ..report.timeline import rank_series
+
         s = rs.series
-        u = s.used
-        out["series"] = {
-            "width": s.width,
-            "step_ms": [round(s.step_sum[i] / s.step_cnt[i] / 1e6, 4) if s.step_cnt[i] else None
-                        for i in range(u)],
-            "mem_max": [m if m >= 0 else None for m in s.mem_max[:u]],
-        }
+        per = rank_series({"rank": rs.rank, "node": rs.node, "host": rs.host, "series": s.to_data()},
+                          s.width, s.used, 0.0)
+        out["series"] = {"width": s.width, "step_ms": per["step_ms"], "own_ms": per["own_ms"],
+                         "phases_ms": per["phases_ms"], "mem_max": per["mem_max_bytes"] or [None] * s.used}
     return out
 
 

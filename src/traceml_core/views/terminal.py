@@ -84,24 +84,54 @@ def _median(xs: list[float]) -> Optional[float]:
     return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
-def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], Optional[str]]) -> str:
-    """One compact line (for logs): progress, speed, the worst rank, memory, system, staleness."""
+def ranks_phrase(st: LiveState) -> str:
+    """How the ranks stand, every rank counted once: ``ranks 2/2 running``, ``ranks 2/2 ended
+    clean``, ``ranks 1/2 running, 1 lost``."""
+    groups: dict[str, int] = {}
+    for r in st.ranks:
+        if r.state in ("ok", "starting"):
+            key = "running"
+        elif r.state == "ended":
+            key = f"ended {r.bye}" if r.bye else "ended"
+        elif r.state == "gone":
+            key = "lost"
+        else:
+            key = r.state
+        groups[key] = groups.get(key, 0) + 1
+    if not groups:
+        return f"ranks 0/{st.world_size}"
+    items = sorted(groups.items(), key=lambda kv: -kv[1])
+    first, n = items[0]
+    rest = "".join(f", {n2} {k2}" for k2, n2 in items[1:])
+    return f"ranks {n}/{st.world_size} {first}{rest}"
+
+
+def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], Optional[str]],
+                prev_step: Optional[int] = None, since_s: Optional[float] = None) -> str:
+    """One compact line (for logs): progress, per-rank speed, the worst rank, memory, system,
+    staleness. Rates and times are per rank (medians over the ranks), never summed.
+    ``prev_step``/``since_s``: the step count of the previous line and the seconds since it, so a
+    line with no progress says so instead of repeating the count as if it were news."""
     ok, age, err = contact
     if st is None:
         return f"[traceml] live: waiting for the aggregator{'' if err is None else f' ({err})'}"
     active = [r for r in st.ranks if r.state in ("ok", "starting")]
     timed = [r for r in active if r.ms.get("step") is not None]
     last = max((r.last_step for r in st.ranks), default=-1)
-    parts = [f"[traceml] {fmt_elapsed(st.elapsed_s)}",
-             f"step {last + 1}" if last >= 0 else "no step yet",
-             f"ranks {len(active)}/{st.world_size} ok"]
+    if last < 0:
+        progress = "no step yet"
+    elif prev_step is not None and last + 1 == prev_step and since_s is not None:
+        progress = f"step {last + 1} (no new step in {since_s:.0f} s)"
+    else:
+        progress = f"step {last + 1}"
+    parts = [f"[traceml] {fmt_elapsed(st.elapsed_s)}", progress, ranks_phrase(st)]
     if timed:
         worst = max(timed, key=lambda r: r.ms["step"])
         parts.append(f"{fmt_ms(_median([r.ms['step'] for r in timed]))} ms/step "
                      f"(worst rank {worst.rank} {fmt_ms(worst.ms['step'])})")
-    rates = [x for x in (rate(r) for r in st.ranks) if x is not None]
+    rates = [x for x in (rate(r) for r in active) if x is not None]
     if rates and last >= 0:
-        parts.append(f"{sum(rates):.1f} steps/s")
+        parts.append(f"{_median(rates):.1f} steps/s per rank")
     inputs = [r.ms.get("input") for r in active if r.ms.get("input") is not None]
     if inputs and timed:
         parts.append(f"input {fmt_ms(_median(inputs))} ms")
@@ -132,9 +162,79 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
 _SHORT = {"forward": "fwd", "backward": "bwd", "optimizer": "opt"}
 _STATE_STYLE = {"ok": "green", "starting": "yellow", "stale": "bold red", "gone": "bold red",
                 "ended": "dim", "waiting": "yellow"}
+#: the table's columns, most important first: at a narrow terminal the last ones are dropped
+#: whole (a number is never cut: rich would cut a too-narrow column to "0..."). ``own`` is the
+#: rank's own work per step (step - its wait for the others: ``comm`` where measured, else
+#: backward): under DDP every rank's step time is the same, and the straggler is the rank whose own
+#: time is highest.
+PRIORITY = ("rank", "step ms", "status", "step", "own", "input", "steps/s", "fwd", "bwd", "comm",
+            "opt", "mem", "h2d", "where", "recent steps")
+#: what rich puts between two columns: padding on both sides and the box's separator
+_GAP = 3
 
 
-def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Optional[str]]) -> Any:
+def compact_state(r: RankLive) -> str:
+    """The state in at most ~10 characters, for narrow terminals (the notes below the table
+    keep the whole sentence)."""
+    age = _age_short(r.age_s)
+    return {"ok": "ok", "starting": "no step", "stale": f"stale {age}", "gone": f"lost {age}",
+            "ended": f"{r.bye or 'ended'}", "waiting": "waiting"}.get(r.state, r.state)
+
+
+def _age_short(s: Optional[float]) -> str:
+    if s is None:
+        return "-"
+    return f"{s:.0f}s" if s < 120 else f"{s / 60:.0f}m"
+
+
+def own_ms(r: RankLive) -> Optional[float]:
+    step = r.ms.get("step")
+    if step is None:
+        return None
+    wait = r.ms.get("comm")
+    if wait is None:
+        wait = r.ms.get("backward")
+    return max(0.0, step - (wait or 0.0))
+
+
+def _cells(st: LiveState, phases: list[str], compact: bool) -> dict[str, list[str]]:
+    cells: dict[str, list[str]] = {k: [] for k in PRIORITY}
+    for r in st.ranks:
+        rt = rate(r)
+        cells["rank"].append(str(r.rank))
+        cells["where"].append(f"{r.host or '?'}:{r.local_rank}" if r.local_rank is not None else (r.host or "-"))
+        cells["status"].append(compact_state(r) if compact else r.short)
+        cells["step"].append(str(r.last_step + 1 if r.last_step >= 0 else "-"))
+        cells["steps/s"].append("-" if rt is None else f"{rt:.1f}")
+        cells["step ms"].append(fmt_ms(r.ms.get("step")))
+        cells["own"].append(fmt_ms(own_ms(r)))
+        for p in ("input", "forward", "backward", "optimizer", "h2d", "comm"):
+            cells[_SHORT.get(p, p)].append(fmt_ms(r.ms.get(p)) if p in phases else "")
+        cells["mem"].append(fmt_bytes(r.mem_peak))
+        cells["recent steps"].append(sparkline(r.spark_ms))
+    return cells
+
+
+def choose_columns(cells: dict[str, list[str]], width: int, skip: set[str]) -> list[str]:
+    """The columns that fit ``width`` whole, by :data:`PRIORITY`, in display order."""
+    chosen: list[str] = []
+    used = 0
+    for name in PRIORITY:
+        if name in skip:
+            continue
+        w = max([len(name)] + [len(c) for c in cells[name]])
+        need = w + (_GAP if chosen else 0)
+        if used + need > width:
+            continue  # a later, narrower column may still fit
+        chosen.append(name)
+        used += need
+    order = ("rank", "where", "status", "step", "steps/s", "step ms", "own", "input", "fwd", "bwd",
+             "comm", "opt", "h2d", "mem", "recent steps")
+    return [c for c in order if c in chosen]
+
+
+def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Optional[str]],
+           width: int = 160, height: int = 50) -> Any:
     from rich import box
     from rich.console import Group
     from rich.table import Table
@@ -153,23 +253,32 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     # optional columns appear once some rank measures them (h2d: CUDA; comm: a process group)
     shown = {p for p in ("h2d", "comm") if any(r.ms.get(p) is not None for r in st.ranks)}
     phases = [p for p in PHASES if p != "step" and (p not in ("h2d", "comm") or p in shown)]
+    compact = width < 120
+    cells = _cells(st, phases, compact)
+    skip = {"h2d", "comm"} - shown
+    cols = choose_columns(cells, width, skip)
+    # rows that fit the height: everything else on screen is counted first
+    v = verdict_so_far(st)
+    fixed = len(items) + 2 + len(st.nodes) * (2 if compact else 1) + min(8, len(st.stale_ranks))
+    if v:
+        fixed += 1 + len(str(v.get("why") or "")) // max(20, width - 10)
+    rows_fit = max(1, min(MAX_ROWS, height - fixed - 2))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
-    for name, justify in [("rank", "right"), ("where", "left"), ("status", "left"), ("step", "right"),
-                          ("steps/s", "right"), ("step ms", "right")] + \
-            [(_SHORT.get(p, p), "right") for p in phases] + \
-            [("mem", "right"), ("recent steps", "left")]:
-        t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-    for r in st.ranks[:MAX_ROWS]:
-        rt = rate(r)
-        where = f"{r.host or '?'}:{r.local_rank}" if r.local_rank is not None else (r.host or "-")
-        t.add_row(str(r.rank), where, Text(r.short, style=_STATE_STYLE.get(r.state, "")),
-                  str(r.last_step + 1 if r.last_step >= 0 else "-"),
-                  "-" if rt is None else f"{rt:.1f}", fmt_ms(r.ms.get("step")),
-                  *[fmt_ms(r.ms.get(p)) for p in phases], fmt_bytes(r.mem_peak),
-                  sparkline(r.spark_ms))
+    for name in cols:
+        t.add_column(name, justify="left" if name in ("where", "status", "recent steps") else "right",
+                     no_wrap=True)
+    shown = st.ranks[:rows_fit]
+    for i, r in enumerate(shown):
+        row = [Text(cells[c][i], style=_STATE_STYLE.get(r.state, "")) if c == "status" else cells[c][i]
+               for c in cols]
+        t.add_row(*row)
     items.append(t)
-    if len(st.ranks) > MAX_ROWS:
-        items.append(Text(f"... {len(st.ranks) - MAX_ROWS} more ranks", style="dim"))
+    if len(st.ranks) > len(shown):
+        items.append(Text(f"... {len(st.ranks) - len(shown)} more ranks", style="dim"))
+    dropped = [c for c in PRIORITY if c not in cols and c not in skip]
+    if dropped and width < 160:
+        items.append(Text(f"(too narrow for: {', '.join(dropped)}; widen the terminal to see them)",
+                          style="dim"))
     for n in st.nodes:
         parts = [f"node {n.node} ({n.host or '?'}):"]
         if n.cpu_pct is not None:
@@ -189,7 +298,6 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
         items.append(Text("  ".join(parts), style="dim"))
     for r in st.stale_ranks[:8]:
         items.append(Text(f"rank {r.rank}: {r.note}", style="bold red"))
-    v = verdict_so_far(st)
     if v:
         items.append(Text.assemble(("so far: ", "bold"), (f"{v.get('kind', '').upper().replace('_', '-')}",
                                                           "bold magenta"),
@@ -215,7 +323,8 @@ class TerminalView:
 
     def _renderable(self) -> Any:
         try:
-            return render(self.feed.state(), self.feed.contact())
+            size = self.console.size
+            return render(self.feed.state(), self.feed.contact(), size.width, size.height)
         except Exception as exc:  # an exception here would kill rich's refresh thread: a frozen view
             from rich.text import Text
             return Text(f"TraceML live view error: {type(exc).__name__}: {exc}", style="red")
@@ -256,6 +365,9 @@ class LineView:
         self._thread: Optional[threading.Thread] = None
         self._flagged: set[tuple[int, str]] = set()
         self.lines = 0
+        self._last_step: Optional[int] = None  # step count of the previous line
+        self._last_at: Optional[float] = None
+        self._progress_at = 0.0  # when the step count last moved
 
     def _write(self, line: str) -> None:
         out = self.out or sys.stdout
@@ -279,7 +391,13 @@ class LineView:
                             self._write(f"[traceml] rank {r.rank}: {r.note}")
                 if self._clock() >= next_line:
                     next_line += self.interval
-                    self._write(status_line(st, self.feed.contact()))
+                    now = self._clock()
+                    since = None if self._last_at is None else now - self._progress_at
+                    self._write(status_line(st, self.feed.contact(), self._last_step, since))
+                    step = None if st is None else max((r.last_step for r in st.ranks), default=-1) + 1
+                    if step != self._last_step:
+                        self._progress_at = now
+                    self._last_step, self._last_at = step, now
             except Exception:  # never let the status line take anything down
                 continue
 

@@ -112,7 +112,8 @@ STEP_COLUMNS = (
     "step",          # user-visible step index (0-based count of trace_step entries on this rank)
     "t_end_ns",      # wall clock (time.time_ns) at step end
     "step_ns",       # whole step, from entering trace_step (or the input fetch before it) to exit
-    "input_ns",      # waiting for the next batch (DataLoader __next__) credited to this step
+    "input_ns",      # waiting for the next batch (DataLoader / wrap_dataloader __next__) credited
+                     # to this step; -1 when no such fetch was timed (a get_batch() function)
     "forward_ns",
     "backward_ns",
     "optimizer_ns",

@@ -103,7 +103,7 @@ def early_torch_probe(ns: argparse.Namespace, environ: Mapping[str, str]) -> "Op
     raw = environ.get("SLURM_GPUS_ON_NODE", "").strip()
     gpus = raw.isdigit() and int(raw) > 0
     if not gpus:
-        from .nvml import NvmlUnavailable, load_nvml
+        from traceml_core.sdk.samplers.nvml import NvmlUnavailable, load_nvml
 
         try:
             gpus = bool(load_nvml().devices())

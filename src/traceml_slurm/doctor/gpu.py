@@ -18,7 +18,7 @@ from typing import Optional
 
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
-from .nvml import GpuDevice
+from traceml_core.sdk.samplers.nvml import GpuDevice
 from .thresholds import GPU_FOREIGN_MEMORY_BYTES
 
 NO_GPU = "no GPU"

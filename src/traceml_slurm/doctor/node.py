@@ -22,7 +22,7 @@ from traceml_core.errors import ConfigError
 from ..context import Context, classify
 from ..hostlists import expand_nodelist
 from ..settings import SlurmVars
-from .nvml import Nvml, NvmlUnavailable, load_nvml
+from traceml_core.sdk.samplers.nvml import NvmlBackend as Nvml, NvmlUnavailable, load_nvml
 from .progress import Progress, Quiet
 from .thresholds import DEFAULT_TIMEOUT_S
 from .torchprobe import ProbeProcess, TorchInfo

@@ -295,3 +295,30 @@ def test_tracing_a_model_does_not_keep_it_alive(sdk, sink):
         second(x)
     cols = finish(sdk, sink).columns
     assert cols["forward_ns"][0] > 0 and cols["forward_ns"][1] > 0
+
+
+def test_steps_without_a_loader_say_input_is_not_measured(sdk, sink):
+    """A get_batch() function is no DataLoader: input_ns is -1 ("not measured"), never 0; the
+    same fetches through wrap_dataloader are timed."""
+    start(sdk, sink)
+    model = tiny_mlp()
+
+    def batches():
+        while True:
+            time.sleep(0.005)
+            yield torch.randn(4, 32)
+
+    plain = batches()
+    for _ in range(3):
+        x = next(plain)
+        with sdk.trace_step(model):
+            model(x)
+    wrapped = iter(sdk.wrap_dataloader(range(3)))
+    for _ in range(3):
+        next(wrapped)
+        time.sleep(0.005)
+        with sdk.trace_step(model):
+            model(torch.randn(4, 32))
+    cols = finish(sdk, sink).columns
+    assert cols["input_ns"][:3] == [-1, -1, -1]
+    assert all(v > 0 for v in cols["input_ns"][3:])

@@ -74,3 +74,36 @@ def test_reporter_sends_system_frames_through_a_node_client(sink):
     gpu = frame["samples"][0]["gpus"][0]
     assert gpu["util_pct"] == 55 and gpu["temp_c"] == 66
     assert sink.ranks[-1].hello["kind"] == "node"
+
+
+def test_one_nvml_layer_serves_the_sampler_and_the_doctor():
+    """The sampler and the doctor read GPUs through the same module: the real backend and the fake
+    have the same interface, and the doctor's default loader is that module's."""
+    import inspect
+
+    from traceml_core.sdk.samplers import nvml
+    from traceml_slurm.doctor.node import NodeContext
+
+    wanted = [n for n in vars(nvml.NvmlBackend) if not n.startswith("_")]
+    assert {"init", "devices", "driver_version", "processes", "utilization_pct", "power_w"} <= set(wanted)
+    for name in wanted:
+        real = inspect.signature(getattr(nvml.PynvmlBackend, name))
+        fake = inspect.signature(getattr(nvml.FakeNvml, name))
+        assert list(real.parameters) == list(fake.parameters), name
+    assert inspect.signature(NodeContext).parameters["nvml_loader"].default is nvml.load_nvml
+    # the doctor's snapshot comes from the same per-field reads the sampler makes
+    fake = nvml.FakeNvml(nvml.fake_gpus(2, used=5, processes=[[nvml.GpuProcess(7, 1)]]))
+    devs = fake.devices()
+    assert [(d.index, d.memory_used, d.processes) for d in devs] == [(0, 5, (nvml.GpuProcess(7, 1),)), (1, 5, ())]
+    # the real backend on this machine: started, or refused with a one-line reason (no driver here)
+    try:
+        real_nv = nvml.load_nvml()
+    except nvml.NvmlUnavailable as exc:
+        assert "\n" not in str(exc) and str(exc)
+        s = SystemSampler()
+        assert s.gpu_count == 0 and str(exc) in s.gpu_note
+    else:
+        try:
+            assert all(isinstance(d, nvml.GpuDevice) for d in real_nv.devices())
+        finally:
+            real_nv.shutdown()
