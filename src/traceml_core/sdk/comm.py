@@ -326,10 +326,13 @@ def _wrap_collective(op: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             n = _group_size(_arg(args, kwargs, gi, "group"))
             bus = nbytes * bus_factor(op, n)
             is_async = bool(_arg(args, kwargs, ai, "async_op"))
-            gpu = r.gpu if (r.active and tensor is not None and _is_cuda(tensor)) else None
+            cuda = tensor is not None and _is_cuda(tensor)
+            gpu = r.gpu if (r.active and cuda) else None
         except Exception:
             return orig(*args, **kwargs)
         seq = _launch(op, nbytes, n)
+        if r.active and cuda and gpu is None:
+            _no_device_timing(r)
         active = r.active and r.cdef >= 0
         ev0 = gpu.start() if gpu is not None and active else None
         _depth[0] += 1
@@ -482,6 +485,8 @@ def ddp_hook(state, bucket):  # type: ignore[no-untyped-def]
     annotation other than ``GradBucket`` / ``Future[Tensor]``, and ours would be strings."""
     r = hotpath.REC
     user = state.user_hook is not None or state.builtin is not None
+    if r is not None and r.active and r.gpu is None and r.cdef >= 0 and bucket.buffer().is_cuda:
+        _no_device_timing(r)
     if r is None or not r.active or r.cdef < 0:
         if user:
             return _user_fut(state, bucket)
@@ -574,6 +579,15 @@ def hook_model(model: Any) -> bool:
 
 
 _warned = [False]
+
+
+def _no_device_timing(r: "hotpath.StepRecorder") -> None:
+    """A collective on CUDA tensors while the steps are timed on the host: the host returns
+    before the GPU has communicated, so host times would say ~0. Not measured instead."""
+    r.cdef = -1
+    _warn_once("traceml: communication is not measured: collectives run on CUDA tensors, but no CUDA "
+               "model was passed to trace_step(model), so TraceML has no CUDA-event timing to "
+               "measure them with; pass the model to trace_step")
 
 
 def _warn_once(msg: str) -> None:

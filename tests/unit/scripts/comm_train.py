@@ -1,4 +1,5 @@
-"""Traced steps with known communication, for the communication-timing tests (gloo on CPU).
+"""Traced steps with known communication, for the communication-timing tests (gloo on CPU; with
+``COMM_DEVICE=cuda``, NCCL on the GPUs: benchmarks/gpu_check.py).
 
 Run as several ranks (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT and TRACEML_RUN_INFO in the
 environment). ``COMM_MODE`` picks the scenario; every rank prints one JSON line of facts the test
@@ -39,6 +40,7 @@ LAYERS = int(os.environ.get("COMM_LAYERS", "6"))
 WIDTH = int(os.environ.get("COMM_WIDTH", "256"))
 ACCUM = int(os.environ.get("COMM_ACCUM", "4"))
 TRACE = os.environ.get("COMM_TRACE", "1") == "1"
+CUDA = os.environ.get("COMM_DEVICE", "cpu") == "cuda"
 
 
 def model() -> nn.Module:
@@ -50,6 +52,10 @@ def model() -> nn.Module:
 
 
 def main() -> None:
+    dev = torch.device("cpu")
+    if CUDA:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(dev)
     if MODE == "prehooked":
         dist.init_process_group("gloo")
         from torch.nn.parallel import DistributedDataParallel as DDP
@@ -67,30 +73,30 @@ def main() -> None:
         def step_ctx(model=None):  # noqa: ANN001
             return nullcontext()
     if not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if CUDA else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     facts: dict = {"rank": rank, "world": world, "mode": MODE}
     torch.manual_seed(rank)
     if MODE == "explicit":
-        t = torch.ones(NUMEL)
-        outs = [torch.empty(NUMEL // 4) for _ in range(world)]
+        t = torch.ones(NUMEL, device=dev)
+        outs = [torch.empty(NUMEL // 4, device=dev) for _ in range(world)]
         for _ in range(STEPS):
             with step_ctx():
                 dist.all_reduce(t)
-                dist.all_gather(outs, torch.ones(NUMEL // 4))
+                dist.all_gather(outs, torch.ones(NUMEL // 4, device=dev))
                 dist.broadcast(t, src=0)
                 dist.barrier()
-                work = dist.all_reduce(torch.ones(NUMEL), async_op=True)
+                work = dist.all_reduce(torch.ones(NUMEL, device=dev), async_op=True)
                 work.wait()
             t.fill_(1.0)
         facts["bytes_per_step"] = 4 * (NUMEL + world * (NUMEL // 4) + NUMEL + NUMEL)
         facts["calls_per_step"] = 5
         # outside any traced step: must not be counted
-        dist.all_reduce(torch.ones(NUMEL))
+        dist.all_reduce(torch.ones(NUMEL, device=dev))
     elif MODE in ("ddp", "nosync", "user_hook", "grads"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model(), bucket_cap_mb=0.25)
+        ddp = DDP(model().to(dev), bucket_cap_mb=0.25, device_ids=[dev.index] if CUDA else None)
         if MODE == "user_hook":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -101,7 +107,7 @@ def main() -> None:
         for _ in range(STEPS):
             with step_ctx(ddp):
                 for micro in range(accum):
-                    x = torch.randn(32, WIDTH, generator=g)
+                    x = torch.randn(32, WIDTH, generator=g).to(dev)
                     if micro < accum - 1:
                         with ddp.no_sync():
                             ddp(x).square().mean().backward()
@@ -115,7 +121,7 @@ def main() -> None:
             ddp.reducer, "_get_zeros_like_grad_buckets") else None
         digest = hashlib.sha256()
         for p in ddp.parameters():
-            digest.update(p.detach().numpy().tobytes())
+            digest.update(p.detach().cpu().numpy().tobytes())
         facts["checksum"] = digest.hexdigest()
         del ddp, opt
     elif MODE == "prehooked":
