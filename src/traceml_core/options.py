@@ -20,7 +20,7 @@ from . import limits
 from .limits import Limit
 
 MODES = ("summary", "cli", "dashboard")
-#: what --export can write besides the summary (traceml_core/export.py)
+#: what --export can write besides the summary (traceml_core/report/export.py)
 EXPORT_KINDS = ("tensorboard", "jsonl")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
@@ -99,6 +99,20 @@ def _exports(text: str) -> str:
 def export_kinds(value: str) -> list[str]:
     """The kinds of a normalised ``export`` value (``[]`` for none)."""
     return [] if value in ("", "none") else value.split(",")
+
+
+def _hang_after(text: str) -> str:
+    """``auto`` (a threshold from the run's own step time), ``off``, or seconds."""
+    value = _nonempty(text).lower()
+    if value in ("auto", "off"):
+        return value
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError("must be auto, off, or a number of seconds") from None
+    if not 1.0 <= seconds <= limits.HANG_S.hi:
+        raise ValueError(f"must be at least 1 second and at most {limits.HANG_S.hi:g} ({limits.HANG_S.why})")
+    return f"{seconds:g}"
 
 
 def _cluster(text: str) -> str:
@@ -190,6 +204,12 @@ OPTIONS: tuple[Option, ...] = (
            "this many seconds (a hang); exit status 124, the summary names the silent ranks. Set it "
            "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
            default_doc="0 (off)"),
+    Option("hang_report_after", _hang_after, "auto",
+           "Write a hang report (every rank's stack, which rank never arrived at the collective the "
+           "others wait in) to the log and the summary once no rank has completed a step for this "
+           "many seconds; auto = max(60 s, 20 x the run's median step); off = never. The run "
+           "goes on (--hang-timeout decides whether to stop it).", "S|auto|off",
+           default_doc="auto"),
     Option("export", _exports, "none",
            "Also write the run's per-step series for other tools, from node 0's aggregator at the "
            "end of the run: tensorboard (event files in <run-dir>/tensorboard; needs the "

@@ -30,6 +30,8 @@ class RunInfo:
     connect_wait: float
     mode: str
     logs_dir: str
+    #: this node's private directory for the hang autopsy's stack dumps (launcher/stacks.py)
+    stack_dir: str = ""
 
     def to_env(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

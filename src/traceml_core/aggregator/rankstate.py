@@ -349,13 +349,10 @@ class RankState:
             self.mem_sum += mem_sum
             if mem_max > self.mem_max:
                 self.mem_max = mem_max
-        prev_t_end = self.last_t_end if contiguous else None
         if self.first_t_end is None:
             self.first_t_end = t_first
         self.last_t_end = t_last
-        self.series.add(seq, n, [(name, orig, total, len(col), mx)
-                                 for _, col, _, total, mx, _, name, orig in measured],
-                        mem_series, mem_max, t_end, outside_batch, prev_t_end)
+        self.series.add(seq, n, measured, mem_series, mem_max, t_end, outside_batch)
         # raw tail for live views (cli/dashboard modes): references to whole batches, trimmed
         # by record count; summary mode keeps none (it is never read, and costs memory per rank)
         keep = self.tail_keep

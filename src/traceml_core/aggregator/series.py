@@ -24,7 +24,7 @@ from typing import Any, Optional, Sequence
 BUCKETS = 256
 #: a batch may straddle at most this many buckets (else the width doubles): at the start of a
 #: run with fast steps the series is a little coarser, and a batch costs at most SPAN slices
-SPAN = 16
+SPAN = 8
 #: the extra "phase" for time between traced steps (``outside`` in the summary)
 OUTSIDE = "outside"
 
@@ -43,8 +43,10 @@ def _merge_pairs(a: array, combine: str) -> array:
     return out
 
 
-#: one measured column of a batch: (name, values, sum, count, max); values hold -1 = not measured
-Measured = tuple[str, Sequence[int], int, int, int]
+#: one measured column of a batch, as the rank state computes it: (stats, measured values,
+#: sketched count, sum, max, min, column name, all values with -1 = not measured); only the
+#: measured values, sum, max, name and all values are read here
+Measured = tuple[Any, Sequence[int], int, int, int, int, str, Sequence[int]]
 
 
 class Series:
@@ -79,14 +81,12 @@ class Series:
         self.used = (self.used + 1) // 2
 
     def add(self, seq: int, n: int, measured: Sequence[Measured], mems: Optional[Sequence[int]],
-            mem_max: int, t_end: Sequence[int], outside: Optional[tuple[int, int]],
-            prev_t_end: Optional[int] = None) -> None:
+            mem_max: int, t_end: Sequence[int], outside: Optional[tuple[int, int]]) -> None:
         """Record ``n`` records starting at ``seq``.
 
         ``measured``: the duration columns that hold a measurement, with their batch totals over
         measured values; ``mems``/``mem_max``: the peak-memory column (``None``/``-1`` when not
-        measured); ``outside``: ``(sum, intervals)`` of the batch's time between steps when known,
-        ``prev_t_end``: the previous batch's last step end (the first record's interval).
+        measured); ``outside``: ``(sum, intervals)`` of the batch's time between steps when known.
         """
         last = seq + n - 1
         if not self.used:  # first data: start at a width that fits it, no merging needed
@@ -98,15 +98,16 @@ class Series:
         first_b, last_b = seq // w, last // w
         if first_b == last_b:  # the usual case: batch totals into one bucket
             b = first_b
-            for name, _vals, total, cnt, mx in measured:
+            psum, pcnt = self.phase_sum, self.phase_cnt
+            for _st, col, _m, total, mx, _mn, name, _all in measured:
                 if name == "step_ns":
                     self.step_sum[b] += total
-                    self.step_cnt[b] += cnt
+                    self.step_cnt[b] += len(col)
                     if mx > self.step_max[b]:
                         self.step_max[b] = mx
                 else:
-                    self.phase_sum[name][b] += total
-                    self.phase_cnt[name][b] += cnt
+                    psum[name][b] += total
+                    pcnt[name][b] += len(col)
             if mem_max > self.mem_max[b]:
                 self.mem_max[b] = mem_max
             if t_end[-1] > self.t_end[b]:
@@ -115,43 +116,50 @@ class Series:
                 self.phase_sum[OUTSIDE][b] += outside[0]
                 self.phase_cnt[OUTSIDE][b] += outside[1]
         else:
-            step_all = None
-            if outside is not None:
-                step_all = next((v for name, v, _t, c, _m in measured if name == "step_ns"), None)
+            # a batch straddling buckets: the batch totals of the step, every phase and the
+            # outside time are shared out in proportion to the records in each bucket (counts
+            # exact, sums exact in total, one batch's means taken as even, so a bucket's phases
+            # stay consistent with its step); maxima (step, memory, step end) are exact per bucket
+            given: dict[str, int] = {}
+            out_given = 0
             for b in range(first_b, last_b + 1):
                 lo = max(b * w - seq, 0)
                 hi = min((b + 1) * w - seq, n)
-                for name, vals, _t, _c, _m in measured:
-                    part = vals[lo:hi]
-                    mx = max(part)
-                    if mx < 0:
-                        continue
-                    if min(part) < 0:
-                        part = [v for v in part if v >= 0]
+                final = b == last_b
+                for m_ in measured:
+                    name, vals = m_[6], m_[7]
+                    if len(m_[1]) != n:  # some records not measured (rare): exactly
+                        part = [v for v in vals[lo:hi] if v >= 0]
+                        if not part:
+                            continue
+                        share, cnt, mx = sum(part), len(part), max(part)
+                    else:
+                        share = m_[3] - given.get(name, 0) if final else m_[3] * hi // n - m_[3] * lo // n
+                        given[name] = given.get(name, 0) + share
+                        cnt = hi - lo
+                        mx = max(vals[lo:hi]) if name == "step_ns" else 0
                     if name == "step_ns":
-                        self.step_sum[b] += sum(part)
-                        self.step_cnt[b] += len(part)
+                        self.step_sum[b] += share
+                        self.step_cnt[b] += cnt
                         if mx > self.step_max[b]:
                             self.step_max[b] = mx
                     else:
-                        self.phase_sum[name][b] += sum(part)
-                        self.phase_cnt[name][b] += len(part)
+                        self.phase_sum[name][b] += share
+                        self.phase_cnt[name][b] += cnt
                 if mems is not None:
                     m = max(mems[lo:hi])
                     if m > self.mem_max[b]:
                         self.mem_max[b] = m
                 if t_end[hi - 1] > self.t_end[b]:
                     self.t_end[b] = t_end[hi - 1]
-                if step_all is not None:  # between step ends, minus the steps' own time
-                    tot = (t_end[hi - 1] - t_end[lo]) - sum(step_all[lo + 1:hi])
-                    k = hi - lo - 1
-                    before = t_end[lo - 1] if lo > 0 else prev_t_end
-                    if before is not None:
-                        tot += t_end[lo] - before - step_all[lo]
-                        k += 1
-                    if k > 0:
-                        self.phase_sum[OUTSIDE][b] += tot
-                        self.phase_cnt[OUTSIDE][b] += k
+                if outside is not None and outside[1] > 0:
+                    # intervals: one per record, less the first when it had no predecessor
+                    cnt = hi - lo - (1 if outside[1] < n and lo == 0 else 0)
+                    share = (outside[0] - out_given if final
+                             else outside[0] * hi // n - outside[0] * lo // n)
+                    out_given += share
+                    self.phase_sum[OUTSIDE][b] += share
+                    self.phase_cnt[OUTSIDE][b] += cnt
         if last_b + 1 > self.used:
             self.used = last_b + 1
 

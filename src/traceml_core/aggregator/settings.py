@@ -58,7 +58,7 @@ class AggregatorSettings(BaseModel):
     #: section keeps them so `traceml compare` can tell runs of different scripts apart)
     script: str = ""
     script_args: list[str] = Field(default_factory=list)
-    #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/export.py)
+    #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/report/export.py)
     export: list[str] = Field(default_factory=list)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------

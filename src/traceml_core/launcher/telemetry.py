@@ -299,6 +299,9 @@ class NodeTelemetry:
                 return None
             note = " (rebuilt from the last checkpoint)" if result.rebuilt else ""
             log(f"summary{note}: {result.summary_json}")
+            page = result.summary_json.with_name("final_summary.html") if result.summary_json else None
+            if page is not None and page.is_file():
+                log(f"report (open in a browser, works offline): {page}")
             try:
                 return result.summary_txt.read_text()
             except OSError as exc:

@@ -183,13 +183,15 @@ class PhaseChange:
     verdict: str = "within_noise"
 
 
-def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float, floor_ms: float,
+def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: float,
+                  floor_ms: Optional[float] = None,
                   block_hw: tuple[Optional[float], Optional[float]] = (None, None)) -> PhaseChange:
     """One row: B's ``q``-quantile of ``phase`` against A's, its interval and verdict.
 
     THE rule, the same for the step and every phase (see :func:`decide`): the change is
     *significant* when its 95 % interval excludes zero, and *large enough* when it is at least
-    ``floor_ms`` (``floor_pct`` of A's median step); the interval is the wider of the per-step
+    ``floor_ms`` (``floor_pct`` of A's median step; of this row's A value when not given, which
+    is the same for the step's own row); the interval is the wider of the per-step
     bootstrap and the block bootstrap over the run's series (``block_hw``, relative half-widths
     of A and B, when the summaries hold a series of this phase)."""
     va, ca = histogram(a.summary["compare"]["sketches"].get(phase))
@@ -200,6 +202,8 @@ def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: floa
         pc.verdict = ("not_measured" if pc.a_ms is None and pc.b_ms is None
                       else "only_in_a" if pc.b_ms is None else "only_in_b")
         return pc
+    if floor_ms is None:
+        floor_ms = max(COMPARE_MIN_CHANGE_MS, floor_pct / 100.0 * pc.a_ms)
     d = pc.b_ms - pc.a_ms
     lo, hi = difference_interval(quantile_bootstrap(va, ca, q), quantile_bootstrap(vb, cb, q),
                                  COMPARE_LEVEL)

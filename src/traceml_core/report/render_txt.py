@@ -218,5 +218,5 @@ def render(summary: dict[str, Any]) -> str:
         lines.append(f"Note: {note}")
     files = summary.get("files") or {}
     if files.get("json"):
-        lines.append(f"Files: {files['json']}")
+        lines.append(f"Files: {files['json']}" + (f" (report: {files['html']})" if files.get("html") else ""))
     return "\n".join(lines) + "\n"

@@ -117,6 +117,18 @@ COMPUTE_FRACTION = 0.80
 #: phases are long because of launch overhead or host work, not the GPU's math.
 COMPUTE_GPU_UTIL_PCT = 70.0
 
+# --- hang report (--hang-report-after auto) -------------------------------------------------------
+#: No rank completing a step for a minute is worth a look at every rank's stack even for slow
+#: steps: shorter than that, ordinary pauses (a DataLoader worker respawn, a GC of a large heap,
+#: a slow collective on a busy fabric) would trigger reports nobody needs. Collecting stacks costs
+#: the ranks nothing (a signal, answered in C), so a false report is noise, never harm.
+HANG_REPORT_FLOOR_S = 60.0
+#: ...and at least 20 median steps: a run whose steps take 10 s (large models, gradient
+#: accumulation) would otherwise be called stalled after six missed steps. Evaluation and
+#: checkpointing pauses longer than this are reported (as stalls that resolved) when they happen;
+#: set --hang-report-after above them, or off.
+HANG_REPORT_STEPS = 20.0
+
 # --- compare (traceml compare A B) -----------------------------------------------------------------
 #: Confidence level of the intervals `compare` prints and judges by.
 COMPARE_LEVEL = 0.95

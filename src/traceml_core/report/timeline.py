@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ..aggregator.series import BUCKETS, OUTSIDE, series_values
-from .verdicts import own_time
+from .verdicts import WAIT_PHASES, own_time
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
 RANK_LINES = 64
@@ -73,6 +73,25 @@ def rank_series(r: dict[str, Any], width: int, n: int, started_at: float) -> dic
             "step_ms": step, "step_max_ms": smax + pad, "own_ms": own,
             "phases_ms": phases, "mem_max_bytes": mem + pad if any(m is not None for m in mem) else None,
             "t_s": t_end + pad}
+
+
+def _step_and_own(r: dict[str, Any], width: int, n: int) -> tuple[list, list]:
+    """Mean step and own time per bucket (ms, unrounded), from the step, wait phases and outside
+    sums alone: what the envelope of a large run needs."""
+    s = r["series"]
+    f = max(1, width // max(1, int(s["width"])))
+
+    def means(key: str, phase: Optional[str] = None) -> list[Optional[float]]:
+        cnt = _regroup(series_values(s, key.replace("sum", "cnt"), phase), f, "sum")
+        tot = _regroup(series_values(s, key, phase), f, "sum")
+        out = [t / c / NS_PER_MS if c else None for t, c in zip(tot, cnt)]
+        return out + [None] * (n - len(out))
+
+    step = means("step_sum")
+    cols = {p: means("phase_sum", c) for p, c in (("outside", OUTSIDE), *((w, w + "_ns") for w in WAIT_PHASES))}
+    own = [None if st is None else own_time(st, lambda p: cols[p][i] if p in cols else None)
+           for i, st in enumerate(step)]
+    return step, own
 
 
 def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
@@ -147,15 +166,20 @@ def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]]
     width = max((int(r["series"]["width"]) for r in ranks), default=1)
     n = max((-(-int(r["series"]["used"]) * int(r["series"]["width"]) // width) for r in ranks),
             default=0)
-    per = {r["rank"]: rank_series(r, width, n, started) for r in ranks}
     envelope = None
+    total = len(ranks)
+    if len(ranks) > rank_lines:
+        # a large run: the step and own time of every rank for the envelope (the cheap part),
+        # every series only for the ranks drawn one by one
+        light = {r["rank"]: _step_and_own(r, width, n) for r in ranks}
+        own_mean = {k: _mean(v[1]) for k, v in light.items()}
+        keep = set(_featured(ranks, summary_ranks, verdict, own_mean))
+        envelope = {"ranks": len(light),
+                    "step_ms": _envelope([v[0] for v in light.values()], n),
+                    "own_ms": _envelope([v[1] for v in light.values()], n)}
+        ranks = [r for r in ranks if r["rank"] in keep]
+    per = {r["rank"]: rank_series(r, width, n, started) for r in ranks}
     shown = sorted(per)
-    if len(per) > rank_lines:
-        own_mean = {k: _mean(v["own_ms"]) for k, v in per.items()}
-        shown = _featured(ranks, summary_ranks, verdict, own_mean)
-        envelope = {"ranks": len(per),
-                    "step_ms": _envelope([v["step_ms"] for v in per.values()], n),
-                    "own_ms": _envelope([v["own_ms"] for v in per.values()], n)}
     phases = []
     for v in per.values():
         for p in v["phases_ms"]:
@@ -164,7 +188,7 @@ def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]]
     order = [p for p in ("input", "forward", "backward", "optimizer", "h2d", OUTSIDE) if p in phases]
     nodes = [x for x in (_node(ns, started) for ns in data.get("system", [])) if x is not None]
     return {"steps_per_bucket": width, "buckets": n, "bucket_limit": BUCKETS,
-            "rank_limit": rank_lines, "ranks_total": len(per),
+            "rank_limit": rank_lines, "ranks_total": total,
             "ranks_shown": "all" if envelope is None else "selected",
             "phases": order + [p for p in phases if p not in order],
             "ranks": [per[k] for k in shown], "envelope": envelope, "nodes": nodes}

@@ -224,6 +224,10 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     from . import comm
 
     recorder.comm = comm.CommAccount()
+    if info is not None and info.stack_dir:
+        from . import stackdump
+
+        stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
     global _CTX
     _CTX = StepContext(recorder)

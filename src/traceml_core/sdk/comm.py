@@ -107,6 +107,12 @@ def in_flight() -> Optional[Collective]:
     return min(items, key=lambda c: c.seq) if items else None
 
 
+def launched() -> int:
+    """Collectives this rank launched so far (while tracing was on): the ``seq`` the next one gets.
+    For the hang autopsy, like :func:`in_flight`."""
+    return _SEQ[0]
+
+
 def _launch(op: str, nbytes: int, n: int) -> int:
     seq = _SEQ[0]
     _SEQ[0] = seq + 1

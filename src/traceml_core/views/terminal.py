@@ -127,7 +127,11 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
     parts = [f"[traceml] {fmt_elapsed(st.elapsed_s)}", progress, ranks_phrase(st)]
     if timed:
         worst = max(timed, key=lambda r: r.ms["step"])
-        parts.append(f"{fmt_ms(_median([r.ms['step'] for r in timed]))} ms/step "
+        # the median step as the summary defines it (every step of every rank), over the recent
+        # steps each rank reported; a rank's own recent median only when none came with them
+        pooled = [v for r in timed for v in (r.spark_ms or [])]
+        med = _median(pooled) if pooled else _median([r.ms["step"] for r in timed])
+        parts.append(f"{fmt_ms(med)} ms/step "
                      f"(worst rank {worst.rank} {fmt_ms(worst.ms['step'])})")
     rates = [x for x in (rate(r) for r in active) if x is not None]
     if rates and last >= 0:

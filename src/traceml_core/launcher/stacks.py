@@ -1,0 +1,105 @@
+"""The launcher side of the hang autopsy on one node: make this node's ranks dump their stacks.
+
+Every rank registered :mod:`faulthandler` for :func:`~traceml_core.sdk.stackdump.dump_signal`,
+writing to its file in this node's private stack directory (made here, mode 0700, removed at the
+end). :meth:`StackCollector.collect` truncates each file, signals each rank's process and reads the
+dumps once they stop growing. It runs in the launcher, so it works whatever state the ranks are
+in: faulthandler answers from inside the signal handler, without the GIL.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Mapping, Optional
+
+from ..sdk.stackdump import dump_signal, stack_file
+
+#: a dump is complete when its file has not grown for this long
+SETTLE_S = 0.15
+#: the most a dump of all ranks of a node may take (a rank that never writes is reported as such)
+COLLECT_S = 3.0
+#: the most of one dump that is kept (a process with hundreds of threads)
+MAX_DUMP_BYTES = 256 * 1024
+
+
+class StackCollector:
+    def __init__(self) -> None:
+        self.dir: Optional[Path] = None
+        try:
+            self.dir = Path(tempfile.mkdtemp(prefix="traceml-stacks-"))
+            os.chmod(self.dir, 0o700)
+        except OSError:
+            self.dir = None
+
+    @property
+    def path(self) -> str:
+        return str(self.dir) if self.dir is not None else ""
+
+    def collect(self, pids: Mapping[int, int], timeout: float = COLLECT_S) -> dict[int, dict]:
+        """``{rank: {"text", "pid", "ok", "error"}}`` for the ranks given as ``{rank: pid}``."""
+        sig = dump_signal()
+        out: dict[int, dict] = {}
+        if self.dir is None or sig is None:
+            return {r: {"pid": p, "ok": False, "text": "", "error": "no stack directory on this node"}
+                    for r, p in pids.items()}
+        waiting: dict[int, Path] = {}
+        for rank, pid in pids.items():
+            path = stack_file(self.dir, rank)
+            try:
+                with open(path, "r+b") as f:
+                    f.truncate(0)
+            except FileNotFoundError:
+                out[rank] = {"pid": pid, "ok": False, "text": "",
+                             "error": "the rank registered no stack dump (it never called traceml.init())"}
+                continue
+            except OSError as exc:
+                out[rank] = {"pid": pid, "ok": False, "text": "", "error": f"cannot reset {path}: {exc.strerror}"}
+                continue
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                out[rank] = {"pid": pid, "ok": False, "text": "", "error": "the process is gone"}
+                continue
+            except OSError as exc:
+                out[rank] = {"pid": pid, "ok": False, "text": "", "error": f"cannot signal it: {exc.strerror}"}
+                continue
+            waiting[rank] = path
+        sizes: dict[int, tuple[int, float]] = {}
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            time.sleep(0.03)
+            now = time.monotonic()
+            for rank, path in list(waiting.items()):
+                try:
+                    size = path.stat().st_size
+                except OSError:
+                    continue
+                prev = sizes.get(rank)
+                if size > 0 and prev is not None and prev[0] == size and now - prev[1] >= SETTLE_S:
+                    out[rank] = {"pid": pids[rank], "ok": True, "text": _read(path), "error": None}
+                    del waiting[rank]
+                elif prev is None or prev[0] != size:
+                    sizes[rank] = (size, now)
+        for rank, path in waiting.items():
+            text = _read(path)
+            out[rank] = {"pid": pids[rank], "ok": bool(text), "text": text,
+                         "error": None if text else f"no dump within {timeout:.0f} s"}
+        return out
+
+    def close(self) -> None:
+        if self.dir is not None:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            self.dir = None
+
+
+def _read(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_DUMP_BYTES)
+    except OSError:
+        return ""
+    return data.replace(b"\0", b"").decode("utf-8", "replace")
