@@ -38,6 +38,11 @@ _PHASE_WORDS = {"input": "waiting for input", "forward": "forward", "optimizer":
                 "backward": "backward", "comm": "waiting for communication"}
 
 Verdict = dict[str, Any]
+#: the phases :func:`own_time` may take out of a step as the wait for the other ranks: the
+#: measured communication, else (not measured) backward, where DDP's all-reduce then hides
+WAIT_PHASES = ("comm", "backward")
+
+
 def own_time(step: Optional[float], phase_ms: Callable[[str], Optional[float]]) -> Optional[float]:
     """A rank's own time per step: ``step - wait + outside``, where the wait for the others is the
     measured communication (``comm``) or, where that was not measured, ``backward`` (DDP's
