@@ -111,9 +111,9 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
         fwd = [rnd.randrange(0, 500) for _ in range(n)]
         inp = [rnd.choice([-1, rnd.randrange(0, 99)]) for _ in range(n)]  # partly not measured
         mems = [rnd.randrange(0, 10**9) for _ in range(n)]
-        cols = {"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
-                "input_ns": inp, "forward_ns": fwd, "backward_ns": [-1] * n,
-                "optimizer_ns": [-1] * n, "h2d_ns": [-1] * n, "mem_peak": mems}
+        cols = {c: [-1] * n for c in STEP_COLUMNS}     # not measured, unless set below
+        cols.update({"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
+                     "input_ns": inp, "forward_ns": fwd, "mem_peak": mems})
         rs.ingest_steps({"seq": seq, "n": n, "cols": cols, "dropped": 0})
         rs.flush()
         seq += n

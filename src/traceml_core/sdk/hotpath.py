@@ -52,7 +52,7 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-from ..wire.protocol import STEP_COLUMNS
+from ..wire.protocol import COMM_COLUMNS, STEP_COLUMNS
 
 # Column positions in the protocol, for code that addresses columns (CUDA timing, tests).
 (C_STEP, C_TEND, C_STEPNS, C_INPUT, C_FWD, C_BWD, C_OPT, C_H2D, C_MEM,
@@ -67,7 +67,7 @@ ROW_COLUMNS = STEP_COLUMNS[1:]
 #: a step without collectives appends a short row (no communication columns: the cheapest path);
 #: the client thread fills them in (0, or -1 when communication is not measured)
 SHORT_ROW = C_COMM - 1
-COMM_COLUMNS = ROW_COLUMNS[SHORT_ROW:]
+assert ROW_COLUMNS[SHORT_ROW:] == COMM_COLUMNS
 
 #: The recorder of this process while tracing is on; ``None`` makes every patch a pass-through.
 REC: Optional["StepRecorder"] = None

@@ -127,6 +127,8 @@ STEP_COLUMNS = (
     "comm_bus_bytes",  # each S times its op's bus factor, summed (busbw = bus_bytes/busy)
     "comm_calls",    # collectives launched in the step (DDP buckets + explicit calls)
 )
+#: the communication columns (all -1 together when communication is not measured)
+COMM_COLUMNS = STEP_COLUMNS[STEP_COLUMNS.index("comm_ns"):]
 SYSTEM_FIELDS = ("ts", "cpu_pct", "ram_used", "ram_total", "gpus")
 GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")
 RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "running")
