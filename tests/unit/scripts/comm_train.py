@@ -17,6 +17,9 @@ compares the telemetry against (``COMM_FACTS {...}``):
 ``fsdp``       FSDP2 ``fully_shard`` on CPU, if gloo can run it
 ``prehooked``  a DDP model with a built-in comm hook, built *before* ``traceml.init()``: its
                all-reduce cannot be timed, so communication must read "not measured"
+Sizes: ``COMM_LAYERS`` x ``COMM_WIDTH`` (model), ``COMM_BATCH`` (DDP batch), ``COMM_BUCKET_MB``
+(DDP's bucket_cap_mb, default 0.25 so several buckets), ``COMM_NUMEL`` (explicit collectives).
+
 ``inflight``   rank 0 enters an all_reduce that rank 1 joins 1.5 s late; a thread on rank 0
                samples ``comm.in_flight()`` meanwhile and reports what it saw
 """
@@ -39,6 +42,8 @@ NUMEL = int(os.environ.get("COMM_NUMEL", "65536"))
 LAYERS = int(os.environ.get("COMM_LAYERS", "6"))
 WIDTH = int(os.environ.get("COMM_WIDTH", "256"))
 ACCUM = int(os.environ.get("COMM_ACCUM", "4"))
+BATCH = int(os.environ.get("COMM_BATCH", "32"))
+BUCKET_MB = float(os.environ.get("COMM_BUCKET_MB", "0.25"))
 TRACE = os.environ.get("COMM_TRACE", "1") == "1"
 CUDA = os.environ.get("COMM_DEVICE", "cpu") == "cuda"
 
@@ -96,7 +101,7 @@ def main() -> None:
     elif MODE in ("ddp", "nosync", "user_hook", "grads"):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(model().to(dev), bucket_cap_mb=0.25, device_ids=[dev.index] if CUDA else None)
+        ddp = DDP(model().to(dev), bucket_cap_mb=BUCKET_MB, device_ids=[dev.index] if CUDA else None)
         if MODE == "user_hook":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -107,7 +112,7 @@ def main() -> None:
         for _ in range(STEPS):
             with step_ctx(ddp):
                 for micro in range(accum):
-                    x = torch.randn(32, WIDTH, generator=g).to(dev)
+                    x = torch.randn(BATCH, WIDTH, generator=g).to(dev)
                     if micro < accum - 1:
                         with ddp.no_sync():
                             ddp(x).square().mean().backward()
