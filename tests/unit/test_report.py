@@ -229,3 +229,71 @@ def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
         c.screenshot(ARTIFACTS / "report-failed.png")
     finally:
         c.close()
+
+
+def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int = 37) -> dict:
+    """A long run of many ranks through the real aggregator state (no sockets): rank ``slow``
+    spends 5 ms more per step in forward and 5 ms less in backward (a straggler under DDP)."""
+    from traceml_core.aggregator.persist import prepare_run_dir
+    from traceml_core.aggregator.settings import AggregatorSettings
+    from traceml_core.aggregator.state import RunState
+    from traceml_core.report.output import write_summary
+
+    st = RunState(AggregatorSettings(run_name="big", token="t" * 32, run_dir=tmp_path / "big",
+                                     nnodes=1, nproc_per_node=world))
+    batch = 500
+    for k in range(world):
+        rs = st.rank(k)
+        rs.node, rs.host = 0, "big-node"
+        extra = 5_000_000 if k == slow else 0
+        t = 1_700_000_000_000_000_000
+        for seq in range(0, steps, batch):
+            t_end = [t + (i + 1) * 10_100_000 for i in range(batch)]
+            t = t_end[-1]
+            rs.ingest_steps({"seq": seq, "n": batch, "dropped": 0, "cols": {
+                "step": list(range(seq, seq + batch)), "t_end_ns": t_end, "step_ns": [10_000_000] * batch,
+                "input_ns": [200_000] * batch, "forward_ns": [2_000_000 + extra] * batch,
+                "backward_ns": [7_000_000 - extra] * batch, "optimizer_ns": [500_000] * batch,
+                "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch}})
+        rs.flush()
+    rd = prepare_run_dir(tmp_path / "big", "big")
+    return write_summary(st.to_data(), rd, "big")
+
+
+def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
+    out = _large_run(tmp_path)
+    tl = out["summary"]["timeline"]
+    assert tl["buckets"] <= 256 and tl["buckets"] * tl["steps_per_bucket"] >= 20_000
+    assert tl["ranks_shown"] == "selected" and tl["ranks_total"] == 80 and len(tl["ranks"]) == 16
+    assert 37 in [r["rank"] for r in tl["ranks"]]  # the culprit is always drawn
+    env = tl["envelope"]
+    assert env["ranks"] == 80
+    assert min(v for v in env["own_ms"]["max"] if v is not None) > 7.5  # the straggler's ~8 ms
+    assert max(v for v in env["own_ms"]["median"] if v is not None) < 3.5  # the others' ~3 ms
+    assert Path(out["summary_json"]).stat().st_size < 2_000_000
+
+
+@needs_chromium
+def test_html_of_a_large_run_draws_the_envelope_and_communication(tmp_path):
+    out = _large_run(tmp_path)
+    s = out["summary"]
+    # the communication section, as a summary that measured it carries it (rendered generically)
+    s["communication"] = {"measured": True, "ranks_measured": 80, "not_measured_why": None,
+                          "exposed_ms": {"median": 1.5, "min": 0.2, "min_rank": 37, "max": 6.5, "max_rank": 3},
+                          "probe": None}
+    from traceml_core.report.render_html import render_html
+
+    page = tmp_path / "big.html"
+    page.write_text(render_html(s))
+    c = _open(page, "big", tmp_path)
+    try:
+        own = _charts(c)["own"]
+        assert own["series"] == 16 + 3, own["labels"]
+        assert own["labels"][-3:] == [f"{k} of all 80 ranks" for k in ("max", "median", "min")]
+        assert "rank 37 (culprit)" in own["labels"]
+        text = c.eval("document.body.innerText")
+        assert "16 of 80 ranks are drawn one by one" in text
+        assert "Communication" in text and "exposed ms" in text
+        c.screenshot(ARTIFACTS / "report-large.png")
+    finally:
+        c.close()

@@ -22,8 +22,8 @@ def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
     "summary_html", "summary"}`` (``summary_html`` None when the page could not be written).
 
     Paths are decided before rendering so the summary can name them; when the run directory
-    fails mid-write, the files move to the fallback and the note says why. The HTML page comes
-    last and can never cost the JSON or the text.
+    fails mid-write, the files move to the fallback and the note says why. The HTML page can
+    never cost the JSON or the text: when it cannot be written, they do not name it.
     """
     files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
              "html": str(rd.path / SUMMARY_HTML)}
@@ -34,8 +34,11 @@ def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
                             "html": str(jpath.with_name(SUMMARY_HTML))}
         summary["notes"] = [n for n in (rd.note,) if n]
         jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
-    tpath = write_file(rd, run_name, SUMMARY_TXT, render(summary).encode(), sync=not provisional)
     hpath = write_html(summary, rd, run_name, sync=not provisional)
+    if hpath is None:  # no page after all: the files must not name one
+        summary["files"].pop("html", None)
+        jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
+    tpath = write_file(rd, run_name, SUMMARY_TXT, render(summary).encode(), sync=not provisional)
     return {"summary_json": str(jpath), "summary_txt": str(tpath),
             "summary_html": None if hpath is None else str(hpath), "summary": summary}
 

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
+from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
@@ -239,6 +240,9 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                                exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
+    by_node: dict[Any, list[int]] = {}
+    for r in ranks:  # once, not once per node: the summary's work stays linear in nodes + ranks
+        by_node.setdefault(r["node"], []).append(r["rank"])
     topo_nodes = []
     for node in range(nnodes):
         ni = nodes_data.get(node) or {}
@@ -251,7 +255,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "late": bool(delay is not None and delay > s.get("late_join_s", s["node_join_window_s"])),
             "left_early": ni.get("left_at") is not None or node in failed_nodes,
             "exit_code": (ni.get("bye") or {}).get("exit_code"),
-            "ranks": [r["rank"] for r in ranks if r["node"] == node],
+            "ranks": by_node.get(node, []),
         })
     for r in ranks:  # fill hostnames of ranks that never joined from the topology
         if not r["host"] and 0 <= (r["node"] or 0) < nnodes:
@@ -263,9 +267,12 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                 for c in DURATION_COLUMNS}
     steps = step_time(sketches["step"])
     steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "median_step_ms": steps["median_ms"]})
     run_status = _run_status(finish, ranks, provisional)
+    step_src = steps_block(live_ranks, ranks)
+    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
+                             "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
     hang_report, ended_hung = _last_hang(data)
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
@@ -309,6 +316,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
                      "master_addr": s.get("master_addr") or None,
                      "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "steps": step_src,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],

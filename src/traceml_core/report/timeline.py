@@ -167,6 +167,7 @@ def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]]
     n = max((-(-int(r["series"]["used"]) * int(r["series"]["width"]) // width) for r in ranks),
             default=0)
     envelope = None
+    total = len(ranks)
     if len(ranks) > rank_lines:
         # a large run: the step and own time of every rank for the envelope (the cheap part),
         # every series only for the ranks drawn one by one
@@ -187,7 +188,7 @@ def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]]
     order = [p for p in ("input", "forward", "backward", "optimizer", "h2d", OUTSIDE) if p in phases]
     nodes = [x for x in (_node(ns, started) for ns in data.get("system", [])) if x is not None]
     return {"steps_per_bucket": width, "buckets": n, "bucket_limit": BUCKETS,
-            "rank_limit": rank_lines, "ranks_total": len(per),
+            "rank_limit": rank_lines, "ranks_total": total,
             "ranks_shown": "all" if envelope is None else "selected",
             "phases": order + [p for p in phases if p not in order],
             "ranks": [per[k] for k in shown], "envelope": envelope, "nodes": nodes}
