@@ -256,6 +256,18 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
                 "backward_ns": [7_000_000 - extra] * batch, "optimizer_ns": [500_000] * batch,
                 "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch}})
         rs.flush()
+    # the node's system samples: the real sampler over a fake NVML (the one thing this machine
+    # lacks), two GPUs, one busy and one idle, taken 2 s apart over the run
+    from traceml_core.sdk.samplers import FakeGpu, FakeNvml, SystemSampler
+
+    nv = FakeNvml([FakeGpu(uuid="GPU-a", util_pct=95, mem_used=60 << 30, mem_total=80 << 30),
+                   FakeGpu(uuid="GPU-b", util_pct=5, mem_used=2 << 30, mem_total=80 << 30)])
+    sampler = SystemSampler(nv)
+    t0 = st.settings.started_at
+    for i in range(100):
+        sample = sampler.sample()
+        sample["ts"] = t0 + 2.0 * i
+        st.node_system(0).ingest("big-node", [sample])
     rd = prepare_run_dir(tmp_path / "big", "big")
     return write_summary(st.to_data(), rd, "big")
 
@@ -271,6 +283,20 @@ def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
     assert min(v for v in env["own_ms"]["max"] if v is not None) > 7.5  # the straggler's ~8 ms
     assert max(v for v in env["own_ms"]["median"] if v is not None) < 3.5  # the others' ~3 ms
     assert Path(out["summary_json"]).stat().st_size < 2_000_000
+    node = tl["nodes"][0]
+    assert len(node["t_s"]) <= 256 and node["t_s"][-1] > 190  # 200 s of samples
+    util = {g["index"]: g["util_pct"] for g in node["gpus"]}
+    assert set(util[0]) - {None} == {95.0} and set(util[1]) - {None} == {5.0}  # None: no sample then
+    # exported per node too, read back with TensorBoard's reader
+    from traceml_core.report.export import export_summary
+
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    export_summary(out["summary"], tmp_path / "big", "tensorboard")
+    acc = ea_mod.EventAccumulator(str(tmp_path / "big" / "tensorboard" / "node_00")).Reload()
+    assert {"gpu0/util_pct", "gpu1/util_pct", "gpu0/mem_used_gib"} <= set(acc.Tags()["scalars"])
+    assert {e.value for e in acc.Scalars("gpu0/util_pct")} == {95.0}
+    runs = sorted(p.name for p in (tmp_path / "big" / "tensorboard").iterdir())
+    assert runs[:3] == ["all_ranks_max", "all_ranks_median", "all_ranks_min"] and len(runs) == 3 + 16 + 1
 
 
 @needs_chromium
@@ -294,6 +320,9 @@ def test_html_of_a_large_run_draws_the_envelope_and_communication(tmp_path):
         text = c.eval("document.body.innerText")
         assert "16 of 80 ranks are drawn one by one" in text
         assert "Communication" in text and "exposed ms" in text
+        assert "No GPU samples" not in text
+        labels = [l for ch in c.eval("Object.values(TraceCharts.registry).map(c => c.labels)") for l in ch]
+        assert {"gpu0 util %", "gpu1 util %", "gpu0 memory", "gpu1 memory", "cpu %"} <= set(labels)
         c.screenshot(ARTIFACTS / "report-large.png")
     finally:
         c.close()
