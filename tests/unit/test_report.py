@@ -275,8 +275,14 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
     return write_summary(st.to_data(), rd, "big")
 
 
-def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
-    out = _large_run(tmp_path)
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("large")
+    return tmp, _large_run(tmp)
+
+
+def test_a_long_large_run_keeps_the_series_bounded(large):
+    tmp_path, out = large
     tl = out["summary"]["timeline"]
     assert tl["buckets"] <= 256 and tl["buckets"] * tl["steps_per_bucket"] >= 20_000
     assert tl["ranks_shown"] == "selected" and tl["ranks_total"] == 80 and len(tl["ranks"]) == 16
@@ -303,9 +309,8 @@ def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
 
 
 @needs_chromium
-def test_html_of_a_large_run_draws_the_envelope_and_communication(tmp_path):
-    out = _large_run(tmp_path)
-    s = out["summary"]
+def test_html_of_a_large_run_draws_the_envelope_and_communication(large, tmp_path):
+    s = dict(large[1]["summary"])
     # the communication section, as a summary that measured it carries it (rendered generically)
     s["communication"] = {"measured": True, "ranks_measured": 80, "not_measured_why": None,
                           "exposed_ms": {"median": 1.5, "min": 0.2, "min_rank": 37, "max": 6.5, "max_rank": 3},
