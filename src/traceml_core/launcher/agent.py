@@ -32,6 +32,7 @@ import time
 from typing import Any, Optional
 
 FD_VAR = "TRACEML_AGENT_FD"
+BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"   # (launcher/torchrun.py; this module stays light)
 #: how many file descriptors a go message may carry (stdout and stderr for a live view)
 MAX_FDS = 2
 
@@ -76,13 +77,14 @@ def _probe(module: Optional[str]) -> dict[str, Any]:
 
 
 def _module_of(argv: list[str]) -> Optional[str]:
-    """The module name when torchrun is asked to run one (``--module NAME``)."""
+    """The module name when torchrun is asked to run one (``--module NAME``); behind the worker
+    bootstrap (``--module traceml_core.sdk.bootstrap -m NAME``), the user's module."""
     if "--module" not in argv:
         return None
-    for tok in argv:
-        if not tok.startswith("-"):
-            return tok
-    return None
+    tokens = [tok for tok in argv if not tok.startswith("-") or tok == "-m"]
+    if tokens and tokens[0] == BOOTSTRAP_MODULE:
+        return tokens[2] if len(tokens) > 2 and tokens[1] == "-m" else None
+    return tokens[0] if tokens and tokens[0] != "-m" else None
 
 
 def _read_go(sock: socket.socket) -> Optional[tuple[dict[str, Any], list[int]]]:

@@ -125,7 +125,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
             aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
             connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
-            logs_dir=config.logs_dir)
+            logs_dir=config.logs_dir, auto_steps=config.auto_steps)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}
         fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()

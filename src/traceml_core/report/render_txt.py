@@ -75,13 +75,15 @@ def render(summary: dict[str, Any]) -> str:
                  + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
                  for n in nodes[:MAX_RANK_LINES]]
         lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
+    lines += (summary.get("steps") or {}).get("explain") or []
     lines.append("")
     lines += _verdict_line(summary["verdict"], "Verdict: ")
     for v in summary["other_verdicts"]:
         lines += _verdict_line(v, "   also: ")
     lines.append("")
     ac = summary["across_ranks"]
-    lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    if any(ac.get(name) for name in summary["phases"]):
+        lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
     unmeasured = []
     for name in summary["phases"]:
         a = ac.get(name)
@@ -120,7 +122,11 @@ def render(summary: dict[str, Any]) -> str:
     if sys_parts:
         lines.append("System: " + "; ".join(sys_parts))
     endings = summary["rank_endings"]
-    lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
+    if summary["verdict"]["kind"] == "no_steps" and set(endings) == {"never_joined"}:
+        # the workers ran and exited cleanly without calling traceml: not a network fault
+        lines.append(f"Ranks: {endings['never_joined']} ran without connecting to TraceML")
+    else:
+        lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
     order = {"first": 0, "independent": 1, "consequence": 2}
     bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
                  key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
+from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
@@ -262,9 +263,12 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                 for c in DURATION_COLUMNS}
     steps = step_time(sketches["step"])
     steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "median_step_ms": steps["median_ms"]})
     run_status = _run_status(finish, ranks, provisional)
+    step_src = steps_block(live_ranks, ranks)
+    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
+                             "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
     failure = diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
     if failure is not None:  # failures first: the primary verdict is the failure
@@ -300,6 +304,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
                      "master_addr": s.get("master_addr") or None,
                      "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "steps": step_src,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],

@@ -53,6 +53,7 @@ class CudaPhaseTimer:
         self._pending: deque[tuple[Any, ...]] = deque()    # rows waiting for their events
         self.fallbacks = 0                                  # rows committed with host times
         self._opt_ev: Any = None
+        self._opt_mark = 0
 
     # ---- recording (training thread) ---------------------------------------------------------
 
@@ -85,11 +86,18 @@ class CudaPhaseTimer:
 
     def opt_start(self) -> None:
         self._opt_ev = self.start()
+        self._opt_mark = len(self._spans)
 
     def opt_stop(self) -> None:
         ev, self._opt_ev = self._opt_ev, None
-        if ev is not None:
-            self.stop(C_OPT, ev)
+        if ev is None:
+            return
+        if any(col in (C_FWD, C_BWD) for col, _, _ in self._spans[self._opt_mark:]):
+            # forward/backward ran inside the step (a closure): the event span would hold them
+            # too, so this step's optimizer time stays the host time without them
+            self._pool.append(ev)
+            return
+        self.stop(C_OPT, ev)
 
     def begin_step(self) -> None:
         self._spans = self._pre_spans
@@ -97,7 +105,8 @@ class CudaPhaseTimer:
         self._opt_ev = None
 
     def abort_step(self) -> None:
-        """The step's block raised: it is not recorded; its events go back to the pool."""
+        """The step's block raised, or it was abandoned: it is not recorded; its events go back
+        to the pool."""
         for _, a, b in self._spans:
             self._pool += (a, b)
         self._spans = []
