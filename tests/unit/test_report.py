@@ -135,6 +135,19 @@ def test_a_failing_export_never_fails_the_run(runs):
     assert _summary(runs["inp"])["run"]["status"] == "completed"
 
 
+def test_without_the_writer_library_the_export_says_how_to_get_it(runs, tmp_path):
+    """No tensorboardX in this Python: one line saying what to install, nothing raised, the
+    summary untouched (as at the end of a run whose environment lacks the extra)."""
+    code = ("import sys, json; sys.modules['tensorboardX'] = None\n"
+            "from traceml_core.report.export import export_summary\n"
+            f"s = json.load(open({str(runs['strag'] / 'final_summary.json')!r}))\n"
+            f"print(export_summary(s, {str(tmp_path)!r}, 'tensorboard')[0])")
+    p = subprocess.run([PYTHON, "-c", code], env=env_for(), text=True, capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "tensorboard export skipped" in p.stdout and "traceml-slurm[tensorboard]" in p.stdout
+    assert not (tmp_path / "tensorboard").exists()
+
+
 def test_tensorboard_event_files_read_back_with_tensorboards_reader(runs):
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     s = _summary(runs["strag"])
