@@ -70,6 +70,9 @@ class _PreCommContext(hotpath.StepContext):
                 r.active = a - 1
             return False
         r.active = 0
+        if et is not None:
+            r.raised_at = r.count
+            return False
         mem = r.mem
         r.mem = r.mem_last
         rows = r.rows

@@ -46,6 +46,7 @@ class LaunchConfig:
     aggregator_wait: float
     cluster: str
     relay: bool = True
+    auto_steps: bool = True
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
     link_probe: str = "32"

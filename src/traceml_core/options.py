@@ -246,6 +246,10 @@ OPTIONS: tuple[Option, ...] = (
            "nodes: about 1-3 s at the start) and names a node whose link is much slower than the "
            "others'; off = skip it.", "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
+    Option("auto_steps", bool, True,
+           "Find steps in a script that does not call trace_step: from Lightning's, the Hugging "
+           "Face Trainer's or Accelerate's own hooks, else one step per optimizer step (off: only "
+           "trace_step records steps; every rank still joins the run).", "on/off", default_doc="on"),
     Option("relay", bool, True,
            "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
            "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),

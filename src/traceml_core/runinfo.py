@@ -30,6 +30,8 @@ class RunInfo:
     connect_wait: float
     mode: str
     logs_dir: str
+    #: the worker bootstrap finds steps in a script without trace_step (``--auto-steps``)
+    auto_steps: bool = True
     #: this node's private directory for the hang autopsy's stack dumps (launcher/stacks.py)
     stack_dir: str = ""
 

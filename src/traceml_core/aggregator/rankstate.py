@@ -91,7 +91,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "sums",
+        "step_source", "sums",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -134,6 +134,9 @@ class RankState:
         self.tail_keep = max(0, tail_records)
         self.events: deque = deque(maxlen=8)
         self.event_count = 0
+        #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
+        #: i.e. a process that called traceml itself without the worker bootstrap)
+        self.step_source: Optional[dict[str, Any]] = None
         self.sketched = 0  # records that fed the sketches (weighted), vs received
         self.rejected = 0  # records of frames found malformed when their statistics were computed
         self.pending: list = []  # accepted frames whose statistics are not computed yet
@@ -401,5 +404,6 @@ class RankState:
             "outside": {"sum": self.outside_sum, "count": self.outside_n},
             "series": self.series.to_data(),
             "events": list(self.events), "event_count": self.event_count,
+            "step_source": self.step_source,
             "sketched": self.sketched, "rejected": self.rejected,
         }

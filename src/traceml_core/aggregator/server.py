@@ -31,7 +31,7 @@ from typing import Any, Callable, Optional
 
 from ..wire.framing import split_frames
 from ..wire.protocol import (MAX_FRAME, MAX_HELLO, PROTOCOL_VERSION, RECV_SIZE, ProtocolError, encode,
-                             worker_report)
+                             step_source, worker_report)
 from .handshake import Identity, NonceCache, check_hello
 from .poller import READ, WRITE, Poller
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
@@ -688,7 +688,10 @@ class Server:
         kind, text, ts = msg.get("kind"), msg.get("text"), msg.get("ts")
         if not isinstance(kind, str) or not isinstance(text, str):
             raise ProtocolError("event: kind and text must be strings")
-        rs.note_event(kind, text, float(ts) if type(ts) in (int, float) else time.time())
+        if kind == "step_source":
+            rs.step_source = step_source(text)
+        else:
+            rs.note_event(kind, text, float(ts) if type(ts) in (int, float) else time.time())
         self.state.dirty = True
 
     def _system(self, i: Identity, msg: dict[str, Any]) -> None:

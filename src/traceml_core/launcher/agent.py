@@ -15,7 +15,8 @@ torchrun collected is sent back over the same socket: the summary names a killed
 from it. The socket is closed to the workers (not inheritable).
 
 Protocol (one JSON object per line): agent -> launcher ``{"ready": true, "torch": VERSION,
-"cuda_devices": N, "module": PATH|null}`` or ``{"ready": false, "error": "torch"|"module",
+"cuda_devices": N, "module": PATH|null, "owns_workers": BOOL}`` (whether each worker will get
+SIGKILL from the kernel when this process dies, see :mod:`.ownership`) or ``{"ready": false, "error": "torch"|"module",
 "detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
 descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
 end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
@@ -31,7 +32,10 @@ import sys
 import time
 from typing import Any, Optional
 
+from .ownership import kill_workers_with_torchrun
+
 FD_VAR = "TRACEML_AGENT_FD"
+BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"   # (launcher/torchrun.py; this module stays light)
 #: how many file descriptors a go message may carry (stdout and stderr for a live view)
 MAX_FDS = 2
 
@@ -76,13 +80,14 @@ def _probe(module: Optional[str]) -> dict[str, Any]:
 
 
 def _module_of(argv: list[str]) -> Optional[str]:
-    """The module name when torchrun is asked to run one (``--module NAME``)."""
+    """The module name when torchrun is asked to run one (``--module NAME``); behind the worker
+    bootstrap (``--module traceml_core.sdk.bootstrap -m NAME``), the user's module."""
     if "--module" not in argv:
         return None
-    for tok in argv:
-        if not tok.startswith("-"):
-            return tok
-    return None
+    tokens = [tok for tok in argv if not tok.startswith("-") or tok == "-m"]
+    if tokens and tokens[0] == BOOTSTRAP_MODULE:
+        return tokens[2] if len(tokens) > 2 and tokens[1] == "-m" else None
+    return tokens[0] if tokens and tokens[0] != "-m" else None
 
 
 def _read_go(sock: socket.socket) -> Optional[tuple[dict[str, Any], list[int]]]:
@@ -148,9 +153,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if sock is None:  # started by hand: behave like torchrun
         from torch.distributed.run import main as torchrun_main
 
+        kill_workers_with_torchrun()
         torchrun_main(argv)
         return 0
     result = _probe(_module_of(argv))
+    if result["ready"]:
+        # every worker gets SIGKILL from the kernel if this process dies (see ownership.py)
+        result["owns_workers"] = kill_workers_with_torchrun()
     _send(sock, result)
     if not result["ready"]:
         return 0

@@ -17,12 +17,27 @@ from typing import Sequence
 from ..config import LaunchConfig
 
 AGENT_MODULE = "traceml_core.launcher.agent"
+#: what each worker runs in place of the bare script (traceml_core/sdk/bootstrap.py)
+BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"
+
+
+def worker_argv(script: str, script_args: Sequence[str], extra: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(torchrun flags, what follows them) so that each worker starts through the bootstrap:
+    ``--module traceml_core.sdk.bootstrap SCRIPT ARGS`` (``... -m MODULE ARGS`` for ``--module``).
+    A ``--no-python`` program is not Python, so it is left as it is."""
+    flags = list(extra)
+    if "--no-python" in flags:
+        return flags, [script, *script_args]
+    user_module = "--module" in flags
+    flags = [f for f in flags if f != "--module"] + ["--module"]
+    return flags, [BOOTSTRAP_MODULE, *(["-m", script] if user_module else [script]), *script_args]
 
 
 def torchrun_command(config: LaunchConfig, script: str, script_args: Sequence[str], *,
                      python: str | None = None, extra: Sequence[str] = ()) -> list[str]:
     """``extra``: torchrun flags passed on from the command line (see runargs.py), placed before
-    the script as torchrun requires."""
+    the script as torchrun requires. Workers start through the bootstrap (:func:`worker_argv`)."""
+    extra, tail = worker_argv(script, script_args, extra)
     cmd = [
         python or sys.executable, "-m", "torch.distributed.run",
         f"--nnodes={config.nnodes}",
@@ -32,9 +47,8 @@ def torchrun_command(config: LaunchConfig, script: str, script_args: Sequence[st
         f"--master-port={config.master_port}",
         "--max-restarts=0",
         *extra,
-        script,
+        *tail,
     ]
-    cmd.extend(script_args)
     return cmd
 
 

@@ -20,7 +20,8 @@ def _bytes(v: Optional[float]) -> str:
     return f"{int(v)} B"
 
 
-def _ranges(ranks: Sequence[int]) -> str:
+def _ranges(ranks: Sequence[int], most: int = 0) -> str:
+    """``0-3,7``; with ``most``, at most that many runs (then ``... N more``)."""
     out, start, prev = [], None, None
     for r in sorted(ranks):
         if start is None:
@@ -32,6 +33,8 @@ def _ranges(ranks: Sequence[int]) -> str:
             start = prev = r
     if start is not None:
         out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    if most and len(out) > most:
+        return ",".join(out[:most]) + f",... ({len(out) - most:,} more runs)"
     return ",".join(out)
 
 
@@ -123,7 +126,9 @@ def render(summary: dict[str, Any]) -> str:
     topo_line = (f"Topology: {topo['nnodes']} node(s) x {topo['nproc_per_node']} = "
                  f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
                  f"{len(missing)} node(s) never joined: " +
-                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing)))
+                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing[:MAX_RANK_LINES]) +
+                 (f", ... (nodes {_ranges([n['node'] for n in missing], MAX_RANK_LINES)})"
+                  if len(missing) > MAX_RANK_LINES else "")))
     late = [n for n in nodes if n.get("late")]
     if late:
         topo_line += "; joined late: " + ", ".join(
@@ -134,13 +139,24 @@ def render(summary: dict[str, Any]) -> str:
                  + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
                  for n in nodes[:MAX_RANK_LINES]]
         lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
+    lines += (summary.get("steps") or {}).get("explain") or []
     lines.append("")
     lines += _verdict_line(summary["verdict"], "Verdict: ")
     for v in summary["other_verdicts"]:
         lines += _verdict_line(v, "   also: ")
+    if summary.get("hang"):
+        from .hang import render as render_hang
+
+        h = summary["hang"]
+        head, *rest = render_hang(h)
+        lines.append("")
+        lines.append(("Hang report (steps then resumed): " if h.get("resumed") else "Hang report: ")
+                     + head.split(": ", 1)[1])
+        lines += rest
     lines.append("")
     ac = summary["across_ranks"]
-    lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
+    if any(ac.get(name) for name in summary["phases"]):
+        lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
     unmeasured = []
     for name in summary["phases"]:
         a = ac.get(name)
@@ -180,7 +196,11 @@ def render(summary: dict[str, Any]) -> str:
     if sys_parts:
         lines.append("System: " + "; ".join(sys_parts))
     endings = summary["rank_endings"]
-    lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
+    if summary["verdict"]["kind"] == "no_steps" and set(endings) == {"never_joined"}:
+        # the workers ran and exited cleanly without calling traceml: not a network fault
+        lines.append(f"Ranks: {endings['never_joined']} ran without connecting to TraceML")
+    else:
+        lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
     order = {"first": 0, "independent": 1, "consequence": 2}
     bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
                  key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))

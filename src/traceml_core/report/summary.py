@@ -12,9 +12,11 @@ from typing import Any, Optional
 
 from ..aggregator.rankstate import DURATION_COLUMNS
 from ..aggregator.series import series_values
+from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
+from .hang import verdict as hang_verdict
 from .timeline import build_timeline
 from .verdicts import judge
 
@@ -316,6 +318,9 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                                exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
+    by_node: dict[Any, list[int]] = {}
+    for r in ranks:  # once, not once per node: the summary's work stays linear in nodes + ranks
+        by_node.setdefault(r["node"], []).append(r["rank"])
     topo_nodes = []
     for node in range(nnodes):
         ni = nodes_data.get(node) or {}
@@ -328,7 +333,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "late": bool(delay is not None and delay > s.get("late_join_s", s["node_join_window_s"])),
             "left_early": ni.get("left_at") is not None or node in failed_nodes,
             "exit_code": (ni.get("bye") or {}).get("exit_code"),
-            "ranks": [r["rank"] for r in ranks if r["node"] == node],
+            "ranks": by_node.get(node, []),
         })
     for r in ranks:  # fill hostnames of ranks that never joined from the topology
         if not r["host"] and 0 <= (r["node"] or 0) < nnodes:
@@ -343,19 +348,30 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     device = _device(ranks, system)
     communication = _communication(ranks, world, data.get("probe"))
     cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "median_step_ms": steps["median_ms"], "device": device,
-                             "communication": communication, "world": world, "nnodes": nnodes,
-                             "cpu_busy_pct": max(cpu) if cpu else None})
     run_status = _run_status(finish, ranks, provisional)
-    failure = diagnose(ranks, oom_by_node, run_status)
+    step_src = steps_block(live_ranks, ranks)
+    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
+    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
+                             "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status),
+                             "device": device, "communication": communication, "world": world,
+                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
+    hang_report, ended_hung = _last_hang(data)
+    failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
-    if failure is not None:  # failures first: the primary verdict is the failure
-        verdicts = [failure] + [v for v in verdicts if v["kind"] != "no_clear_bottleneck"]
+    perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+    if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
+        verdicts = [hang_verdict(hang_report, ended_hung=True)] + perf
+        short = "hung: " + hang_report["finding"]
+        reason = f"{short}; {reason}" if reason else short
+    elif failure is not None:  # failures first: the primary verdict is the failure
+        verdicts = [failure] + perf
         short = failure.pop("reason")
         reason = f"{short}; {reason}" if reason else short
     elif run_status == "failed" and not reason:
         reason = _after_training_reason(finish, ranks) or "the launcher reported a failing exit code"
+    if hang_report is not None and not ended_hung:  # a stall that resolved: worth a look
+        verdicts = verdicts[:1] + [hang_verdict(hang_report, ended_hung=False)] + verdicts[1:]
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1
@@ -383,6 +399,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
                      "master_addr": s.get("master_addr") or None,
                      "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
+        "steps": step_src,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
         "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
@@ -412,8 +429,22 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         },
         "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
+        "hang": hang_report,
+        "hangs": list(data.get("hangs") or []),
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
+
+
+def _last_hang(data: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
+    """The last hang report, and whether the run ended still hung (no step record arrived after
+    it). Earlier reports stay in ``hangs``."""
+    hangs = data.get("hangs") or []
+    if not hangs:
+        return None, False
+    report = dict(hangs[-1])
+    resumed = int(data.get("records") or 0) > int(report.get("records_at") or 0)
+    report["resumed"] = resumed
+    return report, not resumed
 
 
 def _after_training_reason(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:

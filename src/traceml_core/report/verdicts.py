@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional, Sequence
 from . import thresholds as T
 from .stats import median
 
-KINDS = ("hang", "run_failed", "straggler", "input_bound", "communication_bound", "memory_creep",
-         "low_gpu_util", "compute_bound", "no_clear_bottleneck")
+KINDS = ("hang", "run_failed", "no_steps", "straggler", "input_bound", "communication_bound",
+         "memory_creep", "low_gpu_util", "compute_bound", "no_clear_bottleneck")
 #: a secondary verdict is dropped when the primary (or another verdict found) says the opposite:
 #: "the time goes into the model's own work" cannot stand beside "ranks wait for one rank",
 #: "ranks wait for data", "ranks wait for the network" or "the GPUs are idle" (where communication
@@ -428,18 +428,28 @@ def _breakdown(live: Sequence[dict[str, Any]]) -> str:
 def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]:
     """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary),
     ``gpu_util_pct`` (overall mean or None), ``median_step_ms`` (the run's one median step,
-    :func:`~.stats.median_step_ms`, quoted by the verdicts), ``device`` (``cuda``/``cpu``/
-    ``unknown``), ``communication`` (the summary's section), ``world`` (world size), ``nnodes``
-    and ``cpu_busy_pct``. A verdict that contradicts another one found (:data:`CONTRADICTS`) is
-    dropped."""
+    :func:`~.stats.median_step_ms`, quoted by the verdicts), ``no_steps`` (why no rank recorded a
+    step, or None), ``step_source`` (how steps were found: report/steps.py), ``device``
+    (``cuda``/``cpu``/``unknown``), ``communication`` (the summary's section), ``world`` (world
+    size), ``nnodes`` and ``cpu_busy_pct``. A verdict that contradicts another one found
+    (:data:`CONTRADICTS`) is dropped."""
+    if ctx.get("no_steps"):
+        from .steps import TWO_LINES
+
+        return [_verdict(
+            "no_steps", "warning", ctx["no_steps"],
+            f"add two lines to the script: `{TWO_LINES[0]}` at the top and `{TWO_LINES[1].split('  ')[0]}` "
+            "around the body of each training step (docs: quickstart)", None)]
     live = [r for r in ranks if r["phases"].get("step") and r["steady_steps"] >= T.MIN_STEPS]
     if not live:
         most = max((r["steady_steps"] for r in ranks), default=0)
+        unit = ("optimizer steps" if ctx.get("step_source") not in (None, "trace_step")
+                else "steps inside trace_step")
         return [_verdict(
             "no_clear_bottleneck", "info",
             f"too few steps to judge: at most {most} steady steps per rank (need {T.MIN_STEPS} "
             f"after {T.WARMUP_STEPS} warm-up steps)",
-            f"run at least {T.MIN_STEPS + T.WARMUP_STEPS} steps inside trace_step", None)]
+            f"run at least {T.MIN_STEPS + T.WARMUP_STEPS} {unit}", None)]
     ctx = dict(ctx)
     found: list[Verdict] = []
     for detect in DETECTORS:

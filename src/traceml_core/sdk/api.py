@@ -87,7 +87,54 @@ class _Session:
 
 _session: Optional[_Session] = None
 _init_lock = threading.Lock()
+#: what trace_step returns: the step context, or (while steps are inferred) _FirstTraceStep
 _CTX: Any = NULL_CONTEXT
+#: the step context itself (StepContext, or GpuStepContext once a CUDA model is known); what
+#: inference and the framework integrations open and close steps with
+_STEP_CTX: Any = NULL_CONTEXT
+
+
+def _use_context(ctx: Any) -> None:
+    """Make ``ctx`` the step context (trace_step keeps handing out the switch while it is set)."""
+    global _CTX, _STEP_CTX
+    _STEP_CTX = ctx
+    if not isinstance(_CTX, _FirstTraceStep):
+        _CTX = ctx
+
+
+def step_context() -> Any:
+    """The current step context (for inference.py and driven.py)."""
+    return _STEP_CTX
+
+
+class _FirstTraceStep:
+    """What ``trace_step`` returns while steps are inferred or driven by a framework: its first
+    use hands the step boundaries to ``trace_step`` (the script knows its steps best) and then it
+    is never returned again."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> Any:
+        global _CTX
+        from . import source
+
+        source.take_over_for_trace_step()
+        _CTX = _STEP_CTX
+        return _STEP_CTX.__enter__()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        return _STEP_CTX.__exit__(et, ev, tb)
+
+
+FIRST_TRACE_STEP = _FirstTraceStep()
+
+
+def hand_steps_to_trace_step(on: bool) -> None:
+    """While ``on``, the first ``trace_step`` takes the step boundaries over (see source.py)."""
+    global _CTX
+    if hotpath.REC is None:
+        return
+    _CTX = FIRST_TRACE_STEP if on else _STEP_CTX
 
 
 # ---- init ---------------------------------------------------------------------------------------
@@ -229,8 +276,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
 
         stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
-    global _CTX
-    _CTX = StepContext(recorder)
+    _use_context(StepContext(recorder))
     hotpath.set_recorder(recorder)
     comm.attach(recorder)       # after set_recorder: DDP models built before init() get the hook
     s.active = True
@@ -258,8 +304,12 @@ def _on_refused(reason: str) -> None:
     if s is not None:
         s.reason_off = f"refused by the aggregator: {reason}"
     hotpath.set_recorder(None)
-    global _CTX
-    _CTX = NULL_CONTEXT
+    _off()
+
+
+def _off() -> None:
+    global _CTX, _STEP_CTX
+    _CTX = _STEP_CTX = NULL_CONTEXT
 
 
 # ---- trace_step ---------------------------------------------------------------------------------
@@ -284,7 +334,6 @@ def trace_step(model: Any = None) -> Any:
 
 
 def _register_model(model: Any) -> None:
-    global _CTX
     r = hotpath.REC
     if r is None:
         return
@@ -292,20 +341,38 @@ def _register_model(model: Any) -> None:
         from . import patches
 
         device = patches.register_model(r, model)
-        if device is not None and r.gpu is None:
-            from .cuda_timing import CudaPhaseTimer
-            from .hotpath import GpuStepContext
-
-            r.gpu = CudaPhaseTimer(device)
-            patches.enable_gpu()
-            _CTX = GpuStepContext(r)
-            s = _session
-            if s is not None and s.probe is not None:
-                s.probe.use_cuda(device)
+        if device is not None:
+            _enable_cuda(device)
     except Exception as exc:
         r.model_id = id(model)  # do not retry every step
         _warn_once("register-model", "traceml: could not instrument the model (%s: %s); its "
                    "forward is not timed", type(exc).__name__, exc)
+
+
+def _enable_cuda(device: Any) -> None:
+    """Time phases with CUDA events from now on (once: the first CUDA model or module seen)."""
+    r = hotpath.REC
+    if r is None or r.gpu is not None:
+        return
+    from . import patches
+    from .cuda_timing import CudaPhaseTimer
+    from .hotpath import GpuStepContext
+
+    r.gpu = CudaPhaseTimer(device)
+    patches.enable_gpu()
+    _use_context(GpuStepContext(r))
+    s = _session
+    if s is not None and s.probe is not None:
+        s.probe.use_cuda(device)
+
+
+def notify(frame: dict[str, Any]) -> bool:
+    """Queue a frame for the aggregator (events such as the step source); False when off."""
+    s = _session
+    if s is None or not s.active or s.closed or s.client is None:
+        return False
+    frame.setdefault("rank", s.rank)
+    return bool(s.client.submit(frame))
 
 
 # ---- shutdown, exceptions, fork ------------------------------------------------------------------
@@ -319,9 +386,14 @@ def shutdown(timeout: Optional[float] = None) -> None:
     s = _session
     if s is None or s.closed:
         return
+    try:
+        from . import source
+
+        source.before_shutdown()   # the final step-source notice goes out before the bye
+    except Exception:
+        pass
     s.closed = True
-    global _CTX
-    _CTX = NULL_CONTEXT
+    _off()
     r = s.recorder
     hotpath.set_recorder(None)
     client = s.client
@@ -353,8 +425,7 @@ def shutdown(timeout: Optional[float] = None) -> None:
 
 def _teardown_quietly(s: _Session) -> None:
     hotpath.set_recorder(None)
-    global _CTX
-    _CTX = NULL_CONTEXT
+    _off()
     try:
         if s.client is not None:
             s.client.close(0.1)
@@ -488,8 +559,7 @@ def _after_fork_in_child() -> None:
         s.closed = True
         s.active = False
     hotpath.set_recorder(None)
-    global _CTX
-    _CTX = NULL_CONTEXT
+    _off()
 
 
 if hasattr(os, "register_at_fork"):
@@ -587,11 +657,17 @@ def stats() -> dict[str, Any]:
 
 def _reset_for_tests() -> None:
     """Forget the session (tests run several inits in one process). Not public API."""
-    global _session, _CTX
+    global _session
     s = _session
     if s is not None and not s.closed:
         shutdown(0.5)
     _session = None
-    _CTX = NULL_CONTEXT
+    _off()
     _warned.clear()
     hotpath.set_recorder(None)
+    from . import inference, patches, source
+
+    inference.reset_for_tests()
+    if patches._infer_mode:
+        patches.set_inference(False)
+    source.reset_for_tests()

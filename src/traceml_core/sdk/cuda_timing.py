@@ -61,6 +61,7 @@ class CudaPhaseTimer:
         self._pending: deque[tuple[Any, ...]] = deque()    # rows waiting for their events
         self.fallbacks = 0                                  # rows committed with host times
         self._opt_ev: Any = None
+        self._opt_mark = 0
         #: communication of the current step: ("b", ev0, ev1, S, bus, phase) blocking,
         #: ("s", ev0, [ev1], S, bus) launched (ev1 appended at completion), ("w", ev0, ev1, phase)
         #: a wait, ("r", ev0 of the last bucket, [its "s" items]) a DDP backward's buckets
@@ -98,11 +99,18 @@ class CudaPhaseTimer:
 
     def opt_start(self) -> None:
         self._opt_ev = self.start()
+        self._opt_mark = len(self._spans)
 
     def opt_stop(self) -> None:
         ev, self._opt_ev = self._opt_ev, None
-        if ev is not None:
-            self.stop(C_OPT, ev)
+        if ev is None:
+            return
+        if any(col in (C_FWD, C_BWD) for col, _, _ in self._spans[self._opt_mark:]):
+            # forward/backward ran inside the step (a closure): the event span would hold them
+            # too, so this step's optimizer time stays the host time without them
+            self._pool.append(ev)
+            return
+        self.stop(C_OPT, ev)
 
     def new_event(self) -> Any:
         return self._pool.pop() if self._pool else self._new_event()
@@ -141,13 +149,19 @@ class CudaPhaseTimer:
         self._opt_ev = None
 
     def abort_step(self) -> None:
-        """The step's block raised: it is not recorded; its events go back to the pool."""
+        """The step's block raised, or it was abandoned: it is not recorded; its events go back
+        to the pool."""
         for _, a, b in self._spans:
             self._pool += (a, b)
         self._spans = []
         if self._opt_ev is not None:
             self._pool.append(self._opt_ev)
             self._opt_ev = None
+        # its collectives' events: the launch events are ours; end events may still be appended by
+        # completion callbacks, so those are left to the garbage collector
+        self._pool += [it[1] for it in self._comm if it[0] in ("b", "s", "w")]
+        self._comm = []
+        self._round = []
 
     def end_step(self, r: StepRecorder, t1: int, mem: int) -> None:
         """Called at step exit instead of appending the row: it waits here for its events."""

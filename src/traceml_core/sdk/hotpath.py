@@ -36,7 +36,8 @@ Timing model (what the user sees in the summary):
   never timed at all;
 * ``forward_ns``/``backward_ns``/``optimizer_ns`` accumulate every forward of a traced model,
   every ``torch.autograd.backward`` (``loss.backward()``) and every ``Optimizer.step`` inside the
-  step; on CUDA they are replaced by CUDA-event times once the events have completed (see
+  step; a forward or backward run *inside* ``optimizer.step(closure)`` (LBFGS, Lightning) counts
+  as forward/backward and is taken out of the optimizer time, so phases never overlap; on CUDA they are replaced by CUDA-event times once the events have completed (see
   :mod:`.cuda_timing`); ``forward_ns`` is -1 when no model was given to ``trace_step``;
 * ``mem_peak`` is the highest memory sample taken by the client thread since the previous step
   (see :mod:`.memory`); -1 until the first sample;
@@ -108,7 +109,7 @@ class StepRecorder:
         # hot fields first
         "active", "t0", "inp", "fwd", "bwd", "opt", "opt_t0", "opt_owner", "pending_input",
         "in_fwd", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model_id",
-        "models", "fwd0", "cn", "cdef", "comm",
+        "models", "fwd0", "nbwd", "cn", "cdef", "comm",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
         "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog", "raised_at",
@@ -145,6 +146,7 @@ class StepRecorder:
         self.opt_t0 = 0
         self.opt_owner: Any = None
         self.in_fwd = False
+        self.nbwd = 0         # backward passes in the current inferred step (inference.py only)
         # id() of the model traced last (trace_step's fast check) and of every model passed to
         # trace_step (the forward wrappers' check). Ids, not references (patches.register_model).
         self.model_id = 0
@@ -209,6 +211,18 @@ class StepRecorder:
         rows.append(row)  # type: ignore[union-attr]
         if len(rows) >= self.batch_size or now_ns >= self.seal_at:  # type: ignore[arg-type]
             self.seal(now_ns)
+
+    def abandon(self) -> None:
+        """Drop the step in progress without recording it (a step left open by an exception in
+        a framework's loop, or by inference when something else takes the steps over)."""
+        self.active = 0
+        self.opt_owner = None
+        self.in_fwd = False
+        self.nbwd = 0
+        self.inp = self.bwd = self.opt = 0
+        self.fwd = self.fwd0
+        if self.gpu is not None:
+            self.gpu.abort_step()
 
     def flush_partial(self) -> None:
         """Seal the partly filled batch (shutdown; called on the training thread)."""
@@ -297,6 +311,9 @@ class StepContext:
         r.active = 0
         if et is not None:      # an aborted step is no step: its time (often a collective
             r.raised_at = r.count   # timing out on a dead peer) would only mislead
+            if r.cn:            # ... nor its collectives
+                r.cn = 0
+                r.comm.reset()
             return False
         mem = r.mem
         r.mem = r.mem_last
@@ -346,6 +363,9 @@ class GpuStepContext(StepContext):
         if et is not None:      # aborted: not recorded (see StepContext.__exit__)
             r.raised_at = r.count + r.gpu.pending   # rows still waiting for their CUDA events
             r.gpu.abort_step()
+            if r.cn:
+                r.cn = 0
+                r.comm.reset()
             return False
         mem = r.mem
         r.mem = r.mem_last
@@ -489,13 +509,46 @@ def timed_step(orig_step: Callable[..., Any]) -> Callable[..., Any]:
         try:
             if r.gpu is not None:
                 r.gpu.opt_start()
+            n0 = r.fwd + r.bwd
             t0 = perf_counter_ns()
             out = orig_step(self, *args, **kwargs)
-            r.opt += perf_counter_ns() - t0
+            r.opt += perf_counter_ns() - t0 - (r.fwd + r.bwd - n0)
             if r.gpu is not None:
                 r.gpu.opt_stop()
         finally:
             r.opt_owner = None
+        return out
+
+    return step
+
+
+def inferred_backward(orig_backward: Callable[..., Any]) -> Callable[..., Any]:
+    """Generic ``torch.autograd.backward`` wrapper while steps are inferred (see make_backward)."""
+    timed = timed_backward(orig_backward)
+
+    def backward(*args: Any, **kwargs: Any) -> Any:
+        r = REC
+        if r is not None:
+            if not r.active:
+                _tm_infer_open()
+            r.nbwd += 1
+        return timed(*args, **kwargs)
+
+    return backward
+
+
+def inferred_step(orig_step: Callable[..., Any]) -> Callable[..., Any]:
+    """Generic optimizer ``step`` wrapper while steps are inferred (see make_step)."""
+    timed = timed_step(orig_step)
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        r = REC
+        if r is None or r.opt_owner is not None:
+            return orig_step(self, *args, **kwargs)
+        if not r.active:
+            _tm_infer_open()
+        out = timed(self, *args, **kwargs)
+        _tm_infer_boundary(self)
         return out
 
     return step
@@ -513,6 +566,9 @@ _TM_C_FWD, _TM_C_BWD = C_FWD, C_BWD
 # Templates are written once; lines marked ``#C`` are kept only in the CPU variant and lines
 # marked ``#G`` only in the CUDA variant, so a CPU run's wrappers contain no GPU checks at all
 # (patches.py switches every wrapper to the CUDA variant when a CUDA model is first traced).
+# Likewise ``#I`` lines exist only while steps are inferred from optimizer steps (a script without
+# ``trace_step``, see inference.py) and ``#N`` lines only otherwise: a traced script's wrappers
+# carry nothing of inference.
 
 _FORWARD_TEMPLATE = """
     def _tm_wrapper({params}):
@@ -539,8 +595,13 @@ _FORWARD_TEMPLATE = """
 _BACKWARD_TEMPLATE = """
     def _tm_wrapper({params}):
         _tm_r = _tm_REC
-        if _tm_r is None or not _tm_r.active:
-            return _tm_orig({call})
+#N      if _tm_r is None or not _tm_r.active:
+#N          return _tm_orig({call})
+#I      if _tm_r is None:
+#I          return _tm_orig({call})
+#I      if not _tm_r.active:
+#I          _tm_infer_open()
+#I      _tm_r.nbwd += 1
 #G      _tm_ev = _tm_r.gpu.start()
         _tm_t0 = _tm_pc()
         _tm_out = _tm_orig({call})
@@ -551,31 +612,51 @@ _BACKWARD_TEMPLATE = """
 _STEP_TEMPLATE = """
     def _tm_wrapper({params}):
         _tm_r = _tm_REC
-        if _tm_r is None or not _tm_r.active or _tm_r.opt_owner is not None:
-            return _tm_orig({call})
+#N      if _tm_r is None or not _tm_r.active or _tm_r.opt_owner is not None:
+#N          return _tm_orig({call})
+#I      if _tm_r is None or _tm_r.opt_owner is not None:
+#I          return _tm_orig({call})
+#I      if not _tm_r.active:
+#I          _tm_infer_open()
         _tm_r.opt_owner = {self}
         try:
 #G          _tm_r.gpu.opt_start()
+            _tm_n0 = _tm_r.fwd + _tm_r.bwd
             _tm_t0 = _tm_pc()
             _tm_out = _tm_orig({call})
-            _tm_r.opt += _tm_pc() - _tm_t0
+            _tm_r.opt += _tm_pc() - _tm_t0 - (_tm_r.fwd + _tm_r.bwd - _tm_n0)
 #G          _tm_r.gpu.opt_stop()
         finally:
             _tm_r.opt_owner = None
+#I      _tm_infer_boundary({self})
         return _tm_out"""
 
+_MARKS = ("#C", "#G", "#I", "#N")
 
-def _variant(template: str, gpu: bool) -> str:
-    keep, drop = ("#G", "#C") if gpu else ("#C", "#G")
+
+def _variant(template: str, gpu: bool, infer: bool = False) -> str:
+    keep = {"#C": not gpu, "#G": gpu, "#I": infer, "#N": not infer}
     out = []
     for line in template.split("\n"):
         head = line.lstrip()
-        if head.startswith(drop):
-            continue
-        if head.startswith(keep):
-            line = line.replace(keep, "  ", 1)
+        mark = head[:2]
+        if mark in _MARKS:
+            if not keep[mark]:
+                continue
+            line = line.replace(mark, "  ", 1)
         out.append(line)
     return "\n".join(out)
+
+
+# What inference.py installs while steps are inferred (module globals, so the generated wrappers
+# find the current ones): open a step at the first backward or optimizer step; end one at each
+# optimizer step's return.
+def _tm_infer_open() -> None:
+    pass
+
+
+def _tm_infer_boundary(optimizer: Any) -> None:
+    pass
 
 
 def make_forward(orig: Callable[..., Any], gpu: bool = False) -> Callable[..., Any]:
@@ -585,20 +666,21 @@ def make_forward(orig: Callable[..., Any], gpu: bool = False) -> Callable[..., A
                       first_param="self")
 
 
-def make_backward(orig: Callable[..., Any], gpu: bool = False) -> Callable[..., Any]:
+def make_backward(orig: Callable[..., Any], gpu: bool = False, infer: bool = False) -> Callable[..., Any]:
     from .codegen import specialise
 
-    return specialise(orig, _variant(_BACKWARD_TEMPLATE, gpu), timed_backward, globals())
+    return specialise(orig, _variant(_BACKWARD_TEMPLATE, gpu, infer),
+                      inferred_backward if infer else timed_backward, globals())
 
 
-def make_step(orig: Callable[..., Any], gpu: bool = False) -> Callable[..., Any]:
+def make_step(orig: Callable[..., Any], gpu: bool = False, infer: bool = False) -> Callable[..., Any]:
     """Wrap an optimizer class's ``step``: one call per step instead of torch's two global hooks
     (pre and post), which was measured ~0.3 us cheaper per step; an optimizer stepping inside
     another (a wrapper such as ZeroRedundancyOptimizer) is counted once, by the outer one."""
     from .codegen import specialise
 
-    return specialise(orig, _variant(_STEP_TEMPLATE, gpu), timed_step, globals(),
-                      first_param="self")
+    return specialise(orig, _variant(_STEP_TEMPLATE, gpu, infer),
+                      inferred_step if infer else timed_step, globals(), first_param="self")
 
 
 def optimizer_pre_hook(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -33,6 +33,8 @@ _installed = False
 _copy_installed = False
 #: wrappers are generated in their CUDA variant once a CUDA model is traced (see enable_gpu)
 _gpu_mode = False
+#: backward and optimizer wrappers in their inference variant (see set_inference)
+_infer_mode = False
 _patched_classes: set[type] = set()
 #: (owner, attribute, original) of everything replaced, for :func:`uninstall`
 _originals: list[tuple[Any, str, Any]] = []
@@ -56,7 +58,7 @@ def install_global() -> None:
 
     if not getattr(torch.autograd.backward, "_traceml", False):
         orig = torch.autograd.backward
-        wrapped_bwd = hotpath.make_backward(orig, gpu=_gpu_mode)
+        wrapped_bwd = hotpath.make_backward(orig, gpu=_gpu_mode, infer=_infer_mode)
         wrapped_bwd._traceml = True  # type: ignore[attr-defined]
         _originals.append((torch.autograd, "backward", orig))
         torch.autograd.backward = wrapped_bwd  # type: ignore[assignment]
@@ -110,10 +112,31 @@ def _install_optimizer_timing() -> None:
 
 
 def _wrap_step(step: Any) -> Any:
-    wrapped = hotpath.make_step(step, gpu=_gpu_mode)
+    wrapped = hotpath.make_step(step, gpu=_gpu_mode, infer=_infer_mode)
     wrapped._traceml = True
+    wrapped._traceml_inner = step   # uninstall() unwraps classes torch hooked through us
     wrapped.hooked = True       # torch's marker: "already wrapped, do not wrap again"
     return wrapped
+
+
+def _unwrap_optimizer_classes() -> None:
+    """Classes first instantiated after install_global got our wrapper from torch's own
+    ``_patch_step_function`` (via profile_hook_step), so it is not among ``_originals``."""
+    try:
+        from torch.optim.optimizer import Optimizer
+    except Exception:
+        return
+    stack, seen = list(Optimizer.__subclasses__()), set()
+    while stack:
+        cls = stack.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        stack.extend(cls.__subclasses__())
+        inner = getattr(cls.__dict__.get("step"), "_traceml_inner", None)
+        if inner is not None:
+            inner.hooked = True     # torch's profiling wrapper: torch must not wrap it again
+            cls.step = inner
 
 
 def install_copy_timing() -> None:
@@ -189,15 +212,29 @@ def enable_gpu() -> None:
     global _gpu_mode
     if _gpu_mode:
         return
+    _reinstall(gpu=True, infer=_infer_mode)
+    install_copy_timing()
+
+
+def set_inference(on: bool) -> None:
+    """Regenerate the backward and optimizer wrappers with (or without) step inference; called
+    when inference starts (the worker bootstrap) and when trace_step or a framework takes over."""
+    if on != _infer_mode:
+        _reinstall(gpu=_gpu_mode, infer=on)
+
+
+def _reinstall(*, gpu: bool, infer: bool) -> None:
+    global _gpu_mode, _infer_mode
     classes = list(_patched_classes)
-    was_installed = _installed
+    was_installed, had_copy = _installed, _copy_installed
     uninstall()
-    _gpu_mode = True
+    _gpu_mode, _infer_mode = gpu, infer
     if was_installed:
         install_global()
     for cls in classes:
         _patch_forward(cls)
-    install_copy_timing()
+    if had_copy:
+        install_copy_timing()
 
 
 _INHERITED = object()
@@ -219,6 +256,7 @@ def uninstall() -> None:
             setattr(owner, name, orig)
     while _hook_handles:
         _hook_handles.pop().remove()
+    _unwrap_optimizer_classes()
     _patched_classes.clear()
     _installed = _copy_installed = False
 

@@ -18,6 +18,8 @@ Client → server frames after ``welcome``:
             counts gaps; ``dropped`` is the client's cumulative count of records it had to drop.
 ``system``  ``{"t","node","host","samples"}``: node-level samples (see :data:`SYSTEM_FIELDS`).
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
+            Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
+            found (see :func:`step_source`); the latest one counts, it is not a notable event.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -132,6 +134,40 @@ COMM_COLUMNS = STEP_COLUMNS[STEP_COLUMNS.index("comm_ns"):]
 SYSTEM_FIELDS = ("ts", "cpu_pct", "ram_used", "ram_total", "gpus")
 GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")
 RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "running")
+#: how a rank's steps are found: the script's trace_step, inferred from optimizer steps (no
+#: trace_step), or a framework's own hooks (traceml_core.integrations)
+STEP_SOURCES = ("trace_step", "inferred", "lightning", "huggingface", "accelerate")
+
+
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    import json
+
+    if len(text) > 2000:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+        return None
+    out: dict[str, Any] = {"source": raw["source"]}
+    for key in ("accumulation", "backward_per_step"):
+        v = raw.get(key)
+        if type(v) is int and 0 <= v < 1_000_000:
+            out[key] = v
+    bs = raw.get("backward_steps")
+    if isinstance(bs, list) and len(bs) == 2 and all(type(x) is int and x >= 0 for x in bs):
+        out["backward_steps"] = bs
+    if type(raw.get("forward")) is bool:
+        out["forward"] = raw["forward"]
+    for key in ("framework", "note"):
+        v = raw.get(key)
+        if isinstance(v, str):
+            out[key] = v[:200]
+    return out
 
 
 class ProtocolError(Exception):

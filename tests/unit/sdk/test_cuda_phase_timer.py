@@ -154,6 +154,49 @@ def test_cuda_variant_wrappers_bracket_each_phase_with_events():
     assert row[C_H2D] == 0 and timer.fallbacks == 0
 
 
+def test_cuda_optimizer_span_around_a_closure_is_not_counted_as_optimizer_time():
+    """optimizer.step(closure) with forward and backward inside: the optimizer's event span would
+    hold them too, so the row keeps the host optimizer time without them (never an overlap)."""
+    from traceml_core.sdk import hotpath
+    from traceml_core.sdk.hotpath import C_OPT
+
+    dev, rec, timer = setup()
+
+    class Net:
+        pass
+
+    net = Net()
+    rec.model_id = id(net)
+    rec.models.add(id(net))
+
+    def forward(self, x):
+        dev.clock_ms += 2.0
+        return x
+
+    def backward(tensors, grad_tensors=None):
+        dev.clock_ms += 4.0
+
+    fwd = hotpath.make_forward(forward, gpu=True)
+    bwd = hotpath.make_backward(backward, gpu=True)
+
+    def step(self, closure=None):
+        closure()
+        dev.clock_ms += 1.0
+
+    opt = hotpath.make_step(step, gpu=True)
+    hotpath.set_recorder(rec)
+    try:
+        with GpuStepContext(rec):
+            opt("optimizer", lambda: (fwd(net, 1), bwd("loss")))
+        dev.completed_upto = 10**9
+        timer.drain(rec, final=True)
+    finally:
+        hotpath.set_recorder(None)
+    (row,) = committed(rec)
+    assert (row[C_FWD], row[C_BWD]) == (2_000_000, 4_000_000)
+    assert 0 <= row[C_OPT] < row[C_FWD], "host time of the step minus the closure, not 7 ms"
+
+
 def test_communication_resolves_from_events_and_leaves_backward_its_compute():
     """A DDP backward on the device: buckets ready at 3, 4, 5 ms, their all-reduces done at 4.5,
     6 and 8 ms (the last one is what backward waits for), then a 1 ms blocking all-reduce."""

@@ -1,0 +1,86 @@
+"""The worker bootstrap: what ``traceml run`` starts in each worker in place of the bare script.
+
+``python -m traceml_core.sdk.bootstrap SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
+user's script exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``, ``sys.argv``,
+``sys.path[0]`` the script's folder, ``__main__`` its module so pickling works, its exit status
+and traceback), after arranging two things for a script that does not call traceml itself:
+
+* when the script imports ``torch``, ``traceml.init()`` runs (so every rank joins the run even
+  if it never calls traceml), and, unless ``--auto-steps off``, steps are found without code
+  changes: from the framework's own hooks where the script trains with Lightning, the Hugging
+  Face ``Trainer`` or Accelerate (``traceml_core.integrations``), else inferred from optimizer
+  steps (inference.py);
+* nothing is imported before the script imports it (hooks wait for the import: sdk/imports.py).
+
+A script that calls ``traceml.init()``/``trace_step`` itself is unaffected: init() is idempotent
+and the first ``trace_step`` takes the step boundaries over.
+
+Without run info (started by hand) it only runs the script.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from typing import Any, Optional
+
+from ..runinfo import RunInfo
+
+USAGE = "usage: python -m traceml_core.sdk.bootstrap (SCRIPT | -m MODULE) [ARGS...]"
+
+#: set while this process runs under the bootstrap (the Lightning callback factory reads it)
+ACTIVE = False
+AUTO_STEPS = False
+
+
+def _start_telemetry(_torch: Any) -> None:
+    from . import api, inference
+
+    if not api.init():
+        return
+    if AUTO_STEPS:
+        inference.start()
+
+
+def prepare(info: Optional[RunInfo]) -> None:
+    """Register the import hooks (no import of torch or a framework here)."""
+    global ACTIVE, AUTO_STEPS
+    if info is None:
+        return
+    from . import imports
+
+    ACTIVE = True
+    AUTO_STEPS = bool(getattr(info, "auto_steps", True))
+    imports.when_imported("torch", _start_telemetry)
+    if AUTO_STEPS:
+        from ..integrations import zero_code
+
+        zero_code.install()
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or (argv[0] == "-m" and len(argv) < 2):
+        sys.stderr.write(USAGE + "\n")
+        raise SystemExit(2)
+    prepare(RunInfo.from_env(os.environ))
+    if argv[0] == "-m":
+        module, rest = argv[1], argv[2:]
+        sys.argv = [module, *rest]     # runpy sets argv[0] to the module's file
+        # (sys.path[0] is already the working directory, as for `python -m MODULE`)
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    script, rest = argv[0], argv[1:]
+    sys.argv = [script, *rest]
+    # as `python script.py`: the script's folder first, not the working directory
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    # run as `python -m`, this file is `__main__`; the state above must live in the importable
+    # module (the Lightning callback factory reads traceml_core.sdk.bootstrap.ACTIVE)
+    from traceml_core.sdk.bootstrap import main as _main
+
+    _main()
