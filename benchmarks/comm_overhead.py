@@ -12,11 +12,13 @@ both ranks follow in lock step, so drift and neighbours hit them alike:
 * ``comm-on``: what ships: TraceML's DDP hook times every bucket, exposed wait taken out of backward.
 
 Per block: the median per-step time (wall) and the process CPU time per step (all threads, so
-gloo's threads and the completion callbacks count). Printed: each loop's median, and the paired
-per-block differences ``comm-on - comm-off`` per step and per bucket (median, IQR).
+gloo's threads count). Printed: each loop's median, and the paired per-block differences
+``comm-on - comm-off`` per step and per bucket (median, IQR). Then the same with one rank, where
+the all-reduce itself costs next to nothing (TraceML's own cost, measurable on a busy machine),
+and the added cost of one timed explicit ``dist.all_reduce``.
 
-    python benchmarks/comm_overhead.py            # ~2 minutes
-    python benchmarks/comm_overhead.py --quick    # ~30 seconds
+    python benchmarks/comm_overhead.py            # ~3 minutes
+    python benchmarks/comm_overhead.py --quick    # ~40 seconds
 
 For the overhead model (a tiny MLP, no collectives), ``step_overhead.py --variants
 traced,comm-off`` sets the same two loops side by side.
@@ -34,6 +36,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -133,6 +136,9 @@ def child(args: argparse.Namespace) -> int:
             m, c = run(loop)
             res[loop]["m"].append(m)
             res[loop]["c"].append(c)
+    explicit = None
+    if int(os.environ["WORLD_SIZE"]) == 1:
+        explicit = explicit_calls(traceml, dist, torch, patches, hotpath, api, rec, on_ctx, _install)
     buckets = hooked.reducer._get_zeros_like_grad_buckets()
     patches.uninstall()
     _install("traced")
@@ -140,12 +146,34 @@ def child(args: argparse.Namespace) -> int:
     api._CTX = on_ctx
     traceml.shutdown()
     if rank == 0:
-        print("CHILD_RESULT " + json.dumps({"res": res, "buckets": len(buckets),
+        print("CHILD_RESULT " + json.dumps({"res": res, "buckets": len(buckets), "explicit": explicit,
                                             "params": sum(p.numel() for p in hooked.parameters())}),
               flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0
+
+
+def explicit_calls(traceml, dist, torch, patches, hotpath, api, rec, on_ctx, install) -> dict:  # noqa: ANN001
+    """us per ``dist.all_reduce`` of 16 floats inside a traced step, wrapped (comm timing) or not;
+    rounds alternate. World size 1: the collective itself costs next to nothing."""
+    t = torch.ones(16)
+    n = 500
+    out: dict[str, list[float]] = {"off": [], "on": []}
+    for rnd in range(20):
+        for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+            hotpath.set_recorder(None)
+            patches.uninstall()
+            install("traced" if mode == "on" else "comm-off")
+            hotpath.set_recorder(rec)
+            api._CTX = on_ctx
+            with traceml.trace_step():
+                t0 = time.perf_counter_ns()
+                for _ in range(n):
+                    dist.all_reduce(t)
+                out[mode].append((time.perf_counter_ns() - t0) / n / 1000)
+    off, on = statistics.median(out["off"]), statistics.median(out["on"])
+    return {"calls": n, "off_us": off, "on_us": on, "added_us": on - off}
 
 
 def free_port() -> int:
@@ -168,12 +196,25 @@ def main() -> int:
         return child(args)
     if args.quick:
         args.steps, args.reps = 20, 18
-    sink = SinkProcess(expect_byes=2)
+    figures = {}
+    for world in (2, 1):
+        got = measure(args, world)
+        if got is None:
+            return 1
+        figures[f"world_{world}"] = got
+    maybe_json(args.json, {"machine": machine(), "steps_per_block": args.steps, "blocks": args.reps,
+                           "batch": args.batch, **figures})
+    return 0
+
+
+def measure(args: argparse.Namespace, world: int) -> Optional[dict]:
+    """Run the loops on ``world`` ranks; print and return rank 0's figures."""
+    sink = SinkProcess(expect_byes=world)
     port = free_port()
     procs = []
     try:
-        for rank in (0, 1):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+        for rank in range(world):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
             env.pop("TRACEML_RUN_INFO", None)
             procs.append(subprocess.Popen(
@@ -190,15 +231,16 @@ def main() -> int:
     for p, (_out, err) in zip(procs, outs):
         if p.returncode != 0:
             print(err[-3000:], file=sys.stderr)
-            return 1
+            return None
     line = next(x for x in outs[0][0].splitlines() if x.startswith("CHILD_RESULT "))
     data = json.loads(line[len("CHILD_RESULT "):])
     res, buckets = data["res"], data["buckets"]
 
-    print(f"machine: {machine()}")
-    print(f"DDP, 2 ranks (gloo, loopback, 1 thread each), {data['params']:,} parameters in {buckets} "
-          f"buckets, batch {args.batch}; {args.reps} blocks x {args.steps} steps per loop, rotating "
-          "order; us per step (rank 0)")
+    print(f"\nmachine: {machine()}")
+    print(f"DDP, {world} rank(s) (gloo, loopback, 1 thread each), {data['params']:,} parameters in "
+          f"{buckets} buckets, batch {args.batch}; {args.reps} blocks x {args.steps} steps per loop, "
+          "rotating order; us per step (rank 0)"
+          + ("; one rank: the all-reduce is trivial, so this isolates TraceML's own cost" if world == 1 else ""))
     print(f"{'loop':12}{'median step':>14}{'CPU/step':>12}")
     for loop in LOOPS:
         print(f"{loop:12}{quantiles(res[loop]['m'])[1]:14.1f}{quantiles(res[loop]['c'])[1]:12.1f}")
@@ -213,12 +255,15 @@ def main() -> int:
                   + (f"; {med / buckets:+.2f} us per bucket" if a == "comm-off" else ""))
             figures[f"{b} - {a}, {label}"] = {"median_us": med, "iqr": [q1, q3],
                                              "per_bucket_us": med / buckets}
+    ex = data.get("explicit")
+    if ex:
+        print(f"explicit dist.all_reduce (16 floats) in a traced step: {ex['off_us']:.1f} us a call "
+              f"unwrapped, {ex['on_us']:.1f} us timed: {ex['added_us']:+.1f} us per collective")
+        figures["explicit"] = ex
     rank0 = totals["ranks"].get("0", {})
     print(f"traced steps delivered to the receiver: rank 0 {rank0.get('records', 0)}, lost "
           f"{rank0.get('gaps', 0)} (gaps)")
-    maybe_json(args.json, {"machine": machine(), "steps_per_block": args.steps, "blocks": args.reps,
-                           "batch": args.batch, **figures})
-    return 0
+    return figures
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ class _PreCommContext(hotpath.StepContext):
         return False
 
 
-def _closures(orig, gpu=False, _factory=None):  # noqa: ANN001
+def _closures(orig, gpu=False, _factory=None, **_variant):  # noqa: ANN001
     return functools.wraps(orig)(_factory(orig))
 
 
@@ -119,9 +119,15 @@ def main() -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="instead: where the overhead goes, per hooked call (clock reads around "
                          "each call, traced vs untraced, medians)")
+    ap.add_argument("--calls", action="store_true",
+                    help="instead: the cost of one wrapped call (forward, backward, optimizer step "
+                         "around a function that does nothing), generated wrappers against plain "
+                         "closures, in a tight loop: the floor of what each wrapper adds")
     args = ap.parse_args()
     if args.breakdown:
         return breakdown(args)
+    if args.calls:
+        return calls(args)
     if args.quick:
         args.steps, args.reps = 100, 60
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
@@ -262,6 +268,68 @@ def main() -> int:
         "variants": figures, "delivered": rank.get("records", 0),
         "traced_steps": steps_traced, "lost": st["lost"], "target_us": TARGET_US, "met": met,
     })
+    return 0
+
+
+def calls(args: argparse.Namespace) -> int:
+    """ns per call of each wrapper, codegen against closures, rounds alternating (ABAB)."""
+    from traceml_core.sdk.hotpath import StepContext, StepRecorder
+
+    class Net:
+        def forward(self, x):  # noqa: ANN001
+            return x
+
+    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,  # noqa: ANN001
+                 grad_variables=None, inputs=None):
+        return None
+
+    class Opt:
+        def step(self, closure=None):  # noqa: ANN001
+            return None
+
+    net, opt = Net(), Opt()
+    rec = StepRecorder(max_batches=1 << 30)
+    rec.models.add(id(net))
+    rec.fwd0 = 0
+    kinds = {
+        "codegen": (hotpath.make_forward(Net.forward), hotpath.make_backward(backward),
+                    hotpath.make_step(Opt.step)),
+        "closures": (hotpath.timed_forward(Net.forward), hotpath.timed_backward(backward),
+                     hotpath.timed_step(Opt.step)),
+    }
+    n = 20_000 if args.quick else 100_000
+    pc = time.perf_counter_ns
+    res: dict[tuple[str, str], list[float]] = {}
+    hotpath.set_recorder(rec)
+    rec.active = 1
+    try:
+        for rnd in range(10 if args.quick else 30):
+            for kind in (("codegen", "closures") if rnd % 2 == 0 else ("closures", "codegen")):
+                fwd, bwd, step = kinds[kind]
+                for name, call in (("forward", lambda: fwd(net, 1)), ("backward", lambda: bwd(1)),
+                                   ("optimizer step", lambda: step(opt))):
+                    t0 = pc()
+                    for _ in range(n):
+                        call()
+                    res.setdefault((name, kind), []).append((pc() - t0) / n)
+                t0 = pc()
+                for _ in range(n):
+                    (lambda: None)()
+                res.setdefault(("(empty lambda)", kind), []).append((pc() - t0) / n)
+    finally:
+        rec.active = 0
+        hotpath.set_recorder(None)
+    print(f"machine: {machine()}; ns per call (median of rounds; each includes calling a lambda, "
+          "shown last), codegen vs closures")
+    print(f"{'wrapper':18}{'codegen':>10}{'closures':>10}{'difference':>12}")
+    total = 0.0
+    for name in ("forward", "backward", "optimizer step", "(empty lambda)"):
+        a = statistics.median(res[(name, "codegen")])
+        b = statistics.median(res[(name, "closures")])
+        if not name.startswith("("):
+            total += b - a
+        print(f"{name:18}{a:10.0f}{b:10.0f}{b - a:+12.0f}")
+    print(f"closures cost {total:+.0f} ns per traced step (three wrapped calls) in a hot loop")
     return 0
 
 

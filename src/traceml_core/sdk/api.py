@@ -366,6 +366,17 @@ def _enable_cuda(device: Any) -> None:
         s.probe.use_cuda(device)
 
 
+def use_comm_polling() -> None:
+    """A DDP model on CPU is watched (sdk/comm.py): steps end by reading its reducer's timings
+    (the GPU context times CUDA models' communication with events instead)."""
+    r = hotpath.REC
+    if r is None or r.gpu is not None or type(_STEP_CTX) is not StepContext:
+        return
+    from .hotpath import CommStepContext
+
+    _use_context(CommStepContext(r))
+
+
 def notify(frame: dict[str, Any]) -> bool:
     """Queue a frame for the aggregator (events such as the step source); False when off."""
     s = _session

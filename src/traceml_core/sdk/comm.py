@@ -20,27 +20,34 @@ What is measured, per traced step (the ``comm_*`` step columns of the wire proto
 * ``comm_calls`` - collectives launched in the step.
 
 How: DDP's gradient all-reduce never passes through ``torch.distributed.all_reduce`` (the reducer
-calls the process group from C++), so every DDP model gets a communication hook - registered at
-construction, or when it is first passed to ``trace_step`` - that runs the default all-reduce (or
-the user's own hook, registered later through ``register_comm_hook``) and timestamps each bucket's
-launch and completion. The collective functions of ``torch.distributed`` (:data:`OPS`) and
-``Work.wait`` are wrapped at class/module level. CPU (gloo): wall clock at launch and in the
-completion callback. CUDA: events on the stream the work runs after, resolved later by
-:class:`~.cuda_timing.CudaPhaseTimer` without ever synchronising.
+calls the process group from C++). On **CPU** (gloo), TraceML reads the reducer's own timings once
+per step (:class:`Watched`: when the first bucket was launched, when the last gradient was ready,
+when the last all-reduce completed), which costs the same whatever the number of buckets; a
+Python comm hook would cost a GIL hand-over on gloo's thread for every bucket. On **CUDA** those
+timings synchronise the device, so every DDP model there gets a communication hook instead
+(:func:`ddp_hook`) that runs the default all-reduce (or the user's own hook, registered later
+through ``register_comm_hook``) and records CUDA events at each bucket's launch and completion,
+resolved later by :class:`~.cuda_timing.CudaPhaseTimer` without ever synchronising. The collective
+functions of ``torch.distributed`` (:data:`OPS`) and ``Work.wait`` are wrapped at module/class
+level: wall clock on CPU, events on CUDA.
 
 When communication is *not measured* (the columns say -1, the summary "not measured"): before a
-process group exists, and when a DDP model carries a hook TraceML cannot wrap (a built-in or
-Python hook registered before ``traceml.init()``, a model with sparse gradients, the compiled
-python reducer) - its all-reduce would be hidden in backward, so no figure is better than a low one.
+process group exists; when a CUDA DDP model carries a hook TraceML cannot wrap (a built-in or
+Python hook registered before ``traceml.init()``, sparse gradients) or any DDP model uses the
+compiled python reducer; and when collectives run on CUDA tensors without CUDA-event timing (no
+CUDA model passed to ``trace_step``) - the wait would be hidden or unmeasurable, so no figure is
+better than a low one.
 
-Cost: nothing on a step without collectives but one attribute test at step exit; per collective
-a few microseconds (one Python call and a completion callback), see benchmarks/README.md.
+Cost: a step without collectives pays one attribute test at its exit; a CPU DDP step about
+50-70 us for reading the reducer's timings (whatever its bucket count); an explicit collective
+~20 us; see benchmarks/README.md ("Communication timing").
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from time import perf_counter_ns, time_ns
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -94,7 +101,8 @@ def in_flight() -> Optional[Collective]:
     partner never arrived), and comparing ``seq`` across ranks shows which rank fell behind.
     Safe to call from any thread at any time; costs a dict copy of the few outstanding entries.
     Counts collectives launched while tracing is on (inside traced steps or not) through the
-    functions in :data:`OPS` and DDP's gradient buckets.
+    functions in :data:`OPS`, and DDP's gradient buckets on CUDA (on CPU DDP's reducer runs them
+    unseen: a rank stuck there shows ``backward`` in its stack dump instead).
     """
     for _ in range(3):
         try:
@@ -326,6 +334,10 @@ def _wrap_collective(op: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     def collective(*args: Any, **kwargs: Any) -> Any:
         r = hotpath.REC
         if r is None or _depth[0]:
+            return orig(*args, **kwargs)
+        if _WATCHED and _in_backward():
+            # a DDP comm hook's own collectives (a CPU DDP model's reducer times its reduction,
+            # hook included): counted there, not twice
             return orig(*args, **kwargs)
         try:
             nbytes, tensor = sizer(args, kwargs)
@@ -566,10 +578,20 @@ def _uncoverable(model: Any) -> Optional[str]:
     return None
 
 
+def _on_cuda(model: Any) -> bool:
+    return getattr(model, "device_type", "cpu") == "cuda"
+
+
 def hook_model(model: Any) -> bool:
-    """Register our hook on a DDP model (idempotent); False (and comm "not measured") if we cannot."""
+    """Time a DDP model's all-reduce (idempotent); False (and comm "not measured") if we cannot.
+
+    On CUDA: TraceML's comm hook with CUDA events (see :func:`ddp_hook`). On CPU: DDP's own
+    reducer timer, read once per step (:class:`Watched`), because a Python hook there costs a
+    GIL hand-over per bucket on gloo's thread (~250 us per bucket measured, benchmarks/README.md)."""
     if getattr(model, "_traceml_comm", None) is not None:
         return True
+    if not _on_cuda(model):
+        return watch(model)
     why = _uncoverable(model)
     r = hotpath.REC
     if why is not None:
@@ -582,6 +604,81 @@ def hook_model(model: Any) -> bool:
     _register_orig(model, state, ddp_hook)
     model._traceml_comm = state
     return True
+
+
+class Watched:
+    """A DDP model on CPU whose all-reduce its own reducer times (``Logger`` runtime stats).
+
+    DDP's reducer records, in C++, when the first bucket's all-reduce was launched, when the last
+    gradient was ready (its compute done) and when the last all-reduce completed (``finalize``);
+    with the sampling rate at 1 it does so every iteration. :func:`poll` reads them at step exit
+    (one ``set_runtime_stats_and_log`` and one ``_get_ddp_logging_data``: ~15 us per step, not per
+    bucket): exposed = comm end - compute end, in flight = comm end - comm start (first launch to
+    last completion: it includes any gap between buckets), bytes = the buckets reduced. Only the
+    last synchronising backward of a step is seen (gradient accumulation without ``no_sync()``
+    syncs every micro-batch: the earlier ones are then not counted)."""
+
+    __slots__ = ("ref", "last_end")
+
+    def __init__(self, model: Any) -> None:
+        self.ref = weakref.ref(model)
+        self.last_end = 0
+
+
+_WATCHED: list[Watched] = []
+
+
+def watch(model: Any) -> bool:
+    if getattr(model, "_use_python_reducer", False):
+        r = hotpath.REC
+        if r is not None:
+            r.cdef = -1
+        _warn_once("traceml: communication is not measured: a DistributedDataParallel model uses "
+                   "the python reducer (compiled autograd), which keeps no timings")
+        return False
+    try:
+        model._set_ddp_runtime_logging_sample_rate(1)
+    except Exception:
+        return False
+    w = Watched(model)
+    _WATCHED.append(w)
+    model._traceml_comm = w
+    from . import api
+
+    api.use_comm_polling()
+    return True
+
+
+def poll(r: "hotpath.StepRecorder") -> None:
+    """Add the communication of the watched DDP models' last backward, if it is new (step exit)."""
+    for w in list(_WATCHED):
+        m = w.ref()
+        if m is None:
+            _WATCHED.remove(w)
+            continue
+        try:
+            m.logger.set_runtime_stats_and_log()
+            d = m._get_ddp_logging_data()
+            end = d.get("backward_comm_time_end") or 0
+            start = d.get("backward_comm_time_start") or 0
+            if not end or not start or end == w.last_end:
+                continue                # no synchronising backward since the last step
+            w.last_end = end
+            ready = d.get("backward_compute_time_end") or start
+            sizes = d.get("rebuilt_bucket_sizes") if d.get("has_rebuilt_buckets") else None
+            sizes = [int(x) for x in str(sizes or d.get("bucket_sizes") or "").split(",") if x.strip()]
+            calls = int(d.get("num_buckets_reduced") or len(sizes) or 1)
+            n = int(d.get("world_size") or 1)
+        except Exception:
+            continue
+        nbytes = sum(sizes)
+        a = r.comm
+        off = r.wall_offset         # the reducer's stamps are wall clock; spans are perf_counter
+        a.spans.append([start - off, end - off, nbytes, nbytes * bus_factor("all_reduce", n)])
+        wait = max(0, end - max(ready, start))
+        a.exposed += wait
+        a.sub_bwd += wait
+        r.cn += calls
 
 
 _warned = [False]
@@ -630,9 +727,9 @@ def _wrap_register(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
         ours = getattr(self, "_traceml_comm", None)
-        if ours is None:
-            if hotpath.REC is None:
-                return orig(self, state, hook)
+        if ours is None or not isinstance(ours, DdpHookState):
+            if hotpath.REC is None or not _on_cuda(self):
+                return orig(self, state, hook)      # CPU: DDP's own timer sees every hook
             # first registration (e.g. DDP's own mixed-precision hook during __init__): ours
             # goes in with the user's hook inside
             self._check_comm_hook(hook)
@@ -655,7 +752,8 @@ def _wrap_builtin(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
         ours = getattr(self, "_traceml_comm", None)
-        if ours is None or ours.user_hook is not None or ours.builtin is not None:
+        if (not isinstance(ours, DdpHookState) or ours.user_hook is not None
+                or ours.builtin is not None):
             return orig(self, comm_hook_type)
         ours.builtin = comm_hook_type       # the documented Python equivalent runs inside ours
         return None

@@ -15,8 +15,8 @@ compares the telemetry against (``COMM_FACTS {...}``):
 ``grads``      DDP for COMM_STEPS steps; prints a checksum of the final parameters (the test runs
                it with and without TraceML: the gradients must be bit-identical)
 ``fsdp``       FSDP2 ``fully_shard`` on CPU, if gloo can run it
-``prehooked``  a DDP model with a built-in comm hook, built *before* ``traceml.init()``: its
-               all-reduce cannot be timed, so communication must read "not measured"
+``prehooked``  a DDP model with a built-in comm hook, built *before* ``traceml.init()`` (on CPU
+               DDP's own reducer timer still times it), plus a small explicit all_reduce
 Sizes: ``COMM_LAYERS`` x ``COMM_WIDTH`` (model), ``COMM_BATCH`` (DDP batch), ``COMM_BUCKET_MB``
 (DDP's bucket_cap_mb, default 0.25 so several buckets), ``COMM_NUMEL`` (explicit collectives).
 
@@ -136,6 +136,8 @@ def main() -> None:
                 early(torch.randn(32, WIDTH)).square().mean().backward()
                 dist.all_reduce(torch.ones(16))
                 opt.step()
+        facts["grad_bytes"] = 4 * sum(p.numel() for p in early.parameters())
+        facts["buckets"] = len(early.reducer._get_zeros_like_grad_buckets())
         del early, opt
     elif MODE == "inflight":
         import threading
