@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import weakref
 from time import perf_counter_ns, time_ns
 from typing import Any, Callable, NamedTuple, Optional
@@ -578,8 +579,13 @@ def _uncoverable(model: Any) -> Optional[str]:
     return None
 
 
+#: TEST HOOK ONLY: use the comm-hook path (the one CUDA models take) for CPU models too, so its
+#: logic (user hooks inside ours, bit-identical averaging) is tested on machines without a GPU
+_HOOK_ON_CPU = os.environ.get("TRACEML_TEST_DDP_COMM_HOOK") == "1"
+
+
 def _on_cuda(model: Any) -> bool:
-    return getattr(model, "device_type", "cpu") == "cuda"
+    return _HOOK_ON_CPU or getattr(model, "device_type", "cpu") == "cuda"
 
 
 def hook_model(model: Any) -> bool:

@@ -78,17 +78,36 @@ def test_gradient_accumulation_counts_communication_only_on_the_syncing_backward
         assert set(c["comm_calls"][1:]) == {f["buckets"]}
 
 
+#: the comm-hook path that CUDA models take, forced on CPU (sdk/comm.py's test hook)
+HOOK = {"TRACEML_TEST_DDP_COMM_HOOK": "1"}
+
+
 def test_timing_ddp_leaves_the_gradients_bit_identical(sink):
-    """Three ranks (1/3 is inexact in binary): traced and untraced runs end with the same bits."""
-    _, traced = run(sink, "grads", world=3, COMM_STEPS="5")
+    """Three ranks (1/3 is inexact in binary): traced and untraced runs end with the same bits,
+    with DDP's timings read (CPU) and with TraceML's comm hook doing the averaging (CUDA's path)."""
     _, plain = run(sink, "grads", world=3, COMM_STEPS="5", COMM_TRACE="0")
+    _, traced = run(sink, "grads", world=3, COMM_STEPS="5")
+    _, hooked = run(sink, "grads", world=3, COMM_STEPS="5", **HOOK)
     assert {f["checksum"] for f in traced.values()} == {plain[0]["checksum"]}
+    assert {f["checksum"] for f in hooked.values()} == {plain[0]["checksum"]}
 
 
-def test_a_user_hook_registered_after_ddp_is_built_runs_and_is_timed(sink):
-    cols, facts = run(sink, "user_hook", COMM_STEPS="6")
+def test_the_comm_hook_path_times_every_bucket(sink):
+    cols, facts = run(sink, "ddp", COMM_STEPS="6", **HOOK)
+    for rank in (0, 1):
+        c, f = cols[rank], facts[rank]
+        assert set(c["comm_calls"][1:]) == {f["buckets"]}
+        assert c["comm_bytes"] == [f["grad_bytes"]] * 6
+        for i in range(6):
+            assert c["comm_busy_ns"][i] > 0 and c["comm_ns"][i] >= 0
+            phases_add_up(c, i)
+
+
+@pytest.mark.parametrize("env", [{}, HOOK], ids=["reducer-timings", "comm-hook"])
+def test_a_user_hook_registered_after_ddp_is_built_runs_and_is_timed(sink, env):
+    cols, facts = run(sink, "user_hook", COMM_STEPS="6", **env)
     c, f = cols[0], facts[0]
-    assert set(c["comm_calls"][1:]) == {f["buckets"]}
+    assert set(c["comm_calls"][1:]) == {f["buckets"]}, "each bucket once (its hook's own all_reduce not again)"
     assert c["comm_bytes"] == [f["grad_bytes"]] * 6
     assert facts[0]["checksum"] == facts[1]["checksum"], "fp16-compressed all-reduce still agrees"
 
