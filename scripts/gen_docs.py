@@ -48,6 +48,8 @@ OTHER_VARIABLES = {
     "TRACEML_AGENT_FD": ("internal", "Set by the launcher for its torchrun process: the file descriptor of the "
                          "private socket over which it reports the pre-flight check of the workers' Python and "
                          "waits for the go. Removed from the environment before the workers start."),
+    "TRACEML_TEST_DDP_COMM_HOOK": ("tests", "Test hook of the SDK's communication timing: `1` takes the CUDA models' "
+                                   "comm-hook path on CPU too. Nothing else reads it."),
     "TRACEML_RUN_INFO": ("internal", "Set by the launcher for its workers: JSON with the run name, ranks, the "
                          "aggregator's address and the token. `traceml.init()` reads it once. Do not set it."),
 }
