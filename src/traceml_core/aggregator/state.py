@@ -58,6 +58,8 @@ class RunState:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.finish: Optional[dict[str, Any]] = None
         self.run_dir_note: Optional[str] = None
+        #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary
+        self.hangs: list[dict[str, Any]] = []
         self.records = 0
         self.dirty = True
 
@@ -101,4 +103,5 @@ class RunState:
             "records": self.records,
             "finish": self.finish,
             "run_dir_note": self.run_dir_note,
+            "hangs": list(self.hangs),
         }

@@ -85,6 +85,15 @@ def render(summary: dict[str, Any]) -> str:
     lines += _verdict_line(summary["verdict"], "Verdict: ")
     for v in summary["other_verdicts"]:
         lines += _verdict_line(v, "   also: ")
+    if summary.get("hang"):
+        from .hang import render as render_hang
+
+        h = summary["hang"]
+        head, *rest = render_hang(h)
+        lines.append("")
+        lines.append(("Hang report (steps then resumed): " if h.get("resumed") else "Hang report: ")
+                     + head.split(": ", 1)[1])
+        lines += rest
     lines.append("")
     ac = summary["across_ranks"]
     if any(ac.get(name) for name in summary["phases"]):

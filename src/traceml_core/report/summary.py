@@ -16,6 +16,7 @@ from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
+from .hang import verdict as hang_verdict
 from .timeline import build_timeline
 from .verdicts import judge
 
@@ -272,14 +273,22 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
                              "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
                              "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
-    failure = diagnose(ranks, oom_by_node, run_status)
+    hang_report, ended_hung = _last_hang(data)
+    failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
-    if failure is not None:  # failures first: the primary verdict is the failure
-        verdicts = [failure] + [v for v in verdicts if v["kind"] != "no_clear_bottleneck"]
+    perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+    if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
+        verdicts = [hang_verdict(hang_report, ended_hung=True)] + perf
+        short = "hung: " + hang_report["finding"]
+        reason = f"{short}; {reason}" if reason else short
+    elif failure is not None:  # failures first: the primary verdict is the failure
+        verdicts = [failure] + perf
         short = failure.pop("reason")
         reason = f"{short}; {reason}" if reason else short
     elif run_status == "failed" and not reason:
         reason = _after_training_reason(finish, ranks) or "the launcher reported a failing exit code"
+    if hang_report is not None and not ended_hung:  # a stall that resolved: worth a look
+        verdicts = verdicts[:1] + [hang_verdict(hang_report, ended_hung=False)] + verdicts[1:]
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1
@@ -335,8 +344,22 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         },
         "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
+        "hang": hang_report,
+        "hangs": list(data.get("hangs") or []),
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
+
+
+def _last_hang(data: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
+    """The last hang report, and whether the run ended still hung (no step record arrived after
+    it). Earlier reports stay in ``hangs``."""
+    hangs = data.get("hangs") or []
+    if not hangs:
+        return None, False
+    report = dict(hangs[-1])
+    resumed = int(data.get("records") or 0) > int(report.get("records_at") or 0)
+    report["resumed"] = resumed
+    return report, not resumed
 
 
 def _after_training_reason(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
