@@ -66,6 +66,12 @@ def make_cols(n: int, rnd: random.Random) -> dict[str, list[int]]:
         "optimizer_ns": [int(s * 0.08) for s in steps],
         "h2d_ns": [-1] * n,
         "mem_peak": [8_000_000_000 + rnd.randrange(1 << 20) for _ in range(n)],
+        # a DDP job: exposed and busy communication, ~100 MB of gradients in 4 buckets
+        "comm_ns": [int(s * 0.05) for s in steps],
+        "comm_busy_ns": [int(s * 0.4) for s in steps],
+        "comm_bytes": [100_000_000] * n,
+        "comm_bus_bytes": [150_000_000] * n,
+        "comm_calls": [4] * n,
     }
 
 

@@ -49,6 +49,7 @@ class LaunchConfig:
     auto_steps: bool = True
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
+    link_probe: str = "32"
     status_interval: float = 10.0
     live_refresh: float = 0.5
     dashboard_host: str = "127.0.0.1"

@@ -32,8 +32,12 @@ def make_settings(tmp_path: Path, **kw: Any) -> AggregatorSettings:
 def columns(n: int, seq: int = 0, *, step_ms: float = 10.0, input_ms: float = 1.0,
             forward_ms: float = 3.0, backward_ms: float = 4.0, optimizer_ms: float = 1.0,
             h2d_ms: Optional[float] = None, mem: int = 100 * 1024 * 1024, mem_growth: int = 0,
-            t0_ns: Optional[int] = None, gap_ms: float = 0.0) -> dict[str, list[int]]:
-    """``n`` step records starting at record ``seq``, with constant phase times."""
+            t0_ns: Optional[int] = None, gap_ms: float = 0.0, comm_ms: Optional[float] = None,
+            comm_busy_ms: Optional[float] = None, comm_bytes: Optional[int] = None,
+            comm_bus_bytes: Optional[int] = None, comm_calls: Optional[int] = None,
+            ) -> dict[str, list[int]]:
+    """``n`` step records starting at record ``seq``, with constant phase times (communication
+    not measured unless given)."""
     t0 = t0_ns if t0_ns is not None else time.time_ns()
     period = int((step_ms + gap_ms) * MS)
 
@@ -46,6 +50,10 @@ def columns(n: int, seq: int = 0, *, step_ms: float = 10.0, input_ms: float = 1.
         "step_ns": c(step_ms), "input_ns": c(input_ms), "forward_ns": c(forward_ms),
         "backward_ns": c(backward_ms), "optimizer_ns": c(optimizer_ms), "h2d_ns": c(h2d_ms),
         "mem_peak": [mem + (seq + i) * mem_growth for i in range(n)],
+        "comm_ns": c(comm_ms), "comm_busy_ns": c(comm_busy_ms),
+        "comm_bytes": [-1 if comm_bytes is None else comm_bytes] * n,
+        "comm_bus_bytes": [-1 if comm_bus_bytes is None else comm_bus_bytes] * n,
+        "comm_calls": [-1 if comm_calls is None else comm_calls] * n,
     }
 
 

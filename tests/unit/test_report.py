@@ -18,6 +18,7 @@ import pytest
 
 from chromium import Chromium, chromium_path
 from tinyrun import PYTHON, REPO, env_for, traceml_cmd
+from traceml_core.wire.protocol import COMM_COLUMNS
 
 ARTIFACTS = REPO / "artifacts"
 STRAGGLER = REPO / "examples" / "straggler.py"
@@ -270,7 +271,8 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
                 "step": list(range(seq, seq + batch)), "t_end_ns": t_end, "step_ns": [10_000_000] * batch,
                 "input_ns": [200_000] * batch, "forward_ns": [2_000_000 + extra] * batch,
                 "backward_ns": [7_000_000 - extra] * batch, "optimizer_ns": [500_000] * batch,
-                "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch}})
+                "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch,
+                **{c: [-1] * batch for c in COMM_COLUMNS}}})
         rs.flush()
     # the node's system samples: the real sampler over a fake NVML (the one thing this machine
     # lacks), two GPUs, one busy and one idle, taken 2 s apart over the run

@@ -21,8 +21,13 @@ from ..wire.protocol import STEP_COLUMNS, ProtocolError
 from .series import Series
 from .sketch import QuantileSketch, column_keys
 
-#: step columns that are durations in ns and get full statistics (order = report order)
-DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
+#: step columns that are durations in ns and get full statistics (order = report order);
+#: ``comm_ns`` is the exposed communication, a phase like the others
+DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns",
+                    "comm_ns")
+#: step columns that only need totals (count, sum, max; steady = without the warm-up steps): the
+#: communication figures from which bandwidths are derived (sum of bytes / sum of busy time)
+SUM_COLUMNS = ("comm_busy_ns", "comm_bytes", "comm_bus_bytes", "comm_calls")
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
 #: pending records that trigger computing the statistics (the server also flushes every second)
@@ -50,6 +55,32 @@ class PhaseStats:
                 "unmeasured": self.unmeasured, "sketch": self.sketch.to_data()}
 
 
+class SumStats:
+    __slots__ = ("count", "sum", "max", "warm_count", "warm_sum")
+
+    def __init__(self) -> None:
+        self.count = self.sum = self.warm_count = self.warm_sum = 0
+        self.max = -1
+
+    def add(self, seq: int, col: list) -> None:
+        """Add one checked batch (records from ``seq``); -1 values (not measured) are left out."""
+        if seq < WARMUP_STEPS:
+            warm = [v for v in col[:WARMUP_STEPS - seq] if v >= 0]
+            self.warm_count += len(warm)
+            self.warm_sum += sum(warm)
+        if min(col) < 0:
+            col = [v for v in col if v >= 0]
+        self.count += len(col)
+        self.sum += sum(col)
+        mx = max(col)
+        if mx > self.max:
+            self.max = mx
+
+    def to_data(self) -> dict[str, Any]:
+        return {"count": self.count, "sum": self.sum, "max": self.max,
+                "warm_count": self.warm_count, "warm_sum": self.warm_sum}
+
+
 class RankState:
     """Statistics, identity, loss accounting and ending of one global rank."""
 
@@ -60,7 +91,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "step_source",
+        "step_source", "sums",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -90,6 +121,7 @@ class RankState:
         self.phases = {name: PhaseStats() for name in DURATION_COLUMNS}
         self._phase_items = tuple(self.phases.items())
         self._step_phase = self.phases["step_ns"]
+        self.sums = {name: SumStats() for name in SUM_COLUMNS}
         self.mem_count = 0
         self.mem_sum = 0
         self.mem_max = -1
@@ -261,7 +293,18 @@ class RankState:
                 mem_sum = sum(mem)
             mem_n = len(mem)
 
+        sums = []
+        for name in SUM_COLUMNS:   # checked before anything is applied, like the phases
+            col = cols[name]
+            mx = max(col)
+            if mx >= 0:
+                if mx > MAX_VALUE or type(sum(col)) is not int:
+                    raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+                sums.append((self.sums[name], col))
+
         # --- apply -------------------------------------------------------------------------------
+        for st, col in sums:
+            st.add(seq, col)
         contiguous = seq == self._proc_next
         self._proc_next = seq + n
         self.last_step = last_step
@@ -356,6 +399,7 @@ class RankState:
             "next_seq": self.next_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {name: ph.to_data() for name, ph in self._phase_items},
+            "sums": {name: st.to_data() for name, st in self.sums.items()},
             "mem": {"count": self.mem_count, "sum": self.mem_sum, "max": self.mem_max},
             "outside": {"sum": self.outside_sum, "count": self.outside_n},
             "series": self.series.to_data(),

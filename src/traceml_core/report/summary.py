@@ -74,6 +74,39 @@ def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dic
     return "vanished"
 
 
+def _comm(r: dict[str, Any], phases: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A rank's communication per steady step (see docs/summary-schema.md), or None if not measured.
+
+    Bandwidths are nccl-tests': ``algbw = S / t`` and ``busbw = S * factor / t``, with ``S`` the
+    bytes and ``t`` the time collectives were in flight, summed over the steady steps."""
+    sums = r.get("sums") or {}
+    busy, nbytes = sums.get("comm_busy_ns"), sums.get("comm_bytes")
+    bus, calls = sums.get("comm_bus_bytes"), sums.get("comm_calls")
+    exposed = phases.get("comm")
+    if not exposed or not busy or not busy["count"] or not nbytes or not bus or not calls:
+        return None
+
+    def steady(st: dict[str, Any]) -> tuple[float, int]:
+        n = st["count"] - st["warm_count"]
+        return (st["sum"] - st["warm_sum"], n) if n > 0 else (st["sum"], st["count"])
+
+    busy_ns, n = steady(busy)
+    step = (phases.get("step") or {}).get("steady_mean_ms")
+    xms = exposed["steady_mean_ms"]
+    return {
+        "steps": busy["count"],
+        "exposed_ms": xms,
+        "exposed_fraction": round(xms / step, 4) if step else None,
+        "busy_ms": ms(busy_ns / n),
+        "overlap_fraction": (round(max(0.0, 1.0 - xms * 1e6 / (busy_ns / n)), 4)
+                             if busy_ns > 0 else None),
+        "bytes_per_step": int(steady(nbytes)[0] / n),
+        "calls_per_step": round(steady(calls)[0] / n, 2),
+        "algbw_gbps": round(steady(nbytes)[0] / busy_ns, 4) if busy_ns > 0 else None,
+        "busbw_gbps": round(steady(bus)[0] / busy_ns, 4) if busy_ns > 0 else None,
+    }
+
+
 def _failed_at(r: dict[str, Any], status: str) -> Optional[float]:
     """When a failed rank's failure was seen (epoch seconds): its exception's own time stamp,
     else its goodbye's arrival, else when its connection closed."""
@@ -123,6 +156,7 @@ def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None
         "failed_at": _failed_at(r, status), "exit": exit_,
         "phases": phases,
         "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
+        "comm": _comm(r, phases),
         "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
                       "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
         "telemetry": {"received": r["received"], "expected": expected,
@@ -143,7 +177,7 @@ def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) 
             "steps_produced": None, "fail_step": None, "fail_in_step": False, "failed_at": None,
             "exit": exit_,
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
-            "mem_peak": None,
+            "comm": None, "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
                           "client_dropped": 0, "relay_dropped": 0, "rejected": 0, "reconnects": 0,
                           "sketched": 0},
@@ -198,6 +232,50 @@ def _system(data: dict[str, Any]) -> dict[str, Any]:
     return {"nodes": nodes,
             "gpu_util_pct_mean": round(sum(utils) / len(utils), 2) if utils else None,
             "gpus": gpus_flat}
+
+
+def _device(ranks: list[dict[str, Any]], system: dict[str, Any]) -> str:
+    """What the ranks computed on, as far as was measured: ``cuda`` when their phases were timed
+    with CUDA events (the SDK does so for a model on a GPU; ``h2d`` is measured only then) or the
+    nodes' GPUs were busy; ``cpu`` when no rank used CUDA timing and no node reported a GPU;
+    ``unknown`` otherwise (GPUs present but idle, e.g. a script that never passed its model to
+    trace_step). Advice is chosen by it: no GPU advice on a CPU run."""
+    if any((r["phases"].get("h2d") or {}).get("count") for r in ranks):
+        return "cuda"
+    gpus = system.get("gpus") or []
+    if any((g.get("util_pct_mean") or 0) > 5 for g in gpus):
+        return "cuda"
+    if not gpus and any(r["phases"].get("step") for r in ranks):
+        return "cpu"
+    return "unknown"
+
+
+def _communication(ranks: list[dict[str, Any]], world: int, probe: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Run-level communication: the ranks' figures side by side (median, least, most)."""
+    measured = [r for r in ranks if r.get("comm")]
+
+    def spread(key: str) -> Optional[dict[str, Any]]:
+        vals = [(r["comm"][key], r["rank"]) for r in measured if r["comm"].get(key) is not None]
+        if not vals:
+            return None
+        lo, hi = min(vals), max(vals)
+        return {"median": round(median([v for v, _ in vals]) or 0.0, 4), "min": lo[0],
+                "min_rank": lo[1], "max": hi[0], "max_rank": hi[1]}
+
+    if not measured:
+        why = ("a single process: nothing to communicate" if world <= 1 else
+               "no rank measured it (no process group in the traced steps, or a DDP model TraceML "
+               "could not time: see the ranks' logs)")
+    else:
+        why = None
+    return {
+        "measured": bool(measured), "ranks_measured": len(measured), "not_measured_why": why,
+        "exposed_ms": spread("exposed_ms"), "exposed_fraction": spread("exposed_fraction"),
+        "busy_ms": spread("busy_ms"), "overlap_fraction": spread("overlap_fraction"),
+        "bytes_per_step": spread("bytes_per_step"), "calls_per_step": spread("calls_per_step"),
+        "algbw_gbps": spread("algbw_gbps"), "busbw_gbps": spread("busbw_gbps"),
+        "probe": probe,
+    }
 
 
 #: signals that stop a run from outside (Ctrl-C, scancel, the time limit): a worker they ended did
@@ -298,12 +376,17 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                 for c in DURATION_COLUMNS}
     steps = step_time(sketches["step"])
     steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
+    device = _device(ranks, system)
+    communication = _communication(ranks, world, data.get("probe"))
+    cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
     run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits))
     step_src = steps_block(live_ranks, ranks)
     joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
                              "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
-                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status),
+                             "device": device, "communication": communication, "world": world,
+                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
     hang_report, ended_hung = _last_hang(data)
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
@@ -354,6 +437,8 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "warmup_steps": WARMUP_STEPS,
         "step_time": steps,
         "across_ranks": _across(joined),
+        "device": device,
+        "communication": communication,
         "ranks": ranks,
         "rank_endings": {k: v for k, v in endings.items() if v},
         "system": {"nodes": system["nodes"], "gpu_util_pct_mean": system["gpu_util_pct_mean"]},

@@ -268,6 +268,9 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
     _install_exit_hooks()
+    from . import comm
+
+    recorder.comm = comm.CommAccount()
     if info is not None and info.stack_dir:
         from . import stackdump
 
@@ -275,6 +278,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
 
     _use_context(StepContext(recorder))
     hotpath.set_recorder(recorder)
+    comm.attach(recorder)       # after set_recorder: DDP models built before init() get the hook
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
@@ -360,6 +364,17 @@ def _enable_cuda(device: Any) -> None:
     s = _session
     if s is not None and s.probe is not None:
         s.probe.use_cuda(device)
+
+
+def use_comm_polling() -> None:
+    """A DDP model on CPU is watched (sdk/comm.py): steps end by reading its reducer's timings
+    (the GPU context times CUDA models' communication with events instead)."""
+    r = hotpath.REC
+    if r is None or r.gpu is not None or type(_STEP_CTX) is not StepContext:
+        return
+    from .hotpath import CommStepContext
+
+    _use_context(CommStepContext(r))
 
 
 def notify(frame: dict[str, Any]) -> bool:

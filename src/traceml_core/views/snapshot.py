@@ -40,7 +40,8 @@ JOIN_GRACE_S = 30.0
 #: could only say "too few steps" (thresholds.WARMUP_STEPS + thresholds.MIN_STEPS)
 VERDICT_AFTER_STEPS = 25
 
-PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d")
+#: ``comm`` is the exposed communication (the wait), measured on distributed runs only
+PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d", "comm")
 _COLS = tuple(p + "_ns" for p in PHASES)
 
 

@@ -121,7 +121,16 @@ STEP_COLUMNS = (
     "optimizer_ns",
     "h2d_ns",        # host-to-device copies (CUDA only)
     "mem_peak",      # peak memory during the step: CUDA allocator on GPU, process RSS on CPU
+    # communication (sdk/comm.py; -1 throughout when not measured: no process group, or a DDP
+    # model whose all-reduce cannot be timed). forward/backward/optimizer exclude comm_ns.
+    "comm_ns",       # exposed communication: time the rank waited for collectives
+    "comm_busy_ns",  # time at least one collective was in flight (union of launch..completion)
+    "comm_bytes",    # collective sizes S as nccl-tests defines them, summed (algbw = bytes/busy)
+    "comm_bus_bytes",  # each S times its op's bus factor, summed (busbw = bus_bytes/busy)
+    "comm_calls",    # collectives launched in the step (DDP buckets + explicit calls)
 )
+#: the communication columns (all -1 together when communication is not measured)
+COMM_COLUMNS = STEP_COLUMNS[STEP_COLUMNS.index("comm_ns"):]
 SYSTEM_FIELDS = ("ts", "cpu_pct", "ram_used", "ram_total", "gpus")
 GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")
 RANK_STATUSES = ("clean", "error", "crashed", "vanished", "interrupted", "running")
