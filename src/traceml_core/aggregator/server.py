@@ -27,6 +27,7 @@ import sys
 import time
 from typing import Any, Callable, Optional, Union
 
+from ..options import BY_KEY
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
 from ..wire.frames import validate
 from ..wire.protocol import ProtocolError
@@ -55,6 +56,25 @@ class BindError(Exception):
     """The listening socket could not be opened; ``str()`` is the user-facing paragraph."""
 
 
+def port_clash_hint(settings: AggregatorSettings) -> str:
+    """The rest of the port-in-use sentence, fitting where the port came from."""
+    src, multi = settings.port_source, settings.nnodes > 1
+    same = " (the same on every node of the job)" if multi else ""
+    if src.startswith("slurm:"):
+        return ("probably by another job on this node whose job id is a multiple of 1,024 away "
+                "(job-derived ports repeat every 1,024 jobs), or a previous run still shutting down. "
+                f"Pass a free port with --aggregator-port PORT (or TRACEML_AGGREGATOR_PORT){same}.")
+    if src == "default":
+        fix = "--standalone (free local ports) or " if not multi else ""
+        return ("probably by another `traceml run` on this machine using the same default port, or a "
+                f"previous run still shutting down. Use {fix}--aggregator-port PORT with a free port"
+                f"{same}.")
+    unset = (" or unset it so the job-derived port is used" if settings.job_id
+             else f" or unset it to use the default ({BY_KEY['aggregator_port'].default})")
+    return ("probably by another job or a previous run still shutting down. Pass another free port "
+            f"with --aggregator-port PORT (or TRACEML_AGGREGATOR_PORT){same},{unset}.")
+
+
 def open_listener(settings: AggregatorSettings) -> socket.socket:
     host = settings.bind_host
     try:
@@ -65,10 +85,7 @@ def open_listener(settings: AggregatorSettings) -> socket.socket:
         if exc.errno == errno.EADDRINUSE:
             raise BindError(
                 f"The TraceML aggregator cannot listen on {where}: port {settings.port}{src} is "
-                "already in use on this node, probably by another job or a previous run that is "
-                f"still shutting down. Pass a free port with --aggregator-port PORT (or "
-                f"TRACEML_AGGREGATOR_PORT), the same on every node of the job; or leave it unset "
-                f"so a job-derived port is used.") from None
+                f"already in use on this node, {port_clash_hint(settings)}") from None
         if exc.errno in (errno.EADDRNOTAVAIL, errno.EINVAL):
             raise BindError(
                 f"The TraceML aggregator cannot listen on {where}: {host} is not an address of "

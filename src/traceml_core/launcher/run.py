@@ -37,6 +37,23 @@ WORKER_CONNECT_WAIT_S = 5.0
 HANG_EXIT_CODE = 124
 
 
+def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
+    """``interrupted by SIGTERM: the job reached its time limit (...)``: the signal, and who sent it
+    when the cluster plugin can tell (never raises)."""
+    name = signal.Signals(signum).name
+    words = f"interrupted by {name}" + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    if config.cluster in ("none", ""):
+        return words
+    try:
+        from ..plugins import load_cluster_environment
+
+        cls = load_cluster_environment(config.cluster)
+        why = cls().explain_interrupt(config, signum, at) if cls is not None else None
+    except Exception:  # noqa: BLE001 - an explanation must never cost the summary
+        why = None
+    return f"{words}: {why}" if why else words
+
+
 def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
@@ -148,10 +165,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:
-        sig = f"interrupted by {signal.Signals(sup.interrupted_by).name}"
+        sig = interrupt_words(config, int(sup.interrupted_by), sup.interrupted_at or time.time())
         reason = f"{reason}; {sig}" if reason else sig
     status = exit_status(code)
-    if interrupted and status == 0:
+    if interrupted:  # the shell's convention, whatever torchrun made of the signal: 130 for Ctrl-C
         status = 128 + int(sup.interrupted_by)
     if telemetry.hung and not interrupted:
         status = HANG_EXIT_CODE
