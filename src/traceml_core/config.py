@@ -27,7 +27,7 @@ from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
 #: keys that are not options but context a cluster may provide (job identity)
-CONTEXT_KEYS = ("job_id", "node_name")
+CONTEXT_KEYS = ("job_id", "node_name", "job_end_time")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,6 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
-    relay: bool = True
     auto_steps: bool = True
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
@@ -57,6 +56,8 @@ class LaunchConfig:
     export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
+    #: when the cluster will stop the job (its time limit), epoch seconds, if the cluster says
+    job_end_time: Optional[float] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's
     #: node list); lets node 0 name a node that never joined. Not printed with the other values.
     hostnames: tuple[str, ...] = ()

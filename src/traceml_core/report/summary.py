@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..aggregator.rankstate import DURATION_COLUMNS
+from ..wire.protocol import DURATION_COLUMNS
 from ..aggregator.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
@@ -49,11 +49,15 @@ def _phase(ph: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dict[int, Any],
-                 failed_nodes: set[int], provisional: bool) -> str:
-    """How a rank ended: its own bye wins; else what the launcher reported decides."""
+                 failed_nodes: set[int], provisional: bool, exit_: Optional[dict[str, Any]] = None) -> str:
+    """How a rank ended: its own bye wins; then torchrun's record of it (a worker torchrun saw die
+    by a signal or a failing exit crashed, on any node: its node's launcher passes the record on);
+    else what the launcher reported decides."""
     bye = r.get("bye")
     if bye:
         return bye["status"]
+    if _failed_by_itself(exit_):
+        return "crashed"
     node = r.get("node")
     ni = nodes.get(node) if node is not None else None
     if node in failed_nodes or (ni is not None and ni.get("left_at") is not None):
@@ -274,7 +278,33 @@ def _communication(ranks: list[dict[str, Any]], world: int, probe: Optional[dict
     }
 
 
-def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool) -> str:
+#: signals that stop a run from outside (Ctrl-C, scancel, the time limit): a worker they ended did
+#: not fail by itself
+INTERRUPTS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def _failed_by_itself(exit_: Optional[dict[str, Any]]) -> bool:
+    """torchrun's record of a worker says it failed on its own (a signal other than an interrupt,
+    or a failing exit code)."""
+    if not exit_:
+        return False
+    if exit_.get("signal"):
+        return exit_["signal"] not in INTERRUPTS
+    return exit_.get("exitcode") not in (None, 0)
+
+
+def _failed_before_interrupt(nodes: dict[int, Any], exits: dict[int, Any]) -> bool:
+    """Whether the run had failed on its own before node 0's launcher was interrupted: torchrun
+    recorded a failed worker (it records none when a SIGTERM stopped it), or another node's
+    launcher ended in error rather than interrupted. Then the SIGTERM was a consequence (srun
+    --kill-on-bad-exit stopping the step after that node failed), not the cause."""
+    if any(_failed_by_itself(e) for e in exits.values()):
+        return True
+    return any(n != 0 and ((ni or {}).get("bye") or {}).get("status") == "error" for n, ni in nodes.items())
+
+
+def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool,
+                failed_first: bool = False) -> str:
     if finish is None:
         if provisional:
             return "running"
@@ -283,7 +313,7 @@ def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], p
             return "completed"
         return "failed" if statuses & {"error", "crashed"} else "unknown"
     if finish.get("interrupted"):
-        return "interrupted"
+        return "failed" if failed_first else "interrupted"
     code = finish.get("exit_code")
     if code is None:
         statuses = {r["status"] for r in ranks}
@@ -314,7 +344,8 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         if r is None:
             ranks.append(_never_joined(rank, rank // nproc if nproc else 0, exits.get(rank)))
         else:
-            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional),
+            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional,
+                                               exits.get(rank)),
                                exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
@@ -348,7 +379,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     device = _device(ranks, system)
     communication = _communication(ranks, world, data.get("probe"))
     cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
-    run_status = _run_status(finish, ranks, provisional)
+    run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits))
     step_src = steps_block(live_ranks, ranks)
     joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
