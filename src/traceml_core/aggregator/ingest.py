@@ -231,6 +231,7 @@ class Ingest:
         if value is None or now - at >= every_s:
             from ..report.stats import merge_sketches, step_time
 
+            self.state.flush()  # frames not yet folded into the histograms count too
             ranks = list(self.state.ranks.values())
             if ranks:
                 value = step_time(merge_sketches(rs.phases["step_ns"].sketch.to_data()
