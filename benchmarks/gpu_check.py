@@ -238,7 +238,6 @@ def main() -> int:
         return skip(f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
 
     import traceml_core as traceml
-    from traceml_core.aggregator.process import start_aggregator
     from traceml_core.aggregator.settings import AggregatorSettings
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -250,10 +249,13 @@ def main() -> int:
 
     # 1 + 2: overhead, through a real aggregator, and the SDK's CUDA phase times
     steps, reps = (200, 10) if args.quick else (300, 30)
-    h = start_aggregator(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=work / RUN, port=0,
-                                            nnodes=1, nproc_per_node=1, drain_s=2.0))
+    from _bench_common import LocalRun
+
+    run = LocalRun(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=work / RUN, port=0,
+                                      nnodes=1, nproc_per_node=1, drain_s=2.0))
+    h = run.handle
     try:
-        ok = traceml.init(aggregator=f"127.0.0.1:{h.port}", token=TOKEN, run_name=RUN, rank=0,
+        ok = traceml.init(aggregator=run.address, token=TOKEN, run_name=RUN, rank=0,
                           local_rank=0, world_size=1, connect_wait=10,
                           max_buffered_steps=1 << 20)
         if not ok or not traceml.stats().get("connected"):
@@ -265,10 +267,10 @@ def main() -> int:
         fallbacks = getattr(gpu_timer, "fallbacks", None)
         traced = sum(r["traced_steps"] for r in results)
         traceml.shutdown()
-        res = h.finish(0)
+        res = run.finish(0)
     finally:
         if h.alive():
-            h.kill()
+            run.kill()
     summary = json.loads(res.summary_json.read_text()) if res.summary_json else {}
     rank = (summary.get("ranks") or [{}])[0]
     print(f"\nper-step overhead on the device, {reps} blocks x {steps} steps per loop, alternating; us per step")

@@ -45,7 +45,6 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
-    relay: bool = True
     auto_steps: bool = True
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"

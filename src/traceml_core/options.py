@@ -250,9 +250,6 @@ OPTIONS: tuple[Option, ...] = (
            "Find steps in a script that does not call trace_step: from Lightning's, the Hugging "
            "Face Trainer's or Accelerate's own hooks, else one step per optimizer step (off: only "
            "trace_step records steps; every rank still joins the run).", "on/off", default_doc="on"),
-    Option("relay", bool, True,
-           "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
-           "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),
     # the live views (--mode cli|dashboard, node 0 only)
     Option("status_interval", limits.STATUS_INTERVAL_S, 10.0,
            "--mode cli when stdout is not a terminal: seconds between status lines.", "S"),

@@ -17,23 +17,15 @@ from collections import deque
 from typing import Any, Optional
 
 from ..report.thresholds import WARMUP_STEPS
-from ..wire.protocol import STEP_COLUMNS, ProtocolError
+from ..wire.frames import MAX_VALUE
+from ..wire.protocol import DURATION_COLUMNS, STEP_COLUMNS, SUM_COLUMNS, ProtocolError
 from .series import Series
 from .sketch import QuantileSketch, column_keys
 
-#: step columns that are durations in ns and get full statistics (order = report order);
-#: ``comm_ns`` is the exposed communication, a phase like the others
-DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns",
-                    "comm_ns")
-#: step columns that only need totals (count, sum, max; steady = without the warm-up steps): the
-#: communication figures from which bandwidths are derived (sum of bytes / sum of busy time)
-SUM_COLUMNS = ("comm_busy_ns", "comm_bytes", "comm_bus_bytes", "comm_calls")
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
 #: pending records that trigger computing the statistics (the server also flushes every second)
 FLUSH_RECORDS = 64
-#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
-MAX_VALUE = 1 << 62
 
 
 class PhaseStats:
@@ -91,7 +83,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "step_source", "sums",
+        "open_bound", "counts", "step_source", "sums",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -114,6 +106,11 @@ class RankState:
         self.client_dropped = 0  # the client's own cumulative drop count
         self.relay_dropped = 0  # records its node's relay had to drop (budget full), cumulative
         self.relay_seq_end = 0  # seq after the last record the relay received from it
+        #: records the rank last said it held unsent (its relay reports it when it goes): what
+        #: may have died with it; None when it never said
+        self.open_bound: Optional[int] = None
+        #: its answer to the last ``counts`` request (wire/frames.REQUESTS), with ``at``
+        self.counts: Optional[dict[str, Any]] = None
         self.next_seq = 0
         self.last_step = -1
         self.first_t_end: Optional[int] = None
@@ -396,6 +393,7 @@ class RankState:
             "connections": self.connections, "bye": self.bye, "received": self.received,
             "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
             "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
+            "open_bound": self.open_bound, "counts": self.counts,
             "next_seq": self.next_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {name: ph.to_data() for name, ph in self._phase_items},

@@ -1,10 +1,11 @@
 """``traceml run``: one launcher per node.
 
 Node 0 starts the aggregator (a child process, so training survives its death) before anything
-else, so a port clash is reported before training starts. Every node's launcher then joins the
-aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still be in a slow
-``module load``), starts torchrun with the run's details in the workers' environment, supervises
-it, and on node 0 asks the aggregator for the final summary, which it prints.
+else, so a port clash is reported before training starts. Every node's launcher then starts its
+relay, which joins the aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still
+be in a slow ``module load``), starts torchrun with the run's details (the relay's address) in the
+workers' environment, supervises it, and on node 0 asks the aggregator for the final summary,
+which it prints.
 """
 
 from __future__ import annotations
@@ -34,12 +35,6 @@ STOP_GRACE_S = 15.0
 WORKER_CONNECT_WAIT_S = 5.0
 #: exit status when the hang watchdog (--hang-timeout) stopped the run (timeout(1)'s convention)
 HANG_EXIT_CODE = 124
-
-
-def worker_aggregator_host(config: LaunchConfig) -> str:
-    if config.node_rank == 0:
-        return "127.0.0.1" if config.aggregator_bind_host in ("0.0.0.0", "::") else config.aggregator_bind_host
-    return config.aggregator_host
 
 
 def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
@@ -129,22 +124,22 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
         f"master {config.master_addr}:{config.master_port}, aggregator "
         f"{config.aggregator_host}:{config.aggregator_port}")
-    telemetry = NodeTelemetry(config, token.value)
+    telemetry = NodeTelemetry(config, token)
     started = time.time()
     view = None
     try:
         if config.node_rank == 0:
             # raises TraceMLError (port in use, ...) before training starts
             telemetry.start_aggregator(script, script_args)
-        joined = telemetry.join(config.aggregator_wait, interrupted=lambda: sup.interrupted_by is not None)
-        relay = telemetry.start_relay() if config.relay else None
+        relay = telemetry.start_relay(config.aggregator_wait,
+                                      interrupted=lambda: sup.interrupted_by is not None)
 
         info = RunInfo(
             run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
             nproc_per_node=config.nproc_per_node,
-            aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
-            aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
-            connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
+            aggregator_host=relay.host if relay is not None else "127.0.0.1",
+            aggregator_port=relay.port if relay is not None else 0, token=token.value,
+            connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
             logs_dir=config.logs_dir, auto_steps=config.auto_steps)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}

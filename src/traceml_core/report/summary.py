@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..aggregator.rankstate import DURATION_COLUMNS
+from ..wire.protocol import DURATION_COLUMNS
 from ..aggregator.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time

@@ -248,6 +248,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
 
     import torch  # noqa: F401  (the SDK instruments torch; fail here, not in the hot path)
 
+    from ..wire.auth import relay_aud
+    from .responders import answer
     from ..wire.client import TelemetryClient
     from . import patches
     from .memory import MEMORY_INTERVAL_S, MemoryProbe
@@ -259,9 +261,11 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.probe = MemoryProbe(recorder)
     host, port = s.address
     s.client = TelemetryClient(
-        host, port, token, run=s.run, job=s.job, node=s.node, rank=s.rank, kind="rank",
+        host, port, token, aud=relay_aud(s.node), run=s.run, job=s.job, node=s.node, rank=s.rank,
+        kind="rank", peer="this node's relay",
         world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
         source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
+        on_frame=lambda req: answer(s, req),
     )
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)

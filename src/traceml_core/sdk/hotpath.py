@@ -259,10 +259,14 @@ class StepRecorder:
         self.sealed.appendleft(batch)
 
     def frame(self, batch: Batch) -> dict[str, Any]:
+        n = len(batch.rows)
         return {
-            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": len(batch.rows),
+            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": n,
             "cols": batch.columns(self.wall_offset, 0 if self.cdef == 0 else -1),
             "dropped": self.dropped + self.discarded,
+            # what this rank holds beyond this batch (later sealed batches, the open one): the
+            # bound of what dies with it if it is killed now
+            "open": max(0, self.count - batch.seq - n),
         }
 
     def records(self, batch: Batch) -> int:
