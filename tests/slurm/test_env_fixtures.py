@@ -18,8 +18,9 @@ import pytest
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "slurm_env"
 
 # Values that differ from one capture to the next by nature (ids, ports, pids, paths of this cluster).
+# The job's start and end times (24.11) are compared as their difference, the job's time limit.
 VOLATILE = ("JOB_ID", "JOBID", "PORT", "TASK_PID", "SLURM_CONF", "CLUSTER_NAME", "WORKING_CLUSTER",
-            "IPADDR", "COMM_HOST", "SUBMIT_DIR", "PWD")
+            "IPADDR", "COMM_HOST", "SUBMIT_DIR", "PWD", "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME")
 
 
 def _load_capture():
@@ -31,7 +32,10 @@ def _load_capture():
 
 
 def _stable(doc: dict) -> dict:
-    return {k: v for k, v in doc.items() if k != "_meta" and not any(x in k for x in VOLATILE)}
+    out = {k: v for k, v in doc.items() if k != "_meta" and not any(x in k for x in VOLATILE)}
+    if "SLURM_JOB_END_TIME" in doc:
+        out["time limit (end - start)"] = int(doc["SLURM_JOB_END_TIME"]) - int(doc["SLURM_JOB_START_TIME"])
+    return out
 
 
 @pytest.mark.parametrize("key", ["gres", "wnode2"])
