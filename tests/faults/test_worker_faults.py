@@ -38,9 +38,15 @@ def test_worker_sigkilled_mid_run(tmp_path, baseline):
     v = s["verdict"]
     assert v["kind"] == "run_failed" and v["culprit"]["rank"] == 1, v
     ev = v["evidence"]
-    assert ev["signal"] == "SIGKILL" and ev["step"] == FAULT_STEP and ev["consequence_ranks"] == [0], ev
+    assert ev["signal"] == "SIGKILL" and ev["consequence_ranks"] == [0], ev
     assert ev["oom_killed"] is not True  # a kill -9, not the OOM killer
-    assert s["run"]["reason"].startswith(f"rank 1 was killed by SIGKILL around step {FAULT_STEP}")
+    # where it died: rank 0's records say step 40; on a loaded machine both ranks' last records
+    # can die with them (rank 0 is stopped by SIGTERM), and then the step is a lower bound, said so
+    if ev["step"] == FAULT_STEP:
+        assert s["run"]["reason"].startswith(f"rank 1 was killed by SIGKILL around step {FAULT_STEP}")
+    else:
+        assert 0 < ev["step"] < FAULT_STEP, ev
+        assert s["run"]["reason"].startswith(f"rank 1 was killed by SIGKILL after at least {ev['step']} steps")
     assert "Verdict: RUN-FAILED (critical): rank 1 (node 0" in r.out
     assert ranks[0]["failure"]["role"] == "consequence" and ranks[1]["failure"]["role"] == "first"
     assert_counted(r, s)
@@ -80,7 +86,10 @@ def test_worker_raises(tmp_path, baseline):
 
 def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     """Rank 1 deadlocks; rank 0 then waits in the all-reduce forever (gloo's timeout is 30 min).
-    With --hang-timeout=3 the launcher stops the run, exits 124 and the summary names the ranks."""
+    With --hang-timeout=3 the launcher takes the hang report (every rank's stack), stops the run,
+    exits 124, and the summary names the ranks and where they were stuck."""
+    from traceml_core.aggregator.autopsy import DEADLINE_S
+
     r = run(tmp_path, FAULT + ("--fault", "hang"), flags=["--hang-timeout=3"], run_name="hung",
             timeout=60)
     assert r.code == 124
@@ -90,12 +99,22 @@ def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     assert s["run"]["status"] == "failed" and s["run"]["exit_code"] == 124
     assert "looks hung" in reason and "rank 1 (node 0" in reason and "--hang-timeout=3" in reason
     assert "[traceml] error: training looks hung" in r.err
-    # bound: noticed within the timeout + the 1 s watch interval (+ up to 0.2 s of frame
-    # batching), then torchrun stops the workers at once (SIGTERM ends a process blocked in gloo)
-    # and the summary is written: well under timeout + 5 s after the hang began
+    # the automatic report threshold (60 s) is far off: the watchdog takes the report itself,
+    # before it stops the workers, so the run that was stopped still says where each rank was
+    h = s["hang"]
+    assert h and h["culprits"] == [1] and h["threshold_source"] == "--hang-timeout=3", h
+    assert s["verdict"]["kind"] == "hang" and s["verdict"]["culprit"]["rank"] == 1, s["verdict"]
+    assert reason.startswith("hung: rank 1 (node 0"), reason
+    # bounds: the watchdog fires within the timeout + the 1 s watch interval + the relay's 0.2 s
+    # window (+ records still queued in a rank on a loaded machine); the collection waits at most
+    # DEADLINE_S; then torchrun stops the workers at once (SIGTERM ends a process blocked in gloo)
+    # and the summary is written
     written = (r.run_dir / "final_summary.json").stat().st_mtime
-    print(f"hang began -> summary written: {written - hung_at:.1f} s (--hang-timeout=3)")
-    assert written - hung_at < 3 + 5, written - hung_at
+    print(f"hang began -> report taken: {h['at'] - hung_at:.1f} s -> summary written: "
+          f"{written - h['at']:.1f} s more (--hang-timeout=3)")
+    assert 0 < h["at"] - hung_at < 3 + 2 + DEADLINE_S, h["at"] - hung_at
+    assert 0 < written - h["at"] < 8, written - h["at"]
+    assert "Traceback" not in r.err, r.err[-3000:]  # torchrun's SignalException buries the why
     assert_counted(r, s)
     assert_no_leftovers(r)
 

@@ -68,6 +68,24 @@ def test_sigkill_where_the_cgroup_was_unreadable_says_so():
     assert "an OOM kill could not be checked" in v["why"]
 
 
+def test_a_killed_ranks_step_is_a_lower_bound_when_no_rank_got_further():
+    """Rank 1 SIGKILLed, rank 0 then stopped by torchrun's SIGTERM: neither said goodbye, so both
+    lost the steps they had not sent. Rank 0 got further: rank 1 died "around" there. When none
+    got further, the step is what its telemetry reached, and called a lower bound."""
+    kill = {"exitcode": -9, "signal": "SIGKILL"}
+    term = {"exitcode": -15, "signal": "SIGTERM"}
+    ahead = [rank(0, "crashed", at=5.2, steps=40, exit_=term), rank(1, "crashed", at=5.0, steps=34, exit_=kill)]
+    v = diagnose(ahead, {}, "failed")
+    assert v["evidence"]["step"] == 40 and v["evidence"]["step_at_least"] is False
+    assert v["reason"].startswith("rank 1 was killed by SIGKILL around step 40")
+    level = [rank(0, "crashed", at=5.2, steps=34, exit_=term), rank(1, "crashed", at=5.0, steps=34, exit_=kill)]
+    v = diagnose(level, {}, "failed")
+    assert v["culprit"]["rank"] == 1 and v["evidence"]["consequence_ranks"] == [0]
+    assert v["evidence"]["step"] == 34 and v["evidence"]["step_at_least"] is True
+    assert v["reason"].startswith("rank 1 was killed by SIGKILL after at least 34 steps")
+    assert "its telemetry reached 34" in v["why"]
+
+
 def test_two_independent_errors_are_not_called_consequences():
     ranks = [rank(0, "error", error="ValueError: bad label 7", at=10.0, fail_step=4),
              rank(1, "error", error="KeyError: 'mask'", at=10.3, fail_step=4)]

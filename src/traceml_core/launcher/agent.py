@@ -177,9 +177,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     for fd in fds:
         os.close(fd)
     _failure_reporter(sock)
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.run import main as torchrun_main
 
-    torchrun_main(argv)
+    try:
+        torchrun_main(argv)
+    except SignalException:
+        # stopped by the launcher (the hang watchdog, a node lost) or by scancel: torchrun has
+        # stopped the workers, and the launcher logs why; its traceback would only bury that.
+        # Exit status 1, as the uncaught exception gave.
+        return 1
     return 0
 
 

@@ -169,6 +169,13 @@ def _align_silent_steps(ranks: list[dict[str, Any]], causes: dict[int, dict[str,
             c["step_words"] = (f"around step {peak} (where the other ranks stopped; the steps it had "
                                f"not sent yet died with it, its telemetry reached {own})")
             c["step_short"] = f"around step {peak}"
+        elif own:
+            # every rank's tail may have died with it (a loaded machine, ranks stopped together):
+            # what reached node 0 is a lower bound, and the words say so
+            c["step_words"] = (f"after at least {own} steps (its telemetry reached {own}; the steps it "
+                               "had not sent yet died with it)")
+            c["step_short"] = f"after at least {own} steps"
+            c["step_at_least"] = True
 
 
 def _name(rank: dict[str, Any]) -> str:
@@ -259,7 +266,7 @@ def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[s
             role = "consequence"
         else:  # no evidence either way, and it ended before the first real failure
             role = "independent"
-        r["failure"] = {"role": role, **{k: v for k, v in c.items() if k not in ("step_words", "step_short")}}
+        r["failure"] = {"role": role, **{k: v for k, v in c.items() if k not in ("step_words", "step_short", "step_at_least")}}
         (independent if role == "independent" else consequences if role == "consequence" else []).append(r)
     c = causes[first["rank"]]
     oom = oom_by_node.get(first["node"])
@@ -278,7 +285,7 @@ def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[s
                      "network of the first one")
     nxt = _next_step(first, c)
     evidence = {"first_rank": first["rank"], "node": first["node"], "host": first.get("host") or None,
-                "step": c["step"], "cause": c["cause"], "exception_type": c["type"],
+                "step": c["step"], "step_at_least": bool(c.get("step_at_least")), "cause": c["cause"], "exception_type": c["type"],
                 "message": c["message"], "where": c["where"], "signal": c["signal"],
                 "oom_killed": c["oom_killed"], "exitcode": c["exitcode"],
                 "consequence_ranks": [r["rank"] for r in consequences],
