@@ -12,13 +12,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-import pytest
-
 from e2e import REPO, job_env, summary
 
 SCRIPT = REPO / "tests" / "unit" / "scripts" / "comm_train.py"
-#: the link probe between the launchers lands with the wire/ transport consolidation
-needs_probe = pytest.mark.skip(reason="the link probe is not wired into the launcher yet")
+
 SMALL = ("--cpus-per-task=1",)
 #: the slow link: 100 Mbit/s out of the node (12.5 MB/s), as in the issue's reproduction
 RATE = "100mbit"
@@ -81,7 +78,6 @@ def test_two_nodes_on_a_slow_link_are_communication_bound(slurm_cluster, tmp_pat
     assert "COMMUNICATION-BOUND" in out
 
 
-@needs_probe
 def test_two_nodes_the_probe_names_the_slow_direction(slurm_cluster, tmp_path):
     with throttled(slurm_cluster, "node2"):
         data, out = run(slurm_cluster, tmp_path, 2, {**BIG_GRADIENT, "COMM_STEPS": "8"})
@@ -92,7 +88,6 @@ def test_two_nodes_the_probe_names_the_slow_direction(slurm_cluster, tmp_path):
     assert "SLOW LINK: node 1 (node2) -> node 0 (node1)" in out
 
 
-@needs_probe
 def test_three_nodes_name_the_slow_node(slurm_cluster, tmp_path):
     with throttled(slurm_cluster, "node2"):
         data, out = run(slurm_cluster, tmp_path, 3, BIG_GRADIENT)
@@ -117,7 +112,6 @@ def test_controls_with_heavy_compute_on_fast_links_are_not_communication_bound(s
         no_gpu_advice(data)
 
 
-@needs_probe
 def test_the_probe_names_nobody_on_equal_links(slurm_cluster, tmp_path):
     data, out = run(slurm_cluster, tmp_path, 3, {**HEAVY_COMPUTE, "COMM_STEPS": "6"})
     probe = data["communication"]["probe"]
@@ -125,7 +119,6 @@ def test_the_probe_names_nobody_on_equal_links(slurm_cluster, tmp_path):
     assert all(n["gbps"] and n["gbps"] > 0.1 for n in probe["nodes"]), probe["nodes"]
 
 
-@needs_probe
 def test_the_probe_can_be_turned_off(slurm_cluster, tmp_path):
     data, out = run(slurm_cluster, tmp_path, 2, {**BIG_GRADIENT, "COMM_STEPS": "8",
                                                  "TRACEML_LINK_PROBE": "off"})

@@ -288,6 +288,9 @@ class Server(Handler):
             self.net.send(conn, snapshot_frame(self.state, checked))
         elif t == "system":
             self.ingest.system(i, checked)
+        elif t == "probe":      # the link probe between the nodes (traceml_core/linkprobe)
+            self.state.probe = checked["result"]
+            self.state.dirty = True
 
     def on_close(self, conn: Conn) -> None:
         i = conn.ident
