@@ -178,3 +178,37 @@ def test_the_probe_result_reaches_the_summary_and_names_the_slow_node(rig):
         "node": 1, "host": "node2", "gbps": 0.0125, "others_gbps": 2.0, "direction": "send", "ratio": 0.0063}
     text = done.summary_txt.read_text()
     assert "SLOW LINK: node 1 (node2) sends at" in text, text
+
+
+def test_a_probe_that_cannot_measure_says_so_in_the_summary_and_never_fails_the_launch(tmp_path):
+    """Node 0's launcher as ``traceml run`` drives it, with node 1's launcher absent: the probe
+    ends within its bounds, and the summary says the links were not measured, and why."""
+    from traceml_core.config import LaunchConfig
+    from traceml_core.launcher.telemetry import NodeTelemetry
+    from traceml_core.launcher.token import Token
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    # both "nodes" are 127.0.0.1: node 1's address reaches node 0's probe server, which refuses a
+    # hello meant for node 1, so node 1 does not answer
+    cfg = LaunchConfig(nnodes=2, node_rank=0, nproc_per_node=1, master_addr="127.0.0.1",
+                       master_port=port + 3, run_name="probe", logs_dir=str(tmp_path), mode="summary",
+                       aggregator_port=port, aggregator_host="127.0.0.1",
+                       aggregator_bind_host="127.0.0.1", aggregator_wait=3.0, cluster="none",
+                       hostnames=("127.0.0.1", "127.0.0.1"))
+    tel = NodeTelemetry(cfg, Token(TOKEN, "test"))
+    tel.start_aggregator()
+    try:
+        t0 = time.monotonic()
+        tel.link_probe()
+        assert time.monotonic() - t0 < 20.0
+    finally:
+        if tel.probe is not None:
+            tel.probe.close()
+        done = tel.handle.finish(0)
+    s = json.loads(done.summary_json.read_text())
+    probe = s["communication"]["probe"]
+    assert probe["error"] == "only 1 of 2 nodes' launchers answered the probe" and probe["nodes"] == []
+    assert ("Link probe: the links between the nodes were not measured (only 1 of 2 nodes' "
+            "launchers answered the probe)") in done.summary_txt.read_text()
