@@ -102,7 +102,9 @@ def test_three_nodes_name_the_slow_node(slurm_cluster, tmp_path):
         doctor = json.loads((tmp_path / "doctor.json").read_text())
     v = comm_verdict(data)
     assert v is not None and data["verdict"]["kind"] == "communication_bound", kinds(data)
-    slow = data["communication"]["probe"]["slow_node"]
+    probe = data["communication"]["probe"]
+    assert all(p["error"] is None and p["nbytes"] > 0 for p in probe["pairs"]), probe["pairs"]
+    slow = probe["slow_node"]
     assert slow is not None and (slow["node"], slow["host"], slow["direction"]) == (1, "node2", "send")
     assert slow["gbps"] < 0.02 and slow["others_gbps"] > 0.1
     assert v["culprit"] == {"rank": None, "node": 1, "host": "node2"}

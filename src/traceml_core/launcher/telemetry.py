@@ -146,8 +146,10 @@ class NodeTelemetry:
         the aggregator for the summary. Never raises; bounded (see docs/communication.md)."""
         c = self.config
         nbytes = link_probe_bytes(c.link_probe)
-        if c.nnodes < 2 or not nbytes or self.join_refused:
+        if c.nnodes < 2 or not nbytes:
             return
+        # (a node whose join was refused serves too: node 0's hello is then refused at once, where
+        # a node that does not listen would be waited for)
         result: Optional[dict[str, Any]] = None
         try:
             from ..linkprobe.probe import NodeProbe
@@ -158,13 +160,18 @@ class NodeTelemetry:
             self.probe.serve()     # a node that cannot listen is left out (logged), not fatal
             if self.handle is None:
                 return
-            hosts = self._probe_hosts(min(c.aggregator_wait, PROBE_JOIN_WAIT_S), interrupted)
+            # the nodes' servers are waited for within the aggregator's node-join window (a node
+            # not up by its end fails the run anyway), at most PROBE_JOIN_WAIT_S
+            left = c.aggregator_wait - (time.monotonic() - self._started)
+            wait = min(PROBE_JOIN_WAIT_S, max(1.0, left))
+            hosts = self._probe_hosts(wait, interrupted)
             if hosts is None:
                 result = _probe_failed("the nodes' hostnames are unknown (no node list from the "
                                        "cluster and not every node joined)")
                 log(f"warning: link probe: {result['error']}")
             else:
-                result = self.probe.measure(hosts, wait_s=min(c.aggregator_wait, PROBE_JOIN_WAIT_S),
+                left = c.aggregator_wait - (time.monotonic() - self._started)
+                result = self.probe.measure(hosts, wait_s=min(PROBE_JOIN_WAIT_S, max(1.0, left)),
                                             stop=interrupted)
         except Exception as exc:    # never into training
             log(f"warning: link probe failed ({type(exc).__name__}: {exc})")
