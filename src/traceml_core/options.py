@@ -84,6 +84,16 @@ def _mode(text: str) -> str:
     return value
 
 
+LAYOUTS = ("auto", "node", "task")
+
+
+def _layout(text: str) -> str:
+    value = _nonempty(text).lower()
+    if value not in LAYOUTS:
+        raise ValueError(f"must be one of {', '.join(LAYOUTS)}")
+    return value
+
+
 def _exports(text: str) -> str:
     value = _nonempty(text).lower()
     kinds = [k.strip() for k in value.split(",") if k.strip()]
@@ -216,6 +226,11 @@ OPTIONS: tuple[Option, ...] = (
            "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
            "comma-separated. Never fails training.", "KINDS"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
+    Option("layout", _layout, "auto",
+           "How ranks start: node = one `traceml run` per node starts a worker per GPU with torchrun; "
+           "task = every task of the job step is one rank (one srun task per GPU, Lightning's and "
+           "submitit's layout; no torchrun); auto = the cluster plugin decides (Slurm: task when the srun "
+           "step runs more than one task per node), else node.", "MODE", default_doc="auto"),
     Option("auto_steps", bool, True,
            "Find steps in a script that does not call trace_step: from Lightning's, the Hugging "
            "Face Trainer's or Accelerate's own hooks, else one step per optimizer step (off: only "

@@ -167,6 +167,7 @@ MALFORMED_OPTION = {
     "hang_timeout": ["-3", "never", "nan"], "cluster": ["pbs"], "logs_dir": [" "],
     "relay": ["maybe", "2"], "status_interval": ["0", "soon", "inf"], "live_refresh": ["0", "-1"],
     "dashboard_host": ["my laptop", "node1"], "dashboard_port": ["65536", "-1"], "export": ["csv", ","],
+    "auto_steps": ["maybe", "2"], "layout": ["gpu", "per-task"],
 }
 
 
