@@ -83,9 +83,10 @@ NODE_RANK = Limit("node rank", 0, NODES.hi - 1, "node ranks run 0..nodes-1")
 PROCS_PER_NODE = Limit("workers per node", 1, 1_024,
                        "one worker per GPU or per core, and no node has more")
 GPUS_PER_NODE = Limit("GPUs per node", 0, PROCS_PER_NODE.hi, "no node has more GPUs")
-#: nodes x workers per node: every rank gets a row in the summary and per-rank state on node 0,
-#: so this bounds node 0's memory; 4x the largest torch.distributed jobs reported.
-WORLD_SIZE = Limit("world size (nodes x workers per node)", 1, 262_144,
+#: nodes x workers per node: every rank gets a row in the summary (about 1 KiB of JSON) and
+#: per-rank state on node 0, so this bounds node 0's memory and the summary's size (~64 MiB);
+#: 4x the largest torch.distributed jobs reported (16,384 GPUs).
+WORLD_SIZE = Limit("world size (nodes x workers per node)", 1, 65_536,
                    "node 0 keeps state for every rank; 4x the largest torch.distributed jobs reported")
 PORT = Limit("port", 1, 65_535, "TCP ports are 16-bit")
 PORT_OR_AUTO = Limit("port or 0", 0, 65_535, "TCP ports are 16-bit; 0 picks one automatically")

@@ -15,7 +15,8 @@ torchrun collected is sent back over the same socket: the summary names a killed
 from it. The socket is closed to the workers (not inheritable).
 
 Protocol (one JSON object per line): agent -> launcher ``{"ready": true, "torch": VERSION,
-"cuda_devices": N, "module": PATH|null}`` or ``{"ready": false, "error": "torch"|"module",
+"cuda_devices": N, "module": PATH|null, "owns_workers": BOOL}`` (whether each worker will get
+SIGKILL from the kernel when this process dies, see :mod:`.ownership`) or ``{"ready": false, "error": "torch"|"module",
 "detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
 descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
 end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
@@ -30,6 +31,8 @@ import socket
 import sys
 import time
 from typing import Any, Optional
+
+from .ownership import kill_workers_with_torchrun
 
 FD_VAR = "TRACEML_AGENT_FD"
 BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"   # (launcher/torchrun.py; this module stays light)
@@ -150,9 +153,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     if sock is None:  # started by hand: behave like torchrun
         from torch.distributed.run import main as torchrun_main
 
+        kill_workers_with_torchrun()
         torchrun_main(argv)
         return 0
     result = _probe(_module_of(argv))
+    if result["ready"]:
+        # every worker gets SIGKILL from the kernel if this process dies (see ownership.py)
+        result["owns_workers"] = kill_workers_with_torchrun()
     _send(sock, result)
     if not result["ready"]:
         return 0

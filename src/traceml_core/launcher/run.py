@@ -94,6 +94,9 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
                     f"traceml run: the torchrun process ended (exit code {code}) before it could "
                     "check the workers' Python; its output above says why. Nothing was started.")
             raise probe_failure(reply, script)
+        if reply.get("owns_workers") is False:
+            log("warning: this torch does not let TraceML tie the workers' lives to torchrun's; if "
+                "torchrun dies, the launcher stops the workers it left behind instead")
         oom = OomWatch().start()  # the OOM killer's count in the workers' memory cgroup, from now
         if not no_python:  # pre-flight, step 3: the worker count against the GPUs torch sees
             check_probe(WorkerProbe(str(reply.get("torch")), int(reply.get("cuda_devices") or 0),
@@ -116,7 +119,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         if config.node_rank == 0:
             # raises TraceMLError (port in use, ...) before training starts
             telemetry.start_aggregator(script, script_args)
-        joined = telemetry.join(config.aggregator_wait)
+        joined = telemetry.join(config.aggregator_wait, interrupted=lambda: sup.interrupted_by is not None)
         relay = telemetry.start_relay() if config.relay else None
 
         info = RunInfo(

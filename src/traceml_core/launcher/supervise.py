@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from . import ownership
+
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 LOGGED = (signal.SIGUSR1, signal.SIGUSR2)
 
@@ -46,6 +48,11 @@ class Supervisor:
     stderr: Any = None
     #: file descriptors the child inherits (the torchrun process's socket to the launcher)
     pass_fds: Sequence[int] = ()
+    #: the environment variable only workers (and their children) start with: how wait() tells
+    #: orphaned workers from the launcher's other children (see ownership.py)
+    worker_marker: str = "TRACEML_RUN_INFO"
+    #: seconds an orphaned worker gets between SIGTERM and SIGKILL
+    orphan_grace: float = 5.0
     interrupted_by: Optional[int] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
@@ -54,8 +61,16 @@ class Supervisor:
     def start(self) -> None:
         for sig in FORWARDED + LOGGED:
             self._old[sig] = signal.signal(sig, self._handle)
+        # workers orphaned by torchrun's death become our children, so wait() can stop them
+        ownership.become_subreaper()
+        die_with_us = ownership.parent_death_signal(signal.SIGTERM, os.getpid())
+
+        def preexec() -> None:
+            _ignore_user_signals()
+            die_with_us()  # torchrun gets SIGTERM (and stops its workers) if we die, even by SIGKILL
+
         # own process group: we decide when the workers get signals, and can kill them all at once
-        self.proc = subprocess.Popen(list(self.cmd), env=dict(self.env), preexec_fn=_ignore_user_signals,
+        self.proc = subprocess.Popen(list(self.cmd), env=dict(self.env), preexec_fn=preexec,
                                      start_new_session=True, stdout=self.stdout, stderr=self.stderr,
                                      pass_fds=tuple(self.pass_fds))
 
@@ -117,6 +132,8 @@ class Supervisor:
             os.killpg(self.proc.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        # workers run in their own sessions: those torchrun left behind are ours now (subreaper)
+        ownership.stop_adopted(self.worker_marker, grace=self.orphan_grace, log=log)
         return code
 
     def restore(self) -> None:

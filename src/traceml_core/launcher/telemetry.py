@@ -18,7 +18,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
@@ -30,6 +30,8 @@ from .supervise import Supervisor, log
 
 #: seconds between two status queries of node 0's launcher
 WATCH_INTERVAL_S = 1.0
+#: the join waits in slices this long, checking for SIGTERM between them
+JOIN_SLICE_S = 1.0
 #: seconds between two system samples of a node
 SYSTEM_INTERVAL_S = 1.0
 
@@ -71,27 +73,39 @@ class NodeTelemetry:
         if self.handle.run_dir_note:
             log(f"warning: {self.handle.run_dir_note}")
 
-    def join(self, wait: float) -> bool:
-        """Join the aggregator (node 0's launcher already has its control link). Never raises."""
+    def join(self, wait: float, interrupted: Callable[[], bool] = lambda: False) -> bool:
+        """Join the aggregator (node 0's launcher already has its control link). Never raises.
+
+        Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
+        long --aggregator-wait is."""
         c = self.config
         if self.link is None:
             host = c.aggregator_host
             log(f"joining the aggregator at {host}:{c.aggregator_port} (waiting up to {wait:.0f} s)")
             t0 = time.monotonic()
-            try:
-                self.link = join_aggregator(host, c.aggregator_port, token=self.token, run_name=c.run_name,
-                                            job_id=c.job_id, node=c.node_rank, nproc=c.nproc_per_node,
-                                            hostname=self.hostname, wait_s=wait)
-            except LinkRefused as exc:
-                log(f"warning: {exc}. Training goes on without telemetry from this node.")
-                self.join_refused = True
-                return False
-            except LinkError as exc:
-                later = (" (its relay keeps trying in the background)" if c.relay else "")
-                log(f"warning: {exc} after {time.monotonic() - t0:.0f} s. Training goes on without "
-                    f"telemetry from this node{later}; raise --aggregator-wait if node 0 starts "
-                    f"slowly.")
-                return False
+            deadline = t0 + wait
+            while True:
+                try:
+                    self.link = join_aggregator(
+                        host, c.aggregator_port, token=self.token, run_name=c.run_name, job_id=c.job_id,
+                        node=c.node_rank, nproc=c.nproc_per_node, hostname=self.hostname,
+                        wait_s=max(0.0, min(JOIN_SLICE_S, deadline - time.monotonic())))
+                    break
+                except LinkRefused as exc:
+                    log(f"warning: {exc}. Training goes on without telemetry from this node.")
+                    self.join_refused = True
+                    return False
+                except LinkError as exc:
+                    if interrupted():
+                        log("stopped waiting for the aggregator: interrupted")
+                        return False
+                    if time.monotonic() < deadline:
+                        continue
+                    later = (" (its relay keeps trying in the background)" if c.relay else "")
+                    log(f"warning: {exc} after {time.monotonic() - t0:.0f} s. Training goes on without "
+                        f"telemetry from this node{later}; raise --aggregator-wait if node 0 starts "
+                        f"slowly.")
+                    return False
             log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
         self._start_sampler()
         return True
@@ -234,7 +248,7 @@ class NodeTelemetry:
         return {**known, **(status.get("hosts") or {})}
 
     def _fail(self, nodes: list[int], hosts: dict, what: str) -> None:
-        names = ", ".join(f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "") for n in nodes)
+        names = node_names(nodes, hosts)
         self.failed_nodes = nodes
         self._failure = f"{names} {what}"
         if self._sup is not None:
@@ -250,19 +264,20 @@ class NodeTelemetry:
             return None
         hosts = self._hosts(status)
 
-        def name(n: int) -> str:
-            return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
-
         parts = []
         failed = {int(n): code for n, code in status.get("nodes_failed", {}).items()}
         if failed:
-            parts.append(", ".join(f"{name(n)} failed (exit code {code})" for n, code in sorted(failed.items())))
+            shown = sorted(failed.items())
+            parts.append(", ".join(f"{node_names([n], hosts)} failed (exit code {code})"
+                                   for n, code in shown[:NAMED_NODES])
+                         + (f" and {len(shown) - NAMED_NODES:,} more nodes failed" if len(shown) > NAMED_NODES else ""))
         lost = [n for n in status.get("nodes_lost", []) if n not in failed]
         if lost:
-            parts.append(", ".join(name(n) for n in lost) + " vanished (its launcher's connection closed)")
-        missing = [n for n in range(self.config.nnodes) if n not in set(status.get("nodes_joined", []))]
+            parts.append(node_names(lost, hosts) + " vanished (its launcher's connection closed)")
+        joined = set(status.get("nodes_joined", []))
+        missing = [n for n in range(self.config.nnodes) if n not in joined]
         if missing:
-            parts.append(", ".join(name(n) for n in missing) + " never joined")
+            parts.append(node_names(missing, hosts) + " never joined")
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
 
@@ -329,6 +344,24 @@ class NodeTelemetry:
             log(f"warning: this node's relay could not forward {lost:,} of {st.records_in:,} step "
                 f"records ({st.records_dropped:,} dropped while node 0 was slow or unreachable, "
                 f"{st.records_unsent:,} still held at the end); the summary counts them as lost")
+
+
+#: how many nodes a log line names one by one; the rest are counted (a line stays readable, and a
+#: 65,536-node run does not write megabytes of log)
+NAMED_NODES = 8
+
+
+def node_names(nodes: list[int], hosts: dict) -> str:
+    """``node 3 (gpu07), node 5`` for at most NAMED_NODES nodes, then ``and N more (nodes a-b,...)``."""
+    def name(n: int) -> str:
+        return f"node {n}" + (f" ({hosts[str(n)]})" if str(n) in hosts else "")
+
+    text = ", ".join(name(n) for n in nodes[:NAMED_NODES])
+    if len(nodes) > NAMED_NODES:
+        rest = sorted(nodes[NAMED_NODES:])
+        text += f" and {len(rest):,} more (nodes {rest[0]}-{rest[-1]})" if rest[-1] - rest[0] + 1 == len(rest) \
+            else f" and {len(rest):,} more"
+    return text
 
 
 def _flag_source(config: LaunchConfig, key: str) -> str:

@@ -154,12 +154,15 @@ def _align_silent_steps(ranks: list[dict[str, Any]], causes: dict[int, dict[str,
             return c["step"]
         return int(r.get("steps_produced") or r.get("steps") or 0)
 
-    for r in ranks:
+    # the two furthest ranks, once (linear in ranks): the furthest *other* rank of any rank is
+    # the first of them unless it is that rank itself
+    top = sorted(((reached(o), i) for i, o in enumerate(ranks) if o["status"] != "never_joined"),
+                 reverse=True)[:2]
+    for i, r in enumerate(ranks):
         c = causes.get(r["rank"])
         if c is None or type(r.get("fail_step")) is int or r.get("steps_produced") is not None:
             continue
-        others = [reached(o) for o in ranks if o is not r and o["status"] != "never_joined"]
-        peak = max(others, default=0)
+        peak = next((v for v, j in top if j != i), 0)
         own = int(r.get("steps") or 0)
         if peak > own:
             c["step"] = peak

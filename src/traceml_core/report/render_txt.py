@@ -20,7 +20,8 @@ def _bytes(v: Optional[float]) -> str:
     return f"{int(v)} B"
 
 
-def _ranges(ranks: Sequence[int]) -> str:
+def _ranges(ranks: Sequence[int], most: int = 0) -> str:
+    """``0-3,7``; with ``most``, at most that many runs (then ``... N more``)."""
     out, start, prev = [], None, None
     for r in sorted(ranks):
         if start is None:
@@ -32,6 +33,8 @@ def _ranges(ranks: Sequence[int]) -> str:
             start = prev = r
     if start is not None:
         out.append(f"{start}" if start == prev else f"{start}-{prev}")
+    if most and len(out) > most:
+        return ",".join(out[:most]) + f",... ({len(out) - most:,} more runs)"
     return ",".join(out)
 
 
@@ -64,7 +67,9 @@ def render(summary: dict[str, Any]) -> str:
     topo_line = (f"Topology: {topo['nnodes']} node(s) x {topo['nproc_per_node']} = "
                  f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
                  f"{len(missing)} node(s) never joined: " +
-                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing)))
+                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing[:MAX_RANK_LINES]) +
+                 (f", ... (nodes {_ranges([n['node'] for n in missing], MAX_RANK_LINES)})"
+                  if len(missing) > MAX_RANK_LINES else "")))
     late = [n for n in nodes if n.get("late")]
     if late:
         topo_line += "; joined late: " + ", ".join(

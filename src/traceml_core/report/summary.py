@@ -239,6 +239,9 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                                exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
+    by_node: dict[Any, list[int]] = {}
+    for r in ranks:  # once, not once per node: the summary's work stays linear in nodes + ranks
+        by_node.setdefault(r["node"], []).append(r["rank"])
     topo_nodes = []
     for node in range(nnodes):
         ni = nodes_data.get(node) or {}
@@ -251,7 +254,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "late": bool(delay is not None and delay > s.get("late_join_s", s["node_join_window_s"])),
             "left_early": ni.get("left_at") is not None or node in failed_nodes,
             "exit_code": (ni.get("bye") or {}).get("exit_code"),
-            "ranks": [r["rank"] for r in ranks if r["node"] == node],
+            "ranks": by_node.get(node, []),
         })
     for r in ranks:  # fill hostnames of ranks that never joined from the topology
         if not r["host"] and 0 <= (r["node"] or 0) < nnodes:
