@@ -243,8 +243,11 @@ def build_wrapper(job: ResolvedJob) -> str:
         f"{sbatch_filename(job)} (written by",
         f"# traceml slurm template, traceml {__version__}). Regenerate with:",
         f"#   {regenerate_line(job)}",
-        "# Each node's `traceml run` reads its own node rank, the node count, its GPUs and the master from",
-        "# Slurm here, on its own node: never pass --node-rank=$SLURM_NODEID from the batch shell.",
+        *(["# Each node's `traceml run` reads its own node rank, the node count, its GPUs and the master from",
+           "# Slurm here, on its own node: never pass --node-rank=$SLURM_NODEID from the batch shell."]
+          if s.layout == "node" else
+          ["# Each task's `traceml run` reads its own rank, local rank, the world size and the master from",
+           "# Slurm here, in its own task: never pass rank values from the batch shell."]),
         "set -eo pipefail",
     ]
     if s.node_setup:
