@@ -246,6 +246,11 @@ def _core_checks(c: LaunchConfig) -> list[Refusal]:
             f"the aggregator host {c.aggregator_host!r} (from {c.source('aggregator_host')}) is a loopback "
             f"address, but this run has {c.nnodes} nodes. Pass node 0's address with --aggregator-host.",
             frozenset(), "aggregator_host"))
+    if c.layout == TASK_LAYOUT and c.mode != "summary":
+        out.append(Refusal(
+            f"--mode={c.mode} (from {c.source('mode')}) needs one launcher per node, but this launch is one "
+            f"task per GPU (layout task, from {c.source('layout')}). Use --mode=summary, or launch one "
+            f"`traceml run` per node (srun --ntasks-per-node=1) to watch live.", frozenset(), "mode"))
     if c.layout == TASK_LAYOUT and (c.task_rank is None or c.local_rank is None):
         out.append(Refusal(
             f"--layout=task (from {c.source('layout')}) needs each task's rank from the cluster (under "

@@ -143,7 +143,7 @@ class Relay:
     def __init__(self, *, token: str, run_name: str, job_id: Optional[str], node: int, nnodes: int,
                  nproc_per_node: int, connect: Callable[[], socket.socket],
                  upstream: Optional[socket.socket] = None, budget_bytes: int = DEFAULT_BUDGET,
-                 flush_s: float = FLUSH_S, bind_host: str = "127.0.0.1",
+                 flush_s: float = FLUSH_S, bind_host: str = "127.0.0.1", port: int = 0,
                  handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None) -> None:
         self.node = node
@@ -157,7 +157,7 @@ class Relay:
         self.handshake_timeout_s = handshake_timeout_s
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind((bind_host, 0))
+        self._listener.bind((bind_host, port))   # 0: any (the task layout fixes it: launcher/task.py)
         self._listener.listen(min(socket.SOMAXCONN, 1024))
         self._listener.setblocking(False)
         self.host, self.port = self._listener.getsockname()[:2]

@@ -110,19 +110,20 @@ class NodeTelemetry:
         self._start_sampler()
         return True
 
-    def start_relay(self) -> Optional[Relay]:
-        """Start this node's relay (after :meth:`join`); None when node 0 refused this node."""
+    def start_relay(self, port: int = 0) -> Optional[Relay]:
+        """Start this node's relay (after :meth:`join`) on ``port`` (0: any); None when node 0
+        refused this node or the port cannot be had."""
         c = self.config
         if self.join_refused:
             return None
         if self.handle is not None:
             host = "127.0.0.1" if c.aggregator_bind_host in ("0.0.0.0", "::") else c.aggregator_bind_host
-            port = self.handle.port
+            up_port = self.handle.port
         else:
-            host, port = c.aggregator_host, c.aggregator_port
+            host, up_port = c.aggregator_host, c.aggregator_port
 
         def connect():
-            return join_aggregator(host, port, token=self.token, run_name=c.run_name, job_id=c.job_id,
+            return join_aggregator(host, up_port, token=self.token, run_name=c.run_name, job_id=c.job_id,
                                    node=c.node_rank, nproc=c.nproc_per_node, hostname=self.hostname,
                                    wait_s=0).sock
 
@@ -133,7 +134,7 @@ class NodeTelemetry:
         try:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
-                               connect=connect, upstream=upstream,
+                               connect=connect, upstream=upstream, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                warn=lambda msg: log(f"warning: {msg}")).start()
         except OSError as exc:
@@ -179,6 +180,22 @@ class NodeTelemetry:
                 return True
             except LinkError:
                 return False
+
+    # -- the task layout (launcher/task.py) -----------------------------------------------------
+    def all_ranks_ended(self) -> bool:
+        """Node 0: every rank of the run has been seen and none is connected any more."""
+        if self.handle is None:
+            return True
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if status is None:
+            return True   # no aggregator to ask: nothing to wait for
+        return (int(status.get("ranks_connected", 0)) == 0
+                and int(status.get("ranks_seen", 0)) >= self.config.world_size)
+
+    def relay_ranks_connected(self) -> int:
+        relay = self.relay
+        return relay.stats().ranks_connected if relay is not None else 0
 
     # -- during the run --------------------------------------------------------------------------
     def attach(self, sup: Supervisor) -> None:
@@ -292,7 +309,7 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+    def finish(self, *, exit_code: Optional[int], interrupted: bool, reason: Optional[str],
                report: Optional[dict[str, Any]] = None) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
         ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
