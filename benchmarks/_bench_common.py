@@ -66,3 +66,36 @@ def machine() -> str:
 def maybe_json(path: Optional[str], data: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+class LocalRun:
+    """A real aggregator process and node 0's real relay, wired as ``traceml run`` wires them on
+    one node: ranks connect to ``port`` (the relay); :meth:`finish` drains the relay first."""
+
+    def __init__(self, settings: Any, flush_s: float = 0.1) -> None:
+        sys.path.insert(0, str(REPO / "src"))
+        from traceml_core.aggregator.process import start_aggregator
+        from traceml_core.launcher.relay import Relay
+
+        self.handle = start_aggregator(settings)
+        s = settings
+        self.relay = Relay(token=s.token, run_name=s.run_name, job_id=s.job_id, node=0, nnodes=s.nnodes,
+                           nproc_per_node=s.nproc_per_node,
+                           upstream=(self.handle.connect_host, self.handle.port), flush_s=flush_s).start()
+        if not self.relay.wait_connected(30.0):
+            raise RuntimeError(f"the relay did not join the aggregator: {self.relay.client.stats()}")
+        self.port = self.relay.port
+        self.address = f"{self.relay.host}:{self.relay.port}"
+
+    def finish(self, exit_code: int = 0, **kw: Any) -> Any:
+        self.relay.drain(10.0)
+        self.relay.run_ended()
+        try:
+            return self.handle.finish(exit_code, **kw)
+        finally:
+            self.relay_stats = self.relay.close(1.0)
+
+    def kill(self) -> None:
+        self.relay.close(0.5)
+        if self.handle.alive():
+            self.handle.kill()

@@ -1,9 +1,8 @@
 """Aggregator ingest benchmark: simulated ranks speaking the real wire protocol on loopback,
-straight to the aggregator and through per-node relays, side by side in one run.
+through per-node relays into a real aggregator.
 
 A real aggregator process (``start_aggregator``) is fed by sender processes that each hold many
-rank connections (hello with HMAC, then ``steps`` frames at a fixed rate, then ``bye``). Mode
-``direct``: every rank connects to the aggregator (``TRACEML_RELAY=0``). Mode ``relay``: the ranks
+rank connections (hello with HMAC, then ``steps`` frames at a fixed rate, then ``bye``). The ranks
 of each simulated node connect to that node's real :class:`~traceml_core.launcher.relay.Relay`
 (``--per-relay`` ranks per node; relay threads hosted by a few processes), and the relays forward
 to the aggregator over one ``node`` link each, as ``traceml run`` does. Printed per size and mode:
@@ -41,10 +40,10 @@ import msgpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from traceml_core.aggregator.control import join_aggregator  # noqa: E402
 from traceml_core.aggregator.process import start_aggregator  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
-from traceml_core.wire.protocol import HEADER, FrameBuffer, encode, make_hello  # noqa: E402
+from traceml_core.wire.auth import make_hello, relay_aud  # noqa: E402
+from traceml_core.wire.protocol import HEADER, FrameBuffer, encode  # noqa: E402
 
 TOKEN = "bench-token"
 RUN = "bench"
@@ -66,6 +65,12 @@ def make_cols(n: int, rnd: random.Random) -> dict[str, list[int]]:
         "optimizer_ns": [int(s * 0.08) for s in steps],
         "h2d_ns": [-1] * n,
         "mem_peak": [8_000_000_000 + rnd.randrange(1 << 20) for _ in range(n)],
+        # a DDP job: exposed and busy communication, ~100 MB of gradients in 4 buckets
+        "comm_ns": [int(s * 0.05) for s in steps],
+        "comm_busy_ns": [int(s * 0.4) for s in steps],
+        "comm_bytes": [100_000_000] * n,
+        "comm_bus_bytes": [150_000_000] * n,
+        "comm_calls": [4] * n,
     }
 
 
@@ -95,7 +100,8 @@ def sender(idx: int, ranks: list[tuple[int, int, int]], rate: float, n: int, sec
     for r, node, port in ranks:
         s = socket.create_connection(("127.0.0.1", port))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(encode(make_hello(TOKEN, run=RUN, job=None, node=node, rank=r)))
+        s.sendall(encode(make_hello(TOKEN, aud=relay_aud(node), run=RUN, job=None, node=node, rank=r,
+                                    kind="rank")))
         socks.append(s)
     for s in socks:  # collect the welcomes
         fb = FrameBuffer()
@@ -138,22 +144,24 @@ def relay_host(idx: int, nodes: list[int], nnodes: int, per_node: int, agg_port:
     _lift_fd_limit()
     from traceml_core.launcher.relay import Relay
 
-    def connect_fn(node: int):
-        return lambda: join_aggregator("127.0.0.1", agg_port, token=TOKEN, run_name=RUN, job_id=None,
-                                       node=node, nproc=per_node, hostname=f"node{node}", wait_s=5).sock
-
     relays = {k: Relay(token=TOKEN, run_name=RUN, job_id=None, node=k, nnodes=nnodes,
-                       nproc_per_node=per_node, connect=connect_fn(k), flush_s=flush_s).start()
+                       nproc_per_node=per_node, upstream=("127.0.0.1", agg_port),
+                       hostname=f"node{k}", flush_s=flush_s).start()
               for k in nodes}
+    for r in relays.values():
+        r.wait_connected(30.0)
     ports.put({k: r.port for k, r in relays.items()})
     ready.wait()
     cpu0 = time.process_time()
     stop.wait()
     for r in relays.values():
         r.drain(10.0)
+    for r in relays.values():
+        if r.node == 0:
+            r.run_ended()
     totals: dict[str, int] = {}
     for r in relays.values():
-        st = r.close(5.0, bye={"t": "bye", "status": "clean", "exit_code": 0})
+        st = r.close(5.0, bye=None if r.node == 0 else {"t": "bye", "status": "clean", "exit_code": 0})
         for k, v in st.__dict__.items():
             if isinstance(v, int) and not isinstance(v, bool):
                 totals[k] = totals.get(k, 0) + v
@@ -205,8 +213,8 @@ def _pct(values: list[float], q: float) -> Optional[float]:
 
 
 def run_one(world: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
-    relay = mode == "relay"
-    per = max(1, min(args.per_relay, world)) if relay else world
+    relay = True
+    per = max(1, min(args.per_relay, world))
     nnodes = -(-world // per)
     per = -(-world // nnodes)
     tmp = Path(tempfile.mkdtemp(prefix="traceml-bench-"))
@@ -321,7 +329,7 @@ def run_one(world: int, mode: str, args: argparse.Namespace) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--ranks", default="1,64", help="comma-separated numbers of simulated ranks")
-    ap.add_argument("--modes", default="direct,relay", help="direct, relay or both")
+    ap.add_argument("--modes", default="relay", help="relay (the only route since issue 17)")
     ap.add_argument("--per-relay", type=int, default=64, help="ranks per node (relay mode)")
     ap.add_argument("--flush", type=float, default=None,
                     help="relay merge window in seconds (default: the relay's own)")

@@ -105,17 +105,14 @@ def run_via_relay(rate: float, seconds: float, ranks: int) -> dict:
     here) -> a real aggregator process; loss read from the aggregator's final summary."""
     import tempfile
 
-    from traceml_core.aggregator.control import join_aggregator
-    from traceml_core.aggregator.process import start_aggregator
     from traceml_core.aggregator.settings import AggregatorSettings
-    from traceml_core.launcher.relay import Relay
+
+    from _bench_common import LocalRun
 
     tmp = Path(tempfile.mkdtemp(prefix="traceml-bench-"))
-    h = start_aggregator(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=tmp / RUN, port=0,
-                                            nnodes=1, nproc_per_node=ranks, drain_s=5.0))
-    relay = Relay(token=TOKEN, run_name=RUN, job_id=None, node=0, nnodes=1, nproc_per_node=ranks,
-                  connect=lambda: join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN,
-                                                  job_id=None, node=0, nproc=ranks, wait_s=5).sock).start()
+    run = LocalRun(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=tmp / RUN, port=0,
+                                      nnodes=1, nproc_per_node=ranks, drain_s=5.0), flush_s=1.0)
+    relay = run.relay
     procs = []
     try:
         for r in range(ranks):
@@ -126,17 +123,15 @@ def run_via_relay(rate: float, seconds: float, ranks: int) -> dict:
             ))
         results = [json.loads(p.communicate(timeout=seconds + 120)[0].strip().splitlines()[-1])
                    for p in procs]
-        relay.drain(10.0)
-        relay.upstream_ending()
-        res = h.finish(0)
-        relay_stats = relay.close(1.0)
+        res = run.finish(0)
+        relay_stats = run.relay_stats
         summary = json.loads(res.summary_json.read_text())
     finally:
         for p in procs:
             if p.poll() is None:
                 p.kill()
-        if h.alive():
-            h.kill()
+        if run.handle.alive():
+            run.kill()
     by_rank = {r["rank"]: r for r in summary["ranks"]}
     for res_ in results:
         got = by_rank.get(res_["rank"], {})

@@ -16,6 +16,11 @@ What it measures and checks, on the real device:
 4. **Verdicts end to end**: ``traceml run`` on ``examples/input_bound.py`` must say
    ``input_bound``; on ``examples/ddp_minimal.py`` it must not, with GPU phases and GPU samples
    in the summary.
+5. **Communication timing with CUDA events** (NCCL, on min(2, visible) GPUs): ``traceml run`` on
+   tests/unit/scripts/comm_train.py, DDP with several gradient buckets, then explicit collectives:
+   every bucket and every collective counted with its bytes, an in-flight time measured from the
+   events, the summary's device ``cuda`` and its communication section filled, few host-time
+   fallbacks, and a communication verdict, if any, with GPU advice.
 
 On a machine without CUDA it says so and exits 0 (so CI can run it anywhere):
 
@@ -144,18 +149,79 @@ def nvml_cost(reps: int = 200) -> Optional[dict[str, Any]]:
         sampler.close()
 
 
-def traceml_run(script: str, args: list[str], work: Path, name: str, timeout: float) -> dict[str, Any]:
+def traceml_run(script: str, args: list[str], work: Path, name: str, timeout: float, *,
+                nproc: int = 1, env_extra: Optional[dict[str, str]] = None,
+                stdout: Optional[list[str]] = None) -> dict[str, Any]:
+    """``traceml run`` on ``examples/<script>`` (or the path ``script``); its summary."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TRACEML_"))}
     env["PYTHONPATH"] = str(REPO / "src") + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-m", "traceml_core.cli", "run", "--nproc-per-node=1", f"--logs-dir={work}",
-           f"--run-name={name}", "--master-port=29640", "--aggregator-port=29641",
-           str(REPO / "examples" / script), *args]
+    env.update(env_extra or {})
+    path_ = Path(script) if os.sep in script else REPO / "examples" / script
+    cmd = [sys.executable, "-m", "traceml_core.cli", "run", f"--nproc-per-node={nproc}",
+           f"--logs-dir={work}", f"--run-name={name}", "--master-port=29640",
+           "--aggregator-port=29641", str(path_), *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    if stdout is not None:
+        stdout.append(proc.stdout)
     path = work / name / "final_summary.json"
     if proc.returncode != 0 or not path.exists():
         raise RuntimeError(f"traceml run {script} failed ({proc.returncode}): {proc.stderr[-2000:]}")
     return json.loads(path.read_text())
+
+
+def comm_checks(torch: Any, work: Path) -> list[tuple[str, bool, str]]:
+    """Check 5: DDP buckets and explicit collectives on NCCL, timed with CUDA events."""
+    script = str(REPO / "tests" / "unit" / "scripts" / "comm_train.py")
+    nproc = min(2, torch.cuda.device_count())
+    checks: list[tuple[str, bool, str]] = []
+    out: list[str] = []
+    s = traceml_run(script, [], work, "comm-ddp", 240, nproc=nproc, stdout=out,
+                    env_extra={"COMM_DEVICE": "cuda", "COMM_MODE": "ddp", "COMM_STEPS": "60"})
+    facts = [json.loads(line.split(" ", 1)[1]) for line in out[0].splitlines()
+             if line.startswith("COMM_FACTS ")]
+    f = facts[0] if facts else {}
+    c = s.get("communication") or {}
+    ranks = [r for r in s.get("ranks", []) if r.get("comm")]
+    calls = [r["comm"]["calls_per_step"] for r in ranks]
+    nbytes = [r["comm"]["bytes_per_step"] for r in ranks]
+    checks.append(("comm (DDP, NCCL): device cuda, every rank's communication measured",
+                   s.get("device") == "cuda" and len(ranks) == nproc and bool(c.get("measured")),
+                   f"device {s.get('device')}, {len(ranks)} of {nproc} ranks measured"))
+    checks.append(("comm (DDP, NCCL): one timed all-reduce per bucket, every gradient byte once",
+                   bool(calls) and all(x == f.get("buckets") for x in calls)
+                   and all(b == f.get("grad_bytes") for b in nbytes),
+                   f"calls/step {calls} (buckets {f.get('buckets')}), bytes/step {nbytes} "
+                   f"(gradients {f.get('grad_bytes')})"))
+    busy = [r["comm"]["busy_ms"] for r in ranks]
+    bw = [r["comm"]["busbw_gbps"] for r in ranks]
+    checks.append(("comm (DDP, NCCL): in-flight time from CUDA events, exposed <= in flight",
+                   bool(busy) and all(b and b > 0 for b in busy)
+                   and all(r["comm"]["exposed_ms"] <= r["comm"]["busy_ms"] * 1.05 + 0.01 for r in ranks),
+                   f"busy {busy} ms, exposed {[r['comm']['exposed_ms'] for r in ranks]} ms, busbw {bw} GB/s"))
+    bwd = [(r["phases"].get("backward") or {}).get("steady_mean_ms") for r in s.get("ranks", [])]
+    checks.append(("comm (DDP, NCCL): backward measured without the wait (>= 0)",
+                   all(b is not None and b >= 0 for b in bwd), f"backward {bwd} ms"))
+    for v in [s.get("verdict") or {}] + (s.get("other_verdicts") or []):
+        if v.get("kind") == "communication_bound":
+            checks.append(("comm verdict on a GPU run gives GPU advice, not gloo's",
+                           "GLOO_SOCKET_IFNAME" not in v["next_step"], v["next_step"][:160]))
+    out.clear()
+    s = traceml_run(script, [], work, "comm-explicit", 240, nproc=nproc, stdout=out,
+                    env_extra={"COMM_DEVICE": "cuda", "COMM_MODE": "explicit", "COMM_STEPS": "40",
+                               "COMM_NUMEL": str(1 << 22)})
+    facts = [json.loads(line.split(" ", 1)[1]) for line in out[0].splitlines()
+             if line.startswith("COMM_FACTS ")]
+    f = facts[0] if facts else {}
+    ranks = [r for r in s.get("ranks", []) if r.get("comm")]
+    got = [(r["comm"]["calls_per_step"], r["comm"]["bytes_per_step"], r["comm"]["busy_ms"])
+           for r in ranks]
+    checks.append(("comm (explicit NCCL collectives, async wait included): counted with their bytes",
+                   len(ranks) == nproc and all(cl == f.get("calls_per_step") and b == f.get("bytes_per_step")
+                                               and busy > 0 for cl, b, busy in got),
+                   f"(calls, bytes, busy ms) per rank {got}; expected {f.get('calls_per_step')} calls, "
+                   f"{f.get('bytes_per_step')} bytes"))
+    return checks
 
 
 def main() -> int:
@@ -172,7 +238,6 @@ def main() -> int:
         return skip(f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False)")
 
     import traceml_core as traceml
-    from traceml_core.aggregator.process import start_aggregator
     from traceml_core.aggregator.settings import AggregatorSettings
 
     props = torch.cuda.get_device_properties(torch.cuda.current_device())
@@ -184,10 +249,13 @@ def main() -> int:
 
     # 1 + 2: overhead, through a real aggregator, and the SDK's CUDA phase times
     steps, reps = (200, 10) if args.quick else (300, 30)
-    h = start_aggregator(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=work / RUN, port=0,
-                                            nnodes=1, nproc_per_node=1, drain_s=2.0))
+    from _bench_common import LocalRun
+
+    run = LocalRun(AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=work / RUN, port=0,
+                                      nnodes=1, nproc_per_node=1, drain_s=2.0))
+    h = run.handle
     try:
-        ok = traceml.init(aggregator=f"127.0.0.1:{h.port}", token=TOKEN, run_name=RUN, rank=0,
+        ok = traceml.init(aggregator=run.address, token=TOKEN, run_name=RUN, rank=0,
                           local_rank=0, world_size=1, connect_wait=10,
                           max_buffered_steps=1 << 20)
         if not ok or not traceml.stats().get("connected"):
@@ -199,10 +267,10 @@ def main() -> int:
         fallbacks = getattr(gpu_timer, "fallbacks", None)
         traced = sum(r["traced_steps"] for r in results)
         traceml.shutdown()
-        res = h.finish(0)
+        res = run.finish(0)
     finally:
         if h.alive():
-            h.kill()
+            run.kill()
     summary = json.loads(res.summary_json.read_text()) if res.summary_json else {}
     rank = (summary.get("ranks") or [{}])[0]
     print(f"\nper-step overhead on the device, {reps} blocks x {steps} steps per loop, alternating; us per step")
@@ -270,6 +338,12 @@ def main() -> int:
                        f"GPU util mean {fast['system']['gpu_util_pct_mean']}"))
     except Exception as exc:
         checks.append(("verdicts end to end", False, f"{type(exc).__name__}: {exc}"))
+
+    # 5: communication timing with CUDA events
+    try:
+        checks += comm_checks(torch, work)
+    except Exception as exc:
+        checks.append(("communication timing with CUDA events", False, f"{type(exc).__name__}: {exc}"))
 
     print("\nchecks:")
     for name, ok, detail in checks:

@@ -20,11 +20,15 @@ import threading
 import time
 from pathlib import Path
 
+import sys
+
 import msgpack
 
-from traceml_core.aggregator.process import start_aggregator
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _bench_common import LocalRun  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings
-from traceml_core.wire.protocol import STEP_COLUMNS, FrameBuffer, encode, make_hello
+from traceml_core.wire.auth import make_hello, relay_aud
+from traceml_core.wire.protocol import STEP_COLUMNS, FrameBuffer, encode
 
 TOKEN = "bench-token-0123456789"
 
@@ -40,7 +44,8 @@ def cols(seq: int, n: int) -> dict[str, list[int]]:
 
 def rank_sender(port: int, rank: int, stop: threading.Event) -> None:
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(encode(make_hello(TOKEN, run="bench", job=None, node=0, rank=rank, host="bench")))
+    s.sendall(encode(make_hello(TOKEN, aud=relay_aud(0), run="bench", job=None, node=0, rank=rank,
+                                kind="rank", host="bench")))
     fb = FrameBuffer()
     while not list(fb.feed(s.recv(65536))):
         pass
@@ -65,10 +70,12 @@ def main() -> None:
     ap.add_argument("--warmup-s", type=float, default=3.0)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        h = start_aggregator(AggregatorSettings(run_name="bench", token=TOKEN, run_dir=Path(tmp) / "bench",
-                                                port=0, nproc_per_node=args.ranks, mode="cli"))
+        run = LocalRun(AggregatorSettings(run_name="bench", token=TOKEN, run_dir=Path(tmp) / "bench",
+                                          port=0, nproc_per_node=args.ranks, mode="cli"),
+                       flush_s=0.1)   # the relay's merge window in the live modes
+        h = run.handle
         stop = threading.Event()
-        senders = [threading.Thread(target=rank_sender, args=(h.port, r, stop), daemon=True)
+        senders = [threading.Thread(target=rank_sender, args=(run.port, r, stop), daemon=True)
                    for r in range(args.ranks)]
         for t in senders:
             t.start()
@@ -85,7 +92,7 @@ def main() -> None:
             c0, t0 = proc_cpu(h.pid), time.monotonic()
             for _ in range(args.requests):
                 a = time.perf_counter()
-                frame = h.control.snapshot(req, timeout=5.0)
+                frame = h.snapshot(req, timeout=5.0)
                 times.append((time.perf_counter() - a) * 1000)
                 size = len(msgpack.packb(frame, use_bin_type=True))
             wall = time.monotonic() - t0
@@ -96,7 +103,7 @@ def main() -> None:
         stop.set()
         for t in senders:
             t.join()
-        h.finish(0)
+        run.finish(0)
 
 
 if __name__ == "__main__":

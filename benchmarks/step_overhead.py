@@ -13,6 +13,11 @@ torch, not torch with pass-through wrappers.
 
     python benchmarks/step_overhead.py            # ~1 minute
     python benchmarks/step_overhead.py --quick    # ~15 seconds
+    python benchmarks/step_overhead.py --variants traced,closures,comm-off   # side by side
+
+``--variants`` sets other traced loops beside the shipped one in the same run (same rotating
+block order): ``closures`` (the wrappers as plain ``*args, **kwargs`` closures instead of the
+ones codegen.py generates) and ``comm-off`` (no communication timing).
 
 Target: at most 5 us per step.
 """
@@ -20,6 +25,7 @@ Target: at most 5 us per step.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import statistics
 import sys
@@ -41,21 +47,93 @@ from traceml_core.sdk import hotpath, patches  # noqa: E402
 TARGET_US = 5.0
 
 
+VARIANTS = {
+    "traced": "what ships: wrappers generated with the wrapped function's parameters (codegen.py), "
+              "communication timing on",
+    "closures": "the same wrappers as plain closures over *args/**kwargs (no codegen.py)",
+    "comm-off": "as traced, without communication timing (no torch.distributed patches; the step "
+                "exit without its one-attribute test for collectives)",
+}
+
+
+class _PreCommContext(hotpath.StepContext):
+    """``trace_step``'s context as it was before communication timing: the comm-off baseline."""
+
+    __slots__ = ()
+
+    def __exit__(self, et, ev, tb):  # noqa: ANN001
+        t1 = time.perf_counter_ns()
+        r = self.r
+        a = r.active
+        if a != 1:
+            if a:
+                r.active = a - 1
+            return False
+        r.active = 0
+        if et is not None:
+            r.raised_at = r.count
+            return False
+        mem = r.mem
+        r.mem = r.mem_last
+        rows = r.rows
+        if rows is None:
+            r.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem), t1)
+            return False
+        rows.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem))
+        if len(rows) >= r.batch_size or t1 >= r.seal_at:
+            r.seal(t1)
+        return False
+
+
+def _closures(orig, gpu=False, _factory=None, **_variant):  # noqa: ANN001
+    return functools.wraps(orig)(_factory(orig))
+
+
+def _install(variant: str) -> None:
+    """Install the torch patches the way ``variant`` wants them."""
+    from traceml_core.sdk import comm
+
+    saved = (hotpath.make_forward, hotpath.make_backward, hotpath.make_step, comm.install)
+    try:
+        if variant == "closures":
+            hotpath.make_forward = functools.partial(_closures, _factory=hotpath.timed_forward)
+            hotpath.make_backward = functools.partial(_closures, _factory=hotpath.timed_backward)
+            hotpath.make_step = functools.partial(_closures, _factory=hotpath.timed_step)
+        if variant == "comm-off":
+            comm.install = lambda originals: False
+        patches.install_global()
+    finally:
+        hotpath.make_forward, hotpath.make_backward, hotpath.make_step, comm.install = saved
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=100, help="steps per block")
     ap.add_argument("--reps", type=int, default=300, help="blocks of each loop (even)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--quick", action="store_true", help="100 steps x 60 blocks")
+    ap.add_argument("--variants", default="traced",
+                    help="traced loops to set side by side against the untraced one, comma-"
+                         "separated: " + "; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     ap.add_argument("--json", help="also write the figures to this file")
     ap.add_argument("--breakdown", action="store_true",
                     help="instead: where the overhead goes, per hooked call (clock reads around "
                          "each call, traced vs untraced, medians)")
+    ap.add_argument("--calls", action="store_true",
+                    help="instead: the cost of one wrapped call (forward, backward, optimizer step "
+                         "around a function that does nothing), generated wrappers against plain "
+                         "closures, in a tight loop: the floor of what each wrapper adds")
     args = ap.parse_args()
     if args.breakdown:
         return breakdown(args)
+    if args.calls:
+        return calls(args)
     if args.quick:
         args.steps, args.reps = 100, 60
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad:
+        ap.error(f"--variants: unknown {', '.join(bad)}; choose from {', '.join(VARIANTS)}")
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -63,12 +141,15 @@ def main() -> int:
     try:
         assert traceml.init(aggregator=sink.address, token=TOKEN, run_name=RUN, connect_wait=10)
         assert traceml.stats()["connected"], "benchmark receiver not reachable"
+        from traceml_core.sdk import api
+
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         data = TensorDataset(torch.randn(args.steps * args.batch, 32),
                              torch.randn(args.steps * args.batch, 1))
         loader = DataLoader(data, batch_size=args.batch)
         rec = hotpath.REC
+        contexts = {"traced": api._CTX, "closures": api._CTX, "comm-off": _PreCommContext(rec)}
 
         wall, cpu = time.perf_counter_ns, time.process_time_ns
         n = args.steps
@@ -94,10 +175,13 @@ def main() -> int:
             t1, c1 = wall(), cpu()
             return (t1 - t0) / n, (c1 - c0) / n, per_step(t1)
 
-        def traced() -> tuple[float, float, float]:
-            patches.install_global()
+        def traced(variant: str) -> tuple[float, float, float]:
+            hotpath.set_recorder(None)
+            patches.uninstall()
+            _install(variant)
             patches.register_model(rec, model)
             hotpath.set_recorder(rec)
+            api._CTX = contexts[variant]
             it = iter(loader)
             i = 0
             t0, c0 = wall(), cpu()
@@ -112,23 +196,27 @@ def main() -> int:
             t1, c1 = wall(), cpu()
             return (t1 - t0) / n, (c1 - c0) / n, per_step(t1)
 
+        loops = [("untraced", untraced)] + [(v, functools.partial(traced, v)) for v in variants]
         for _ in range(3):
-            traced()
-            untraced()                               # warm-up, not counted
-        res: dict[str, list[float]] = {k: [] for k in ("wa", "wb", "ca", "cb", "ma", "mb")}
+            for _name, fn in loops:
+                fn()                                 # warm-up, not counted
+        res: dict[str, dict[str, list[float]]] = {name: {"w": [], "c": [], "m": []} for name, _ in loops}
         gc.collect()
         for i in range(args.reps):
-            if i % 2 == 0:
-                a = untraced()
-                b = traced()
-            else:
-                b = traced()
-                a = untraced()
-            for key, va, vb in (("w", a[0], b[0]), ("c", a[1], b[1]), ("m", a[2], b[2])):
-                res[key + "a"].append(va / 1000)
-                res[key + "b"].append(vb / 1000)
-        patches.install_global()
+            # rotate the order every block (ABBA for two loops) so drift hits every loop alike
+            k = i % len(loops)
+            order = loops[k:] + loops[:k]
+            if (i // len(loops)) % 2:
+                order = order[::-1]
+            for name, fn in order:
+                w, c, m = fn()
+                res[name]["w"].append(w / 1000)
+                res[name]["c"].append(c / 1000)
+                res[name]["m"].append(m / 1000)
+        patches.uninstall()
+        _install("traced")
         hotpath.set_recorder(rec)
+        api._CTX = contexts["traced"]
         steps_traced = rec.count
         traceml.shutdown()
         st = traceml.stats()
@@ -137,47 +225,123 @@ def main() -> int:
         sink.kill()
 
     rank = totals["ranks"].get("0", {})
-    rows = []
-    figures: dict[str, dict[str, float]] = {}
-    for key, label in (("m", "median step"), ("w", "wall, mean"), ("c", "CPU, mean")):
-        a, b = res[key + "a"], res[key + "b"]
-        d = [y - x for x, y in zip(a, b)]
-        q1, med, q3 = quantiles(d)
-        am, bm = quantiles(a)[1], quantiles(b)[1]
-        figures[key] = {"untraced_us": am, "traced_us": bm, "overhead_us": med, "iqr": [q1, q3]}
-        rows.append(f"{label:14}{am:10.2f}{bm:10.2f}{med:12.2f}{f'{q1:.2f} .. {q3:.2f}':>18}"
-                    f"{100 * med / am:9.2f} %")
     print(f"machine: {machine()}, torch {torch.__version__}")
     print(f"tiny MLP 32-64-1, batch {args.batch}, 1 thread; {args.reps} blocks x {args.steps} steps "
-          f"per loop, alternating; us per step")
-    print(f"{'':14}{'untraced':>10}{'traced':>10}{'overhead':>12}{'IQR of pairs':>18}{'relative':>11}")
-    for row in rows:
-        print(row)
+          f"per loop, loops in rotating order; us per step")
+    for v in variants:
+        print(f"  {v}: {VARIANTS[v]}")
+    figures: dict[str, dict[str, dict[str, float]]] = {}
+    print(f"{'':24}{'untraced':>10}{'traced':>10}{'overhead':>12}{'IQR of pairs':>18}{'relative':>11}")
+    for v in variants:
+        figures[v] = {}
+        for key, label in (("m", "median step"), ("w", "wall, mean"), ("c", "CPU, mean")):
+            a, b = res["untraced"][key], res[v][key]
+            d = [y - x for x, y in zip(a, b)]
+            q1, med, q3 = quantiles(d)
+            am, bm = quantiles(a)[1], quantiles(b)[1]
+            figures[v][key] = {"untraced_us": am, "traced_us": bm, "overhead_us": med, "iqr": [q1, q3]}
+            print(f"{v + ', ' + label:24}{am:10.2f}{bm:10.2f}{med:12.2f}{f'{q1:.2f} .. {q3:.2f}':>18}"
+                  f"{100 * med / am:9.2f} %")
+    if len(variants) > 1 and "traced" in variants:
+        print("side by side (median of paired per-block differences, median step):")
+        for v in variants:
+            if v == "traced":
+                continue
+            d = [y - x for x, y in zip(res["traced"]["m"], res[v]["m"])]
+            q1, med, q3 = quantiles(d)
+            print(f"  {v} - traced: {med:+.2f} us per step (IQR {q1:+.2f} .. {q3:+.2f})")
+            figures[v]["minus_traced_us"] = {"median": med, "iqr": [q1, q3]}
     print("  median step: per block, the median of per-step times (robust to preemption by other "
           "load); mean: block time / steps, wall clock and process CPU time (all threads)")
-    print(f"traced loop records every phase (input wait, forward, backward, optimizer, memory) and "
-          f"ships it: {rank.get('records', 0)} of {steps_traced} traced steps reached the receiver "
+    print(f"traced loops record every phase (input wait, forward, backward, optimizer, memory) and "
+          f"ship it: {rank.get('records', 0)} of {steps_traced} traced steps reached the receiver "
           f"(lost {st['lost']}, sequence gaps {rank.get('gaps')})")
-    head = figures["m"]["overhead_us"]
+    head_variant = "traced" if "traced" in variants else variants[0]
+    head = figures[head_variant]["m"]["overhead_us"]
     met = head <= TARGET_US
-    print(f"per-step overhead {head:.2f} us (median step); target <= {TARGET_US:.0f} us: "
-          f"{'MET' if met else 'NOT MET'}")
+    print(f"per-step overhead ({head_variant}) {head:.2f} us (median step); target <= {TARGET_US:.0f} "
+          f"us: {'MET' if met else 'NOT MET'}")
     maybe_json(args.json, {
         "machine": machine(), "torch": torch.__version__, "steps_per_block": args.steps,
-        "blocks": args.reps, "median_step": figures["m"], "wall_mean": figures["w"],
-        "cpu_mean": figures["c"], "delivered": rank.get("records", 0),
+        "blocks": args.reps, "median_step": figures[head_variant]["m"],
+        "wall_mean": figures[head_variant]["w"], "cpu_mean": figures[head_variant]["c"],
+        "variants": figures, "delivered": rank.get("records", 0),
         "traced_steps": steps_traced, "lost": st["lost"], "target_us": TARGET_US, "met": met,
     })
     return 0
 
 
+def calls(args: argparse.Namespace) -> int:
+    """ns per call of each wrapper, codegen against closures, rounds alternating (ABAB)."""
+    from traceml_core.sdk.hotpath import StepContext, StepRecorder
+
+    class Net:
+        def forward(self, x):  # noqa: ANN001
+            return x
+
+    def backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False,  # noqa: ANN001
+                 grad_variables=None, inputs=None):
+        return None
+
+    class Opt:
+        def step(self, closure=None):  # noqa: ANN001
+            return None
+
+    net, opt = Net(), Opt()
+    rec = StepRecorder(max_batches=1 << 30)
+    rec.models.add(id(net))
+    rec.fwd0 = 0
+    kinds = {
+        "codegen": (hotpath.make_forward(Net.forward), hotpath.make_backward(backward),
+                    hotpath.make_step(Opt.step)),
+        "closures": (hotpath.timed_forward(Net.forward), hotpath.timed_backward(backward),
+                     hotpath.timed_step(Opt.step)),
+    }
+    n = 20_000 if args.quick else 100_000
+    pc = time.perf_counter_ns
+    res: dict[tuple[str, str], list[float]] = {}
+    hotpath.set_recorder(rec)
+    rec.active = 1
+    try:
+        for rnd in range(10 if args.quick else 30):
+            for kind in (("codegen", "closures") if rnd % 2 == 0 else ("closures", "codegen")):
+                fwd, bwd, step = kinds[kind]
+                for name, call in (("forward", lambda: fwd(net, 1)), ("backward", lambda: bwd(1)),
+                                   ("optimizer step", lambda: step(opt))):
+                    t0 = pc()
+                    for _ in range(n):
+                        call()
+                    res.setdefault((name, kind), []).append((pc() - t0) / n)
+                t0 = pc()
+                for _ in range(n):
+                    (lambda: None)()
+                res.setdefault(("(empty lambda)", kind), []).append((pc() - t0) / n)
+    finally:
+        rec.active = 0
+        hotpath.set_recorder(None)
+    print(f"machine: {machine()}; ns per call (median of rounds; each includes calling a lambda, "
+          "shown last), codegen vs closures")
+    print(f"{'wrapper':18}{'codegen':>10}{'closures':>10}{'difference':>12}")
+    total = 0.0
+    for name in ("forward", "backward", "optimizer step", "(empty lambda)"):
+        a = statistics.median(res[(name, "codegen")])
+        b = statistics.median(res[(name, "closures")])
+        if not name.startswith("("):
+            total += b - a
+        print(f"{name:18}{a:10.0f}{b:10.0f}{b - a:+12.0f}")
+    print(f"closures cost {total:+.0f} ns per traced step (three wrapped calls) in a hot loop")
+    return 0
+
+
 def breakdown(args: argparse.Namespace) -> int:
-    """Per hooked call: median time of the call traced minus untraced, clock reads around each."""
+    """Per hooked call: median time of the call traced minus untraced, clock reads around each
+    (per ``--variants`` loop, all in one run)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from traceml_core.sdk import api
     from traceml_core.sdk.hotpath import NULL_CONTEXT, StepContext, StepRecorder
 
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     n = 50
@@ -185,20 +349,25 @@ def breakdown(args: argparse.Namespace) -> int:
                         batch_size=args.batch)
     rec = StepRecorder(max_batches=1 << 30)         # no client: the hot path alone
     api._session = api._Session()
+    contexts = {"traced": StepContext(rec), "closures": StepContext(rec),
+                "comm-off": _PreCommContext(rec)}
     pc = time.perf_counter_ns
-    samples: dict[tuple[str, bool], list[int]] = {}
+    samples: dict[tuple[str, str], list[int]] = {}
     names = ("fetch", "trace_step+enter", "forward", "backward", "opt.step", "exit", "whole step")
     reps = 30 if args.quick else 80
+    loops = ["untraced"] + variants
     for rep in range(reps):
-        for on in ((False, True) if rep % 2 == 0 else (True, False)):
+        k = rep % len(loops)
+        order = loops[k:] + loops[:k]
+        for loop in (order if (rep // len(loops)) % 2 == 0 else order[::-1]):
             hotpath.set_recorder(None)
             patches.uninstall()
             api._CTX = NULL_CONTEXT
-            if on:
-                patches.install_global()
+            if loop != "untraced":
+                _install(loop)
                 patches.register_model(rec, model)
                 hotpath.set_recorder(rec)
-                api._CTX = StepContext(rec)
+                api._CTX = contexts[loop]
             it = iter(loader)
             while True:
                 a = pc()
@@ -220,19 +389,22 @@ def breakdown(args: argparse.Namespace) -> int:
                     g = pc()
                 h = pc()
                 for name, v in zip(names, (b - a, c - b, d - c, f - e, g - f, h - g, h - a)):
-                    samples.setdefault((name, on), []).append(v)
+                    samples.setdefault((name, loop), []).append(v)
             rec.sealed.clear()
     hotpath.set_recorder(None)
-    print(f"machine: {machine()}, torch {torch.__version__}; {reps} x {n} steps each way")
-    print(f"{'call':18}{'untraced ns':>13}{'traced ns':>11}{'added ns':>10}")
-    total = 0.0
+    print(f"machine: {machine()}, torch {torch.__version__}; {reps} x {n} steps per loop")
+    print(f"{'call':18}{'untraced ns':>13}" + "".join(f"{v + ' +ns':>16}" for v in variants))
+    totals = {v: 0.0 for v in variants}
     for name in names:
-        off = statistics.median(samples[(name, False)])
-        on_ = statistics.median(samples[(name, True)])
-        if name != "whole step":
-            total += on_ - off
-        print(f"{name:18}{off:13,.0f}{on_:11,.0f}{on_ - off:10,.0f}")
-    print(f"{'sum of calls':18}{'':24}{total:10,.0f}")
+        off = statistics.median(samples[(name, "untraced")])
+        row = f"{name:18}{off:13,.0f}"
+        for v in variants:
+            added = statistics.median(samples[(name, v)]) - off
+            if name != "whole step":
+                totals[v] += added
+            row += f"{added:16,.0f}"
+        print(row)
+    print(f"{'sum of calls':18}{'':13}" + "".join(f"{totals[v]:16,.0f}" for v in variants))
     return 0
 
 

@@ -20,7 +20,6 @@ that differ (the test suite runs it).
 from __future__ import annotations
 
 import argparse
-import ast
 import difflib
 import re
 import sys
@@ -46,6 +45,9 @@ OTHER_VARIABLES = {
     "TRACEML_DOCTOR_OPTS": ("internal", "Set by `traceml slurm doctor` for its agents: the doctor's options."),
     "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": ("tests", "Test hook of the doctor's clock-skew check (`node2=400` adds 400 s "
                                          "to node2's clock reading). Nothing else reads it."),
+    "TRACEML_TEST_DDP_COMM_HOOK": ("tests", "Test hook of the communication timing: `1` times DDP models on CPU "
+                                   "with TraceML's comm hook, the path CUDA models take, so its logic is "
+                                   "tested without a GPU. Nothing else reads it."),
     "TRACEML_AGENT_FD": ("internal", "Set by the launcher for its torchrun process: the file descriptor of the "
                          "private socket over which it reports the pre-flight check of the workers' Python and "
                          "waits for the go. Removed from the environment before the workers start."),
@@ -179,33 +181,26 @@ def wire_protocol() -> str:
         else:
             out.append(line)
     out = [_rst_to_md(line) for line in out]  # after joining: a code span may cross a line break
-    comments = _column_comments(Path(protocol.__file__), "STEP_COLUMNS")
+    from traceml_core.wire.frames import REQUESTS
+
     out += ["", "Constants:", "", "| Name | Value |", "| --- | --- |",
             f"| `PROTOCOL_VERSION` | {protocol.PROTOCOL_VERSION} |",
             f"| `MAX_FRAME` | {protocol.MAX_FRAME} bytes ({protocol.MAX_FRAME // (1024 * 1024)} MiB) |",
+            f"| `MAX_HELLO` | {protocol.MAX_HELLO} bytes |",
             f"| `HELLO_WINDOW_S` | {protocol.HELLO_WINDOW_S:g} s |",
             f"| `RANK_STATUSES` | {', '.join(protocol.RANK_STATUSES)} |",
             f"| `SYSTEM_FIELDS` | {', '.join(protocol.SYSTEM_FIELDS)} |",
             f"| `GPU_FIELDS` | {', '.join(protocol.GPU_FIELDS)} |",
-            "", "Step record columns (`STEP_COLUMNS`, all integers; -1 means not measured this step):", "",
-            "| Column | Meaning |", "| --- | --- |"]
-    for col in protocol.STEP_COLUMNS:
-        out.append(f"| `{col}` | {_cell(comments.get(col, ''))} |")
+            "", "Step record columns (`COLUMNS`, all integers; -1 means not measured this step; the kind "
+            "says how receivers aggregate the column, see `Column`):", "",
+            "| Column | Kind | Meaning |", "| --- | --- | --- |"]
+    for col in protocol.COLUMNS:
+        out.append(f"| `{col.name}` | {col.kind} | {_cell(col.doc)} |")
+    out += ["", "Request kinds (`traceml_core.wire.frames.REQUESTS`):", "", "| Kind | Answer |",
+            "| --- | --- |"]
+    for req in REQUESTS.values():
+        out.append(f"| `{req.kind}` | {_cell(req.doc)} |")
     return "\n".join(out) + "\n"
-
-
-def _column_comments(path: Path, name: str) -> dict[str, str]:
-    """The trailing ``# comment`` of each string in the tuple assigned to ``name``."""
-    source = path.read_text()
-    lines = source.splitlines()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
-            found = {}
-            for elt in getattr(node.value, "elts", []):
-                line = lines[elt.lineno - 1]
-                found[elt.value] = line.split("#", 1)[1].strip() if "#" in line else ""
-            return found
-    return {}
 
 
 def explicit_launch() -> str:

@@ -27,7 +27,7 @@ from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
 #: keys that are not options but context a cluster may provide (job identity)
-CONTEXT_KEYS = ("job_id", "node_name", "task_rank", "local_rank")
+CONTEXT_KEYS = ("job_id", "node_name", "job_end_time", "task_rank", "local_rank")
 #: the launch layouts (the ``layout`` option's resolved values); see LaunchConfig.layout
 NODE_LAYOUT, TASK_LAYOUT = "node", "task"
 
@@ -47,7 +47,6 @@ class LaunchConfig:
     aggregator_bind_host: str
     aggregator_wait: float
     cluster: str
-    relay: bool = True
     auto_steps: bool = True
     #: "node": this process is a node's launcher (torchrun starts nproc_per_node workers);
     #: "task": this process is one rank's task (rank ``task_rank``, ``local_rank`` on its node of
@@ -59,6 +58,7 @@ class LaunchConfig:
     layout_reason: str = ""
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
+    link_probe: str = "32"
     status_interval: float = 10.0
     live_refresh: float = 0.5
     dashboard_host: str = "127.0.0.1"
@@ -66,6 +66,8 @@ class LaunchConfig:
     export: str = "none"
     job_id: Optional[str] = None
     node_name: Optional[str] = None
+    #: when the cluster will stop the job (its time limit), epoch seconds, if the cluster says
+    job_end_time: Optional[float] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's
     #: node list); lets node 0 name a node that never joined. Not printed with the other values.
     hostnames: tuple[str, ...] = ()

@@ -8,6 +8,8 @@ shows a traceback for these.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class TraceMLError(Exception):
     """An error the user can fix; ``str(err)`` is the whole message."""
@@ -23,3 +25,14 @@ class ConfigError(TraceMLError):
     def __init__(self, message: str, *, variable: str | None = None) -> None:
         super().__init__(message)
         self.variable = variable
+
+
+#: values longer than this are shortened in messages (an error is one readable paragraph)
+SHOW_CHARS = 80
+
+
+def show(value: Any) -> str:
+    """``repr(value)``, shortened when long: ``'99999...' (5,000 characters)``."""
+    if isinstance(value, str) and len(value) > SHOW_CHARS:
+        return f"{value[:SHOW_CHARS // 2]!r}... ({len(value):,} characters)"
+    return repr(value)

@@ -100,6 +100,7 @@ REFRESH_S = Limit("refresh interval", 0.05, 60.0, "redrawing more than 20 times 
 #: Slurm job and step ids are 32-bit unsigned integers (slurm.h: NO_VAL is 0xfffffffe)
 JOB_ID = Limit("Slurm job id", 0, 4_294_967_294, "Slurm job ids are 32-bit")
 RESTARTS = Limit("restart count", 0, 65_535, "Slurm's restart counter is 16-bit")
+CPUS_PER_TASK = Limit("CPUs per task", 1, 16_384, "more cores than any node has")
 TASKS = Limit("tasks", 1, NODES.hi * PROCS_PER_NODE.hi, "nodes x workers per node")
 TASK_RANK = Limit("task rank", 0, TASKS.hi - 1, "task ranks run 0..tasks-1")
 LOCAL_RANK = Limit("local task rank", 0, PROCS_PER_NODE.hi - 1, "local ranks run 0..workers per node-1")
@@ -113,7 +114,7 @@ PATH_CHARS = Limit("path length", 1, 4_096, "PATH_MAX on Linux", "characters")
 
 #: every limit, in the order the documentation lists them (names are unique: models refer to them)
 ALL: tuple[Limit, ...] = (NODES, NODE_RANK, PROCS_PER_NODE, GPUS_PER_NODE, WORLD_SIZE, PORT, PORT_OR_AUTO,
-                          WAIT_S, HANG_S, STATUS_INTERVAL_S, REFRESH_S, JOB_ID, RESTARTS, TASKS, TASK_RANK, LOCAL_RANK, EPOCH_S,
+                          WAIT_S, HANG_S, STATUS_INTERVAL_S, REFRESH_S, JOB_ID, RESTARTS, CPUS_PER_TASK, TASKS, TASK_RANK, LOCAL_RANK, EPOCH_S,
                           NODELIST_CHARS, HOST_CHARS, PATH_CHARS)
 
 assert len({lim.name for lim in ALL}) == len(ALL)

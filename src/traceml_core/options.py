@@ -125,6 +125,31 @@ def _hang_after(text: str) -> str:
     return f"{seconds:g}"
 
 
+#: megabytes each node sends per transfer of the link probe unless --link-probe says otherwise
+LINK_PROBE_MB = 32
+
+
+def _link_probe(text: str) -> str:
+    """``off``, or megabytes per transfer (``on`` = the default size)."""
+    value = _nonempty(text).lower()
+    if value in ("off", "0", "no", "false"):
+        return "off"
+    if value in ("on", "yes", "true"):
+        return str(LINK_PROBE_MB)
+    try:
+        mb = int(value)
+    except ValueError:
+        raise ValueError("must be off, on, or megabytes per transfer (a whole number)") from None
+    if not 1 <= mb <= 1024:
+        raise ValueError("must be between 1 and 1024 megabytes (each node sends it to two peers)")
+    return str(mb)
+
+
+def link_probe_bytes(value: str) -> int:
+    """Bytes per transfer of a normalised ``link_probe`` value (0 = off)."""
+    return 0 if value == "off" else int(value) * 1000 * 1000
+
+
 def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
@@ -225,6 +250,11 @@ OPTIONS: tuple[Option, ...] = (
            "end of the run: tensorboard (event files in <run-dir>/tensorboard; needs the "
            "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
            "comma-separated. Never fails training.", "KINDS"),
+    Option("link_probe", _link_probe, str(LINK_PROBE_MB),
+           "Multi-node: before training, node 0 measures the TCP bandwidth between the nodes' "
+           "launchers (each node sends up to this many MB, for at most 1 s, to each of two other "
+           "nodes: about 1-3 s at the start) and names a node whose link is much slower than the "
+           "others'; off = skip it.", "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
     Option("layout", _layout, "auto",
            "How ranks start: node = one `traceml run` per node starts a worker per GPU with torchrun; "
@@ -235,9 +265,6 @@ OPTIONS: tuple[Option, ...] = (
            "Find steps in a script that does not call trace_step: from Lightning's, the Hugging "
            "Face Trainer's or Accelerate's own hooks, else one step per optimizer step (off: only "
            "trace_step records steps; every rank still joins the run).", "on/off", default_doc="on"),
-    Option("relay", bool, True,
-           "Ranks send to a relay in this node's launcher, which forwards one stream to node 0 "
-           "(off: every rank connects to node 0 itself).", "on/off", default_doc="on"),
     # the live views (--mode cli|dashboard, node 0 only)
     Option("status_interval", limits.STATUS_INTERVAL_S, 10.0,
            "--mode cli when stdout is not a terminal: seconds between status lines.", "S"),

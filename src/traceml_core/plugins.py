@@ -70,6 +70,12 @@ class ClusterEnvironment(ABC):
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
         return []
 
+    def explain_interrupt(self, config: Any, signum: int, at: float) -> str | None:
+        """Who sent ``signum`` (received at ``at``, epoch seconds), in words, when the scheduler can
+        tell: "the job reached its time limit", "the job was cancelled". None when it cannot.
+        Called once, after the workers stopped; must answer within a few seconds."""
+        return None
+
 
 def _entry_points(group: str) -> Sequence[metadata.EntryPoint]:
     try:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Callable, ClassVar, Mapping, Optional, TypeVa
 
 from pydantic import AfterValidator, Field, ValidationError
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
-from .errors import ConfigError
+from .errors import ConfigError, show
 from .limits import ALL as LIMITS, Limit
 
 #: the mapping the next model reads (set only for the duration of from_environ)
@@ -151,17 +151,6 @@ def _limit_in(annotation: Any) -> Optional[Limit]:
         if found is not None:
             return found
     return None
-
-
-#: values longer than this are shortened in messages (an error is one readable paragraph)
-SHOW_CHARS = 80
-
-
-def show(value: Any) -> str:
-    """``repr(value)``, shortened when long: ``'99999...' (5,000 characters)``."""
-    if isinstance(value, str) and len(value) > SHOW_CHARS:
-        return f"{value[:SHOW_CHARS // 2]!r}... ({len(value):,} characters)"
-    return repr(value)
 
 
 def problem(err: Mapping[str, Any], limit: Optional[Limit] = None) -> str:

@@ -27,7 +27,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         return doctor_main(argv[1:])
     parser = build_parser()
-    ns = parser.parse_args(argv)
+    ns, extra = parser.parse_known_args(argv)
+    if extra:
+        if getattr(ns, "command", None) == "template":
+            from .template.cli import unknown_option
+
+            sys.stderr.write(unknown_option(extra) + "\n")
+            return 2
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if ns.command == "env":
         from traceml_core.cli import main as core_main
 

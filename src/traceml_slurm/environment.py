@@ -106,16 +106,26 @@ class SlurmEnvironment(ClusterEnvironment):
         values["aggregator_port"] = Setting(aggregator_port, v.source("job_id"))
         if v.nodename:
             values["node_name"] = Setting(v.nodename, v.source("nodename"))
+        if v.job_end_time:  # Slurm >= 23.02; 0 or absent: not known
+            values["job_end_time"] = Setting(float(v.job_end_time), v.source("job_end_time"))
         if v.submit_dir:
             values["logs_dir"] = Setting(v.submit_dir.rstrip("/") + "/logs", v.source("submit_dir"))
         values["run_name"] = self._run_name(v)
 
         job_nodes = v.job_num_nodes or v.nnodes
-        if ctx is Context.SALLOC_SHELL:
+        if ctx is Context.SALLOC_SHELL and v.job_nodelist is None and job_nodes is None:
+            out.refusals.append(Refusal(
+                f"SLURM_JOB_ID={v.job_id} is set, but nothing else of a Slurm job is (no SLURM_JOB_NODELIST, "
+                f"SLURM_NNODES or SLURM_NODEID): probably a leftover in this shell, not a job. Pass "
+                f"--cluster=none (or unset SLURM_JOB_ID) to launch outside Slurm; inside a real allocation, "
+                f"start one launcher per node with `{launcher_srun_line(None)}`.",
+                LAUNCH_KEYS | {"nproc_per_node"}, "SLURM_JOB_ID"))
+        elif ctx is Context.SALLOC_SHELL:
             out.refusals.append(Refusal(
                 f"this is an salloc shell on the login host (SLURM_JOB_ID={v.job_id}, no SLURM_NODEID), not "
                 f"a compute node of the allocation. Start one launcher per node with: "
-                f"`{launcher_srun_line(job_nodes)}`.",
+                f"`{launcher_srun_line(job_nodes)}` (or pass --cluster=none to launch on this host "
+                f"outside Slurm).",
                 LAUNCH_KEYS | {"nproc_per_node"}, "SLURM_STEP_ID"))
         if ctx is Context.INTERACTIVE_STEP and (job_nodes or 1) > 1:
             out.refusals.append(Refusal(
@@ -334,6 +344,11 @@ class SlurmEnvironment(ClusterEnvironment):
             f"MASTER_PORT={stale} in the environment is ignored: under Slurm the rendezvous port is "
             f"derived from the job id ({port.value}, {port.source}) so jobs sharing a node do not "
             f"clash. To pin it, pass --master-port or set TRACEML_MASTER_PORT.")
+
+    def explain_interrupt(self, config: Any, signum: int, at: float) -> Optional[str]:
+        from .interrupts import explain
+
+        return explain(config, signum, at)
 
     # -- checks on the merged config -------------------------------------------------------------
 

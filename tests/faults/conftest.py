@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "unit"))  # aggpeers: raw wire peers
 
 import harness  # noqa: E402
-from aggpeers import aggregator  # noqa: E402,F401  (the shared real-aggregator fixture)
+from aggpeers import aggregator, rig  # noqa: E402,F401  (the shared real-aggregator fixtures)
 
 
 @pytest.fixture(scope="session")

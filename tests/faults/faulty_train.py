@@ -109,11 +109,21 @@ def main() -> int:
     # the process now and then, which would make the plain-torchrun baseline flaky
     del model, opt
     gc.collect()
-    if args.fault == "abort-at-exit" and rank == args.fault_rank:
-        # training is over and said goodbye; the process then dies as gloo can at interpreter exit
+    if args.fault == "abort-at-exit":
+        # training is over and every rank said goodbye; the faulty process then dies as gloo can
+        # at interpreter exit. It waits (bounded) for the others' goodbyes first: torchrun stops
+        # the other ranks as soon as it sees the abort, and a rank still exiting then is killed
+        # with its last records (what the summary must count, but not what this fault is about)
         traceml.shutdown()
-        out.close()
-        os.abort()
+        out.write("bye\n")
+        if rank == args.fault_rank:
+            deadline = time.monotonic() + 10
+            others = [os.path.join(progress_dir, f"rank{r}.txt") for r in range(world) if r != rank]
+            while time.monotonic() < deadline and not all(
+                    os.path.exists(f) and "bye" in open(f).read().split() for f in others):
+                time.sleep(0.02)
+            out.close()
+            os.abort()
     return 0
 
 

@@ -16,11 +16,12 @@ import socket
 import threading
 import time
 
-from aggpeers import RUN, TOKEN, make_settings
+from aggpeers import RUN, TOKEN, make_settings, node
 from harness import Launch, Progress, assert_no_leftovers
 from traceml_core.aggregator.process import start_aggregator
+from traceml_core.wire.auth import AGGREGATOR, make_hello, relay_aud
 from traceml_core.wire.client import TelemetryClient
-from traceml_core.wire.protocol import FrameBuffer, encode, make_hello
+from traceml_core.wire.protocol import FrameBuffer, encode
 
 
 def _attempt(port: int, frame: bytes) -> tuple[dict, bool]:
@@ -53,12 +54,12 @@ def test_strangers_are_refused_and_logged_during_a_real_run(tmp_path):
         assert time.monotonic() < deadline and launch.proc.poll() is None, launch.stderr_now()
         time.sleep(0.05)
     port = launch.aggregator_port
-    unsigned = make_hello("", run=run_name, job=None, node=0, rank=0)
+    unsigned = make_hello("", aud=AGGREGATOR, run=run_name, job=None, node=0, rank=-1, kind="node")
     del unsigned["mac"]
     attempts = {
         "no token": encode(unsigned),
-        "another run's token": encode(make_hello(secrets.token_hex(16), run=run_name, job=None,
-                                                 node=0, rank=1)),
+        "another run's token": encode(make_hello(secrets.token_hex(16), aud=AGGREGATOR, run=run_name,
+                                                 job=None, node=0, rank=-1, kind="node")),
         "no hello": encode({"t": "steps", "rank": 0, "seq": 10**6, "n": 0, "cols": {}}),
     }
     for what, frame in attempts.items():
@@ -120,29 +121,37 @@ class RecordingProxy:
         return bytes(self.captured[:4 + n])
 
 
-def test_a_captured_hello_replayed_is_refused_and_logged(tmp_path, capfd):
+def test_a_captured_hello_replayed_is_refused_at_both_endpoints_and_logged(tmp_path, capfd):
     h = start_aggregator(make_settings(tmp_path, nproc_per_node=2))
+    relay = node(h, 0, warn=lambda msg: print(f"[traceml] warning: {msg}", file=__import__("sys").stderr))
     try:
-        proxy = RecordingProxy(h.port)
-        real = TelemetryClient("127.0.0.1", proxy.port, TOKEN, run=RUN, job="42", node=0, rank=0,
-                               kind="rank", world=2)
+        proxy = RecordingProxy(relay.port)
+        real = TelemetryClient("127.0.0.1", proxy.port, TOKEN, aud=relay_aud(0), run=RUN, job="42",
+                               node=0, rank=0, kind="rank", world=2)
         real.start()
         assert real.wait_connected(5.0)
         hello = proxy.first_frame()
-        reply, closed = _attempt(h.port, hello)  # while the real rank is connected
+        reply, closed = _attempt(relay.port, hello)  # at the relay, while the real rank is connected
         assert reply.get("t") == "refused" and "replayed" in reply.get("reason", "") and closed
+        reply, closed = _attempt(h.port, hello)      # at node 0's aggregator: another endpoint
+        assert reply.get("t") == "refused" and "authentication failed" in reply.get("reason", "") and closed
         real.close(1.0)
         time.sleep(0.2)
-        reply, closed = _attempt(h.port, hello)  # and after it left
+        reply, closed = _attempt(relay.port, hello)  # and after it left
         assert reply.get("t") == "refused" and "replayed" in reply.get("reason", "") and closed
         status = h.status()
         assert status["ranks_seen"] == 1  # only the real rank ever got in
+        relay.drain(2.0)
+        relay.run_ended()
         res = h.finish(0)
     finally:
+        relay.close(1.0)
         if h.alive():
             h.kill()
     err = capfd.readouterr().err
-    logged = re.findall(r"traceml-aggregator: refused connection from 127\.0\.0\.1:\d+: replayed hello", err)
+    logged = re.findall(r"node 0's relay: refused connection from 127\.0\.0\.1:\d+: replayed hello", err)
     assert len(logged) == 2, err[-2000:]
+    assert re.search(r"traceml-aggregator: refused connection from 127\.0\.0\.1:\d+: authentication failed", err)
     import json
-    assert json.loads(res.summary_json.read_text())["telemetry"]["wire"]["refused"] == 2
+    assert json.loads(res.summary_json.read_text())["telemetry"]["wire"]["refused"] == 1
+    assert relay.stats().refused == 2

@@ -165,8 +165,8 @@ MALFORMED_OPTION = {
     "aggregator_port": ["70000", "-5"], "aggregator_host": ["two words"],
     "aggregator_bind_host": ["eth0", "node1"], "aggregator_wait": ["soon", "-1", "nan"],
     "hang_timeout": ["-3", "never", "nan"], "cluster": ["pbs"], "logs_dir": [" "],
-    "relay": ["maybe", "2"], "status_interval": ["0", "soon", "inf"], "live_refresh": ["0", "-1"],
-    "dashboard_host": ["my laptop", "node1"], "dashboard_port": ["65536", "-1"], "export": ["csv", ","], "hang_report_after": ["soon", "0", "nan"],
+    "status_interval": ["0", "soon", "inf"], "live_refresh": ["0", "-1"],
+    "dashboard_host": ["my laptop", "node1"], "dashboard_port": ["65536", "-1"], "export": ["csv", ","], "hang_report_after": ["soon", "0", "nan"], "link_probe": ["fast", "5000", "-1"],
     "auto_steps": ["maybe", "2"], "layout": ["gpu", "per-task"],
 }
 

@@ -109,3 +109,17 @@ def test_sigterm_while_waiting_for_node_0_ends_the_wait_at_once(tmp_path):
     assert run.code == 143, run.err[-2000:]
     assert took < 15, took
     assert "stopped waiting for the aggregator: interrupted" in run.err
+
+
+def test_ctrl_c_exits_130_with_an_interrupted_summary(tmp_path):
+    """Ctrl-C (SIGINT to the launcher) exits 130, the shell's convention, and the summary says so."""
+    launch = Launch(tmp_path, ["--steps", "100000", "--step-ms", "20"])
+    deadline = time.monotonic() + 120
+    while not (launch.progress_dir / "rank0.txt").exists() or "step" not in (launch.progress_dir / "rank0.txt").read_text():
+        assert time.monotonic() < deadline and launch.proc.poll() is None, launch.stderr_now()[-2000:]
+        time.sleep(0.1)
+    launch.proc.send_signal(signal.SIGINT)
+    run = launch.wait(90)
+    assert run.code == 130, run.err[-2000:]
+    data = run.summary()
+    assert data["run"]["status"] == "interrupted" and "interrupted by SIGINT (Ctrl-C)" in data["run"]["reason"]

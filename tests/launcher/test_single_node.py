@@ -48,6 +48,13 @@ def test_ddp_minimal_prints_summary_and_writes_files(tmp_path):
     assert data["run"]["status"] == "completed" and data["run"]["exit_code"] == 0
     assert data["telemetry"]["records_received"] == 120
     assert [r["steps"] for r in data["ranks"]] == [60, 60]
+    # the README's demo on CPU: its all-reduce is measured, and no verdict gives GPU advice
+    assert data["device"] == "cpu" and data["communication"]["measured"]
+    assert all(r["comm"]["calls_per_step"] == 1 for r in data["ranks"]), "one small bucket per step"
+    assert "Communication: waits" in out
+    for v in [data["verdict"]] + data["other_verdicts"]:
+        for word in ("GPU", "bf16", "torch.compile", "pin_memory", "NCCL", "between the nodes"):
+            assert word not in v["next_step"], (word, v)
 
 
 def test_input_bound_example_gets_input_bound_verdict(tmp_path):

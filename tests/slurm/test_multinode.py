@@ -137,5 +137,7 @@ srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limi
     assert state == "TIMEOUT", out
     data = summary(tmp_path, "limit")
     assert data["run"]["status"] == "interrupted", data["run"]
+    # who sent the SIGTERM: the end time where Slurm gives it (24.11), else the controller (22.05)
+    assert "interrupted by SIGTERM: the job reached its time limit" in data["run"]["reason"], data["run"]
     assert data["topology"]["nodes_joined"] == 2
     assert data["telemetry"]["records_received"] > 0

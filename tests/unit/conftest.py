@@ -5,4 +5,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from aggpeers import aggregator  # noqa: E402,F401  (the shared real-aggregator fixture)
+from aggpeers import aggregator, rig  # noqa: E402,F401  (the shared real-aggregator fixtures)

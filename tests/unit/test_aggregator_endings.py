@@ -10,8 +10,7 @@ import time
 
 import pytest
 
-from aggpeers import TOKEN, RUN, RankPeer, make_settings
-from traceml_core.aggregator.control import join_aggregator
+from aggpeers import RUN, NodePeer, RankPeer, make_settings
 from traceml_core.aggregator.process import AggregatorStartError, start_aggregator
 
 
@@ -19,8 +18,8 @@ def _summary(res):
     return json.loads(res.summary_json.read_text())
 
 
-def test_gaps_duplicates_and_client_drops_are_counted(aggregator):
-    h = aggregator(nproc_per_node=1)
+def test_gaps_duplicates_and_client_drops_are_counted(rig):
+    h = rig(nproc_per_node=1)
     p = RankPeer(h.port, 0)
     p.steps(10)            # 0..9
     p.steps(10, seq=15)    # 15..24: records 10..14 never arrived (gap of 5)
@@ -36,8 +35,8 @@ def test_gaps_duplicates_and_client_drops_are_counted(aggregator):
     assert "5 lost (rank 0: 5)" in h.run_dir.joinpath("final_summary.txt").read_text()
 
 
-def test_crashed_error_and_never_joined_ranks(aggregator):
-    h = aggregator(nproc_per_node=4)
+def test_crashed_error_and_never_joined_ranks(rig):
+    h = rig(nproc_per_node=4)
     ok = RankPeer(h.port, 0)
     ok.steps(5)
     ok.bye()
@@ -60,13 +59,13 @@ def test_crashed_error_and_never_joined_ranks(aggregator):
     assert "rank 1 (node 0, host0) error FIRST FAILURE: RuntimeError: CUDA error: device-side assert" in txt
     assert s["verdict"]["kind"] == "run_failed" and s["verdict"]["culprit"]["rank"] == 1
     assert s["run"]["reason"].startswith("rank 1 raised RuntimeError")
-    node0 = s["topology"]["nodes"][0]["hostname"]  # from the launcher's own hello
-    assert node0 == socket.gethostname()
+    node0 = s["topology"]["nodes"][0]["hostname"]  # from its relay's hello
+    assert node0 == "host0"
     assert f"rank 3 (node 0, {node0}) never joined" in txt
 
 
-def test_interrupted_run(aggregator):
-    h = aggregator(nproc_per_node=1)
+def test_interrupted_run(rig):
+    h = rig(nproc_per_node=1)
     p = RankPeer(h.port, 0)
     p.steps(5)
     s = _summary(h.finish(143, interrupted=True, reason="SIGTERM from Slurm (time limit)"))
@@ -76,21 +75,20 @@ def test_interrupted_run(aggregator):
 
 def test_nodes_join_leave_and_never_join(aggregator):
     h = aggregator(nnodes=3, nproc_per_node=1)
-    n1 = join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN, job_id="42", node=1,
-                         nproc=1, hostname="nodeB", wait_s=2)
-    n2 = join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN, job_id="42", node=2,
-                         nproc=1, hostname="nodeC", wait_s=2)
-    sampler = join_aggregator("127.0.0.1", h.port, token=TOKEN, run_name=RUN, job_id="42", node=1,
-                              nproc=1, hostname="nodeB", wait_s=2)  # a second link of node 1
-    sampler.send({"t": "system", "node": 1, "samples": [{"ts": 1.0, "cpu_pct": 50.0}]})
-    sampler.close()  # closing one of a node's links is not losing the node
-    r2 = RankPeer(h.port, 2, node=2)
-    r2.steps(5)
-    n1.bye(0)  # node 1 ends cleanly ...
+    n1 = NodePeer(h.port, 1, host="nodeB")
+    n2 = NodePeer(h.port, 2, host="nodeC")
+    second = NodePeer(h.port, 1, host="nodeB")  # a second link of node 1 (a reconnect)
+    assert n1.welcomed and n2.welcomed and second.welcomed
+    second.send({"t": "system", "node": 1, "samples": [{"ts": 1.0, "cpu_pct": 50.0}]})
+    second.close()  # closing one of a node's links is not losing the node
+    n2.join(2)
+    n2.steps(2, 5)
+    n1.bye(exit_code=0)  # node 1 ends cleanly ...
     n1.close()
-    n2.close()  # ... node 2's launcher vanishes mid-run
-    r2.close()
-    time.sleep(0.3)
+    n2.close()  # ... node 2's launcher vanishes mid-run (and with it, its relay)
+    deadline = time.monotonic() + 5
+    while h.status()["nodes_lost"] != [2] and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert h.status()["nodes_joined"] == [0, 1, 2]
     s = _summary(h.finish(1, reason="node 2 lost"))
     nodes = s["topology"]["nodes"]
@@ -128,10 +126,10 @@ def test_bind_host_not_on_this_node(tmp_path):
         start_aggregator(make_settings(tmp_path, bind_host="192.0.2.1"))
 
 
-def test_unwritable_logs_dir_falls_back_and_says_where(tmp_path, aggregator):
+def test_unwritable_logs_dir_falls_back_and_says_where(tmp_path, rig):
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the logs dir should be")
-    h = aggregator(run_dir=blocker / RUN)
+    h = rig(run_dir=blocker / RUN)
     assert h.run_dir != blocker / RUN
     assert str(blocker / RUN) in h.run_dir_note and str(h.run_dir) in h.run_dir_note
     p = RankPeer(h.port, 0)
@@ -144,8 +142,8 @@ def test_unwritable_logs_dir_falls_back_and_says_where(tmp_path, aggregator):
     assert "Note: could not write to" in res.summary_txt.read_text()
 
 
-def test_sigterm_writes_a_provisional_summary_then_the_final_one(aggregator):
-    h = aggregator(nproc_per_node=1, term_grace_s=10)
+def test_sigterm_writes_a_provisional_summary_then_the_final_one(rig):
+    h = rig(nproc_per_node=1, term_grace_s=10)
     p = RankPeer(h.port, 0)
     p.steps(8)
     os.kill(h.pid, signal.SIGTERM)  # Slurm signals every process of the step
@@ -161,8 +159,8 @@ def test_sigterm_writes_a_provisional_summary_then_the_final_one(aggregator):
     assert not s["provisional"] and s["run"]["status"] == "interrupted"
 
 
-def test_sigterm_without_launcher_finishes_in_the_grace_period(aggregator):
-    h = aggregator(nproc_per_node=1, term_grace_s=1.0)
+def test_sigterm_without_launcher_finishes_in_the_grace_period(rig):
+    h = rig(nproc_per_node=1, term_grace_s=1.0)
     p = RankPeer(h.port, 0)
     p.steps(8)
     t0 = time.monotonic()
@@ -174,8 +172,8 @@ def test_sigterm_without_launcher_finishes_in_the_grace_period(aggregator):
     assert "SIGTERM" in s["run"]["reason"]
 
 
-def test_launcher_gone_without_finish(aggregator):
-    h = aggregator(nproc_per_node=1, launcher_lost_grace_s=0.5)
+def test_launcher_gone_without_finish(rig):
+    h = rig(nproc_per_node=1, launcher_lost_grace_s=0.5)
     p = RankPeer(h.port, 0)
     p.steps(8)
     p.close()

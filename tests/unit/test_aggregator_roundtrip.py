@@ -8,8 +8,8 @@ import time
 from aggpeers import RankPeer
 
 
-def test_round_trip_counts_and_files(aggregator):
-    h = aggregator(nproc_per_node=2)
+def test_round_trip_counts_and_files(rig):
+    h = rig(nproc_per_node=2)
     peers = [RankPeer(h.port, r) for r in range(2)]
     assert all(p.welcomed for p in peers)
     for p in peers:
@@ -44,8 +44,8 @@ def test_round_trip_counts_and_files(aggregator):
     assert h.proc.returncode == 0
 
 
-def test_aggregator_finishes_by_itself_when_every_rank_said_bye(aggregator):
-    h = aggregator(nproc_per_node=2)
+def test_aggregator_finishes_by_itself_when_every_rank_said_bye(rig):
+    h = rig(nproc_per_node=2)
     h.control.close()  # no launcher: the ranks' byes end the run
     h.control = None
     peers = [RankPeer(h.port, r) for r in range(2)]
@@ -58,8 +58,8 @@ def test_aggregator_finishes_by_itself_when_every_rank_said_bye(aggregator):
     assert s["telemetry"]["records_received"] == 60
 
 
-def test_status_query_reports_joined_nodes_and_ranks(aggregator):
-    h = aggregator(nproc_per_node=2)
+def test_status_query_reports_joined_nodes_and_ranks(rig):
+    h = rig(nproc_per_node=2)
     p = RankPeer(h.port, 1)
     p.steps(7)
     deadline = time.monotonic() + 5
@@ -69,6 +69,8 @@ def test_status_query_reports_joined_nodes_and_ranks(aggregator):
             break
         time.sleep(0.05)
     st.pop("checkpoint_s")
+    st.pop("id")
+    assert st.pop("refused") == 0
     hosts = st.pop("hosts")
     silent = st.pop("silent")
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
@@ -81,9 +83,9 @@ def test_status_query_reports_joined_nodes_and_ranks(aggregator):
     assert h.status()["silent"] == []  # a rank that said bye is never "hung"
 
 
-def test_the_token_is_never_written_to_disk(aggregator):
+def test_the_token_is_never_written_to_disk(rig):
     from aggpeers import TOKEN
-    h = aggregator(nproc_per_node=1, checkpoint_interval_s=0.1)
+    h = rig(nproc_per_node=1, checkpoint_interval_s=0.1)
     p = RankPeer(h.port, 0)
     p.steps(10)
     p.bye()
@@ -94,10 +96,10 @@ def test_the_token_is_never_written_to_disk(aggregator):
         assert TOKEN.encode() not in f.read_bytes(), f
 
 
-def test_system_samples_reach_the_summary(aggregator):
-    h = aggregator(nproc_per_node=1)
+def test_system_samples_reach_the_summary(rig):
+    h = rig(nproc_per_node=1)
     p = RankPeer(h.port, 0)
-    p.send({"t": "system", "node": 0, "host": "gpu-a", "samples": [
+    h.relays[0].submit({"t": "system", "node": 0, "host": "gpu-a", "samples": [
         {"ts": 1.0, "cpu_pct": 20.0, "ram_used": 4 << 30, "ram_total": 16 << 30,
          "gpus": [{"index": 0, "util_pct": 80.0, "mem_used": 1 << 30, "mem_total": 8 << 30,
                    "temp_c": 70, "power_w": 200.0}]},

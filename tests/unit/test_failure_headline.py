@@ -81,3 +81,72 @@ def test_an_interrupted_run_without_a_real_failure_has_no_failure_headline():
     ranks = [rank(0, "interrupted"), rank(1, "interrupted")]
     assert diagnose(ranks, {}, "interrupted") is None
     assert diagnose([rank(0, "clean")], {}, "completed") is None
+
+
+# --- the hang report in the summary ---------------------------------------------------------------
+
+DUMP_WAITING = '''Thread 0x00007f6a838296c0 (most recent call first):
+  File "/x/traceml_core/wire/client.py", line 332 in _sleep
+  File "/usr/lib/python3.11/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f6aa31bab80 (most recent call first):
+  File "/v/site-packages/torch/autograd/graph.py", line 979 in _engine_run_backward
+  File "/v/site-packages/torch/autograd/__init__.py", line 395 in backward
+  File "<traceml wrapper of backward>", line 8 in _tm_wrapper
+  File "/v/site-packages/torch/_tensor.py", line 623 in backward
+  File "/home/u/train.py", line 93 in main
+  File "/home/u/train.py", line 121 in <module>
+'''
+DUMP_SLEEPING = '''Current thread 0x00007f6aa31bab80 (most recent call first):
+  File "/home/u/train.py", line 76 in main
+  File "/home/u/train.py", line 121 in <module>
+'''
+
+
+def _hung_summary(records_after: int):
+    from pathlib import Path
+
+    from aggpeers import columns, make_settings
+    from traceml_core.aggregator.autopsy import Autopsy
+    from traceml_core.aggregator.state import RunState
+    from traceml_core.report.summary import build_summary
+
+    st = RunState(make_settings(Path("/nonexistent"), nnodes=2, nproc_per_node=1))
+    for rank in (0, 1):
+        rs = st.rank(rank)
+        rs.node, rs.host = rank, f"node{rank + 1}"
+        rs.ingest_steps({"t": "steps", "rank": rank, "seq": 0, "n": 40, "dropped": 0, "cols": columns(40)})
+    st.records = 80
+    a = Autopsy(1, {0: (0, "node1", 40), 1: (1, "node2", 40)}, world=2, silent_s=61.0,
+                threshold_s=60.0, threshold_source="auto", records_at=80)
+    a.add(0, {"source": "faulthandler", "ok": True, "text": DUMP_WAITING})
+    a.add(1, {"source": "faulthandler", "ok": True, "text": DUMP_SLEEPING})
+    a.add(0, {"source": "sdk", "in_flight": {"op": "ddp_bucket", "bytes": 4096, "seq": 80,
+                                             "started_ns": 0, "group_size": 2}, "step": 40})
+    assert a.done()
+    st.hangs.append(a.report())
+    st.records += records_after
+    st.finish = {"exit_code": 124, "interrupted": False, "reason": "training looks hung", "failed_nodes": []}
+    return build_summary(st.to_data())
+
+
+def test_a_run_that_ended_hung_leads_with_the_hang():
+    s = _hung_summary(0)
+    v = s["verdict"]
+    assert v["kind"] == "hang" and v["severity"] == "critical"
+    assert v["culprit"] == {"rank": 1, "node": 1, "host": "node2"}
+    assert "rank 1 (node 1, node2) never arrived at the collective the others wait in" in v["why"]
+    assert s["run"]["reason"].startswith("hung: rank 1 (node 1, node2) never arrived")
+    assert not [o for o in s["other_verdicts"] if o["kind"] == "run_failed"]
+    r0 = next(a for a in s["hang"]["ranks"] if a["rank"] == 0)
+    assert r0["collective"] == "ddp_bucket" and r0["where"] == "train.py:93 in main"
+    from traceml_core.report.render_txt import render
+    txt = render(s)
+    assert "Hang report: no rank completed a step for 61 s" in txt and "<- never arrived" in txt
+
+
+def test_a_stall_that_resolved_is_a_warning_not_the_headline():
+    s = _hung_summary(10)
+    assert s["verdict"]["kind"] != "hang" and s["hang"]["resumed"] is True
+    also = [o for o in s["other_verdicts"] if o["kind"] == "hang"]
+    assert also and also[0]["severity"] == "warning" and "then went on" in also[0]["why"]

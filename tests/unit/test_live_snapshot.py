@@ -28,15 +28,15 @@ def wait_for(pred, timeout=5.0):
 
 
 def snap(handle, **req):
-    return handle.control.snapshot({"series": False, "verdict": False, **req}, timeout=3.0)
+    return handle.snapshot({"series": False, "verdict": False, **req}, timeout=3.0)
 
 
-def test_snapshot_describes_each_rank_from_its_recent_steps(aggregator):
-    h = aggregator(nproc_per_node=3, mode="cli")
+def test_snapshot_describes_each_rank_from_its_recent_steps(rig):
+    h = rig(nproc_per_node=3, mode="cli")
     fast, slow = RankPeer(h.port, 0), RankPeer(h.port, 1)
     fast.steps(40, step_ms=10, forward_ms=3, mem=200 << 20)
     slow.steps(40, step_ms=40, forward_ms=30, mem=300 << 20)
-    frame = wait_for(lambda: (f := snap(h, series=True)) and all(r["received"] == 40 for r in f["ranks"]) and f)
+    frame = wait_for(lambda: (f := snap(h, series=True)) and len(f["ranks"]) == 2 and all(r["received"] == 40 for r in f["ranks"]) and f)
     by = {r["rank"]: r for r in frame["ranks"]}
     assert by[0]["recent"]["ms"]["forward"] == pytest.approx(3.0, rel=0.01)
     assert by[1]["recent"]["ms"]["forward"] == pytest.approx(30.0, rel=0.01)
@@ -80,8 +80,8 @@ def rendered(renderable, width: int) -> list[str]:
     return con.export_text().splitlines()
 
 
-def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(aggregator):
-    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(rig):
+    h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a, b = RankPeer(h.port, 0), RankPeer(h.port, 1)
     a.steps(10)
     b.steps(10)
@@ -102,8 +102,8 @@ def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(a
     a.close()
 
 
-def test_a_rank_that_said_bye_has_ended_not_stale(aggregator):
-    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+def test_a_rank_that_said_bye_has_ended_not_stale(rig):
+    h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a = RankPeer(h.port, 0)
     a.steps(5)
     a.bye("error", error="Traceback...\nRuntimeError: CUDA out of memory")
@@ -114,8 +114,8 @@ def test_a_rank_that_said_bye_has_ended_not_stale(aggregator):
     a.close()
 
 
-def test_snapshot_requests_leave_the_control_link_working_for_finish(aggregator):
-    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+def test_snapshot_requests_leave_the_control_link_working_for_finish(rig):
+    h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a = RankPeer(h.port, 0)
     a.steps(30)
     frame = wait_for(lambda: (f := snap(h, verdict=True)) and f["records"] == 30 and f)
@@ -127,14 +127,14 @@ def test_snapshot_requests_leave_the_control_link_working_for_finish(aggregator)
     a.close()
 
 
-def test_the_feed_names_a_silent_aggregator_instead_of_freezing(aggregator):
-    h = aggregator(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
+def test_the_feed_names_a_silent_aggregator_instead_of_freezing(rig):
+    h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a = RankPeer(h.port, 0)
     a.steps(10)
     alive = {"on": True}
 
     def fetch(req):
-        return h.control.snapshot(req, timeout=2.0) if alive["on"] else None
+        return h.snapshot(req, timeout=2.0) if alive["on"] else None
 
     feed = LiveFeed(fetch, interval=0.05)
     wait_for(lambda: feed.poll() and feed.state().records == 10)

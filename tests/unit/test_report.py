@@ -18,6 +18,7 @@ import pytest
 
 from chromium import Chromium, chromium_path
 from tinyrun import PYTHON, REPO, env_for, traceml_cmd
+from traceml_core.wire.protocol import COMM_COLUMNS
 
 ARTIFACTS = REPO / "artifacts"
 STRAGGLER = REPO / "examples" / "straggler.py"
@@ -135,6 +136,19 @@ def test_a_failing_export_never_fails_the_run(runs):
     assert _summary(runs["inp"])["run"]["status"] == "completed"
 
 
+def test_without_the_writer_library_the_export_says_how_to_get_it(runs, tmp_path):
+    """No tensorboardX in this Python: one line saying what to install, nothing raised, the
+    summary untouched (as at the end of a run whose environment lacks the extra)."""
+    code = ("import sys, json; sys.modules['tensorboardX'] = None\n"
+            "from traceml_core.report.export import export_summary\n"
+            f"s = json.load(open({str(runs['strag'] / 'final_summary.json')!r}))\n"
+            f"print(export_summary(s, {str(tmp_path)!r}, 'tensorboard')[0])")
+    p = subprocess.run([PYTHON, "-c", code], env=env_for(), text=True, capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "tensorboard export skipped" in p.stdout and "traceml-slurm[tensorboard]" in p.stdout
+    assert not (tmp_path / "tensorboard").exists()
+
+
 def test_tensorboard_event_files_read_back_with_tensorboards_reader(runs):
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     s = _summary(runs["strag"])
@@ -225,7 +239,10 @@ def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
         first = c.eval("document.querySelector('.badbox').innerText")
         assert "The run ended failed" in first, first
         assert "crashed" in text and "How each rank ended" in text
-        assert _charts(c)["own"]["series"] == 2  # what it measured before dying is still drawn
+        # what each rank measured before the end is still drawn (a rank killed before its
+        # first batch left nothing to draw)
+        sent = [r for r in _summary(tmp_path / "dies")["ranks"] if r["steps"] > 0]
+        assert _charts(c)["own"]["series"] == len(sent) >= 1
         c.screenshot(ARTIFACTS / "report-failed.png")
     finally:
         c.close()
@@ -254,14 +271,33 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
                 "step": list(range(seq, seq + batch)), "t_end_ns": t_end, "step_ns": [10_000_000] * batch,
                 "input_ns": [200_000] * batch, "forward_ns": [2_000_000 + extra] * batch,
                 "backward_ns": [7_000_000 - extra] * batch, "optimizer_ns": [500_000] * batch,
-                "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch}})
+                "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch,
+                **{c: [-1] * batch for c in COMM_COLUMNS}}})
         rs.flush()
+    # the node's system samples: the real sampler over a fake NVML (the one thing this machine
+    # lacks), two GPUs, one busy and one idle, taken 2 s apart over the run
+    from traceml_core.sdk.samplers import FakeGpu, FakeNvml, SystemSampler
+
+    nv = FakeNvml([FakeGpu(uuid="GPU-a", util_pct=95, mem_used=60 << 30, mem_total=80 << 30),
+                   FakeGpu(uuid="GPU-b", util_pct=5, mem_used=2 << 30, mem_total=80 << 30)])
+    sampler = SystemSampler(nv)
+    t0 = st.settings.started_at
+    for i in range(100):
+        sample = sampler.sample()
+        sample["ts"] = t0 + 2.0 * i
+        st.node_system(0).ingest("big-node", [sample])
     rd = prepare_run_dir(tmp_path / "big", "big")
     return write_summary(st.to_data(), rd, "big")
 
 
-def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
-    out = _large_run(tmp_path)
+@pytest.fixture(scope="module")
+def large(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("large")
+    return tmp, _large_run(tmp)
+
+
+def test_a_long_large_run_keeps_the_series_bounded(large):
+    tmp_path, out = large
     tl = out["summary"]["timeline"]
     assert tl["buckets"] <= 256 and tl["buckets"] * tl["steps_per_bucket"] >= 20_000
     assert tl["ranks_shown"] == "selected" and tl["ranks_total"] == 80 and len(tl["ranks"]) == 16
@@ -271,12 +307,25 @@ def test_a_long_large_run_keeps_the_series_bounded(tmp_path):
     assert min(v for v in env["own_ms"]["max"] if v is not None) > 7.5  # the straggler's ~8 ms
     assert max(v for v in env["own_ms"]["median"] if v is not None) < 3.5  # the others' ~3 ms
     assert Path(out["summary_json"]).stat().st_size < 2_000_000
+    node = tl["nodes"][0]
+    assert len(node["t_s"]) <= 256 and node["t_s"][-1] > 190  # 200 s of samples
+    util = {g["index"]: g["util_pct"] for g in node["gpus"]}
+    assert set(util[0]) - {None} == {95.0} and set(util[1]) - {None} == {5.0}  # None: no sample then
+    # exported per node too, read back with TensorBoard's reader
+    from traceml_core.report.export import export_summary
+
+    ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    export_summary(out["summary"], tmp_path / "big", "tensorboard")
+    acc = ea_mod.EventAccumulator(str(tmp_path / "big" / "tensorboard" / "node_00")).Reload()
+    assert {"gpu0/util_pct", "gpu1/util_pct", "gpu0/mem_used_gib"} <= set(acc.Tags()["scalars"])
+    assert {e.value for e in acc.Scalars("gpu0/util_pct")} == {95.0}
+    runs = sorted(p.name for p in (tmp_path / "big" / "tensorboard").iterdir())
+    assert runs[:3] == ["all_ranks_max", "all_ranks_median", "all_ranks_min"] and len(runs) == 3 + 16 + 1
 
 
 @needs_chromium
-def test_html_of_a_large_run_draws_the_envelope_and_communication(tmp_path):
-    out = _large_run(tmp_path)
-    s = out["summary"]
+def test_html_of_a_large_run_draws_the_envelope_and_communication(large, tmp_path):
+    s = dict(large[1]["summary"])
     # the communication section, as a summary that measured it carries it (rendered generically)
     s["communication"] = {"measured": True, "ranks_measured": 80, "not_measured_why": None,
                           "exposed_ms": {"median": 1.5, "min": 0.2, "min_rank": 37, "max": 6.5, "max_rank": 3},
@@ -294,6 +343,9 @@ def test_html_of_a_large_run_draws_the_envelope_and_communication(tmp_path):
         text = c.eval("document.body.innerText")
         assert "16 of 80 ranks are drawn one by one" in text
         assert "Communication" in text and "exposed ms" in text
+        assert "No GPU samples" not in text
+        labels = [l for ch in c.eval("Object.values(TraceCharts.registry).map(c => c.labels)") for l in ch]
+        assert {"gpu0 util %", "gpu1 util %", "gpu0 memory", "gpu1 memory", "cpu %"} <= set(labels)
         c.screenshot(ARTIFACTS / "report-large.png")
     finally:
         c.close()

@@ -9,6 +9,7 @@ from hypothesis import given, settings, strategies as st
 from traceml_core.aggregator.rankstate import RankState
 from traceml_core.aggregator.series import BUCKETS, series_values
 from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
+from traceml_core.wire.protocol import STEP_COLUMNS
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
 REL = 1 / 128 + 1e-6  # a bucket's midpoint is within 1/128 of every value in it
@@ -64,8 +65,7 @@ def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
     n = 4000
     vals = [rnd.choice((10_000_000, 20_000_000)) for _ in range(n)]  # half 10 ms, half 20 ms
     for seq in range(0, n, 1000):  # batches of 1000 with a cap of 64 sketched values each
-        cols = {c: [1] * 1000 for c in ("step", "t_end_ns", "input_ns", "forward_ns",
-                                         "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+        cols = {c: [1] * 1000 for c in STEP_COLUMNS}
         cols["step_ns"] = vals[seq:seq + 1000]
         cols["t_end_ns"] = list(range(seq, seq + 1000))
         rs.ingest_steps({"seq": seq, "n": 1000, "cols": cols, "dropped": 0})
@@ -81,8 +81,7 @@ def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
 
 def test_partly_unmeasured_column_is_exact():
     rs = RankState(0)
-    cols = {c: list(range(1, 11)) for c in ("step", "t_end_ns", "step_ns", "forward_ns",
-                                             "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+    cols = {c: list(range(1, 11)) for c in STEP_COLUMNS}
     cols["input_ns"] = [-1, -1, 5, 5, 5, 5, 5, 5, 5, 5]  # first fetches not measured
     rs.ingest_steps({"seq": 0, "n": 10, "cols": cols, "dropped": 0})
     rs.flush()
@@ -112,9 +111,9 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
         fwd = [rnd.randrange(0, 500) for _ in range(n)]
         inp = [rnd.choice([-1, rnd.randrange(0, 99)]) for _ in range(n)]  # partly not measured
         mems = [rnd.randrange(0, 10**9) for _ in range(n)]
-        cols = {"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
-                "input_ns": inp, "forward_ns": fwd, "backward_ns": [-1] * n,
-                "optimizer_ns": [-1] * n, "h2d_ns": [-1] * n, "mem_peak": mems}
+        cols = {c: [-1] * n for c in STEP_COLUMNS}     # not measured, unless set below
+        cols.update({"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
+                     "input_ns": inp, "forward_ns": fwd, "mem_peak": mems})
         rs.ingest_steps({"seq": seq, "n": n, "cols": cols, "dropped": 0})
         rs.flush()
         seq += n
@@ -136,8 +135,7 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
 
 def test_small_frames_are_pooled_and_give_the_same_statistics_as_one_frame():
     rnd = random.Random(3)
-    names = ("step", "t_end_ns", "step_ns", "input_ns", "forward_ns", "backward_ns",
-             "optimizer_ns", "h2d_ns", "mem_peak")
+    names = STEP_COLUMNS
     cols = {k: [rnd.randrange(1, 10**8) for _ in range(60)] for k in names}
     cols["t_end_ns"] = sorted(cols["t_end_ns"])
     one, many = RankState(0, sketch_cap=64), RankState(1, sketch_cap=64)
@@ -152,8 +150,7 @@ def test_small_frames_are_pooled_and_give_the_same_statistics_as_one_frame():
 
 def test_a_malformed_frame_in_a_pool_is_rejected_alone():
     rs = RankState(0)
-    good = {k: [5] * 3 for k in ("step", "t_end_ns", "step_ns", "input_ns", "forward_ns",
-                                  "backward_ns", "optimizer_ns", "h2d_ns", "mem_peak")}
+    good = {k: [5] * 3 for k in STEP_COLUMNS}
     rs.ingest_steps({"seq": 0, "n": 3, "cols": good, "dropped": 0})
     rs.ingest_steps({"seq": 3, "n": 3, "cols": {**good, "forward_ns": [1, "x", 2]}, "dropped": 0})
     rs.ingest_steps({"seq": 6, "n": 3, "cols": good, "dropped": 0})

@@ -25,8 +25,8 @@ def _wait_for_checkpoint(run_dir, records, timeout=5.0):
     raise AssertionError("no checkpoint with the records appeared")
 
 
-def test_finish_rebuilds_after_sigkill(aggregator):
-    h = aggregator(nproc_per_node=2, checkpoint_interval_s=0.1)
+def test_finish_rebuilds_after_sigkill(rig):
+    h = rig(nproc_per_node=2, checkpoint_interval_s=0.1)
     peers = [RankPeer(h.port, r) for r in range(2)]
     for p in peers:
         p.steps(40, step_ms=20.0, input_ms=12.0)
@@ -45,8 +45,8 @@ def test_finish_rebuilds_after_sigkill(aggregator):
     assert "rebuilt from the checkpoint" in res.summary_txt.read_text()
 
 
-def test_summarize_cli_on_a_run_dir(aggregator, capsys):
-    h = aggregator(nproc_per_node=1, checkpoint_interval_s=0.1)
+def test_summarize_cli_on_a_run_dir(rig, capsys):
+    h = rig(nproc_per_node=1, checkpoint_interval_s=0.1)
     p = RankPeer(h.port, 0)
     p.steps(30)
     _wait_for_checkpoint(h.run_dir, 30)

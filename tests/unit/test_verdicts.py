@@ -180,3 +180,84 @@ def test_one_median_step_everywhere():
     assert f"the median step, {med:.1f} ms" in s["verdict"]["why"]
     run = Run("A", Path("x"), s)
     assert abs(compare_phase("step", run, run, floor_pct=3.0, floor_ms=0.01).a_ms - med) < 1e-3  # (the summary rounds to 0.1 us)
+
+
+# --- communication ---------------------------------------------------------------------------------
+GPU_WORDS = ("bf16", "torch.compile", "per GPU", "GPU", "pin_memory", "nvidia-smi", "NCCL")
+
+
+def _comm(step, fwd, bwd, opt, comm, busy=None, nbytes=40_000_000, calls=4, h2d=None):
+    busy = comm if busy is None else busy
+    return dict(step_ms=step, input_ms=0.2, forward_ms=fwd, backward_ms=bwd, optimizer_ms=opt,
+                comm_ms=comm, comm_busy_ms=busy, comm_bytes=nbytes, comm_bus_bytes=nbytes,
+                comm_calls=calls, h2d_ms=h2d)
+
+
+def test_communication_bound_with_its_numbers_and_cpu_advice():
+    # 2 nodes on a slow link: 30 ms of a 50 ms step waiting, 40 MB per step in 32 ms of transfer
+    s = _run(2, 1, lambda r: _comm(50.0, 5.0, 10.0, 2.0, 30.0 + r, busy=32.0))
+    v = s["verdict"]
+    assert v["kind"] == "communication_bound" and v["severity"] == "critical"
+    assert "at least 30.0 ms of its 50.0 ms step (60%" in v["why"]
+    assert "40 MB per step in 4 collective(s) at 1.25 GB/s bus bandwidth" in v["why"]
+    assert v["evidence"]["busbw_gbps"] == 1.25 and v["evidence"]["least_waiting_rank"] == 0
+    assert "GLOO_SOCKET_IFNAME" in v["next_step"] and "no_sync()" in v["next_step"]
+    assert not any(w in v["next_step"] for w in GPU_WORDS), v["next_step"]
+    assert s["device"] == "cpu"
+    c = s["ranks"][0]["comm"]
+    assert c["exposed_ms"] == 30.0 and c["busy_ms"] == 32.0 and c["bytes_per_step"] == 40_000_000
+    assert c["algbw_gbps"] == c["busbw_gbps"] == 1.25 and c["calls_per_step"] == 4
+    assert c["overlap_fraction"] == round(1 - 30 / 32, 4)
+    assert s["communication"]["measured"] and s["communication"]["exposed_ms"]["min_rank"] == 0
+    assert "comm" in s["phases"] and s["across_ranks"]["comm"]["median_ms"] == 30.5
+
+
+def test_a_straggler_is_not_called_a_slow_network():
+    # rank 3 computes 30 ms longer; the others wait for it in the all-reduce, it waits 0.5 ms
+    def rank(r):
+        if r == 3:
+            return _comm(60.0, 40.0, 14.0, 4.0, 0.5, busy=2.0)
+        return _comm(60.0, 10.0, 14.0, 4.0, 30.5, busy=32.0)
+    s = _run(2, 2, rank)
+    assert s["verdict"]["kind"] == "straggler" and s["verdict"]["culprit"]["rank"] == 3
+    assert "communication_bound" not in _kinds(s)
+
+
+def test_heavy_compute_with_a_fast_network_is_not_communication_bound():
+    s = _run(2, 1, lambda r: _comm(80.0, 30.0, 45.0, 3.0, 1.5, busy=20.0))
+    assert "communication_bound" not in _kinds(s)
+    v = s["verdict"]
+    assert v["kind"] == "compute_bound" and "communication excluded" in v["why"]
+    assert "OMP_NUM_THREADS" in v["next_step"]
+    assert not any(w in v["next_step"] for w in GPU_WORDS), v["next_step"]
+
+
+def test_gpu_runs_get_gpu_advice():
+    # h2d measured: the SDK timed these ranks with CUDA events
+    s = _run(2, 1, lambda r: _comm(50.0, 5.0, 10.0, 2.0, 30.0, busy=32.0, h2d=0.5))
+    assert s["device"] == "cuda"
+    v = s["verdict"]
+    assert v["kind"] == "communication_bound"
+    assert "NCCL_SOCKET_IFNAME" in v["next_step"] and "bf16_compress_hook" in v["next_step"]
+    s = _run(1, 2, lambda r: _comm(80.0, 30.0, 45.0, 3.0, 1.5, h2d=0.5))
+    assert s["verdict"]["kind"] == "compute_bound" and "bf16 autocast" in s["verdict"]["next_step"]
+
+
+def test_unmeasured_communication_is_null_not_zero():
+    s = _run(1, 2, lambda r: dict(step_ms=20.0, forward_ms=8.0, backward_ms=10.0))
+    assert s["ranks"][0]["comm"] is None and s["ranks"][0]["phases"]["comm"] is None
+    assert s["communication"]["measured"] is False and s["communication"]["exposed_ms"] is None
+    assert "backward includes the gradient all-reduce" in s["verdict"]["why"]
+
+
+def test_small_all_reduces_on_one_cpu_node_get_latency_advice():
+    # the README's demo: 2 ranks on one node, one 25 kB bucket per step, CPUs saturated
+    samples = {0: [{"ts": 1.0 + i, "cpu_pct": 99.0, "ram_used": 1 << 30, "ram_total": 8 << 30,
+                    "gpus": []} for i in range(20)]}
+    s = _run(1, 2, lambda r: _comm(8.0, 0.4, 1.3, 0.25, 5.5, nbytes=25_300, calls=1), system=samples)
+    v = s["verdict"]
+    assert v["kind"] == "communication_bound" and v["evidence"]["small_messages"] is True
+    assert "latency rather than bandwidth" in v["why"]
+    assert "no_sync()" in v["next_step"] and "99% busy" in v["next_step"]
+    for word in GPU_WORDS + ("GLOO_SOCKET_IFNAME", "between the nodes", "bucket_cap_mb"):
+        assert word not in v["next_step"], (word, v["next_step"])

@@ -5,11 +5,21 @@ renamed over the target (readers see the old or the new file, never half of one)
 logs directory cannot be written (read-only, disk full, no permission) the files go to
 ``$TMPDIR/traceml-<uid>/<run>`` instead and the reason is kept, so the summary and the launcher's
 message can say where they are and why.
+
+``$TMPDIR`` is shared with every user of the machine, so the fallback is made safely: each of
+``traceml-<uid>`` and ``<run>`` is created with mode 0700, and an existing one is used only when it
+is a real directory (not a symlink) owned by this user (its mode is then tightened to 0700). One
+that someone else made (a planted directory or symlink) is refused, named in the note, and a fresh
+private directory (``mkdtemp``) is used instead. Files are created with ``O_EXCL | O_NOFOLLOW`` and
+renamed into place, so a planted symlink is replaced, never written through. Checkpoints are read
+only from directories this user owns (:func:`owned_problem`): a checkpoint planted by another user
+cannot forge a summary.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 import time
 from dataclasses import dataclass
@@ -26,8 +36,62 @@ CHECKPOINT_FORMAT = "traceml-aggregate"
 CHECKPOINT_VERSION = 1
 
 
+def fallback_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"traceml-{os.getuid()}"
+
+
 def fallback_dir(run_name: str) -> Path:
-    return Path(tempfile.gettempdir()) / f"traceml-{os.getuid()}" / run_name
+    return fallback_root() / run_name
+
+
+def owned_problem(path: Path, *, directory: bool = True) -> Optional[str]:
+    """None when ``path`` is a real directory (or regular file) owned by this user; else why not.
+    Never follows a symlink."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return "it does not exist"
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    if stat.S_ISLNK(st.st_mode):
+        return "it is a symbolic link"
+    if directory and not stat.S_ISDIR(st.st_mode):
+        return "it is not a directory"
+    if not directory and not stat.S_ISREG(st.st_mode):
+        return "it is not a regular file"
+    if st.st_uid != os.getuid():
+        return f"it is owned by uid {st.st_uid}, not by you (uid {os.getuid()})"
+    return None
+
+
+def _private_dir(path: Path) -> None:
+    """Create ``path`` with mode 0700, or accept an existing one that is ours; raise
+    :class:`UnsafeDirError` for one that is not (planted by someone else, or a symlink)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    problem = owned_problem(path)
+    if problem is not None:
+        raise UnsafeDirError(f"{path} cannot be trusted: {problem}")
+    if stat.S_IMODE(os.lstat(path).st_mode) & 0o077:
+        os.chmod(path, 0o700)  # ours and a real directory (checked above): a symlink is never chmod-ed
+
+
+class UnsafeDirError(OSError):
+    """A directory in the shared temporary directory that this user does not own."""
+
+
+def make_fallback(run_name: str) -> tuple[Path, Optional[str]]:
+    """The fallback run directory, made safely; and, when the usual one was refused, why."""
+    path = fallback_dir(run_name)
+    try:
+        _private_dir(path.parent)
+        _private_dir(path)
+        return path, None
+    except UnsafeDirError as exc:
+        fresh = Path(tempfile.mkdtemp(prefix=f"traceml-{os.getuid()}-{run_name[:64]}-"))
+        return fresh, f"{exc}, so a fresh private directory is used"
 
 
 @dataclass
@@ -43,19 +107,29 @@ class RunDir:
         return self.path != self.wanted
 
     def switch_to_fallback(self, run_name: str, reason: str) -> None:
-        fb = fallback_dir(run_name)
-        fb.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fb, refused = make_fallback(run_name)
         self.note = (f"could not write to {self.wanted} ({reason}); the files are in {fb} instead "
                      "(fix the permissions or free space of --logs-dir, or set it to a writable "
-                     "directory)")
+                     "directory)" + (f". The usual fallback {fallback_dir(run_name)} was refused: {refused}"
+                                     if refused else ""))
         self.path = fb
+
+
+def _create(path: Path) -> int:
+    """A new file at ``path`` for writing: never through a symlink, never someone else's file (a
+    stale one of ours is replaced)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, flags, 0o644)
+    except FileExistsError:
+        os.unlink(path)  # removes a symlink itself, never its target
+        return os.open(path, flags, 0o644)
 
 
 def _probe(path: Path) -> None:
     path.mkdir(parents=True, exist_ok=True)
     probe = path / f".traceml-write-test.{os.getpid()}"
-    with open(probe, "wb") as f:
-        f.write(b"ok")
+    os.close(_create(probe))
     probe.unlink()
 
 
@@ -73,7 +147,7 @@ def prepare_run_dir(wanted: Path, run_name: str) -> RunDir:
 def atomic_write(path: Path, data: bytes, *, sync: bool = False) -> None:
     tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with os.fdopen(_create(tmp), "wb") as f:
             f.write(data)
             if sync:
                 f.flush()

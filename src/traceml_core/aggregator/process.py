@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
-from .control import Link, LinkError
+from ..wire.auth import AGGREGATOR, make_hello
+from ..wire.client import Link, LinkError
 from .settings import ERROR, READY, AggregatorSettings
 
 _PKG_PARENT = str(Path(__file__).resolve().parents[2])
@@ -77,20 +78,34 @@ class AggregatorHandle:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    @property
+    def connect_host(self) -> str:
+        """Where processes on node 0 reach the aggregator."""
+        return _connect_host(self.settings.bind_host)
+
     def connect_control(self, timeout: float = 5.0) -> None:
+        s = self.settings
+        host = socket.gethostname()
         self.control = Link.connect(
-            _connect_host(self.settings.bind_host), self.port, token=self.settings.token,
-            run_name=self.settings.run_name, job_id=self.settings.job_id, kind="control", node=0,
-            hostname=socket.gethostname(), timeout=timeout, wait_s=timeout)
+            self.connect_host, self.port,
+            lambda: make_hello(s.control_token, aud=AGGREGATOR, run=s.run_name,
+                               job=s.job_id, node=0, rank=-1, kind="control", host=host),
+            timeout=timeout, wait_s=timeout, name="control")
 
     def status(self, timeout: float = 2.0) -> Optional[dict[str, Any]]:
         """``{"nodes_joined": [...], "ranks_connected", "ranks_seen", "records"}``, or None."""
         if self.control is None or not self.alive():
             return None
         try:
-            return self.control.query(timeout)
+            return self.control.request({"t": "query"}, "status", timeout)
         except LinkError:
             return None
+
+    def snapshot(self, request: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
+        """Live views: one ``snapshot`` frame (raises LinkError)."""
+        if self.control is None:
+            raise LinkError("no control connection")
+        return self.control.request({**request, "t": "snapshot"}, "snapshot", timeout)
 
     def finish(self, exit_code: Optional[int], *, interrupted: bool = False, reason: str = "",
                failed_nodes: Sequence[int] = (), timeout: Optional[float] = None,
@@ -106,9 +121,10 @@ class AggregatorHandle:
         reply: Optional[dict[str, Any]] = None
         if self.control is not None and self.alive():
             try:
-                reply = self.control.finish(exit_code, interrupted=interrupted, reason=reason,
-                                            failed_nodes=list(failed_nodes), timeout=budget,
-                                            report=report)
+                reply = self.control.request(
+                    {"t": "finish", "exit_code": exit_code, "interrupted": interrupted,
+                     "reason": reason, "failed_nodes": list(failed_nodes), **(report or {})},
+                    "finished", budget)
             except LinkError as exc:
                 error = str(exc)
         elif not self.alive():

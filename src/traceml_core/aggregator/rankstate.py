@@ -17,18 +17,15 @@ from collections import deque
 from typing import Any, Optional
 
 from ..report.thresholds import WARMUP_STEPS
-from ..wire.protocol import STEP_COLUMNS, ProtocolError
+from ..wire.frames import MAX_VALUE
+from ..wire.protocol import DURATION_COLUMNS, STEP_COLUMNS, SUM_COLUMNS, ProtocolError
 from .series import Series
 from .sketch import QuantileSketch, column_keys
 
-#: step columns that are durations in ns and get full statistics (order = report order)
-DURATION_COLUMNS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
 #: pending records that trigger computing the statistics (the server also flushes every second)
 FLUSH_RECORDS = 64
-#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
-MAX_VALUE = 1 << 62
 
 
 class PhaseStats:
@@ -50,6 +47,32 @@ class PhaseStats:
                 "unmeasured": self.unmeasured, "sketch": self.sketch.to_data()}
 
 
+class SumStats:
+    __slots__ = ("count", "sum", "max", "warm_count", "warm_sum")
+
+    def __init__(self) -> None:
+        self.count = self.sum = self.warm_count = self.warm_sum = 0
+        self.max = -1
+
+    def add(self, seq: int, col: list) -> None:
+        """Add one checked batch (records from ``seq``); -1 values (not measured) are left out."""
+        if seq < WARMUP_STEPS:
+            warm = [v for v in col[:WARMUP_STEPS - seq] if v >= 0]
+            self.warm_count += len(warm)
+            self.warm_sum += sum(warm)
+        if min(col) < 0:
+            col = [v for v in col if v >= 0]
+        self.count += len(col)
+        self.sum += sum(col)
+        mx = max(col)
+        if mx > self.max:
+            self.max = mx
+
+    def to_data(self) -> dict[str, Any]:
+        return {"count": self.count, "sum": self.sum, "max": self.max,
+                "warm_count": self.warm_count, "warm_sum": self.warm_sum}
+
+
 class RankState:
     """Statistics, identity, loss accounting and ending of one global rank."""
 
@@ -60,7 +83,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "step_source",
+        "open_bound", "counts", "step_source", "sums",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -83,6 +106,11 @@ class RankState:
         self.client_dropped = 0  # the client's own cumulative drop count
         self.relay_dropped = 0  # records its node's relay had to drop (budget full), cumulative
         self.relay_seq_end = 0  # seq after the last record the relay received from it
+        #: records the rank last said it held unsent (its relay reports it when it goes): what
+        #: may have died with it; None when it never said
+        self.open_bound: Optional[int] = None
+        #: its answer to the last ``counts`` request (wire/frames.REQUESTS), with ``at``
+        self.counts: Optional[dict[str, Any]] = None
         self.next_seq = 0
         self.last_step = -1
         self.first_t_end: Optional[int] = None
@@ -90,6 +118,7 @@ class RankState:
         self.phases = {name: PhaseStats() for name in DURATION_COLUMNS}
         self._phase_items = tuple(self.phases.items())
         self._step_phase = self.phases["step_ns"]
+        self.sums = {name: SumStats() for name in SUM_COLUMNS}
         self.mem_count = 0
         self.mem_sum = 0
         self.mem_max = -1
@@ -261,7 +290,18 @@ class RankState:
                 mem_sum = sum(mem)
             mem_n = len(mem)
 
+        sums = []
+        for name in SUM_COLUMNS:   # checked before anything is applied, like the phases
+            col = cols[name]
+            mx = max(col)
+            if mx >= 0:
+                if mx > MAX_VALUE or type(sum(col)) is not int:
+                    raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+                sums.append((self.sums[name], col))
+
         # --- apply -------------------------------------------------------------------------------
+        for st, col in sums:
+            st.add(seq, col)
         contiguous = seq == self._proc_next
         self._proc_next = seq + n
         self.last_step = last_step
@@ -353,9 +393,11 @@ class RankState:
             "connections": self.connections, "bye": self.bye, "received": self.received,
             "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
             "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
+            "open_bound": self.open_bound, "counts": self.counts,
             "next_seq": self.next_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {name: ph.to_data() for name, ph in self._phase_items},
+            "sums": {name: st.to_data() for name, st in self.sums.items()},
             "mem": {"count": self.mem_count, "sum": self.mem_sum, "max": self.mem_max},
             "outside": {"sum": self.outside_sum, "count": self.outside_n},
             "series": self.series.to_data(),

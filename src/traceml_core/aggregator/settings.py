@@ -13,6 +13,7 @@ loudly instead of starting an aggregator with absurd sizes.
 
 from __future__ import annotations
 
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -31,7 +32,7 @@ class AggregatorSettings(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=False)
 
     run_name: str
-    #: the per-run secret; hellos must carry HMAC(token, ...) (see wire/protocol.py)
+    #: the per-run secret; relays' hellos must carry HMAC(token, ...) (see wire/auth.py)
     token: str
     #: <logs_dir>/<run_name>; a fallback under $TMPDIR/traceml/ is used when it is not writable
     run_dir: Path
@@ -60,6 +61,10 @@ class AggregatorSettings(BaseModel):
     script_args: list[str] = Field(default_factory=list)
     #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/report/export.py)
     export: list[str] = Field(default_factory=list)
+    #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
+    #: launcher and this process (it travels on the child's stdin), so no other process of the
+    #: run - a rank, another node - can finish the run or read its live state
+    control_token: str = Field(default_factory=lambda: secrets.token_hex(16))
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)
@@ -94,4 +99,4 @@ class AggregatorSettings(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """The settings without the token, as plain data (what checkpoints and summaries keep)."""
-        return self.model_dump(mode="json", exclude={"token"})
+        return self.model_dump(mode="json", exclude={"token", "control_token"})

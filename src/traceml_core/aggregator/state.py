@@ -11,21 +11,11 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from .rankstate import DURATION_COLUMNS, TAIL_RECORDS, RankState
+from ..wire.protocol import DURATION_COLUMNS
+from ..wire.server import SERVER_COUNTERS as COUNTERS
+from .rankstate import TAIL_RECORDS, RankState
 from .settings import AggregatorSettings
 from .system import NodeSystem
-
-#: counters of things that went wrong on the wire (all reported in the summary)
-COUNTERS = (
-    "connections",          # TCP connections accepted
-    "refused",              # hellos refused (bad token, run, version, replay, ...)
-    "malformed",            # connections closed for a bad frame (garbage, oversize, wrong types)
-    "handshake_timeouts",   # connections that sent no hello in time (slowloris)
-    "evicted",              # pre-handshake connections dropped because too many were pending
-    "overload",             # connections cut because the aggregator's buffers were full
-    "ignored_frames",       # frames of an unknown type (newer client), skipped
-    "replaced",             # connections superseded by a reconnect of the same rank/node
-)
 
 
 class NodeInfo:
@@ -58,8 +48,25 @@ class RunState:
         self.counters = dict.fromkeys(COUNTERS, 0)
         self.finish: Optional[dict[str, Any]] = None
         self.run_dir_note: Optional[str] = None
+        #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary
+        self.hangs: list[dict[str, Any]] = []
         self.records = 0
         self.dirty = True
+        #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
+        self.unflushed: set[RankState] = set()
+
+    def flush(self) -> None:
+        """Compute the statistics of every pending frame (before a snapshot, checkpoint, summary)."""
+        todo, self.unflushed = self.unflushed, set()
+        for rs in todo:
+            self.flush_rank(rs)
+
+    def flush_rank(self, rs: RankState) -> None:
+        self.unflushed.discard(rs)
+        rejected = rs.flush()
+        if rejected:
+            self.records -= rejected
+            self.counters["malformed"] += 1
 
     def rank(self, rank: int) -> RankState:
         rs = self.ranks.get(rank)
@@ -101,4 +108,5 @@ class RunState:
             "records": self.records,
             "finish": self.finish,
             "run_dir_note": self.run_dir_note,
+            "hangs": list(self.hangs),
         }

@@ -1,10 +1,11 @@
 """``traceml run``: one launcher per node.
 
 Node 0 starts the aggregator (a child process, so training survives its death) before anything
-else, so a port clash is reported before training starts. Every node's launcher then joins the
-aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still be in a slow
-``module load``), starts torchrun with the run's details in the workers' environment, supervises
-it, and on node 0 asks the aggregator for the final summary, which it prints.
+else, so a port clash is reported before training starts. Every node's launcher then starts its
+relay, which joins the aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still
+be in a slow ``module load``), starts torchrun with the run's details (the relay's address) in the
+workers' environment, supervises it, and on node 0 asks the aggregator for the final summary,
+which it prints.
 """
 
 from __future__ import annotations
@@ -36,10 +37,21 @@ WORKER_CONNECT_WAIT_S = 5.0
 HANG_EXIT_CODE = 124
 
 
-def worker_aggregator_host(config: LaunchConfig) -> str:
-    if config.node_rank == 0:
-        return "127.0.0.1" if config.aggregator_bind_host in ("0.0.0.0", "::") else config.aggregator_bind_host
-    return config.aggregator_host
+def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
+    """``interrupted by SIGTERM: the job reached its time limit (...)``: the signal, and who sent it
+    when the cluster plugin can tell (never raises)."""
+    name = signal.Signals(signum).name
+    words = f"interrupted by {name}" + (" (Ctrl-C)" if signum == signal.SIGINT else "")
+    if config.cluster in ("none", ""):
+        return words
+    try:
+        from ..plugins import load_cluster_environment
+
+        cls = load_cluster_environment(config.cluster)
+        why = cls().explain_interrupt(config, signum, at) if cls is not None else None
+    except Exception:  # noqa: BLE001 - an explanation must never cost the summary
+        why = None
+    return f"{words}: {why}" if why else words
 
 
 def exit_status(code: int) -> int:
@@ -117,22 +129,22 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
         f"master {config.master_addr}:{config.master_port}, aggregator "
         f"{config.aggregator_host}:{config.aggregator_port}")
-    telemetry = NodeTelemetry(config, token.value)
+    telemetry = NodeTelemetry(config, token)
     started = time.time()
     view = None
     try:
         if config.node_rank == 0:
             # raises TraceMLError (port in use, ...) before training starts
             telemetry.start_aggregator(script, script_args)
-        joined = telemetry.join(config.aggregator_wait, interrupted=lambda: sup.interrupted_by is not None)
-        relay = telemetry.start_relay() if config.relay else None
+        relay = telemetry.start_relay(config.aggregator_wait,
+                                      interrupted=lambda: sup.interrupted_by is not None)
 
         info = RunInfo(
             run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
             nproc_per_node=config.nproc_per_node,
-            aggregator_host=relay.host if relay is not None else worker_aggregator_host(config),
-            aggregator_port=relay.port if relay is not None else config.aggregator_port, token=token.value,
-            connect_wait=WORKER_CONNECT_WAIT_S if (joined or relay is not None) else 0.0, mode=config.mode,
+            aggregator_host=relay.host if relay is not None else "127.0.0.1",
+            aggregator_port=relay.port if relay is not None else 0, token=token.value,
+            connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
             logs_dir=config.logs_dir, auto_steps=config.auto_steps)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}
@@ -158,10 +170,10 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
     if interrupted:
-        sig = f"interrupted by {signal.Signals(sup.interrupted_by).name}"
+        sig = interrupt_words(config, int(sup.interrupted_by), sup.interrupted_at or time.time())
         reason = f"{reason}; {sig}" if reason else sig
     status = exit_status(code)
-    if interrupted and status == 0:
+    if interrupted:  # the shell's convention, whatever torchrun made of the signal: 130 for Ctrl-C
         status = 128 + int(sup.interrupted_by)
     if telemetry.hung and not interrupted:
         status = HANG_EXIT_CODE

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -54,6 +55,8 @@ class Supervisor:
     #: seconds an orphaned worker gets between SIGTERM and SIGKILL
     orphan_grace: float = 5.0
     interrupted_by: Optional[int] = None
+    #: when the first forwarded signal arrived (epoch seconds)
+    interrupted_at: Optional[float] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
     _kill_timer: Optional[threading.Timer] = None
@@ -81,6 +84,7 @@ class Supervisor:
             return
         if self.interrupted_by is None:
             self.interrupted_by = signum
+            self.interrupted_at = time.time()
             log(f"received {name}: stopping the workers (up to {self.grace:.0f} s), then writing the summary")
             if self.on_signal:
                 self.on_signal(signum)

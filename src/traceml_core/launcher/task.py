@@ -107,8 +107,7 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             telemetry.start_aggregator(script, script_args)   # raises before training on a clash
         relay = None
         if local == 0:
-            telemetry.join(config.aggregator_wait)
-            relay = telemetry.start_relay(port=port)
+            relay = telemetry.start_relay(config.aggregator_wait, port=port)
             if relay is None:
                 log(f"warning: this node's relay could not listen on 127.0.0.1:{port}; its ranks "
                     "send no telemetry")

@@ -1,10 +1,9 @@
-"""The launcher's telemetry duties on one node: aggregator (node 0), join, relay, system samples,
-watch.
+"""The launcher's telemetry duties on one node: aggregator (node 0), relay, system samples, watch.
 
-With the relay on (the default), this node's ranks send to the launcher's :class:`~.relay.Relay`
-on loopback, which forwards one stream to node 0; on nodes other than 0 the relay takes over the
-node's link (so the launcher's system samples and final ``bye`` follow every rank's frames on
-it), on node 0 it opens its own ``node`` link next to the launcher's control connection.
+Every node's ranks send to the launcher's :class:`~.relay.Relay` on loopback; its link to node 0
+is the node's link (the launcher's system samples and, on nodes other than 0, its final ``bye``
+follow every rank's frames on it). Node 0's launcher also holds the ``control`` connection to its
+aggregator.
 
 Node 0 owns the aggregator and watches the other nodes through it. A node that never joins, or
 whose launcher vanishes, ends the run only when training is provably stuck (no step reached the
@@ -20,13 +19,14 @@ import threading
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from ..aggregator.control import Link, LinkError, LinkRefused, join_aggregator
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
 from ..options import export_kinds
+from ..wire.client import Link, LinkError
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .supervise import Supervisor, log
+from .token import Token, disagreement_hint
 
 #: seconds between two status queries of node 0's launcher
 WATCH_INTERVAL_S = 1.0
@@ -37,17 +37,17 @@ SYSTEM_INTERVAL_S = 1.0
 
 
 class NodeTelemetry:
-    def __init__(self, config: LaunchConfig, token: str) -> None:
+    def __init__(self, config: LaunchConfig, token: Token) -> None:
         self.config = config
-        self.token = token
+        self.token_info = token
+        self.token = token.value
         self.hostname = socket.gethostname()
         self.handle: Optional[AggregatorHandle] = None
         self.link: Optional[Link] = None
         self.relay: Optional[Relay] = None
         self.join_refused = False
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._sampler_thread: Optional[threading.Thread] = None
+        self._reporter: Any = None
         self._sup: Optional[Supervisor] = None
         self._started = time.monotonic()
         self._next_watch = 0.0
@@ -73,114 +73,70 @@ class NodeTelemetry:
         if self.handle.run_dir_note:
             log(f"warning: {self.handle.run_dir_note}")
 
-    def join(self, wait: float, interrupted: Callable[[], bool] = lambda: False) -> bool:
-        """Join the aggregator (node 0's launcher already has its control link). Never raises.
+    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False,
+                    port: int = 0) -> Optional[Relay]:
+        """Start this node's relay on ``port`` (0: any; the task layout fixes it) and wait (at most
+        ``wait`` s) for its link to node 0's aggregator. Never raises; None when the relay cannot
+        listen (no telemetry from here).
 
         Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
         long --aggregator-wait is."""
         c = self.config
-        if self.link is None:
-            host = c.aggregator_host
-            log(f"joining the aggregator at {host}:{c.aggregator_port} (waiting up to {wait:.0f} s)")
-            t0 = time.monotonic()
-            deadline = t0 + wait
-            while True:
-                try:
-                    self.link = join_aggregator(
-                        host, c.aggregator_port, token=self.token, run_name=c.run_name, job_id=c.job_id,
-                        node=c.node_rank, nproc=c.nproc_per_node, hostname=self.hostname,
-                        wait_s=max(0.0, min(JOIN_SLICE_S, deadline - time.monotonic())))
-                    break
-                except LinkRefused as exc:
-                    log(f"warning: {exc}. Training goes on without telemetry from this node.")
-                    self.join_refused = True
-                    return False
-                except LinkError as exc:
-                    if interrupted():
-                        log("stopped waiting for the aggregator: interrupted")
-                        return False
-                    if time.monotonic() < deadline:
-                        continue
-                    later = (" (its relay keeps trying in the background)" if c.relay else "")
-                    log(f"warning: {exc} after {time.monotonic() - t0:.0f} s. Training goes on without "
-                        f"telemetry from this node{later}; raise --aggregator-wait if node 0 starts "
-                        f"slowly.")
-                    return False
-            log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
-        self._start_sampler()
-        return True
-
-    def start_relay(self, port: int = 0) -> Optional[Relay]:
-        """Start this node's relay (after :meth:`join`) on ``port`` (0: any); None when node 0
-        refused this node or the port cannot be had."""
-        c = self.config
-        if self.join_refused:
-            return None
         if self.handle is not None:
-            host = "127.0.0.1" if c.aggregator_bind_host in ("0.0.0.0", "::") else c.aggregator_bind_host
-            up_port = self.handle.port
+            up = (self.handle.connect_host, self.handle.port)
         else:
-            host, up_port = c.aggregator_host, c.aggregator_port
-
-        def connect():
-            return join_aggregator(host, up_port, token=self.token, run_name=c.run_name, job_id=c.job_id,
-                                   node=c.node_rank, nproc=c.nproc_per_node, hostname=self.hostname,
-                                   wait_s=0).sock
-
-        upstream = None
-        with self._lock:
-            if self.handle is None and self.link is not None:
-                upstream, self.link = self.link.sock, None  # the relay owns the node's link now
+            up = (c.aggregator_host, c.aggregator_port)
         try:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
-                               connect=connect, upstream=upstream, port=port,
+                               upstream=up, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                warn=lambda msg: log(f"warning: {msg}")).start()
         except OSError as exc:
-            log(f"warning: cannot start this node's relay ({exc}); ranks connect to node 0 directly")
-            if upstream is not None:
-                upstream.close()
+            log(f"warning: cannot start this node's relay ({exc}); no telemetry from this node")
             return None
+        if self.handle is None:
+            log(f"joining the aggregator at {up[0]}:{up[1]} (waiting up to {wait:.0f} s)")
+        t0 = time.monotonic()
+        deadline = t0 + wait
+        connected = False
+        while not connected and self.relay.client.refused_reason is None:
+            left = deadline - time.monotonic()
+            connected = self.relay.wait_connected(max(0.0, min(JOIN_SLICE_S, left)))
+            if connected or left <= JOIN_SLICE_S:
+                break
+            if interrupted():
+                log("stopped waiting for the aggregator: interrupted")
+                break
+        if connected:
+            if self.handle is None:
+                log(f"joined the aggregator after {time.monotonic() - t0:.1f} s")
+        elif self.relay.client.refused_reason is not None:
+            self.join_refused = True   # the client logged the reason; its ranks are refused too
+            if self.relay.client.refused_reason.startswith("authentication failed"):
+                log(f"error: node 0's aggregator does not accept this node's token, so this node "
+                    f"sends no telemetry (training goes on): {disagreement_hint(self.token_info)}")
+        else:
+            log(f"warning: no answer from the aggregator at {up[0]}:{up[1]} after "
+                f"{time.monotonic() - t0:.0f} s. Training goes on; this node's relay keeps trying in "
+                "the background (raise --aggregator-wait if node 0 starts slowly).")
+        self._start_sampler()
         return self.relay
 
     def _start_sampler(self) -> None:
-        def run() -> None:
-            try:
-                from ..sdk.samplers.system import SystemSampler, visible_gpus_from_env
-                import os
-
-                sampler = SystemSampler(gpus=visible_gpus_from_env(os.environ))
-            except Exception as exc:  # never let sampling take the launcher down
-                log(f"warning: no system sampling on this node ({type(exc).__name__}: {exc})")
-                return
-            while not self._stop.wait(SYSTEM_INTERVAL_S):
-                try:
-                    frame = {"t": "system", "node": self.config.node_rank, "host": self.hostname,
-                             "samples": [sampler.sample()]}
-                except Exception:
-                    continue
-                if not self._send(frame):
-                    return
-            sampler.close()
-
-        self._sampler_thread = threading.Thread(target=run, name="traceml-node-sampler", daemon=True)
-        self._sampler_thread.start()
-
-    def _send(self, frame: dict[str, Any]) -> bool:
+        """This node's system samples (CPU, RAM, GPUs) go up the relay's link once a second."""
         relay = self.relay
-        if relay is not None and self.handle is None:
-            relay.submit(frame)  # a sample dropped while node 0 is unreachable is no reason to stop
-            return True
-        with self._lock:
-            if self.link is None:
-                return False
-            try:
-                self.link.send(frame)
-                return True
-            except LinkError:
-                return False
+        if relay is None or self.join_refused:
+            return
+        import os
 
+        from ..sdk.samplers.system import SystemReporter, SystemSampler, visible_gpus_from_env
+
+        self._reporter = SystemReporter(
+            lambda: SystemSampler(gpus=visible_gpus_from_env(os.environ)), relay.submit,
+            node=self.config.node_rank, host=self.hostname, interval=SYSTEM_INTERVAL_S).start()
+
+    # -- during the run --------------------------------------------------------------------------
     # -- the task layout (launcher/task.py) -----------------------------------------------------
     def all_ranks_ended(self) -> bool:
         """Node 0: every rank of the run has been seen and none is connected any more."""
@@ -197,7 +153,6 @@ class NodeTelemetry:
         relay = self.relay
         return relay.stats().ranks_connected if relay is not None else 0
 
-    # -- during the run --------------------------------------------------------------------------
     def attach(self, sup: Supervisor) -> None:
         self._sup = sup
         self._started = time.monotonic()
@@ -231,7 +186,7 @@ class NodeTelemetry:
         lost = list(status.get("nodes_lost", []))
         hosts = self._hosts(status)
         if missing and now - self._started > wait and stalled > wait:
-            self._fail(missing, hosts, f"never joined within {wait:.0f} s")
+            self._fail(missing, hosts, f"never joined within {wait:.0f} s" + self._refused_note(status))
         elif lost and stalled > min(wait, 30.0):
             self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
                                     f"no progress for {stalled:.0f} s")
@@ -257,6 +212,14 @@ class NodeTelemetry:
         if self._sup is not None:
             self._sup.terminate(self._failure)
         return True
+
+    def _refused_note(self, status: dict) -> str:
+        """Why a node may not have joined: its hellos were refused (tokens that differ)."""
+        refused = int(status.get("refused") or 0)
+        if not refused:
+            return ""
+        return (f" (node 0 refused {refused} connection(s) that did not authenticate; "
+                f"{disagreement_hint(self.token_info)})")
 
     def _hosts(self, status: dict) -> dict[str, str]:
         """Hostnames by node: what joined nodes said, else what the cluster plugin listed (so a
@@ -294,7 +257,7 @@ class NodeTelemetry:
         joined = set(status.get("nodes_joined", []))
         missing = [n for n in range(self.config.nnodes) if n not in joined]
         if missing:
-            parts.append(node_names(missing, hosts) + " never joined")
+            parts.append(node_names(missing, hosts) + " never joined" + self._refused_note(status))
         self.failed_nodes = sorted(set(failed) | set(lost) | set(missing))
         return "; ".join(parts) or None
 
@@ -304,7 +267,7 @@ class NodeTelemetry:
             if self.handle is None or self.link is None or not self.handle.alive():
                 return None
             try:
-                return self.link.snapshot(request, timeout)
+                return self.handle.snapshot(request, timeout)
             except LinkError:
                 return None
 
@@ -313,13 +276,14 @@ class NodeTelemetry:
                report: Optional[dict[str, Any]] = None) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
         ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
-        self._stop.set()
+        if self._reporter is not None:
+            self._reporter.stop(1.0)
         relay = self.relay
         if self.handle is not None:
             if relay is not None:
                 # every rank's last frames reach the aggregator before it drains and summarises
                 relay.drain(2.0)
-                relay.upstream_ending()
+                relay.run_ended()
             with self._lock:
                 result = self.handle.finish(exit_code, interrupted=interrupted, reason=reason or "",
                                             failed_nodes=self.failed_nodes, report=report)
@@ -343,24 +307,18 @@ class NodeTelemetry:
         if relay is not None:
             self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code,
                                                      **(report or {})}))
-            return None
-        with self._lock:
-            if self.link is not None:
-                try:
-                    self.link.bye(exit_code, status, report)
-                except LinkError:
-                    pass
-                self.link.close()
-                self.link = None
         return None
 
     @staticmethod
     def _relay_report(st) -> None:
-        lost = st.records_dropped + st.records_unsent
-        if lost:
-            log(f"warning: this node's relay could not forward {lost:,} of {st.records_in:,} step "
-                f"records ({st.records_dropped:,} dropped while node 0 was slow or unreachable, "
-                f"{st.records_unsent:,} still held at the end); the summary counts them as lost")
+        # records the relay could not forward at the end are logged by the relay itself (they
+        # are not in the summary); the ones it dropped under pressure were reported upstream
+        if st.records_dropped:
+            told = st.records_dropped - st.dropped_untold
+            log(f"warning: this node's relay dropped {st.records_dropped:,} of {st.records_in:,} "
+                f"step records while node 0 was slow or unreachable; node 0 was told of {told:,} "
+                "(counted as lost in the summary)"
+                + (f", not of the other {st.dropped_untold:,}" if st.dropped_untold else ""))
 
 
 #: how many nodes a log line names one by one; the rest are counted (a line stays readable, and a

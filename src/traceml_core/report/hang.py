@@ -295,7 +295,7 @@ def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, th
     d = diagnose(autopsies)
     return {"at": at, "silent_s": round(silent_s, 1), "threshold_s": round(threshold_s, 1),
             "threshold_source": threshold_source, "finding": d["finding"], "culprits": d["culprits"],
-            "groups": d["groups"], "ranks": [a.to_data() for a in autopsies], "resolved_after_s": None}
+            "groups": d["groups"], "ranks": [a.to_data() for a in autopsies]}
 
 
 def verdict(report: dict[str, Any], *, ended_hung: bool) -> dict[str, Any]:
@@ -313,8 +313,8 @@ def verdict(report: dict[str, Any], *, ended_hung: bool) -> dict[str, Any]:
                "network and NCCL (NCCL_DEBUG=INFO)")
         sev = "critical"
     else:
-        why = (f"training stalled for {report['resolved_after_s'] or report['silent_s']:.0f} s "
-               f"(no rank completed a step), then went on; when stalled: {report['finding']}")
+        why = (f"training stalled for {report['silent_s']:.0f} s or more (no rank completed a step), "
+               f"then went on; while stalled: {report['finding']}")
         nxt = "if the stall was not an evaluation or checkpoint, the stacks show where every rank waited"
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,

@@ -43,6 +43,65 @@ def _verdict_line(v: dict[str, Any], lead: str) -> list[str]:
             f"{' ' * len(lead)}next: {v['next_step']}"]
 
 
+def _mb(v: float) -> str:
+    """Decimal units, like the GB/s of the bandwidths (nccl-tests' GB/s are 10^9 bytes/s)."""
+    return f"{v / 1e6:.3g} MB" if v >= 1e5 else f"{v / 1e3:.3g} kB"
+
+
+def _gbps(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.3g} GB/s"
+
+
+def _communication_lines(summary: dict[str, Any]) -> list[str]:
+    """Exposed wait, bytes and bandwidth (nccl-tests' algbw/busbw), and the link probe."""
+    c = summary.get("communication")
+    if not c:
+        return []
+    out = []
+    if not c["measured"]:
+        if summary["topology"]["world_size"] > 1:
+            out.append(f"Communication: not measured ({c.get('not_measured_why') or '?'})")
+    else:
+        x, f, busy = c["exposed_ms"], c["exposed_fraction"], c["busy_ms"]
+        by, calls, bus, alg = c["bytes_per_step"], c["calls_per_step"], c["busbw_gbps"], c["algbw_gbps"]
+        line = (f"Communication: waits {_f(x['median'], ' ms', 2)} per step (median rank; least "
+                f"{_f(x['min'], ' ms', 2)}, rank {x['min_rank']}")
+        if f:
+            line += f"; {f['median']:.0%} of the step"
+        line += ")"
+        if busy:
+            line += f", in flight {_f(busy['median'], ' ms', 2)}"
+        out.append(line)
+        if by and calls and bus:
+            out.append(f"  {_mb(by['median'])} per step in {calls['median']:g} collectives; bus "
+                       f"bandwidth {_gbps(bus['median'])} (algorithm {_gbps((alg or {}).get('median'))}"
+                       f"; lowest: rank {bus['min_rank']} {_gbps(bus['min'])})")
+    probe = c.get("probe")
+    if probe:
+        out += _probe_lines(probe)
+    return out
+
+
+def _probe_lines(probe: dict[str, Any]) -> list[str]:
+    if probe.get("error"):
+        return [f"Link probe: not run ({probe['error']})"]
+    nodes = probe.get("nodes") or []
+    parts = [f"{n['node']}={n.get('host') or '?'} {_gbps(n.get('gbps'))}" for n in nodes[:MAX_RANK_LINES]]
+    line = (f"Link probe (best send rate per node; up to {probe.get('bytes_per_pair', 0) / 1e6:.3g} MB "
+            f"per transfer, {probe.get('seconds', 0):.1f} s in all): " + ", ".join(parts))
+    out = [line]
+    slow, link = probe.get("slow_node"), probe.get("slow_link")
+    if slow:
+        verb = "sends" if slow.get("direction") == "send" else "receives"
+        out.append(f"  SLOW LINK: node {slow['node']} ({slow.get('host') or '?'}) {verb} at "
+                   f"{_gbps(slow['gbps'])}, the other nodes at {_gbps(slow['others_gbps'])}")
+    elif link:
+        out.append(f"  SLOW LINK: node {link['src']} ({link.get('src_host') or '?'}) -> node "
+                   f"{link['dst']} ({link.get('dst_host') or '?'}) at {_gbps(link['gbps'])}, the "
+                   f"other way {_gbps(link['others_gbps'])}")
+    return out
+
+
 def render(summary: dict[str, Any]) -> str:
     run, topo, tel = summary["run"], summary["topology"], summary["telemetry"]
     lines = []
@@ -85,6 +144,15 @@ def render(summary: dict[str, Any]) -> str:
     lines += _verdict_line(summary["verdict"], "Verdict: ")
     for v in summary["other_verdicts"]:
         lines += _verdict_line(v, "   also: ")
+    if summary.get("hang"):
+        from .hang import render as render_hang
+
+        h = summary["hang"]
+        head, *rest = render_hang(h)
+        lines.append("")
+        lines.append(("Hang report (steps then resumed): " if h.get("resumed") else "Hang report: ")
+                     + head.split(": ", 1)[1])
+        lines += rest
     lines.append("")
     ac = summary["across_ranks"]
     if any(ac.get(name) for name in summary["phases"]):
@@ -107,6 +175,7 @@ def render(summary: dict[str, Any]) -> str:
     if st.get("median_ms") is not None:
         lines.append(f"  median step {_f(st['median_ms'], '', 2)} ms (p90 {_f(st['p90_ms'], '', 2)}, p99 "
                      f"{_f(st['p99_ms'], '', 2)}) over {st['steps']:,} steps of all ranks")
+    lines += _communication_lines(summary)
     mems = [(r["mem_peak"]["max_bytes"], r) for r in summary["ranks"] if r.get("mem_peak")]
     if mems:
         mx, r = max(mems, key=lambda x: x[0])

@@ -11,11 +11,13 @@ Usage: ``traceml summarize RUN_DIR`` (or ``python -m traceml_core.report.summari
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.persist import CHECKPOINT_NAME, fallback_dir, load_checkpoint, prepare_run_dir
+from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
+                                 prepare_run_dir)
 from ..errors import TraceMLError
 from .output import write_summary
 from .summary import iso
@@ -25,17 +27,43 @@ class SummarizeError(TraceMLError):
     """No usable checkpoint."""
 
 
+def trust_problem(checkpoint: Path) -> Optional[str]:
+    """Why ``checkpoint`` must not be read (None when it may): it, its directory and, for the
+    fallback, the directory above must be this user's own (not symlinks), so a checkpoint another
+    user planted (say in a shared /tmp) cannot forge a summary."""
+    dirs = [checkpoint.parent]
+    if checkpoint.parent.parent == fallback_root():
+        dirs.append(fallback_root())
+    for d in dirs:
+        problem = owned_problem(d)
+        if problem is not None:
+            return f"{d}: {problem}"
+    problem = owned_problem(checkpoint, directory=False)
+    return f"{checkpoint}: {problem}" if problem is not None else None
+
+
 def find_checkpoint(run_dir: Path) -> Path:
     """The newest checkpoint of the run: in RUN_DIR, or in the fallback directory (where the
-    aggregator moves when RUN_DIR stops being writable mid-run, leaving an older one behind)."""
-    found = []
+    aggregator moves when RUN_DIR stops being writable mid-run, leaving an older one behind).
+    Only checkpoints in directories this user owns are read (:func:`trust_problem`)."""
+    found, refused = [], []
     for cand in (run_dir / CHECKPOINT_NAME, fallback_dir(run_dir.name) / CHECKPOINT_NAME):
         try:
-            found.append((cand.stat().st_mtime, cand))
+            mtime = os.lstat(cand).st_mtime
         except OSError:
             continue
+        problem = trust_problem(cand)
+        if problem is not None:
+            refused.append(problem)
+            continue
+        found.append((mtime, cand))
     if found:
         return max(found)[1]
+    if refused:
+        raise SummarizeError(
+            f"Not reading the checkpoint of {run_dir}: {'; '.join(refused)}. TraceML reads checkpoints "
+            "only from directories you own, so another user cannot forge a summary. If you trust "
+            "it, copy the run directory somewhere of your own and run `traceml summarize` there.")
     raise SummarizeError(
         f"No TraceML checkpoint found for RUN_DIR {run_dir}: neither {run_dir / CHECKPOINT_NAME} "
         f"nor the fallback {fallback_dir(run_dir.name) / CHECKPOINT_NAME} exists. Pass the run "

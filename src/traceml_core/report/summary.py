@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..aggregator.rankstate import DURATION_COLUMNS
+from ..wire.protocol import DURATION_COLUMNS
 from ..aggregator.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
 from .failure import diagnose
+from .hang import verdict as hang_verdict
 from .timeline import build_timeline
 from .verdicts import judge
 
@@ -48,11 +49,15 @@ def _phase(ph: dict[str, Any]) -> Optional[dict[str, Any]]:
 
 
 def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dict[int, Any],
-                 failed_nodes: set[int], provisional: bool) -> str:
-    """How a rank ended: its own bye wins; else what the launcher reported decides."""
+                 failed_nodes: set[int], provisional: bool, exit_: Optional[dict[str, Any]] = None) -> str:
+    """How a rank ended: its own bye wins; then torchrun's record of it (a worker torchrun saw die
+    by a signal or a failing exit crashed, on any node: its node's launcher passes the record on);
+    else what the launcher reported decides."""
     bye = r.get("bye")
     if bye:
         return bye["status"]
+    if _failed_by_itself(exit_):
+        return "crashed"
     node = r.get("node")
     ni = nodes.get(node) if node is not None else None
     if node in failed_nodes or (ni is not None and ni.get("left_at") is not None):
@@ -67,6 +72,39 @@ def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dic
     if code is not None and code != 0:
         return "crashed"
     return "vanished"
+
+
+def _comm(r: dict[str, Any], phases: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A rank's communication per steady step (see docs/summary-schema.md), or None if not measured.
+
+    Bandwidths are nccl-tests': ``algbw = S / t`` and ``busbw = S * factor / t``, with ``S`` the
+    bytes and ``t`` the time collectives were in flight, summed over the steady steps."""
+    sums = r.get("sums") or {}
+    busy, nbytes = sums.get("comm_busy_ns"), sums.get("comm_bytes")
+    bus, calls = sums.get("comm_bus_bytes"), sums.get("comm_calls")
+    exposed = phases.get("comm")
+    if not exposed or not busy or not busy["count"] or not nbytes or not bus or not calls:
+        return None
+
+    def steady(st: dict[str, Any]) -> tuple[float, int]:
+        n = st["count"] - st["warm_count"]
+        return (st["sum"] - st["warm_sum"], n) if n > 0 else (st["sum"], st["count"])
+
+    busy_ns, n = steady(busy)
+    step = (phases.get("step") or {}).get("steady_mean_ms")
+    xms = exposed["steady_mean_ms"]
+    return {
+        "steps": busy["count"],
+        "exposed_ms": xms,
+        "exposed_fraction": round(xms / step, 4) if step else None,
+        "busy_ms": ms(busy_ns / n),
+        "overlap_fraction": (round(max(0.0, 1.0 - xms * 1e6 / (busy_ns / n)), 4)
+                             if busy_ns > 0 else None),
+        "bytes_per_step": int(steady(nbytes)[0] / n),
+        "calls_per_step": round(steady(calls)[0] / n, 2),
+        "algbw_gbps": round(steady(nbytes)[0] / busy_ns, 4) if busy_ns > 0 else None,
+        "busbw_gbps": round(steady(bus)[0] / busy_ns, 4) if busy_ns > 0 else None,
+    }
 
 
 def _failed_at(r: dict[str, Any], status: str) -> Optional[float]:
@@ -118,6 +156,7 @@ def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None
         "failed_at": _failed_at(r, status), "exit": exit_,
         "phases": phases,
         "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
+        "comm": _comm(r, phases),
         "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
                       "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
         "telemetry": {"received": r["received"], "expected": expected,
@@ -138,7 +177,7 @@ def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) 
             "steps_produced": None, "fail_step": None, "fail_in_step": False, "failed_at": None,
             "exit": exit_,
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
-            "mem_peak": None,
+            "comm": None, "mem_peak": None,
             "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
                           "client_dropped": 0, "relay_dropped": 0, "rejected": 0, "reconnects": 0,
                           "sketched": 0},
@@ -195,7 +234,77 @@ def _system(data: dict[str, Any]) -> dict[str, Any]:
             "gpus": gpus_flat}
 
 
-def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool) -> str:
+def _device(ranks: list[dict[str, Any]], system: dict[str, Any]) -> str:
+    """What the ranks computed on, as far as was measured: ``cuda`` when their phases were timed
+    with CUDA events (the SDK does so for a model on a GPU; ``h2d`` is measured only then) or the
+    nodes' GPUs were busy; ``cpu`` when no rank used CUDA timing and no node reported a GPU;
+    ``unknown`` otherwise (GPUs present but idle, e.g. a script that never passed its model to
+    trace_step). Advice is chosen by it: no GPU advice on a CPU run."""
+    if any((r["phases"].get("h2d") or {}).get("count") for r in ranks):
+        return "cuda"
+    gpus = system.get("gpus") or []
+    if any((g.get("util_pct_mean") or 0) > 5 for g in gpus):
+        return "cuda"
+    if not gpus and any(r["phases"].get("step") for r in ranks):
+        return "cpu"
+    return "unknown"
+
+
+def _communication(ranks: list[dict[str, Any]], world: int, probe: Optional[dict[str, Any]]) -> dict[str, Any]:
+    """Run-level communication: the ranks' figures side by side (median, least, most)."""
+    measured = [r for r in ranks if r.get("comm")]
+
+    def spread(key: str) -> Optional[dict[str, Any]]:
+        vals = [(r["comm"][key], r["rank"]) for r in measured if r["comm"].get(key) is not None]
+        if not vals:
+            return None
+        lo, hi = min(vals), max(vals)
+        return {"median": round(median([v for v, _ in vals]) or 0.0, 4), "min": lo[0],
+                "min_rank": lo[1], "max": hi[0], "max_rank": hi[1]}
+
+    if not measured:
+        why = ("a single process: nothing to communicate" if world <= 1 else
+               "no rank measured it (no process group in the traced steps, or a DDP model TraceML "
+               "could not time: see the ranks' logs)")
+    else:
+        why = None
+    return {
+        "measured": bool(measured), "ranks_measured": len(measured), "not_measured_why": why,
+        "exposed_ms": spread("exposed_ms"), "exposed_fraction": spread("exposed_fraction"),
+        "busy_ms": spread("busy_ms"), "overlap_fraction": spread("overlap_fraction"),
+        "bytes_per_step": spread("bytes_per_step"), "calls_per_step": spread("calls_per_step"),
+        "algbw_gbps": spread("algbw_gbps"), "busbw_gbps": spread("busbw_gbps"),
+        "probe": probe,
+    }
+
+
+#: signals that stop a run from outside (Ctrl-C, scancel, the time limit): a worker they ended did
+#: not fail by itself
+INTERRUPTS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+def _failed_by_itself(exit_: Optional[dict[str, Any]]) -> bool:
+    """torchrun's record of a worker says it failed on its own (a signal other than an interrupt,
+    or a failing exit code)."""
+    if not exit_:
+        return False
+    if exit_.get("signal"):
+        return exit_["signal"] not in INTERRUPTS
+    return exit_.get("exitcode") not in (None, 0)
+
+
+def _failed_before_interrupt(nodes: dict[int, Any], exits: dict[int, Any]) -> bool:
+    """Whether the run had failed on its own before node 0's launcher was interrupted: torchrun
+    recorded a failed worker (it records none when a SIGTERM stopped it), or another node's
+    launcher ended in error rather than interrupted. Then the SIGTERM was a consequence (srun
+    --kill-on-bad-exit stopping the step after that node failed), not the cause."""
+    if any(_failed_by_itself(e) for e in exits.values()):
+        return True
+    return any(n != 0 and ((ni or {}).get("bye") or {}).get("status") == "error" for n, ni in nodes.items())
+
+
+def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool,
+                failed_first: bool = False) -> str:
     if finish is None:
         if provisional:
             return "running"
@@ -204,7 +313,7 @@ def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], p
             return "completed"
         return "failed" if statuses & {"error", "crashed"} else "unknown"
     if finish.get("interrupted"):
-        return "interrupted"
+        return "failed" if failed_first else "interrupted"
     code = finish.get("exit_code")
     if code is None:
         statuses = {r["status"] for r in ranks}
@@ -235,7 +344,8 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         if r is None:
             ranks.append(_never_joined(rank, rank // nproc if nproc else 0, exits.get(rank)))
         else:
-            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional),
+            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional,
+                                               exits.get(rank)),
                                exits.get(rank)))
 
     hostnames = list(s.get("hostnames") or [])
@@ -266,20 +376,33 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
                 for c in DURATION_COLUMNS}
     steps = step_time(sketches["step"])
     steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
-    run_status = _run_status(finish, ranks, provisional)
+    device = _device(ranks, system)
+    communication = _communication(ranks, world, data.get("probe"))
+    cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
+    run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits))
     step_src = steps_block(live_ranks, ranks)
     joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
                              "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
-                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status)})
-    failure = diagnose(ranks, oom_by_node, run_status)
+                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status),
+                             "device": device, "communication": communication, "world": world,
+                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
+    hang_report, ended_hung = _last_hang(data)
+    failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
-    if failure is not None:  # failures first: the primary verdict is the failure
-        verdicts = [failure] + [v for v in verdicts if v["kind"] != "no_clear_bottleneck"]
+    perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+    if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
+        verdicts = [hang_verdict(hang_report, ended_hung=True)] + perf
+        short = "hung: " + hang_report["finding"]
+        reason = f"{short}; {reason}" if reason else short
+    elif failure is not None:  # failures first: the primary verdict is the failure
+        verdicts = [failure] + perf
         short = failure.pop("reason")
         reason = f"{short}; {reason}" if reason else short
     elif run_status == "failed" and not reason:
         reason = _after_training_reason(finish, ranks) or "the launcher reported a failing exit code"
+    if hang_report is not None and not ended_hung:  # a stall that resolved: worth a look
+        verdicts = verdicts[:1] + [hang_verdict(hang_report, ended_hung=False)] + verdicts[1:]
     endings = {k: 0 for k in RANK_ENDINGS}
     for r in ranks:
         endings[r["status"]] = endings.get(r["status"], 0) + 1
@@ -314,6 +437,8 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "warmup_steps": WARMUP_STEPS,
         "step_time": steps,
         "across_ranks": _across(joined),
+        "device": device,
+        "communication": communication,
         "ranks": ranks,
         "rank_endings": {k: v for k, v in endings.items() if v},
         "system": {"nodes": system["nodes"], "gpu_util_pct_mean": system["gpu_util_pct_mean"]},
@@ -335,8 +460,22 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         },
         "timeline": build_timeline(data, ranks, verdicts[0]),
         "files": files or {},
+        "hang": hang_report,
+        "hangs": list(data.get("hangs") or []),
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
     }
+
+
+def _last_hang(data: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
+    """The last hang report, and whether the run ended still hung (no step record arrived after
+    it). Earlier reports stay in ``hangs``."""
+    hangs = data.get("hangs") or []
+    if not hangs:
+        return None, False
+    report = dict(hangs[-1])
+    resumed = int(data.get("records") or 0) > int(report.get("records_at") or 0)
+    report["resumed"] = resumed
+    return report, not resumed
 
 
 def _after_training_reason(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:

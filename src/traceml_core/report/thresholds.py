@@ -73,9 +73,45 @@ GPU_UTIL_CRIT_PCT = 25.0
 #: At least this many samples (at ~1 Hz) so start-up and shutdown do not decide the average.
 GPU_MIN_SAMPLES = 10
 
+# --- communication bound -------------------------------------------------------------------------
+#: Judged on the rank that waits *least* for communication (exposed time: waiting after its own
+#: compute is done), so a straggler, for which every other rank waits inside the all-reduce, is
+#: not mistaken for a slow network: the last rank to arrive still waits for the bytes to move.
+#: 15 % of every step: DDP hides most of the all-reduce behind backward when the network keeps
+#: up, so a wait this size means it does not, and the usual fixes (the right interface, bucket
+#: size, gradient accumulation) are configuration changes that win most of it back.
+COMM_FRACTION_WARN = 0.15
+#: 35 %: a third of the step idle on the network, more than most model-side work could win.
+COMM_FRACTION_CRIT = 0.35
+#: ...and at least 1 ms per step: below that the wait is the fixed latency of a few small
+#: all-reduces (tens to hundreds of microseconds each over TCP) plus timer noise.
+COMM_FLOOR_MS = 1.0
+#: A critical communication verdict also needs 5 ms per step.
+COMM_CRIT_FLOOR_MS = 5.0
+#: Overlap below 30 % (exposed wait >= 70 % of the time collectives are in flight): the
+#: all-reduce mostly runs after backward instead of under it, so bucket size and ordering
+#: (bucket_cap_mb, static_graph) are worth a look besides the network itself.
+COMM_LOW_OVERLAP = 0.30
+
+#: Collectives of under 1 MB each are latency-bound: over TCP at 1-10 GB/s a megabyte moves in
+#: 0.1-1 ms, the same order as one collective's fixed cost (tens to hundreds of microseconds), so
+#: below it the bandwidth figure describes latency and the advice is "fewer calls", not "a
+#: faster link".
+COMM_SMALL_BYTES = 1_000_000
+#: A node whose CPUs were this busy on average leaves gloo's communication threads waiting for a
+#: core: part of a CPU run's communication latency is then scheduling, not the network.
+COMM_CPU_BUSY_PCT = 90.0
+
+# --- bandwidth probe between nodes ------------------------------------------------------------------
+#: A node is named as the slow link when its best measured transfer rate is below half the
+#: median of the other nodes': real NICs of one model differ by a few percent, a degraded link
+#: (wrong speed negotiated, errors, a 1 GbE fallback next to 25 GbE) by 2x or far more.
+PROBE_SLOW_FRACTION = 0.5
+
 # --- compute bound -------------------------------------------------------------------------------
 #: When forward + backward + optimizer (+ host-to-device copies) take 80 % or more of the step, the
-#: time goes into the model itself (including gradient all-reduce inside backward).
+#: time goes into the model itself (communication is its own phase when measured; otherwise the
+#: DDP all-reduce hides inside backward).
 COMPUTE_FRACTION = 0.80
 #: ...and, when GPU samples exist, the GPUs are busy at least 70 % of the time; otherwise the model
 #: phases are long because of launch overhead or host work, not the GPU's math.

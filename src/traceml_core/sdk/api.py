@@ -248,6 +248,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
 
     import torch  # noqa: F401  (the SDK instruments torch; fail here, not in the hot path)
 
+    from ..wire.auth import relay_aud
+    from .responders import answer
     from ..wire.client import TelemetryClient
     from . import patches
     from .memory import MEMORY_INTERVAL_S, MemoryProbe
@@ -259,15 +261,20 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.probe = MemoryProbe(recorder)
     host, port = s.address
     s.client = TelemetryClient(
-        host, port, token, run=s.run, job=s.job, node=s.node, rank=s.rank, kind="rank",
+        host, port, token, aud=relay_aud(s.node), run=s.run, job=s.job, node=s.node, rank=s.rank,
+        kind="rank", peer="this node's relay",
         world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
         source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
+        on_frame=lambda req: answer(s, req),
     )
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(_refresh_wall_offset, 5.0)
     patches.install_global()
     _install_exit_hooks()
+    from . import comm
+
+    recorder.comm = comm.CommAccount()
     if info is not None and info.stack_dir:
         from . import stackdump
 
@@ -275,6 +282,7 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
 
     _use_context(StepContext(recorder))
     hotpath.set_recorder(recorder)
+    comm.attach(recorder)       # after set_recorder: DDP models built before init() get the hook
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
@@ -360,6 +368,17 @@ def _enable_cuda(device: Any) -> None:
     s = _session
     if s is not None and s.probe is not None:
         s.probe.use_cuda(device)
+
+
+def use_comm_polling() -> None:
+    """A DDP model on CPU is watched (sdk/comm.py): steps end by reading its reducer's timings
+    (the GPU context times CUDA models' communication with events instead)."""
+    r = hotpath.REC
+    if r is None or r.gpu is not None or type(_STEP_CTX) is not StepContext:
+        return
+    from .hotpath import CommStepContext
+
+    _use_context(CommStepContext(r))
 
 
 def notify(frame: dict[str, Any]) -> bool:

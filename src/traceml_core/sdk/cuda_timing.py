@@ -8,6 +8,13 @@ times are kept as the fallback: if a row's events are still pending after :attr:
 steps (the host far ahead of the device) or at shutdown, it is committed with host times and counted
 in :attr:`CudaPhaseTimer.fallbacks` -- never a ``synchronize()``, which could stall training.
 
+Communication (sdk/comm.py) is timed the same way: a blocking collective, or a ``wait()`` on an
+asynchronous one, between two events on the current stream (the stream waits for the collective,
+so the gap between them is the exposed communication); a DDP bucket or an asynchronous collective
+from an event at launch to one recorded in its future's callback, which torch runs with the
+current stream synchronised with the collective's completion. Exposed time of a DDP backward is
+from the last bucket's launch (its gradients ready: compute done) to the last completion.
+
 The event and stream factories are injectable so the deferred-commit logic can be exercised with
 stand-in events on machines without a GPU; on a GPU the defaults are ``torch.cuda.Event`` and
 ``torch.cuda.current_stream(device)``.
@@ -18,6 +25,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
+from .comm import CommFigures, union_ns, without
 from .hotpath import C_BWD, C_FWD, C_H2D, C_OPT, StepRecorder
 
 _MAX_PRE_SPANS = 256
@@ -54,6 +62,11 @@ class CudaPhaseTimer:
         self.fallbacks = 0                                  # rows committed with host times
         self._opt_ev: Any = None
         self._opt_mark = 0
+        #: communication of the current step: ("b", ev0, ev1, S, bus, phase) blocking,
+        #: ("s", ev0, [ev1], S, bus) launched (ev1 appended at completion), ("w", ev0, ev1, phase)
+        #: a wait, ("r", ev0 of the last bucket, [its "s" items]) a DDP backward's buckets
+        self._comm: list[tuple[Any, ...]] = []
+        self._round: list[tuple[Any, ...]] = []
 
     # ---- recording (training thread) ---------------------------------------------------------
 
@@ -99,6 +112,37 @@ class CudaPhaseTimer:
             return
         self.stop(C_OPT, ev)
 
+    def new_event(self) -> Any:
+        return self._pool.pop() if self._pool else self._new_event()
+
+    def end_event(self) -> Any:
+        """An event recorded now on the current stream (completion callbacks; may run on another
+        thread, so it takes a fresh event rather than one from the pool)."""
+        ev = self._new_event()
+        ev.record(self._stream())
+        return ev
+
+    # ---- communication (sdk/comm.py) ----------------------------------------------------------
+
+    def comm_blocking(self, ev0: Any, nbytes: int, bus: float, phase: int) -> None:
+        self._comm.append(("b", ev0, self.start(), nbytes, bus, phase))
+
+    def comm_async(self, ev0: Any, nbytes: int, bus: float) -> list[Any]:
+        holder: list[Any] = []
+        self._comm.append(("s", ev0, holder, nbytes, bus))
+        return holder
+
+    def comm_wait(self, ev0: Any, phase: int) -> None:
+        self._comm.append(("w", ev0, self.start(), phase))
+
+    def comm_bucket(self, ev0: Any, nbytes: int, bus: float, last: bool) -> list[Any]:
+        holder = self.comm_async(ev0, nbytes, bus)
+        self._round.append(self._comm[-1])
+        if last:
+            self._comm.append(("r", ev0, self._round))
+            self._round = []
+        return holder
+
     def begin_step(self) -> None:
         self._spans = self._pre_spans
         self._pre_spans = []
@@ -113,10 +157,25 @@ class CudaPhaseTimer:
         if self._opt_ev is not None:
             self._pool.append(self._opt_ev)
             self._opt_ev = None
+        # its collectives' events: the launch events are ours; end events may still be appended by
+        # completion callbacks, so those are left to the garbage collector
+        self._pool += [it[1] for it in self._comm if it[0] in ("b", "s", "w")]
+        self._comm = []
+        self._round = []
 
     def end_step(self, r: StepRecorder, t1: int, mem: int) -> None:
         """Called at step exit instead of appending the row: it waits here for its events."""
-        self._pending.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, mem, self._spans))
+        comm = None
+        if r.cn:        # (calls, host-clock figures of CPU collectives, CUDA items)
+            if self._round:     # a backward whose last bucket we did not see (an error)
+                self._comm.append(("r", self._round[-1][1], self._round))
+            comm = (r.cn, r.comm.figures() if r.cdef >= 0 else None, self._comm)
+            if r.cdef < 0:
+                r.comm.reset()
+            r.cn = 0
+            self._comm = []
+            self._round = []
+        self._pending.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, mem, self._spans, comm))
         self._spans = []
         self.drain(r)
 
@@ -127,12 +186,12 @@ class CudaPhaseTimer:
         pending = self._pending
         while pending:
             row = pending[0]
-            spans = row[7]
-            done = all(end.query() for _, _, end in spans)
+            spans, comm = row[7], row[8]
+            done = all(end.query() for _, _, end in spans) and (comm is None or _comm_done(comm[2]))
             if not done and not final and len(pending) <= self.max_pending:
                 return
             pending.popleft()
-            t1, step_ns, inp, fwd, bwd, opt, mem, _ = row
+            t1, step_ns, inp, fwd, bwd, opt, mem, _, _ = row
             if done:
                 gpu = {C_FWD: 0, C_BWD: 0, C_OPT: 0, C_H2D: 0}
                 seen = set()
@@ -148,8 +207,87 @@ class CudaPhaseTimer:
                 h2d = -1
             for _, a, b in spans:
                 self._pool += (a, b)
-            r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem), t1)
+            if comm is None:
+                r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem), t1)
+                continue
+            calls, host, items = comm
+            if host is None or not done:
+                # coverage incomplete, or no device times for the communication: not measured
+                r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem, -1, -1, -1, -1, -1), t1)
+            else:
+                f = host.plus(comm_figures(items))
+                r.append((t1, step_ns, inp, without(fwd, f.sub_fwd), without(bwd, f.sub_bwd),
+                          without(opt, f.sub_opt), h2d, mem, f.exposed, f.busy, f.nbytes,
+                          int(f.bus), calls), t1)
+            self._recycle(items)
+
+    def _recycle(self, items: list[tuple[Any, ...]]) -> None:
+        seen: set[int] = set()
+        for ev in _events(items):
+            if id(ev) not in seen:
+                seen.add(id(ev))
+                self._pool.append(ev)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
+
+
+def _events(items: list[tuple[Any, ...]]) -> list[Any]:
+    out: list[Any] = []
+    for it in items:
+        kind = it[0]
+        if kind in ("b", "w"):
+            out += (it[1], it[2])
+        elif kind == "s":
+            out.append(it[1])
+            out += it[2]
+    return out
+
+
+def _comm_done(items: list[tuple[Any, ...]]) -> bool:
+    for it in items:
+        if it[0] == "s" and not it[2]:
+            return False     # the completion callback has not run yet
+    return all(ev.query() for ev in _events(items))
+
+
+def comm_figures(items: list[tuple[Any, ...]]) -> CommFigures:
+    """A step's communication figures from completed CUDA events (same rules as the host path)."""
+    if not items:
+        return CommFigures(0, 0, 0, 0.0, 0, 0, 0)
+    ref = items[0][1]
+
+    def t(ev: Any) -> int:
+        return 0 if ev is ref else int(ref.elapsed_time(ev) * 1e6)
+
+    exposed = nbytes = 0
+    bus = 0.0
+    sub = {C_FWD: 0, C_BWD: 0, C_OPT: 0}
+    intervals = []
+    for it in items:
+        kind = it[0]
+        if kind == "b":
+            a, b = t(it[1]), t(it[2])
+            intervals.append((a, b))
+            nbytes += it[3]
+            bus += it[4]
+            exposed += max(0, b - a)
+            if it[5] in sub:
+                sub[it[5]] += max(0, b - a)
+        elif kind == "s":
+            intervals.append((t(it[1]), t(it[2][0])))
+            nbytes += it[3]
+            bus += it[4]
+        elif kind == "w":
+            wait = max(0, t(it[2]) - t(it[1]))
+            exposed += wait
+            if it[3] in sub:
+                sub[it[3]] += wait
+        elif kind == "r":
+            ends = [t(s[2][0]) for s in it[2] if s[2]]
+            if ends:
+                wait = max(0, max(ends) - t(it[1]))
+                exposed += wait
+                sub[C_BWD] += wait
+    return CommFigures(exposed, union_ns(intervals), nbytes, bus, sub[C_FWD], sub[C_BWD], sub[C_OPT])

@@ -40,7 +40,11 @@ Timing model (what the user sees in the summary):
   as forward/backward and is taken out of the optimizer time, so phases never overlap; on CUDA they are replaced by CUDA-event times once the events have completed (see
   :mod:`.cuda_timing`); ``forward_ns`` is -1 when no model was given to ``trace_step``;
 * ``mem_peak`` is the highest memory sample taken by the client thread since the previous step
-  (see :mod:`.memory`); -1 until the first sample.
+  (see :mod:`.memory`); -1 until the first sample;
+* ``comm_*``: the step's collectives (see :mod:`.comm`); a step with none appends a short row and
+  pays one attribute test (``r.cn``) for it. A step with some has its exposed communication taken
+  out of the phase it waited in, so forward/backward/optimizer are compute and ``comm_ns`` is
+  the wait.
 """
 
 from __future__ import annotations
@@ -49,17 +53,22 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any, Callable, Optional
 
-from ..wire.protocol import STEP_COLUMNS
+from ..wire.protocol import COMM_COLUMNS, STEP_COLUMNS
 
 # Column positions in the protocol, for code that addresses columns (CUDA timing, tests).
-C_STEP, C_TEND, C_STEPNS, C_INPUT, C_FWD, C_BWD, C_OPT, C_H2D, C_MEM = range(9)
+(C_STEP, C_TEND, C_STEPNS, C_INPUT, C_FWD, C_BWD, C_OPT, C_H2D, C_MEM,
+ C_COMM, C_COMM_BUSY, C_COMM_BYTES, C_COMM_BUS, C_COMM_CALLS) = range(14)
 assert STEP_COLUMNS == (
     "step", "t_end_ns", "step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns",
-    "h2d_ns", "mem_peak",
+    "h2d_ns", "mem_peak", "comm_ns", "comm_busy_ns", "comm_bytes", "comm_bus_bytes", "comm_calls",
 ), "hotpath.py is out of date with protocol.STEP_COLUMNS"
 #: a row holds every column but ``step`` (implied by its position in the batch); ``t_end_ns`` is
 #: stored on the perf_counter clock and moved to wall time when the batch is encoded
 ROW_COLUMNS = STEP_COLUMNS[1:]
+#: a step without collectives appends a short row (no communication columns: the cheapest path);
+#: the client thread fills them in (0, or -1 when communication is not measured)
+SHORT_ROW = C_COMM - 1
+assert ROW_COLUMNS[SHORT_ROW:] == COMM_COLUMNS
 
 #: The recorder of this process while tracing is on; ``None`` makes every patch a pass-through.
 REC: Optional["StepRecorder"] = None
@@ -74,9 +83,12 @@ class Batch:
         self.rows: list[tuple[int, ...]] = []
         self.seq = 0
 
-    def columns(self, wall_offset: int) -> dict[str, list[int]]:
+    def columns(self, wall_offset: int, comm_default: int = -1) -> dict[str, list[int]]:
         rows = self.rows
         n = len(rows)
+        if n and min(map(len, rows)) == SHORT_ROW:
+            pad = (comm_default,) * len(COMM_COLUMNS)
+            rows = [row + pad if len(row) == SHORT_ROW else row for row in rows]
         cols = list(zip(*rows)) if n else [()] * len(ROW_COLUMNS)
         out: dict[str, list[int]] = {"step": list(range(self.seq, self.seq + n))}
         out["t_end_ns"] = [t + wall_offset for t in cols[0]]
@@ -97,7 +109,7 @@ class StepRecorder:
         # hot fields first
         "active", "t0", "inp", "fwd", "bwd", "opt", "opt_t0", "opt_owner", "pending_input",
         "in_fwd", "rows", "batch_size", "seal_at", "mem", "mem_last", "gpu", "model_id",
-        "models", "fwd0", "nbwd",
+        "models", "fwd0", "nbwd", "cn", "cdef", "comm",
         # batch bookkeeping
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
         "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog", "raised_at",
@@ -143,6 +155,11 @@ class StepRecorder:
         self.mem_last = -1              # latest memory sample
         self.wall_offset = time_ns() - perf_counter_ns()
         self.gpu: Any = None            # a cuda_timing.CudaPhaseTimer once a CUDA model is traced
+        # communication (comm.py): collectives launched in the current step (0 = the fast path);
+        # what a step without any says: 0 measured, -1 coverage incomplete, -2 no process group
+        self.cn = 0
+        self.cdef = -2
+        self.comm: Any = None           # a comm.CommAccount once comm.attach() ran
         #: sealed batches waiting that make seal() call on_backlog (the client's wake-up)
         self.backlog_mark = max(2, max_batches // 8)
         self.on_backlog: Optional[Callable[[], None]] = None
@@ -242,9 +259,14 @@ class StepRecorder:
         self.sealed.appendleft(batch)
 
     def frame(self, batch: Batch) -> dict[str, Any]:
+        n = len(batch.rows)
         return {
-            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": len(batch.rows),
-            "cols": batch.columns(self.wall_offset), "dropped": self.dropped + self.discarded,
+            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": n,
+            "cols": batch.columns(self.wall_offset, 0 if self.cdef == 0 else -1),
+            "dropped": self.dropped + self.discarded,
+            # what this rank holds beyond this batch (later sealed batches, the open one): the
+            # bound of what dies with it if it is killed now
+            "open": max(0, self.count - batch.seq - n),
         }
 
     def records(self, batch: Batch) -> int:
@@ -293,16 +315,54 @@ class StepContext:
         r.active = 0
         if et is not None:      # an aborted step is no step: its time (often a collective
             r.raised_at = r.count   # timing out on a dead peer) would only mislead
+            if r.cn:            # ... nor its collectives
+                r.cn = 0
+                r.comm.reset()
             return False
         mem = r.mem
         r.mem = r.mem_last
+        if r.cn:    # collectives ran: the communication columns, phases without their waits
+            row = r.comm.row(r, t1, mem)
+        else:
+            row = (t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem)
         rows = r.rows
         if rows is None:
-            r.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem), t1)
+            r.append(row, t1)
             return False
-        rows.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem))
+        rows.append(row)
         if len(rows) >= r.batch_size or t1 >= r.seal_at:
             r.seal(t1)
+        return False
+
+
+class CommStepContext(StepContext):
+    """The CPU variant once a DDP model is watched (comm.py): the step exit also reads the
+    reducer's timings of the step's all-reduce (~15 us; steps of runs without DDP never pay it)."""
+
+    __slots__ = ()
+
+    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
+        t1 = perf_counter_ns()
+        r = self.r
+        a = r.active
+        if a != 1:
+            if a:
+                r.active = a - 1
+            return False
+        r.active = 0
+        if et is not None:
+            r.raised_at = r.count
+            if r.cn:
+                r.cn = 0
+                r.comm.reset()
+            return False
+        mem = r.mem
+        r.mem = r.mem_last
+        from .comm import poll
+
+        poll(r)
+        row = r.comm.row(r, t1, mem) if r.cn else (t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem)
+        r.append(row, t1)
         return False
 
 
@@ -338,6 +398,9 @@ class GpuStepContext(StepContext):
         if et is not None:      # aborted: not recorded (see StepContext.__exit__)
             r.raised_at = r.count + r.gpu.pending   # rows still waiting for their CUDA events
             r.gpu.abort_step()
+            if r.cn:
+                r.cn = 0
+                r.comm.reset()
             return False
         mem = r.mem
         r.mem = r.mem_last

@@ -14,7 +14,9 @@
   ``functools.wraps`` keeps ``inspect.signature(model.forward)``;
 * the forward, backward and step wrappers are generated with the wrapped function's own
   parameters (codegen.py), which avoids packing ``*args, **kwargs`` on every call;
-* CUDA only: ``Tensor.to``/``Tensor.cuda`` for host-to-device copies.
+* CUDA only: ``Tensor.to``/``Tensor.cuda`` for host-to-device copies;
+* communication (comm.py): ``torch.distributed``'s collectives, ``Work.wait``, and DDP (every DDP
+  model gets TraceML's communication hook; a user's hook registered later runs inside it).
 
 Every wrapper passes straight through when tracing is off (``hotpath.REC is None``).
 """
@@ -62,6 +64,9 @@ def install_global() -> None:
         torch.autograd.backward = wrapped_bwd  # type: ignore[assignment]
 
     _install_optimizer_timing()
+    from . import comm
+
+    comm.install(_originals)
     _installed = True
 
 
@@ -161,6 +166,10 @@ def register_model(recorder: hotpath.StepRecorder, model: Any) -> Optional[Any]:
     """Time ``model``'s forward from now on; returns the CUDA device its parameters live on."""
     model, compiled = unwrap_compiled(model)
     key = id(model)
+    if hasattr(model, "reducer") and hasattr(model, "process_group"):     # a DDP model
+        from . import comm
+
+        comm.hook_model(model)
     if not compiled:
         _patch_forward(type(model))
         recorder.fwd0 = 0

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:
+    from ..aggregator.state import RunState
 
 #: at most this many ranks are described in one frame (live views are single-node: 8-16 ranks)
 MAX_RANKS = 128
@@ -40,16 +43,17 @@ JOIN_GRACE_S = 30.0
 #: could only say "too few steps" (thresholds.WARMUP_STEPS + thresholds.MIN_STEPS)
 VERDICT_AFTER_STEPS = 25
 
-PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d")
+#: ``comm`` is the exposed communication (the wait), measured on distributed runs only
+PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d", "comm")
 _COLS = tuple(p + "_ns" for p in PHASES)
 
 
 # --- aggregator side --------------------------------------------------------------------------------
-def snapshot_frame(server: Any, msg: dict[str, Any]) -> dict[str, Any]:
-    """The ``snapshot`` reply for one request; never raises."""
+def snapshot_frame(state: "RunState", msg: dict[str, Any]) -> dict[str, Any]:
+    """The ``snapshot`` reply for one request, from the run state alone; never raises."""
     rid = msg.get("id")
     try:
-        return _build(server, msg, rid)
+        return _build(state, msg, rid)
     except Exception as exc:  # never let a view's request hurt the aggregator
         return {"t": "snapshot", "id": rid, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
 
@@ -111,11 +115,9 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
     return out
 
 
-def _build(server: Any, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
-    st, s = server.state, server.settings
-    flush = getattr(server, "flush_ranks", None)
-    if flush is not None:  # statistics of frames received since the last flush (at most 1 s old)
-        flush()
+def _build(st: "RunState", msg: dict[str, Any], rid: Any) -> dict[str, Any]:
+    s = st.settings
+    st.flush()  # statistics of frames received since the last flush (at most 1 s old)
     frame: dict[str, Any] = {
         "t": "snapshot", "id": rid, "server_time": time.time(), "started_at": s.started_at,
         "run_name": s.run_name, "world_size": s.world_size, "nnodes": s.nnodes,

@@ -168,10 +168,11 @@ _STATE_STYLE = {"ok": "green", "starting": "yellow", "stale": "bold red", "gone"
                 "ended": "dim", "waiting": "yellow"}
 #: the table's columns, most important first: at a narrow terminal the last ones are dropped
 #: whole (a number is never cut: rich would cut a too-narrow column to "0..."). ``own`` is the
-#: rank's own work per step (step - backward): under DDP every rank's step time is the same, and
-#: the straggler is the rank whose own time is highest.
-PRIORITY = ("rank", "step ms", "status", "step", "own", "input", "steps/s", "fwd", "bwd", "opt",
-            "mem", "h2d", "where", "recent steps")
+#: rank's own work per step (step - its wait for the others: ``comm`` where measured, else
+#: backward): under DDP every rank's step time is the same, and the straggler is the rank whose own
+#: time is highest.
+PRIORITY = ("rank", "step ms", "status", "step", "own", "input", "steps/s", "fwd", "bwd", "comm",
+            "opt", "mem", "h2d", "where", "recent steps")
 #: what rich puts between two columns: padding on both sides and the box's separator
 _GAP = 3
 
@@ -194,7 +195,10 @@ def own_ms(r: RankLive) -> Optional[float]:
     step = r.ms.get("step")
     if step is None:
         return None
-    return max(0.0, step - (r.ms.get("backward") or 0.0))
+    wait = r.ms.get("comm")
+    if wait is None:
+        wait = r.ms.get("backward")
+    return max(0.0, step - (wait or 0.0))
 
 
 def _cells(st: LiveState, phases: list[str], compact: bool) -> dict[str, list[str]]:
@@ -208,7 +212,7 @@ def _cells(st: LiveState, phases: list[str], compact: bool) -> dict[str, list[st
         cells["steps/s"].append("-" if rt is None else f"{rt:.1f}")
         cells["step ms"].append(fmt_ms(r.ms.get("step")))
         cells["own"].append(fmt_ms(own_ms(r)))
-        for p in ("input", "forward", "backward", "optimizer", "h2d"):
+        for p in ("input", "forward", "backward", "optimizer", "h2d", "comm"):
             cells[_SHORT.get(p, p)].append(fmt_ms(r.ms.get(p)) if p in phases else "")
         cells["mem"].append(fmt_bytes(r.mem_peak))
         cells["recent steps"].append(sparkline(r.spark_ms))
@@ -229,7 +233,7 @@ def choose_columns(cells: dict[str, list[str]], width: int, skip: set[str]) -> l
         chosen.append(name)
         used += need
     order = ("rank", "where", "status", "step", "steps/s", "step ms", "own", "input", "fwd", "bwd",
-             "opt", "h2d", "mem", "recent steps")
+             "comm", "opt", "h2d", "mem", "recent steps")
     return [c for c in order if c in chosen]
 
 
@@ -250,11 +254,12 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     if not ok and age is not None:
         items.append(Text(f"aggregator not answering for {age:.0f} s ({err}); the numbers below are "
                           f"{age:.0f} s old", style="bold red"))
-    show_h2d = any(r.ms.get("h2d") is not None for r in st.ranks)
-    phases = [p for p in PHASES if p != "step" and (p != "h2d" or show_h2d)]
+    # optional columns appear once some rank measures them (h2d: CUDA; comm: a process group)
+    shown = {p for p in ("h2d", "comm") if any(r.ms.get(p) is not None for r in st.ranks)}
+    phases = [p for p in PHASES if p != "step" and (p not in ("h2d", "comm") or p in shown)]
     compact = width < 120
     cells = _cells(st, phases, compact)
-    skip = set() if show_h2d else {"h2d"}
+    skip = {"h2d", "comm"} - shown
     cols = choose_columns(cells, width, skip)
     # rows that fit the height: everything else on screen is counted first
     v = verdict_so_far(st)

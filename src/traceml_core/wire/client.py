@@ -1,27 +1,34 @@
-"""The sending side of the wire: one background thread per process that owns the TCP connection.
+"""The client side of the wire: one background sender, one blocking link, one backoff.
 
-Used by training ranks (hello kind ``rank``: step batches from a :class:`RecordSource`, events,
-a final ``bye``) and by the per-node launcher (kind ``node``: ``system`` frames via
-:meth:`TelemetryClient.submit`). What it guarantees to the process that uses it:
+:class:`TelemetryClient` is a daemon thread that owns one TCP connection. Training ranks use it
+(hello kind ``rank``, to their node's relay: step batches from a :class:`RecordSource`, events, a
+final ``bye``, answers to requests); each node's relay uses it for its one connection up to the
+aggregator (kind ``node``: the relay is its :class:`RecordSource`). What it guarantees to the
+process that uses it:
 
 * **never blocks the caller**: :meth:`~TelemetryClient.submit` appends to a deque and returns;
-  all socket work (connect, handshake, send) happens on the daemon thread;
+  all socket work (connect, handshake, send, receive) happens on the daemon thread;
 * **bounded memory**: at most ``max_frames`` submitted frames wait; step records are bounded by
-  the source's batch pool; anything beyond is dropped and *counted*, never silently lost;
+  the source's own pool; anything beyond is dropped and *counted*, never silently lost;
 * **bounded waits**: :meth:`~TelemetryClient.wait_connected` and :meth:`~TelemetryClient.close`
   take a timeout and return within it (plus a few milliseconds);
-* **connect, then reconnect** with exponential backoff and full jitter (so a restarted aggregator
-  is not hit by every rank at the same instant); each connection starts with a fresh ``hello``
-  (fresh nonce, so the server's replay check never refuses a reconnect);
+* **connect, then reconnect** with :class:`Backoff` (exponential, full jitter, so a restarted
+  server is not hit by every peer at the same instant); each connection starts with a fresh
+  ``hello`` (fresh nonce, so no endpoint's replay check ever refuses a reconnect), then the frames
+  ``on_connect`` returns (a relay re-announces its ranks), then what was pending;
 * **refused means quiet**: a ``refused`` answer is logged once with the server's reason and the
-  client stops trying for the rest of the process (a wrong token or run name does not improve by
-  retrying, and thousands of ranks retrying would be a storm); everything pending is discarded and
-  counted;
+  client stops trying for the rest of the process (a wrong token does not improve by retrying);
+  everything pending is discarded and counted;
+* **downstream frames** (``req``) are validated (wire/frames.py) and handed to ``on_frame`` on
+  the client thread;
 * **exact accounting**: a frame counts as sent once all of its bytes were accepted by the kernel;
   a frame cut by a broken connection is re-sent whole on the next connection (the server discards
   the truncated copy), so the client never loses or duplicates a frame it knows about. Bytes the
-  kernel accepted just before the peer died cannot be known to be lost; the server finds those as
-  gaps in the per-rank ``seq`` numbers.
+  kernel accepted just before the peer died cannot be known to be lost; the receiver finds those
+  as gaps in the per-rank ``seq`` numbers.
+
+:class:`Link` is the blocking request/response connection of node 0's launcher (kind
+``control``) and of the doctor's agents.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Protocol, Union
 
-from .protocol import FrameBuffer, ProtocolError, encode, make_hello
+from .auth import make_hello
+from .frames import validate
+from .protocol import MAX_FRAME, FrameBuffer, ProtocolError, encode
 
 log = logging.getLogger("traceml")
 
@@ -48,8 +57,26 @@ _SEND_CHUNK = 1 << 20
 _SEND_SLICE = 0.05
 
 
+class Backoff:
+    """Exponential backoff with full jitter: the one retry schedule of every TraceML client."""
+
+    def __init__(self, initial: float = 0.05, maximum: float = 5.0) -> None:
+        self.initial = initial
+        self.maximum = maximum
+        self._next = initial
+
+    def reset(self) -> None:
+        self._next = self.initial
+
+    def delay(self) -> float:
+        """The next wait: uniform in [d/2, d], then d doubles up to the maximum."""
+        d = self._next
+        self._next = min(d * 2.0, self.maximum)
+        return d * random.uniform(0.5, 1.0)
+
+
 class RecordSource(Protocol):
-    """Where step batches come from (the SDK's recorder implements this).
+    """Where step batches come from (the SDK's recorder, a relay's outgoing queue).
 
     ``ready`` says how many batches wait; ``pop`` returns the oldest or ``None``; the client then either ``recycle``s it
     (sent), ``unpop``s it (connection broke before it was fully sent; it goes back to the front)
@@ -60,7 +87,7 @@ class RecordSource(Protocol):
     def ready(self) -> int: ...
     def pop(self) -> Optional[Any]: ...
     def unpop(self, batch: Any) -> None: ...
-    def frame(self, batch: Any) -> dict[str, Any]: ...
+    def frame(self, batch: Any) -> Union[dict[str, Any], bytes]: ...  # bytes: already encoded
     def records(self, batch: Any) -> int: ...
     def recycle(self, batch: Any) -> None: ...
     def discard(self, batch: Any) -> None: ...
@@ -105,18 +132,12 @@ class TelemetryClient:
 
     Typical use (rank)::
 
-        c = TelemetryClient(host, port, token, run=run, job=job, node=node, rank=rank,
-                            kind="rank", world=world, extra={"local_rank": lr}, source=recorder)
+        c = TelemetryClient(relay_host, relay_port, token, aud=relay_aud(node), run=run,
+                            job=job, node=node, rank=rank, kind="rank", world=world,
+                            extra={"local_rank": lr}, source=recorder, on_frame=answer)
         c.start(); c.wait_connected(2.0)
         ...
         c.close(timeout=2.0, bye=lambda: {...})
-
-    Typical use (node launcher)::
-
-        c = TelemetryClient(host, port, token, run=run, job=job, node=node_rank, rank=-1,
-                            kind="node"); c.start()
-        c.submit({"t": "system", "node": node_rank, "host": hostname, "samples": [sample]})
-        c.close(timeout=1.0)
     """
 
     def __init__(
@@ -125,6 +146,7 @@ class TelemetryClient:
         port: int,
         token: str,
         *,
+        aud: str,
         run: str,
         job: Optional[str] = None,
         node: int = 0,
@@ -142,14 +164,20 @@ class TelemetryClient:
         backoff_initial: float = 0.05,
         backoff_max: float = 5.0,
         on_refused: Optional[Callable[[str], None]] = None,
+        on_connect: Optional[Callable[[], list[Union[dict[str, Any], bytes]]]] = None,
+        on_frame: Optional[Callable[[dict[str, Any]], None]] = None,
         name: str = "traceml-client",
+        peer: str = "the aggregator",
+        sndbuf: Optional[int] = None,
     ) -> None:
         self.host = host
+        self.peer = peer
+        self._sndbuf = sndbuf
         self.port = int(port)
         self._token = token
         self.kind = kind
         self._hello_args = dict(
-            run=run, job=job, node=node, rank=rank, kind=kind, world=world,
+            aud=aud, run=run, job=job, node=node, rank=rank, kind=kind, world=world,
             host=hostname if hostname is not None else socket.gethostname(), extra=extra,
         )
         self.source = source
@@ -158,12 +186,14 @@ class TelemetryClient:
         self.connect_timeout = connect_timeout
         self.handshake_timeout = handshake_timeout
         self.send_timeout = send_timeout
-        self.backoff_initial = backoff_initial
-        self.backoff_max = backoff_max
+        self.backoff = Backoff(backoff_initial, backoff_max)
         self._on_refused = on_refused
+        self._on_connect = on_connect
+        self._on_frame = on_frame
+        self._down = FrameBuffer(MAX_FRAME)
         self._name = name
 
-        self._frames: deque[dict[str, Any]] = deque()
+        self._frames: deque[Union[dict[str, Any], bytes]] = deque()
         self._periodic: list[list[Any]] = []     # [fn, interval_s, next_due]
         self._wake = threading.Event()
         self._settled = threading.Event()        # set on welcome or refusal
@@ -175,6 +205,7 @@ class TelemetryClient:
         self._flush_deadline = 0.0
         self._bye: Optional[Union[dict[str, Any], Callable[[], dict[str, Any]]]] = None
         self._dead = False                       # forked child or finished
+        self._ended = False                      # the server said the run is over: no reconnect
 
         self._connected = False
         self._connects = 0
@@ -197,13 +228,19 @@ class TelemetryClient:
         self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
         self._thread.start()
 
-    def submit(self, frame: dict[str, Any]) -> bool:
-        """Queue one frame (``system``, ``event``...). False (and counted) if it had to be dropped."""
+    def submit(self, frame: Union[dict[str, Any], bytes]) -> bool:
+        """Queue one frame (``system``, ``event``..., or its encoded bytes). False (and counted) if
+        it had to be dropped."""
         if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.max_frames:
             self._frames_dropped += 1
             return False
         self._frames.append(frame)
         return True
+
+    def ending(self) -> None:
+        """The run is over: the server will close the connection; do not warn or reconnect then
+        (what is still pending at :meth:`close` is discarded and counted)."""
+        self._ended = True
 
     def wake(self) -> None:
         """Ask the thread to send now rather than at its next poll (e.g. a backlog is building)."""
@@ -270,7 +307,6 @@ class TelemetryClient:
     # ---- the thread ---------------------------------------------------------------------------
 
     def _run(self) -> None:
-        backoff = self.backoff_initial
         next_attempt = 0.0
         close_attempted = False
         try:
@@ -278,6 +314,12 @@ class TelemetryClient:
                 now = time.monotonic()
                 self._run_periodic(now)
                 if self._refused is not None:
+                    self._discard_all()
+                    if self._closing:
+                        return
+                    self._sleep(0.5)
+                    continue
+                if self._sock is None and self._ended:
                     self._discard_all()
                     if self._closing:
                         return
@@ -297,15 +339,14 @@ class TelemetryClient:
                             return
                     elif now >= next_attempt:
                         if self._connect(self.connect_timeout):
-                            backoff = self.backoff_initial
+                            self.backoff.reset()
                         else:
-                            next_attempt = time.monotonic() + backoff * random.uniform(0.5, 1.0)
-                            backoff = min(backoff * 2.0, self.backoff_max)
+                            next_attempt = time.monotonic() + self.backoff.delay()
                     if self._sock is None:
                         self._sleep(max(0.0, min(self.poll_interval, next_attempt - time.monotonic())))
                         continue
                 if not self._peer_alive():
-                    self._lost_connection("the aggregator closed the connection")
+                    self._lost_connection(f"{self.peer} closed the connection")
                     continue
                 self._pump()
                 if self._closing:
@@ -352,12 +393,15 @@ class TelemetryClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=max(0.01, timeout))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._sndbuf:  # a fixed send buffer (tests: make a stalled server felt sooner)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
             hs_timeout = self.handshake_timeout
             if self._closing:
                 hs_timeout = min(hs_timeout, max(0.01, self._deadline - time.monotonic()))
             sock.settimeout(hs_timeout)
             sock.sendall(encode(make_hello(self._token, **self._hello_args)))
-            reply = self._read_one(sock)
+            self._down = FrameBuffer(MAX_FRAME)
+            reply = self._read_one(sock, self._down)
             kind = reply.get("t")
             if kind == "welcome":
                 sock.settimeout(_SEND_SLICE)
@@ -367,7 +411,17 @@ class TelemetryClient:
                     self._poller.register(sock, select.POLLIN | select.POLLPRI)
                 self._connected = True
                 self._connects += 1
+                if self._on_connect is not None:
+                    try:
+                        first = self._on_connect()
+                    except Exception as exc:
+                        first = []
+                        self._last_error = f"on_connect: {exc}"
+                    for frame in reversed(first):
+                        self._frames.appendleft(frame)
                 self._settled.set()
+                if self._down.pending:
+                    self._handle_down(b"")   # a bad frame shows again at the next read
                 return True
             if kind == "refused":
                 self._refuse(str(reply.get("reason", "no reason given")))
@@ -384,8 +438,8 @@ class TelemetryClient:
         return False
 
     @staticmethod
-    def _read_one(sock: socket.socket) -> dict[str, Any]:
-        fb = FrameBuffer()
+    def _read_one(sock: socket.socket, fb: FrameBuffer) -> dict[str, Any]:
+        """The first frame; bytes after it stay in ``fb`` (a ``req`` right after ``welcome``)."""
         while True:
             data = sock.recv(65536)
             if not data:
@@ -396,8 +450,8 @@ class TelemetryClient:
     def _refuse(self, reason: str) -> None:
         self._refused = reason
         log.warning(
-            "traceml: the aggregator at %s:%d refused this %s: %s -- telemetry is off for this "
-            "process (training continues)", self.host, self.port, self.kind, reason,
+            "traceml: %s at %s:%d refused this %s: %s -- telemetry is off for this "
+            "process (training continues)", self.peer, self.host, self.port, self.kind, reason,
         )
         if self._on_refused is not None:
             try:
@@ -407,45 +461,55 @@ class TelemetryClient:
         self._settled.set()      # after the callback: a waiter sees the refusal fully applied
 
     def _peer_alive(self) -> bool:
-        """The server sends nothing after welcome; readable means it closed (or refused late)."""
+        """Read what the server sent (``req`` frames, a late ``refused``); False once it closed."""
         sock = self._sock
         if sock is None:
             return False
-        # a zero-timeout readiness check (not recv(MSG_DONTWAIT): on a socket with a timeout,
-        # Python waits for readability *before* calling recv, i.e. it would block)
+        while True:
+            # a zero-timeout readiness check (not recv(MSG_DONTWAIT): on a socket with a timeout,
+            # Python waits for readability *before* calling recv, i.e. it would block)
+            try:
+                readable = (select.select([sock], [], [], 0)[0] if self._poller is None
+                            else self._poller.poll(0))
+            except (OSError, ValueError):
+                return True
+            if not readable:
+                return True
+            try:
+                data = sock.recv(65536)
+            except (BlockingIOError, InterruptedError, socket.timeout):
+                return True
+            except OSError as exc:
+                self._last_error = f"{type(exc).__name__}: {exc}"
+                return False
+            if not data:
+                return False
+            if not self._handle_down(data):
+                return False
+
+    def _handle_down(self, data: bytes) -> bool:
         try:
-            readable = select.select([sock], [], [], 0)[0] if self._poller is None else self._poller.poll(0)
-        except (OSError, ValueError):
-            return True
-        if not readable:
-            return True
-        try:
-            data = sock.recv(65536)
-        except (BlockingIOError, InterruptedError, socket.timeout):
-            return True
-        except OSError as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
-            return False
-        if not data:
-            return False
-        try:
-            for msg in FrameBuffer().feed(data):
+            for msg in self._down.feed(data):
                 if msg.get("t") == "refused":
                     self._drop_socket()
                     self._refuse(str(msg.get("reason", "no reason given")))
                     return False
-        except ProtocolError:
-            pass
+                checked = validate("down", msg)
+                if checked is not None and self._on_frame is not None:
+                    self._on_frame(checked)
+        except ProtocolError as exc:
+            self._last_error = f"bad frame from the server: {exc}"
+            return False
         return True
 
     def _lost_connection(self, why: str) -> None:
         self._drop_socket()
-        if self._refused is None and not self._warned_lost and not self._closing:
+        if self._refused is None and not self._warned_lost and not self._closing and not self._ended:
             self._warned_lost = True
             log.warning(
-                "traceml: lost the connection to the aggregator at %s:%d (%s); reconnecting in the "
+                "traceml: lost the connection to %s at %s:%d (%s); reconnecting in the "
                 "background -- steps are buffered, and counted as lost if the buffer fills",
-                self.host, self.port, why,
+                self.peer, self.host, self.port, why,
             )
 
     def _drop_socket(self) -> None:
@@ -480,10 +544,10 @@ class TelemetryClient:
             while size < _SEND_CHUNK and self._frames:
                 frame = self._frames.popleft()
                 try:
-                    data = encode(frame)
+                    data = frame if type(frame) is bytes else encode(frame)  # type: ignore[arg-type]
                 except Exception as exc:
                     self._frames_dropped += 1
-                    self._last_error = f"unencodable {frame.get('t')!r} frame: {exc}"
+                    self._last_error = f"unencodable {frame.get('t')!r} frame: {exc}"  # type: ignore[union-attr]
                     continue
                 chunks.append(data)
                 size += len(data)
@@ -494,7 +558,8 @@ class TelemetryClient:
                 if batch is None:
                     break
                 try:
-                    data = encode(src.frame(batch))
+                    f = src.frame(batch)
+                    data = f if type(f) is bytes else encode(f)  # type: ignore[arg-type]
                 except Exception as exc:
                     self._last_error = f"unencodable steps frame: {exc}"
                     src.discard(batch)
@@ -541,9 +606,9 @@ class TelemetryClient:
                 except socket.timeout:
                     now = time.monotonic()
                     if self._closing and now >= self._deadline:
-                        return sent, "close deadline reached while the aggregator was not reading"
+                        return sent, f"close deadline reached while {self.peer} was not reading"
                     if now - stalled_since >= self.send_timeout:
-                        return sent, f"the aggregator accepted nothing for {self.send_timeout:.0f}s"
+                        return sent, f"{self.peer} accepted nothing for {self.send_timeout:.0f}s"
                     continue
                 if n <= 0:
                     return sent, "send returned 0"
@@ -584,3 +649,135 @@ class TelemetryClient:
             if batch is None:
                 return
             src.discard(batch)
+
+
+# --- the blocking link ------------------------------------------------------------------------------
+class LinkError(Exception):
+    """The server could not be reached or answered wrongly; ``str()`` says what happened."""
+
+
+class LinkRefused(LinkError):
+    """The server refused our hello; ``reason`` is its reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the connection was refused: {reason}")
+        self.reason = reason
+
+
+class Link:
+    """A blocking framed connection for request/response outside any hot path: node 0's launcher
+    (kind ``control``: ``finish``/``query``/``snapshot``) and the doctor's agents."""
+
+    def __init__(self, sock: socket.socket, name: str = "?", data: bytes = b"") -> None:
+        self.sock = sock
+        self.name = name
+        self._frames = FrameBuffer(MAX_FRAME)
+        self.ready: deque[dict[str, Any]] = deque(self._frames.feed(data) if data else ())
+        self.closed = False
+        self._req_id = 0
+
+    @classmethod
+    def connect(cls, host: str, port: int, hello: Callable[[], dict[str, Any]], *,
+                timeout: float = 5.0, wait_s: float = 0.0, name: str = "?") -> "Link":
+        """Connect and complete the handshake (``hello()`` builds a fresh hello per attempt),
+        retrying refused TCP connects with :class:`Backoff` for ``wait_s`` seconds."""
+        deadline = time.monotonic() + wait_s
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            try:
+                sock = socket.create_connection((host, port), timeout=timeout)
+                break
+            except OSError as exc:
+                delay = backoff.delay()
+                if time.monotonic() + delay > deadline:
+                    raise LinkError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+                time.sleep(delay)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            pass
+        link = cls(sock, name)
+        link.send(hello())
+        reply = link.recv(timeout)
+        if reply.get("t") == "refused":
+            link.close()
+            raise LinkRefused(str(reply.get("reason")))
+        if reply.get("t") != "welcome":
+            link.close()
+            raise LinkError(f"unexpected answer to hello: {reply.get('t')!r}")
+        return link
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        try:
+            self.sock.settimeout(10.0)
+            self.sock.sendall(encode(msg))
+        except OSError as exc:
+            self.closed = True
+            raise LinkError(f"lost the connection: {exc}") from None
+
+    def pump(self) -> None:
+        """Read what is available now (the socket is readable) into :attr:`ready`."""
+        self.sock.settimeout(0.0)
+        try:
+            data = self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.closed = True
+            return
+        if not data:
+            self.closed = True
+            return
+        try:
+            self.ready.extend(self._frames.feed(data))
+        except ProtocolError:
+            self.closed = True
+
+    def recv(self, timeout: float) -> dict[str, Any]:
+        """The next frame; raises :class:`LinkError` on timeout or a closed connection."""
+        deadline = time.monotonic() + timeout
+        while not self.ready:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise LinkError(f"no answer within {timeout:.1f} s")
+            if self.closed:
+                raise LinkError("the connection is closed")
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                self.closed = True
+                raise LinkError(f"lost the connection: {exc}") from None
+            if not data:
+                self.closed = True
+                raise LinkError("the server closed the connection")
+            try:
+                self.ready.extend(self._frames.feed(data))
+            except ProtocolError as exc:
+                self.closed = True
+                raise LinkError(f"bad frame from the server: {exc}") from None
+        return self.ready.popleft()
+
+    def request(self, msg: dict[str, Any], want: str, timeout: float) -> dict[str, Any]:
+        """Send ``msg`` with a fresh ``id``; the ``want`` reply carrying that id (replies to
+        earlier, timed-out requests are skipped)."""
+        self._req_id += 1
+        rid = self._req_id
+        self.send({**msg, "id": rid})
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self.recv(max(0.0, deadline - time.monotonic()))
+            if reply.get("t") == want and reply.get("id", rid) == rid:
+                return reply
+
+    def close(self) -> None:
+        self.closed = True
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -2,7 +2,7 @@
 coordinator with ``srun --overlap --ntasks-per-node=1``.
 
 It connects back to the coordinator (address, token and options come in the srun environment),
-proves the token with a protocol-v1 hello, runs the node checks (the same functions as
+proves the token with a hello (the shared transport, ``traceml_core.wire``), runs the node checks (the same functions as
 ``--local``, here inside a real srun step, so the launch config resolves exactly as `traceml run`
 would on this node), sends the outcomes and the facts the cross-node checks compare, then obeys
 the coordinator's commands (see :mod:`.wire`) until ``d.bye``. Every wait is bounded: if the
@@ -20,9 +20,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from traceml_core.wire.protocol import make_hello
+from traceml_core.wire.client import Backoff, Link, LinkError, LinkRefused
 
 from .filesystem import absolute, logs_dir
 from .model import Outcome
@@ -31,27 +31,31 @@ from .node import NodeContext, Options, node_name
 from .progress import Progress
 from .registry import NODE_SPECS, run_checks
 from .torchprobe import run_probe
-from .wire import (ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, HELLO_KIND, Link, aggregator_token,
-                   parse_clock_hook)
+from .wire import (ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, aggregator_token, doctor_hello,
+                   parse_clock_hook, recv_by)
 
 #: step records each node sends to node 0's aggregator in the cross.aggregator check
 TEST_RECORDS = 3
 
 
-def connect_back(addr_spec: str, deadline: float) -> socket.socket:
-    """Connect to the first of ``ip1,ip2:port`` that answers, trying each until ``deadline``."""
+def connect_back(addr_spec: str, deadline: float, hello: Callable[[], dict[str, Any]], name: str) -> Link:
+    """Connect to the first of ``ip1,ip2:port`` that answers and complete the handshake, trying
+    each until ``deadline`` (with the one backoff every TraceML client uses)."""
     hosts, _, port = addr_spec.rpartition(":")
     last: Optional[Exception] = None
+    backoff = Backoff(0.1, 1.0)
     while time.monotonic() < deadline:
         for host in [h for h in hosts.split(",") if h]:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
             try:
-                return socket.create_connection((host, int(port)), timeout=min(3.0, left))
-            except OSError as exc:
+                return Link.connect(host, int(port), hello, timeout=min(3.0, left), name=name)
+            except LinkRefused:
+                raise
+            except LinkError as exc:
                 last = exc
-        time.sleep(0.2)
+        time.sleep(backoff.delay())
     raise OSError(f"cannot reach the doctor at {addr_spec}: {last}")
 
 
@@ -273,36 +277,48 @@ class Agent:
         return {"ok": True, "port": self.aggregator.port}
 
     def _agg_send(self, msg: dict[str, Any]) -> dict[str, Any]:
-        """Connect as a training process would (hello kind "rank"), send a few step records, say bye."""
-        from traceml_core.wire.protocol import STEP_COLUMNS, make_hello
+        """What a node does in a real run: start its relay (which joins node 0's aggregator as the
+        node's link), connect a training process to it (hello kind "rank"), send a few step
+        records and a bye, then close the relay with the node's bye."""
+        from traceml_core.launcher.relay import Relay
+        from traceml_core.wire.auth import make_hello, relay_aud
+        from traceml_core.wire.client import Link, LinkError
+        from traceml_core.wire.protocol import STEP_COLUMNS
 
         host, port, rank = str(msg["host"]), int(msg["port"]), int(msg["rank"])
-        reach = probe(host, port, float(msg.get("timeout", 3.0)), None)
+        world, run, job = int(msg["world"]), str(msg["run"]), msg.get("job")
+        timeout = float(msg.get("timeout", 3.0))
+        reach = probe(host, port, timeout, None)
         if reach.get("status") != "ok":
             return {"ok": False, "stage": "connect", **reach}
         token = aggregator_token(self.ctx.environ.get(ENV_TOKEN, ""))
         t0 = time.monotonic()
         try:
-            sock = socket.create_connection((reach["addr"], port), timeout=float(msg.get("timeout", 3.0)))
+            relay = Relay(token=token, run_name=run, job_id=job, node=rank, nnodes=world, nproc_per_node=1,
+                          upstream=(reach["addr"], port), hostname=self.node, flush_s=0.0,
+                          warn=lambda _m: None, client_options={"connect_timeout": timeout}).start()
         except OSError as exc:
             return {"ok": False, "stage": "connect", "detail": exc.strerror or str(exc)}
-        link = Link(sock, "aggregator")
         try:
-            link.send(make_hello(token, run=str(msg["run"]), job=msg.get("job"), node=rank, rank=rank, kind="rank",
-                                 host=self.node, world=int(msg["world"]), extra={"local_rank": 0}))
-            answer = link.recv(time.monotonic() + float(msg.get("timeout", 3.0)))
-            if not answer or answer.get("t") != "welcome":
-                why = answer.get("reason") if answer else "no answer to the hello"
-                return {"ok": False, "stage": "hello", "detail": str(why)}
+            if not relay.wait_connected(timeout):
+                cs = relay.client.stats()
+                return {"ok": False, "stage": "hello", "detail": str(cs.refused or cs.last_error or
+                                                                   "no answer to the hello")}
+            link = Link.connect(relay.host, relay.port, lambda: make_hello(
+                token, aud=relay_aud(rank), run=run, job=job, node=rank, rank=rank, kind="rank",
+                host=self.node, world=world, extra={"local_rank": 0}), timeout=timeout)
             n, now = TEST_RECORDS, time.time_ns()
             cols = {c: [-1] * n for c in STEP_COLUMNS}
             cols.update(step=list(range(n)), t_end_ns=[now] * n, step_ns=[1_000_000] * n)
             link.send({"t": "steps", "rank": rank, "seq": 0, "n": n, "cols": cols, "dropped": 0})
             link.send({"t": "bye", "rank": rank, "status": "clean", "steps": n, "dropped": 0, "error": None})
-        except OSError as exc:
-            return {"ok": False, "stage": "send", "detail": exc.strerror or str(exc)}
-        finally:
             link.close()
+            if not relay.drain(timeout):
+                return {"ok": False, "stage": "send", "detail": "the relay could not forward the records in time"}
+        except (LinkError, OSError) as exc:
+            return {"ok": False, "stage": "send", "detail": str(exc)}
+        finally:
+            relay.close(timeout, bye={"t": "bye", "status": "clean", "exit_code": 0})
         return {"ok": True, "records": TEST_RECORDS, "ms": round((time.monotonic() - t0) * 1000, 1),
                 "addr": reach.get("addr")}
 
@@ -376,7 +392,7 @@ class Agent:
 
     def serve(self) -> None:
         while True:
-            msg = self.link.recv(time.monotonic() + self.idle_s)
+            msg = recv_by(self.link, time.monotonic() + self.idle_s)
             if msg is None or msg.get("t") == "d.bye":
                 return
             reply = self.handle(msg)
@@ -404,20 +420,16 @@ def main() -> int:
         options = Options()
     name = node_name(env)
     progress = Progress(verbose=options.verbose, prefix=f"traceml doctor agent {name}")
-    try:
-        sock = connect_back(addr, time.monotonic() + options.timeout)
-    except OSError as exc:
-        progress.log(str(exc))
-        return 3
-    link = Link(sock, name)
     nodeid = env.get("SLURM_NODEID", "")
-    rank = int(nodeid) if nodeid.isdigit() else -1
-    link.send(make_hello(token, run="doctor", job=env.get("SLURM_JOB_ID"), node=rank, rank=rank, kind=HELLO_KIND,
-                         host=name))
-    answer = link.recv(time.monotonic() + options.timeout)
-    if not answer or answer.get("t") != "welcome":
-        progress.log(f"the doctor did not welcome this agent: {answer.get('reason') if answer else 'no answer'}")
-        link.close()
+    rank = int(nodeid) if nodeid.isdigit() else 0
+    try:
+        link = connect_back(addr, time.monotonic() + options.timeout,
+                            lambda: doctor_hello(token, node=rank, host=name), name)
+    except LinkRefused as exc:
+        progress.log(f"the doctor did not welcome this agent: {exc.reason}")
+        return 3
+    except (OSError, LinkError) as exc:
+        progress.log(str(exc))
         return 3
     ctx = NodeContext(env, options, progress=progress)
     agent = Agent(ctx, link)

@@ -13,7 +13,6 @@ import collections
 import json
 import os
 import secrets
-import selectors
 import shutil
 import signal
 import socket
@@ -23,7 +22,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from traceml_core.wire.protocol import verify_hello_mac
+from traceml_core.wire.auth import NonceCache, check_hello
+from traceml_core.wire.client import Link
+from traceml_core.wire.server import Conn, FramedServer, Handler, Limits
 
 from . import crossnode
 from .model import CheckResult, Outcome, skipped
@@ -32,7 +33,7 @@ from .node import NodeContext, Options
 from .progress import Progress
 from .registry import NODE_SPECS, is_ignored
 from .thresholds import CONNECT_TIMEOUT_S, NCCL_SWEEP_BYTES
-from .wire import ENV_ADDR, ENV_OPTS, ENV_TOKEN, HELLO_KIND, Link, gather
+from .wire import ENV_ADDR, ENV_OPTS, ENV_TOKEN, doctor_endpoint, gather, recv_by
 
 AGENT_MODULE = "traceml_slurm.doctor.agent"
 
@@ -63,6 +64,32 @@ def advertised_addresses(nodes: list[str]) -> list[str]:
         if not is_loopback(a) and a not in out and ":" not in a:
             out.append(a)
     return out or [socket.gethostname()]
+
+
+class _AgentGate(Handler):
+    """The coordinator's rules while the agents arrive: a doctor hello (fresh nonce, this run's
+    token), then the agent's ``d.local`` report."""
+
+    def __init__(self, token: str, nnodes: int, t0: float) -> None:
+        self.endpoint = doctor_endpoint(token, nnodes)
+        self.nonces = NonceCache()
+        self.answered: dict[str, float] = {}
+        self.locals: dict[str, dict[str, Any]] = {}
+
+    def on_hello(self, conn: Conn, msg: dict[str, Any]) -> Any:
+        return check_hello(msg, self.endpoint, self.nonces)
+
+    def on_accept(self, conn: Conn) -> None:
+        assert conn.ident is not None
+        conn.user = conn.ident.host or "?"
+        self.answered[conn.user] = time.monotonic()
+
+    def on_frame(self, conn: Conn, msg: dict[str, Any], data: Any, off: int, end: int) -> None:
+        if msg.get("t") == "d.local" and conn.user not in self.locals:
+            self.locals[conn.user] = msg
+
+    def on_close(self, conn: Conn) -> None:
+        pass
 
 
 @dataclass
@@ -140,85 +167,47 @@ class Coordinator:
         assert self.server is not None
         out = Agents()
         t0 = time.monotonic()
-        hello_deadline = t0 + self.options.timeout
         local_grace = self.options.timeout + 5.0  # the agent's own checks are bounded by --timeout
-        pending: dict[socket.socket, tuple[Link, float]] = {}
-        waiting_local: dict[str, float] = {}
-        sel = selectors.DefaultSelector()
-        sel.register(self.server, selectors.EVENT_READ, "server")
+        gate = _AgentGate(self.token, len(nodes), t0)
+        net = FramedServer(self.server, gate, counters={}, log=self.progress.debug, name="doctor",
+                           limits=Limits(hello_timeout_s=self.options.timeout, max_pending=max(64, 4 * len(nodes))))
         srun_done_at: Optional[float] = None
-        seen_nonces: set[bytes] = set()
 
         def missing() -> list[str]:
-            return [n for n in nodes if n not in out.locals]
+            return [n for n in nodes if n not in gate.locals]
 
         what = f"agents on {len(nodes)} node{'s' if len(nodes) != 1 else ''} (srun step, then their local checks)"
-        with self.progress.waiting(what, local_grace + self.options.timeout):
-            while missing():
-                now = time.monotonic()
-                if self.proc is not None and self.proc.poll() is not None and srun_done_at is None:
-                    srun_done_at = now
-                if srun_done_at is not None and now - srun_done_at > 1.0:
-                    break
-                if now > hello_deadline and not pending and all(
-                        n not in waiting_local or now > waiting_local[n] for n in missing()):
-                    break
-                for key, _ in sel.select(timeout=0.2):
-                    if key.data == "server":
-                        try:
-                            conn, _addr = self.server.accept()
-                        except OSError:
-                            continue
-                        link = Link(conn)
-                        pending[conn] = (link, now)
-                        sel.register(conn, selectors.EVENT_READ, ("hello", link))
-                        continue
-                    stage, link = key.data
-                    link.pump()
-                    if stage == "hello" and link.frames:
-                        hello = link.frames.popleft()
-                        pending.pop(link.sock, None)
-                        nonce = bytes(hello.get("nonce") or b"")
-                        ok = (hello.get("t") == "hello" and hello.get("kind") == HELLO_KIND
-                              and verify_hello_mac(self.token, hello) and nonce not in seen_nonces)
-                        if not ok:
-                            try:
-                                link.send({"t": "refused", "reason": "bad hello"})
-                            except OSError:
-                                pass
-                            sel.unregister(link.sock)
-                            link.close()
-                            continue
-                        seen_nonces.add(nonce)
-                        link.name = str(hello.get("host") or "?")
-                        link.send({"t": "welcome", "v": 1, "server_time": time.time()})
-                        out.answered_after[link.name] = time.monotonic() - t0
-                        waiting_local[link.name] = time.monotonic() + local_grace
-                        sel.modify(link.sock, selectors.EVENT_READ, ("local", link))
-                        self.progress.debug(f"{link.name} connected after {out.answered_after[link.name]:.1f} s")
-                    if stage == "local" and link.frames:
-                        msg = link.frames.popleft()
-                        if msg.get("t") == "d.local":
-                            out.locals[link.name] = msg
-                            out.links[link.name] = link
-                            sel.unregister(link.sock)
-                    if link.closed and link.name not in out.locals:
-                        try:
-                            sel.unregister(link.sock)
-                        except (KeyError, ValueError):
-                            pass
-                        pending.pop(link.sock, None)
-                # a hello that never comes is dropped at the hello deadline
-                for conn, (link, since) in list(pending.items()):
-                    if time.monotonic() > hello_deadline:
-                        sel.unregister(conn)
-                        link.close()
-                        del pending[conn]
-        sel.close()
+        try:
+            with self.progress.waiting(what, local_grace + self.options.timeout):
+                while missing():
+                    now = time.monotonic()
+                    if self.proc is not None and self.proc.poll() is not None and srun_done_at is None:
+                        srun_done_at = now
+                    if srun_done_at is not None and now - srun_done_at > 1.0:
+                        break
+                    hello_over = now > t0 + self.options.timeout
+                    if hello_over and not net.pending and all(
+                            now > gate.answered.get(n, t0) + local_grace for n in missing()):
+                        break
+                    net.step(0.2)
+                    for name in list(gate.answered):
+                        if name not in out.answered_after:
+                            out.answered_after[name] = gate.answered[name] - t0
+                            self.progress.debug(f"{name} connected after {out.answered_after[name]:.1f} s")
+            # the agents that reported: from here on, plain request/response on blocking links
+            for conn in list(net.conns):
+                name = conn.user
+                if name in gate.locals and name not in out.links:
+                    sock, rest = net.detach(conn)
+                    out.links[name] = Link(sock, name, rest)
+                    out.locals[name] = gate.locals[name]
+        finally:
+            for conn in list(net.pending) + list(net.conns):
+                net.close(conn)
+            net.poller.close()
         out.waited_s = time.monotonic() - t0
         for name in missing():
-            if name in out.answered_after:
-                out.answered_after.pop(name)
+            out.answered_after.pop(name, None)
         if missing():
             out.srun_note = self.srun_note()
         return out
@@ -251,7 +240,7 @@ class Coordinator:
                     link.send({"t": "d.clock"})
                 except OSError:
                     break
-                reply = link.recv(time.monotonic() + 2.0)
+                reply = recv_by(link, time.monotonic() + 2.0)
                 t1 = time.time()
                 if not reply or "now" not in reply:
                     break

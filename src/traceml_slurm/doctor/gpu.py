@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..context import Context
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from traceml_core.sdk.samplers.nvml import GpuDevice
@@ -55,7 +56,29 @@ def _nproc(ctx: NodeContext) -> Optional[int]:
     return c.nproc_per_node if c is not None else None
 
 
+def _job_gpu_request(ctx: NodeContext) -> Optional[str]:
+    """What the job asked for in GPUs, from the controller (a shell on the login host has none of
+    the per-node variables); None when the controller cannot be asked."""
+    try:
+        job = ctx.controller().job(str(ctx.job_id))
+    except Exception:  # noqa: BLE001 - no scontrol/pyslurm here, or the controller did not answer
+        return None
+    if job.tres_per_node and "gpu" in job.tres_per_node:
+        return f"{job.tres_per_node} per node"
+    if job.gres_per_node:
+        return "; ".join(f"{h}: {g}" for h, g in sorted(job.gres_per_node.items())[:4])
+    return "no GPUs"
+
+
 def check_count(ctx: NodeContext) -> Outcome:
+    if ctx.context is Context.SALLOC_SHELL:
+        # the login host: no SLURM_GPUS_ON_NODE here, whatever the job asked for
+        asked_text = _job_gpu_request(ctx)
+        request = (f"the job asked for {asked_text} (from the controller)" if asked_text else
+                   "what the job asked for is not in this shell's environment and the controller could not be asked")
+        return skipped(f"this is the salloc shell on {ctx.hostname}, not a node of job {ctx.job_id}: its GPUs say "
+                       f"nothing about the job's; {request}. Check a node of the job with `srun --overlap -N1 "
+                       f"traceml slurm doctor --local`, or drop --local", job_gpus=asked_text)
     asked = ctx.gpus_on_node()
     visible = visible_devices(ctx)
     devices, nvml_error = ctx.nvml_devices()

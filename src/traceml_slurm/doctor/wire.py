@@ -1,11 +1,13 @@
 """Coordinator <-> agent messages, on the framing and hello of ``traceml_core.wire.protocol``.
 
-Each agent connects to the coordinator and sends a protocol-v1 ``hello`` (kind ``"doctor"``) whose
-HMAC proves it knows the doctor's token: a fresh random value the coordinator made and handed to
-the agents in the srun environment (``TRACEML_DOCTOR_TOKEN``), never sent on the wire. The
-coordinator answers ``welcome`` or ``refused`` like the aggregator does. It does not apply the
-hello's clock window: measuring clock skew is one of the checks, so a skewed node must still be
-heard. After that, frames are maps whose ``t`` starts with ``d.``; the coordinator sends one
+The same transport as the rest of TraceML (``traceml_core.wire``): the coordinator listens with the
+framed server, each agent connects with a blocking :class:`~traceml_core.wire.client.Link` and
+sends a ``hello`` (kind and endpoint ``"doctor"``) whose HMAC proves it knows the doctor's token: a
+fresh random value the coordinator made and handed to the agents in the srun environment
+(``TRACEML_DOCTOR_TOKEN``), never sent on the wire. The coordinator answers ``welcome`` or
+``refused`` like every endpoint does, and refuses a replayed hello. It does not apply the hello's
+clock window: measuring clock skew is one of the checks, so a skewed node must still be heard.
+After that, frames are maps whose ``t`` starts with ``d.``; the coordinator sends one
 command at a time to an agent and waits (bounded) for its answer:
 
 =================  ===========================================  =====================================
@@ -29,15 +31,14 @@ coordinator sends  meaning                                      agent answers
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import hmac
 import selectors
-import socket
 import time
 from typing import Any, Iterable, Optional
 
-from traceml_core.wire.protocol import FrameBuffer, ProtocolError, encode
+from traceml_core.wire.auth import Endpoint, make_hello
+from traceml_core.wire.client import Link, LinkError
 
 ENV_ADDR = "TRACEML_DOCTOR_ADDR"
 ENV_TOKEN = "TRACEML_DOCTOR_TOKEN"
@@ -49,71 +50,24 @@ ENV_CLOCK_HOOK = "TRACEML_DOCTOR_TEST_CLOCK_OFFSET"
 HELLO_KIND = "doctor"
 
 
-class Link:
-    """A framed TCP connection with deadlines (monotonic seconds)."""
+def recv_by(link: Link, deadline: float) -> Optional[dict[str, Any]]:
+    """The next frame from ``link``, or None when the deadline passes or the peer closes."""
+    try:
+        return link.recv(max(0.0, deadline - time.monotonic()))
+    except LinkError:
+        return None
 
-    def __init__(self, sock: socket.socket, name: str = "?") -> None:
-        self.sock = sock
-        self.name = name
-        self.buf = FrameBuffer()
-        self.frames: collections.deque[dict[str, Any]] = collections.deque()
-        self.closed = False
 
-    def fileno(self) -> int:
-        return self.sock.fileno()
+def doctor_hello(token: str, *, node: int, host: str) -> dict[str, Any]:
+    return make_hello(token, aud=HELLO_KIND, run=HELLO_KIND, job=None, node=node, rank=node,
+                      kind=HELLO_KIND, host=host)
 
-    def send(self, msg: dict[str, Any]) -> None:
-        self.sock.settimeout(10.0)
-        self.sock.sendall(encode(msg))
 
-    def pump(self) -> None:
-        """Read what is available now (the socket is readable) into ``frames``."""
-        self.sock.settimeout(0.0)
-        try:
-            data = self.sock.recv(1 << 16)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.closed = True
-            return
-        if not data:
-            self.closed = True
-            return
-        try:
-            self.frames.extend(self.buf.feed(data))
-        except ProtocolError:
-            self.closed = True
-
-    def recv(self, deadline: float) -> Optional[dict[str, Any]]:
-        """The next frame, or None when the deadline passes or the peer closes."""
-        while not self.frames:
-            left = deadline - time.monotonic()
-            if left <= 0 or self.closed:
-                return None
-            self.sock.settimeout(left)
-            try:
-                data = self.sock.recv(1 << 16)
-            except socket.timeout:
-                return None
-            except OSError:
-                self.closed = True
-                return None
-            if not data:
-                self.closed = True
-                return None
-            try:
-                self.frames.extend(self.buf.feed(data))
-            except ProtocolError:
-                self.closed = True
-                return None
-        return self.frames.popleft()
-
-    def close(self) -> None:
-        self.closed = True
-        try:
-            self.sock.close()
-        except OSError:
-            pass
+def doctor_endpoint(token: str, nnodes: int) -> Endpoint:
+    """What the coordinator accepts: agents of this doctor run (no clock window: measuring clock
+    skew is one of the checks, so a skewed node must still be heard)."""
+    return Endpoint(aud=HELLO_KIND, run=HELLO_KIND, job=None, keys={HELLO_KIND: token},
+                    nnodes=max(1, nnodes), window_s=None)
 
 
 def gather(links: Iterable[Link], deadline: float) -> dict[str, dict[str, Any]]:
@@ -121,8 +75,8 @@ def gather(links: Iterable[Link], deadline: float) -> dict[str, dict[str, Any]]:
     want = {ln.name: ln for ln in links if not ln.closed}
     got: dict[str, dict[str, Any]] = {}
     for name, ln in list(want.items()):
-        if ln.frames:
-            got[name] = ln.frames.popleft()
+        if ln.ready:
+            got[name] = ln.ready.popleft()
             del want[name]
     if not want:
         return got
@@ -137,8 +91,8 @@ def gather(links: Iterable[Link], deadline: float) -> dict[str, dict[str, Any]]:
             for key, _ in sel.select(timeout=min(left, 0.5)):
                 ln = key.data
                 ln.pump()
-                if ln.frames:
-                    got[ln.name] = ln.frames.popleft()
+                if ln.ready:
+                    got[ln.name] = ln.ready.popleft()
                 if ln.name in got or ln.closed:
                     sel.unregister(ln.sock)
                     del want[ln.name]

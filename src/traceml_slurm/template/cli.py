@@ -55,8 +55,9 @@ def add_template_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
         g = groups[o.group]
         # argparse %-formats help texts: escape the % of Slurm's file name patterns (%x-%j.out)
         text = (o.help + ("" if o.kind == "list" else f" [default: {o.describe_default()}]")).replace("%", "%%")
+        flags = [o.flag] + ([SBATCH_SHORT[o.key]] if o.key in SBATCH_SHORT else [])
         if o.kind == "value":
-            g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None, help=text)
+            g.add_argument(*flags, dest=o.key, metavar=o.metavar or None, default=None, help=text)
         elif o.kind == "list":
             g.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, action="append", default=None, help=text)
         else:
@@ -64,6 +65,27 @@ def add_template_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentPar
     p.add_argument("script", nargs="?", metavar="SCRIPT", help="the training script, relative to the submit directory")
     p.add_argument("script_args", nargs=argparse.REMAINDER, metavar="ARGS", help="arguments for SCRIPT")
     return p
+
+
+#: sbatch's short spellings of the options it shares with the template, accepted as aliases
+#: (sbatch users type `-p short -N 2 -t 1:00:00`); -o stays --out-dir, as it always was
+SBATCH_SHORT = {"partition": "-p", "nodes": "-N", "time": "-t", "account": "-A", "qos": "-q",
+                "constraint": "-C", "job_name": "-J", "cpus_per_task": "-c"}
+
+
+def unknown_option(extra: Sequence[str]) -> str:
+    """One paragraph for flags the template does not know: the closest options, and --help."""
+    import difflib
+
+    flag = next((a for a in extra if a.startswith("-")), extra[0])
+    name = flag.split("=", 1)[0]
+    known = ["--" + o.key.replace("_", "-") for o in TEMPLATE_OPTIONS] + list(PRESENTATION_FLAGS) + \
+        ["--out-dir", "--preset", "--force", "--no-check", "--test-only"]
+    close = difflib.get_close_matches(name, known, n=2, cutoff=0.6)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return (f"traceml slurm template: error: {name} is not an option of the template.{hint} "
+            f"`traceml slurm template --help` lists them (sbatch's -p, -N, -t, -A, -q, -C, -J and -c are "
+            f"accepted; put the training script's own arguments after it).")
 
 
 def regeneration_args(argv: Sequence[str]) -> list[str]:

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from traceml_core.errors import ConfigError
+from traceml_core.errors import ConfigError, show
 
 from .options import BY_KEY, TEMPLATE_OPTIONS, TemplateOption, parse_script
 from .presets import Preset
@@ -110,7 +110,7 @@ def _stem_name(script: str) -> str:
 
 def _fail(option: TemplateOption, raw: Any, source: str, why: str) -> TemplateError:
     where = "" if source == "flag" else f" (from {source})"
-    return TemplateError(f"{option.flag}={raw!r}{where} {why}.", variable=option.flag)
+    return TemplateError(f"{option.flag}={show(raw)}{where} {why}.", variable=option.flag)
 
 
 def resolve_job(given: Mapping[str, Any], preset: Optional[Preset] = None, *, script: Optional[str],

@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from traceml_core import limits
 from traceml_core.options import MODES
 
 from .slurmtime import FORMATS_TEXT, parse_time
@@ -45,8 +46,11 @@ def _nonempty(text: str) -> str:
 
 def _int(lo: int, hi: Optional[int] = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
+        raw = str(text).strip()
         try:
-            value = int(str(text).strip())
+            if len(raw) > 32:
+                raise ValueError
+            value = int(raw)
         except ValueError:
             raise ValueError(f"is not a whole number; use a whole number {_range(lo, hi)}") from None
         if value < lo or (hi is not None and value > hi):
@@ -200,18 +204,18 @@ OPTIONS_GROUPS = {
 TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
     TemplateOption("job_name", "value", _name("job name"), None, "Slurm job name; also names the .sbatch file "
                    "and (with the job id) the run.", "NAME", default_doc="traceml-<script name>"),
-    TemplateOption("nodes", "value", _int(1), 1, "Number of nodes; one `traceml run` launcher per node.", "N"),
-    TemplateOption("gpus_per_node", "value", _int(0), 0, "GPUs on each node: one worker per GPU. 0: a CPU job.",
+    TemplateOption("nodes", "value", _int(1, limits.NODES.hi), 1, "Number of nodes; one `traceml run` launcher per node.", "N"),
+    TemplateOption("gpus_per_node", "value", _int(0, limits.GPUS_PER_NODE.hi), 0, "GPUs on each node: one worker per GPU. 0: a CPU job.",
                    "N"),
     TemplateOption("gpu_type", "value", _name("GPU type"), None,
                    "GPU type for the request (as in `sinfo -o %G`), e.g. a100.", "TYPE"),
     TemplateOption("gpu_request", "value", _choice(GPU_REQUESTS), "gres",
                    "How to ask for GPUs: gres (--gres=gpu:N) or gpus-per-node (--gpus-per-node=N).", "FORM",
                    choices=GPU_REQUESTS),
-    TemplateOption("workers_per_node", "value", _int(1), None, "CPU jobs only: workers per node.", "N",
+    TemplateOption("workers_per_node", "value", _int(1, limits.PROCS_PER_NODE.hi), None, "CPU jobs only: workers per node.", "N",
                    default_doc="the GPUs per node, or 1 in a CPU job"),
-    TemplateOption("cpus_per_task", "value", _int(1), None, "CPU cores for each node's launcher and its workers "
-                   "(--layout=task: for each rank's task).", "N"),
+    TemplateOption("cpus_per_task", "value", _int(1, limits.CPUS_PER_TASK.hi), None, "CPU cores for each node's "
+                   "launcher and its workers (--layout=task: for each rank's task).", "N"),
     TemplateOption("layout", "value", _choice(LAYOUTS), "node",
                    "node: one `traceml run` per node starts a worker per GPU (torchrun); task: one srun task "
                    "per GPU, each task one rank (Lightning's and submitit's layout).", "LAYOUT", choices=LAYOUTS),

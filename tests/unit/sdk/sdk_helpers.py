@@ -60,8 +60,9 @@ class Stopwatch:
 
 def launch_ranks(port: int, script: str, args: list[str], *, world: int = 2,
                  token: str = "test-token", run: str = "test-run", **extra_env: str):
-    """Run ``examples/<script>`` as ``world`` DDP ranks (gloo), each with the environment torchrun
-    and ``traceml run`` would give it; returns [(exit code, stdout, stderr)]; asserts success."""
+    """Run ``examples/<script>`` (or ``script`` itself when it is a path) as ``world`` DDP ranks
+    (gloo), each with the environment torchrun and ``traceml run`` would give it; returns
+    [(exit code, stdout, stderr)]; asserts success."""
     master = free_port()
     procs = []
     for rank in range(world):
@@ -70,7 +71,8 @@ def launch_ranks(port: int, script: str, args: list[str], *, world: int = 2,
             MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master),
             TRACEML_RUN_INFO=run_info_env(port, token=token, run=run), **extra_env,
         )
-        procs.append(subprocess.Popen([PYTHON, str(REPO / "examples" / script), *args], env=env,
+        path = Path(script) if os.sep in script else REPO / "examples" / script
+        procs.append(subprocess.Popen([PYTHON, str(path), *args], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     outs = []
     try:

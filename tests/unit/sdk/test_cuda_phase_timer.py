@@ -195,3 +195,59 @@ def test_cuda_optimizer_span_around_a_closure_is_not_counted_as_optimizer_time()
     (row,) = committed(rec)
     assert (row[C_FWD], row[C_BWD]) == (2_000_000, 4_000_000)
     assert 0 <= row[C_OPT] < row[C_FWD], "host time of the step minus the closure, not 7 ms"
+
+
+def test_communication_resolves_from_events_and_leaves_backward_its_compute():
+    """A DDP backward on the device: buckets ready at 3, 4, 5 ms, their all-reduces done at 4.5,
+    6 and 8 ms (the last one is what backward waits for), then a 1 ms blocking all-reduce."""
+    from traceml_core.sdk.comm import CommAccount
+    from traceml_core.sdk.hotpath import C_COMM, C_COMM_BUS, C_COMM_BUSY, C_COMM_BYTES, C_COMM_CALLS
+
+    dev, rec, timer = setup()
+    rec.cdef, rec.comm = 0, CommAccount()
+    with GpuStepContext(rec):
+        ev = timer.start()
+        dev.clock_ms = 2.0
+        timer.stop(C_FWD, ev)
+        bwd0 = timer.start()
+        holders = []
+        for ready in (3.0, 4.0, 5.0):
+            dev.clock_ms = ready
+            holders.append(timer.comm_bucket(timer.start(), 1000, 1000.0, last=ready == 5.0))
+            rec.cn += 1
+        for holder, end in zip(holders[:2], (4.5, 6.0)):
+            dev.clock_ms = end
+            holder.append(timer.end_event())
+    dev.completed_upto = 10**9
+    timer.drain(rec)
+    assert committed(rec) == [] and timer.pending == 1, "a bucket still in flight holds the row"
+    timer._pending.clear()
+
+    dev.clock_ms = 0.0
+    with GpuStepContext(rec):
+        ev = timer.start()
+        dev.clock_ms = 2.0
+        timer.stop(C_FWD, ev)
+        bwd0 = timer.start()
+        holders = []
+        for ready in (3.0, 4.0, 5.0):
+            dev.clock_ms = ready
+            holders.append(timer.comm_bucket(timer.start(), 1000, 1000.0, last=ready == 5.0))
+            rec.cn += 1
+        for holder, end in zip(holders, (4.5, 6.0, 8.0)):
+            dev.clock_ms = end
+            holder.append(timer.end_event())
+        timer.stop(C_BWD, bwd0)           # backward returns at 8 ms, after the last bucket
+        e = timer.start()
+        dev.clock_ms = 9.0
+        timer.comm_blocking(e, 400, 400.0, 0)
+        rec.cn += 1
+    dev.completed_upto = 10**9
+    timer.drain(rec, final=True)
+    (row,) = committed(rec)
+    ms = 1_000_000
+    assert row[C_COMM] == 4 * ms, "3 ms after the last bucket was ready + the blocking 1 ms"
+    assert row[C_BWD] == 3 * ms, "backward's 6 ms on the device, less its 3 ms wait"
+    assert row[C_COMM_BUSY] == 6 * ms, "3..8 ms (overlapping buckets) and 8..9 ms"
+    assert (row[C_COMM_BYTES], row[C_COMM_BUS], row[C_COMM_CALLS]) == (3400, 3400, 4)
+    assert row[C_FWD] == 2 * ms and timer.fallbacks == 0

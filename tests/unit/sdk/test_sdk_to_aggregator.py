@@ -1,6 +1,6 @@
 """The rank side against the real aggregator: the examples, run as 2-rank DDP jobs on gloo, end in
 the summary verdict they are written to show (no launcher involved: the ranks get the run info a
-launcher would export)."""
+launcher would export, and a real relay carries them to node 0)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from aggpeers import end_node, node
 from sdk_helpers import launch_ranks
 
 pytest.importorskip("traceml_core.aggregator.process")
@@ -23,11 +24,15 @@ def run_example(tmp_path, script, args, world=2, **env):
     settings = AggregatorSettings(run_name=RUN, token=TOKEN, run_dir=tmp_path / "logs" / RUN, port=0,
                                   nnodes=1, nproc_per_node=world, drain_s=0.5, job_id=None)
     agg = start_aggregator(settings)
+    relay = None
     try:
-        agg.connect_control()
-        launch_ranks(agg.port, script, args, world=world, token=TOKEN, run=RUN, **env)
+        relay = node(agg, 0)   # the ranks' route to node 0, as under `traceml run`
+        launch_ranks(relay.port, script, args, world=world, token=TOKEN, run=RUN, **env)
+        end_node(relay, 0)
         result = agg.finish(0)
     finally:
+        if relay is not None:
+            relay.close(1.0)
         if agg.alive():
             agg.kill()
     assert result.summary_json is not None, result

@@ -6,7 +6,6 @@ import time
 
 from traceml_core.sdk.samplers import FakeGpu, FakeNvml, SystemReporter, SystemSampler
 from traceml_core.sdk.samplers.system import visible_gpus_from_env
-from traceml_core.wire.client import TelemetryClient
 from traceml_core.wire.protocol import GPU_FIELDS, SYSTEM_FIELDS
 
 GIB = 1024**3
@@ -58,22 +57,23 @@ def test_the_real_backend_without_a_driver_is_not_an_error(traceml_log):
     s.close()
 
 
-def test_reporter_sends_system_frames_through_a_node_client(sink):
+def test_reporter_sends_system_frames_through_the_relay_to_node_0(rig):
+    """What each node's launcher runs: a reporter feeding its relay's link to the aggregator."""
+    import json
+
     nv = FakeNvml([FakeGpu(util_pct=55, temp_c=66)])
-    client = TelemetryClient("127.0.0.1", sink.port, "test-token", run="test-run", node=0, rank=-1,
-                             kind="node")
-    client.start()
-    assert client.wait_connected(2.0)
-    reporter = SystemReporter(SystemSampler(nv), client.submit, node=0, host="node0",
+    h = rig(nproc_per_node=1)
+    reporter = SystemReporter(lambda: SystemSampler(nv), h.relays[0].submit, node=0, host="node0",
                               interval=0.05).start()
-    assert sink.wait_for(lambda s: len(s.system) >= 3)
+    deadline = time.monotonic() + 10
+    while reporter.frames < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
     reporter.stop()
-    client.close(1.0)
-    frame = sink.system[0]
-    assert frame["node"] == 0 and frame["host"] == "node0"
-    gpu = frame["samples"][0]["gpus"][0]
-    assert gpu["util_pct"] == 55 and gpu["temp_c"] == 66
-    assert sink.ranks[-1].hello["kind"] == "node"
+    s = json.loads(h.finish(0).summary_json.read_text())
+    node = s["system"]["nodes"][0]
+    assert node["node"] == 0 and node["samples"] >= 3
+    gpu = node["gpus"][0]
+    assert gpu["util_pct_mean"] == 55 and gpu["temp_c_max"] == 66
 
 
 def test_one_nvml_layer_serves_the_sampler_and_the_doctor():

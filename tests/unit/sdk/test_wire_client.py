@@ -9,6 +9,7 @@ import threading
 import time
 
 from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.wire.auth import AUTH_FAILED, relay_aud
 from traceml_core.wire.client import TelemetryClient
 from traceml_core.wire.protocol import FrameBuffer, encode
 from traceml_core.wire.sink import SinkServer
@@ -19,8 +20,8 @@ from sdk_helpers import PYTHON, subprocess_env
 def make_client(port, *, token="test-token", run="test-run", source=None, **kw):
     kw.setdefault("backoff_initial", 0.02)
     kw.setdefault("backoff_max", 0.2)
-    return TelemetryClient("127.0.0.1", port, token, run=run, rank=0, kind="rank", world=1,
-                           source=source, **kw)
+    return TelemetryClient("127.0.0.1", port, token, aud=relay_aud(0), run=run, rank=0, kind="rank",
+                           world=1, source=source, **kw)
 
 
 def record_steps(recorder, n):
@@ -36,7 +37,7 @@ def test_round_trip_steps_and_frames(sink):
     client.start()
     assert client.wait_connected(2.0)
     record_steps(rec, 1000)
-    assert client.submit({"t": "system", "node": 0, "host": "h", "samples": [{"ts": 1.0}]})
+    assert client.submit({"t": "event", "rank": 0, "kind": "warning", "text": "w", "ts": 1.0})
     rec.flush_partial()
     assert client.close(2.0, bye={"t": "bye", "rank": 0, "status": "clean", "steps": 1000,
                                   "dropped": 0, "error": None})
@@ -45,7 +46,7 @@ def test_round_trip_steps_and_frames(sink):
     assert sink.wait_for(lambda s: s.ranks[0].bye is not None)
     log = sink.ranks[0]
     assert log.records == 1000 and log.gaps == 0 and log.columns["step"] == list(range(1000))
-    assert len(sink.system) == 1
+    assert [e["text"] for e in log.events] == ["w"]
 
 
 def test_refused_hello_logs_once_and_goes_quiet(traceml_log):
@@ -61,10 +62,10 @@ def test_refused_hello_logs_once_and_goes_quiet(traceml_log):
         assert client.submit({"t": "event", "rank": 0, "kind": "x", "text": "", "ts": 0}) is False
         client.close(0.5)
         st = client.stats()
-        assert st.refused == "the token does not match this run's token" == refusals[0]
+        assert st.refused == AUTH_FAILED == refusals[0]
         assert server.connections == 1, "no retry storm after a refusal"
         lines = [r.getMessage() for r in traceml_log.records if "refused" in r.getMessage()]
-        assert len(lines) == 1 and "the token does not match" in lines[0]
+        assert len(lines) == 1 and "authentication failed" in lines[0] and "TRACEML_TOKEN" in lines[0]
         assert st.records_sent == 0 and st.records_lost == 100 - rec.buffered
     finally:
         server.stop()
@@ -180,17 +181,20 @@ def test_close_is_bounded_when_the_server_stops_reading():
     lsock.close()
 
 
-def test_node_client_sends_system_frames(sink):
-    client = TelemetryClient("127.0.0.1", sink.port, "test-token", run="test-run", node=3, rank=-1,
-                             kind="node")
+def test_requests_from_the_server_reach_the_client_validated(sink):
+    """The downstream path: a ``req`` frame reaches ``on_frame`` checked; a bad one does not."""
+    got = []
+    client = make_client(sink.port, on_frame=got.append)
     client.start()
     assert client.wait_connected(2.0)
-    for i in range(5):
-        assert client.submit({"t": "system", "node": 3, "host": "n3", "samples": [{"ts": float(i)}]})
-    assert client.close(1.0)
-    assert sink.wait_for(lambda s: len(s.system) == 5)
-    assert [f["samples"][0]["ts"] for f in sink.system] == [0.0, 1.0, 2.0, 3.0, 4.0]
-    assert client.stats().frames_sent == 5
+    sink.wait_for(lambda s: bool(s.net.conns))
+    conn = next(iter(sink.net.conns))
+    sink.net.send(conn, {"t": "req", "id": 7, "kind": "counts", "ranks": None, "args": {}})
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert got == [{"t": "req", "id": 7, "kind": "counts", "ranks": None, "args": {}}]
+    client.close(0.5)
 
 
 def test_submit_queue_is_bounded_and_counted():

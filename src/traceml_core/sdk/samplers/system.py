@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from ...wire.protocol import GPU_FIELDS, SYSTEM_FIELDS
 from .nvml import NvmlBackend, NvmlFieldError, NvmlUnavailable, PynvmlBackend
@@ -195,13 +195,14 @@ assert SYSTEM_FIELDS == ("ts", "cpu_pct", "ram_used", "ram_total", "gpus"), \
 class SystemReporter:
     """Samples every ``interval`` s on a daemon thread and hands ``system`` frames to ``send``.
 
-    ``send`` is typically :meth:`TelemetryClient.submit <traceml_core.wire.client.TelemetryClient.submit>`
-    (non-blocking). ``samples_per_frame`` > 1 batches samples to cut frames at scale.
+    What each node's launcher runs: ``send`` is its relay's non-blocking ``submit``. ``sampler``
+    may be a factory, called on the reporter's thread (opening NVML can take a while; it never
+    delays the launcher). ``samples_per_frame`` > 1 batches samples to cut frames at scale.
     """
 
     def __init__(
         self,
-        sampler: SystemSampler,
+        sampler: Union[SystemSampler, Callable[[], SystemSampler]],
         send: Callable[[dict[str, Any]], Any],
         *,
         node: int,
@@ -209,7 +210,8 @@ class SystemReporter:
         interval: float = 1.0,
         samples_per_frame: int = 1,
     ) -> None:
-        self.sampler = sampler
+        self._make = sampler if not isinstance(sampler, SystemSampler) else None
+        self.sampler: Optional[SystemSampler] = sampler if isinstance(sampler, SystemSampler) else None
         self.send = send
         self.node = node
         self.host = host
@@ -227,6 +229,12 @@ class SystemReporter:
         return self
 
     def _run(self) -> None:
+        if self.sampler is None:
+            try:
+                self.sampler = self._make()  # type: ignore[misc]
+            except Exception as exc:  # never let sampling take its host process down
+                log.warning("traceml: no system sampling on this node (%s: %s)", type(exc).__name__, exc)
+                return
         while True:
             try:
                 self._batch.append(self.sampler.sample())
@@ -237,6 +245,7 @@ class SystemReporter:
             if self._stop.wait(self.interval):
                 break
         self._flush()
+        self.sampler.close()
 
     def _flush(self) -> None:
         if not self._batch:

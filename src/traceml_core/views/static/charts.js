@@ -8,6 +8,8 @@
   const COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                   "#17becf", "#7f7f7f", "#bcbd22", "#393b79", "#ad494a", "#637939", "#e7969c"];
   const registry = {};
+  const STEP_INCRS = [];
+  for (let m = 1; m <= 1e9; m *= 10) STEP_INCRS.push(m, 2 * m, 5 * m);
 
   function fmtNum(v) {
     if (v == null || !isFinite(v)) return "";
@@ -61,7 +63,9 @@
         } },
       },
       axes: [
-        { label: opts.xlabel || "", values: (u, vals) => vals.map(fmtNum), size: 42 },
+        // steps are whole numbers: no tick at step 2.5
+        Object.assign({ label: opts.xlabel || "", values: (u, vals) => vals.map(fmtNum), size: 42 },
+                      opts.xlabel === "step" ? { incrs: STEP_INCRS } : {}),
         { label: opts.ylabel || "", values: (u, vals) => vals.map(fmtNum), size: axisSize, labelSize: 20 },
       ],
       series,

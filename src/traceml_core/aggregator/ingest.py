@@ -1,0 +1,265 @@
+"""Frames -> run state: everything the aggregator does with what its peers send, without sockets.
+
+A peer is a *link*: any object standing for one accepted connection (the server passes its
+``Conn``; tests pass plain objects). Links are ``node`` links (a node's relay: carries that node's
+ranks and its launcher's system samples and end) or the ``control`` link (node 0's launcher).
+Frames arrive here already validated (wire/frames.py, at the server's trust boundary), so this
+module only applies them. One rank lifecycle: a rank exists for node 0 between its relay's
+``join`` and ``gone`` (or the end of the relay's link).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Optional
+
+from ..wire.auth import Identity
+from ..wire.protocol import ProtocolError
+from .rankstate import RankState
+from .state import RunState
+
+#: connections one node may hold at once; more is a reconnect storm and the oldest is closed
+MAX_NODE_LINKS = 4
+
+
+class Ingest:
+    def __init__(self, state: RunState, log: Callable[[str], None]) -> None:
+        self.state = state
+        self.log = log
+        #: per node, its open links (normally one: its relay)
+        self.node_links: dict[int, list[Any]] = {}
+        #: per link, the ranks its relay announced and that are not ``gone`` yet
+        self.carried: dict[Any, set[int]] = {}
+        #: per rank, the link that carries it now
+        self.route: dict[int, Any] = {}
+        self.control: Any = None
+        self.control_seen = False
+        self._world_warned = False
+
+    # --- links ---------------------------------------------------------------------------------
+    def node_joined(self, link: Any, ident: Identity, now: float) -> Optional[Any]:
+        """A node's relay connected. Returns an older link of that node to close, if too many."""
+        st = self.state
+        links = self.node_links.setdefault(ident.node, [])
+        evict = None
+        if len(links) >= MAX_NODE_LINKS:
+            st.counters["replaced"] += 1
+            evict = links[0]
+        links.append(link)
+        self.carried[link] = set()
+        st.note_join(ident.node, ident.host, "node", now)
+        ni = st.node(ident.node)
+        ni.connected = True
+        ni.left_at = None
+        if ident.nproc is not None:
+            ni.nproc = ident.nproc
+        delay = now - st.settings.started_at
+        late = delay > st.settings.late_join_s
+        self.log(f"node {ident.node} ({ident.host or '?'}) joined"
+                 + (f" late, {delay:.1f} s after the start" if late else ""))
+        st.dirty = True
+        return evict
+
+    def control_joined(self, link: Any, ident: Identity, now: float) -> Optional[Any]:
+        """Node 0's launcher connected. Returns its previous control link to close, if any."""
+        st = self.state
+        old = self.control if self.control is not None and self.control is not link else None
+        if old is not None:
+            st.counters["replaced"] += 1
+        self.control = link
+        self.control_seen = True
+        st.note_join(0, ident.host, "control", now)
+        st.node(0).connected = True
+        st.dirty = True
+        return old
+
+    def link_closed(self, link: Any, ident: Identity, now: float, *, finishing: bool) -> bool:
+        """A link ended. True when it was the control link (the server decides what that means)."""
+        if ident.kind == "control":
+            if self.control is not link:
+                return False
+            self.control = None
+            self._presence_changed(0, now, finishing)
+            return True
+        for rank in list(self.carried.pop(link, ())):
+            if self.route.get(rank) is link:
+                self._rank_closed(rank, now)
+        links = self.node_links.get(ident.node, [])
+        if link in links:
+            links.remove(link)
+            self._presence_changed(ident.node, now, finishing)
+        return False
+
+    def _presence_changed(self, node: int, now: float, finishing: bool) -> None:
+        """A node is present while any of its links (or, for node 0, the control link) is open;
+        the last one closing before the run's end, without the node's ``bye``, means it was lost."""
+        st = self.state
+        ni = st.node(node)
+        present = bool(self.node_links.get(node)) or (node == 0 and self.control is not None)
+        if present or not ni.connected:
+            return
+        ni.connected = False
+        st.dirty = True
+        if ni.bye is None and st.finish is None and not finishing:
+            ni.left_at = now
+            self.log(f"node {node} ({ni.host or '?'}) left before the run finished")
+
+    def open_ranks(self) -> bool:
+        return bool(self.route)
+
+    def nodes_pending(self) -> list[int]:
+        """Nodes other than 0 whose link is open and whose launcher has not said ``bye`` yet
+        (node 0's launcher drains its relay before it sends ``finish``)."""
+        st = self.state
+        return [n for n, links in self.node_links.items()
+                if n != 0 and links and st.node(n).bye is None]
+
+    # --- frames from a node's relay --------------------------------------------------------------
+    def node_frame(self, link: Any, ident: Identity, msg: dict[str, Any]) -> None:
+        """One validated frame from a node link. A frame about a rank outside the world, or not
+        carried by this link, is a :class:`ProtocolError` (the server counts and skips it)."""
+        t = msg["t"]
+        st = self.state
+        if t == "system":
+            self.system(ident, msg)
+            return
+        rank = msg.get("rank")
+        if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
+            st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
+                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"]}
+            st.dirty = True
+            return
+        if not 0 <= rank < st.settings.world_size:
+            raise ProtocolError(f"relayed {t!r} frame for rank {rank} outside the world")
+        if rank // st.settings.nproc_per_node != ident.node:
+            # a node's link speaks for that node's ranks only (torchrun's static layout)
+            raise ProtocolError(f"relayed {t!r} frame for rank {rank}, not one of node {ident.node}'s")
+        if t == "join":
+            self._join(link, ident, st.rank(rank), msg)
+            return
+        if self.route.get(rank) not in (link, None) and t != "gone":
+            raise ProtocolError(f"relayed {t!r} frame for rank {rank}, which another link carries")
+        rs = st.rank(rank)
+        if t == "steps":
+            st.records += rs.ingest_steps(msg)
+            if rs.pending:
+                st.unflushed.add(rs)
+            rs.last_seen = time.time()
+        elif t == "gone" or t == "dropped":
+            self._loss(rs, msg)
+            if t == "gone" and self.route.get(rank) is link:
+                self.carried.get(link, set()).discard(rank)
+                self._rank_closed(rank, time.time())
+        elif t == "bye":
+            self._rank_bye(rs, msg)
+        elif t == "event":
+            if msg["kind"] == "step_source":
+                rs.step_source = msg["source"]
+            else:
+                rs.note_event(msg["kind"], msg["text"], msg["ts"] or time.time())
+        elif t == "resp":
+            self.resp(rs, msg)
+        st.dirty = True
+
+    def _join(self, link: Any, ident: Identity, rs: RankState, msg: dict[str, Any]) -> None:
+        now = time.time()
+        if rs.node is not None and rs.node != ident.node and rs.connected:
+            raise ProtocolError(f"rank {rs.rank} joined from node {ident.node} while connected "
+                                f"through node {rs.node}")
+        rs.node = ident.node
+        rs.host = msg["host"] or ident.host
+        rs.pid = msg["pid"]
+        rs.local_rank = msg["local_rank"]
+        rs.connected = True
+        if msg["new"] or rs.connections == 0:
+            rs.connections += 1
+        if rs.joined_at is None:
+            rs.joined_at = now
+        rs.last_seen = now
+        old = self.route.get(rs.rank)
+        if old is not None and old is not link:
+            self.carried.get(old, set()).discard(rs.rank)
+        self.route[rs.rank] = link
+        self.carried.setdefault(link, set()).add(rs.rank)
+        self.state.note_join(ident.node, rs.host, "rank", now)
+        self.state.dirty = True
+
+    def _rank_closed(self, rank: int, now: float) -> None:
+        """A rank's connection ended (its relay said ``gone``, or the relay's link closed)."""
+        self.route.pop(rank, None)
+        st = self.state
+        rs = st.ranks.get(rank)
+        if rs is None:
+            return
+        st.flush_rank(rs)
+        rs.connected = False
+        rs.closed_at = now
+        st.dirty = True
+
+    @staticmethod
+    def _loss(rs: RankState, msg: dict[str, Any]) -> None:
+        if msg["relay_dropped"] > rs.relay_dropped:
+            rs.relay_dropped = msg["relay_dropped"]
+        if msg["seq_end"] > rs.relay_seq_end:
+            rs.relay_seq_end = msg["seq_end"]
+        if msg.get("open") is not None:
+            rs.open_bound = msg["open"]
+
+    def _rank_bye(self, rs: RankState, msg: dict[str, Any]) -> None:
+        dropped = msg.get("dropped")
+        if dropped is not None and dropped > rs.client_dropped:
+            rs.client_dropped = dropped
+        self.state.flush_rank(rs)
+        rs.bye = {"status": msg["status"], "steps": msg.get("steps"), "error": msg.get("error"),
+                  "at": time.time(), "fail_step": msg["fail_step"], "fail_in_step": msg["fail_in_step"]}
+
+    def resp(self, rs: RankState, msg: dict[str, Any]) -> None:
+        """A rank's answer to a request (see wire/frames.REQUESTS)."""
+        if msg["kind"] == "counts":
+            rs.counts = dict(msg["data"], at=time.time())
+
+    def system(self, ident: Identity, msg: dict[str, Any]) -> None:
+        if msg["node"] != ident.node:
+            raise ProtocolError(f"system frame for node {msg['node']!r} on node {ident.node}'s link")
+        self.state.node_system(ident.node).ingest(msg.get("host") or ident.host, msg.get("samples"))
+        self.state.dirty = True
+
+    # --- the launcher ----------------------------------------------------------------------------
+    def finish(self, msg: dict[str, Any]) -> None:
+        self.state.finish = {"exit_code": msg.get("exit_code"), "interrupted": msg["interrupted"],
+                             "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
+                             "source": "launcher", "at": time.time(), "workers": msg["workers"],
+                             "oom": msg["oom"]}
+        self.state.dirty = True
+
+    def status(self, checkpoint_s: float) -> dict[str, Any]:
+        """The ``status`` answer to the launcher's ``query``."""
+        st = self.state
+        return {"t": "status",
+                "nodes_joined": sorted(n for n, ni in st.nodes.items() if ni.joined_at is not None),
+                "ranks_connected": len(self.route),
+                "ranks_seen": len(st.ranks), "records": st.records,
+                "nodes_lost": sorted(n for n, ni in st.nodes.items()
+                                     if ni.left_at is not None and ni.bye is None),
+                "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
+                                 if ni.bye is not None
+                                 and ni.bye.get("status") not in ("clean", "interrupted", None)},
+                "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
+                "checkpoint_s": round(checkpoint_s, 4), "refused": st.counters["refused"],
+                "silent": self.silent_ranks()}
+
+    def silent_ranks(self, limit: int = 8) -> list[list[Any]]:
+        """The longest-silent ranks that should still be stepping, for the launcher's hang watchdog:
+        ``[rank, seconds since its last steps frame, records received so far (its step count),
+        node, host]``, longest first. Only ranks that have sent steps, have not said ``bye`` and
+        are still carried by an open link count, so a broken telemetry connection is never
+        mistaken for a hung rank."""
+        now = time.time()
+        out = []
+        for rank in self.route:
+            rs = self.state.ranks.get(rank)
+            if rs is None or rs.bye is not None or rs.received <= 0 or rs.last_seen is None:
+                continue
+            out.append([rs.rank, round(now - rs.last_seen, 3), rs.next_seq, rs.node, rs.host])
+        out.sort(key=lambda x: -x[1])
+        return out[:limit]

@@ -1,0 +1,310 @@
+"""One validator per frame type, applied once, where the frame enters from a peer.
+
+:data:`VALIDATORS` maps each frame type to the function that checks it (and returns it, trimmed
+where a field may be long); :data:`ACCEPTS` says which types each kind of connection may send.
+:func:`validate` is what the servers call at their trust boundary: the relay for a rank's frames,
+the aggregator for a relay's and the launcher's, the client for the server's. Everything after
+that point may rely on the shapes checked here.
+
+Requests (``req``/``resp``, see wire/protocol.py) are one table, :data:`REQUESTS`: a kind, a
+validator of its arguments and one of its answer's ``data``. To add a request kind (e.g. stack
+dumps for a hang autopsy): add a :class:`Request` row here, a responder in
+``traceml_core/sdk/responders.py``, and read the answers where the aggregator collects them
+(``aggregator/ingest.py``, ``Ingest.resp``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
+
+#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
+MAX_VALUE = 1 << 62
+MAX_TEXT = 4000
+MAX_RANKS_IN_REQ = 1 << 20
+
+
+def _int(msg: dict[str, Any], key: str, *, lo: int = 0, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if type(v) is not int or v < lo or v > MAX_VALUE:
+        raise ProtocolError(f"{msg.get('t')}: {key} must be an integer >= {lo}")
+
+
+def _str(msg: dict[str, Any], key: str, limit: int = MAX_TEXT, optional: bool = False) -> None:
+    v = msg.get(key)
+    if v is None and optional:
+        return
+    if not isinstance(v, str):
+        raise ProtocolError(f"{msg.get('t')}: {key} must be a string")
+    if len(v) > limit:
+        msg[key] = v[:limit]
+
+
+_INT_ONLY = {int}
+
+
+def check_columns(cols: Any, n: int) -> None:
+    """Every column of :data:`STEP_COLUMNS` a list of ``n`` integers in -1..MAX_VALUE (C-level
+    passes: the set of element types, ``max``, ``min``; no Python statement per value)."""
+    if type(cols) is not dict:
+        raise ProtocolError("steps: cols must be a map")
+    for name in STEP_COLUMNS:
+        col = cols.get(name)
+        if type(col) is not list or len(col) != n:
+            raise ProtocolError(f"steps: column {name!r} is not a list of {n} values")
+        if not n:
+            continue
+        if set(map(type, col)) != _INT_ONLY:
+            raise ProtocolError(f"steps: column {name!r} holds non-integers")
+        if max(col) > MAX_VALUE or min(col) < -1:
+            raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+
+
+def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "rank")
+    _int(msg, "seq")
+    _int(msg, "n")
+    if msg.setdefault("dropped", 0) is not None:
+        _int(msg, "dropped")
+    _int(msg, "open", optional=True)
+    check_columns(msg.get("cols"), msg["n"])
+    return msg
+
+
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    import json
+
+    if len(text) > 2000:
+        return None
+    try:
+        raw = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+        return None
+    out: dict[str, Any] = {"source": raw["source"]}
+    for key in ("accumulation", "backward_per_step"):
+        v = raw.get(key)
+        if type(v) is int and 0 <= v < 1_000_000:
+            out[key] = v
+    bs = raw.get("backward_steps")
+    if isinstance(bs, list) and len(bs) == 2 and all(type(x) is int and x >= 0 for x in bs):
+        out["backward_steps"] = bs
+    if type(raw.get("forward")) is bool:
+        out["forward"] = raw["forward"]
+    for key in ("framework", "note"):
+        v = raw.get(key)
+        if isinstance(v, str):
+            out[key] = v[:200]
+    return out
+
+
+def check_event(msg: dict[str, Any]) -> dict[str, Any]:
+    """An event; kind ``step_source`` carries how the rank's steps are found (``source``: the
+    checked payload, or None when it is not one)."""
+    _int(msg, "rank")
+    _str(msg, "kind", 64)
+    if msg["kind"] == "step_source":
+        msg["source"] = step_source(msg["text"]) if isinstance(msg.get("text"), str) else None
+    _str(msg, "text", 2000)
+    if type(msg.get("ts")) not in (int, float):
+        msg["ts"] = None
+    return msg
+
+
+#: worker rows a node may report (more are dropped: torchrun reports failures of one node)
+MAX_WORKER_ROWS = 1024
+
+
+def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
+    """The worker report of a node ``bye`` or a ``finish``: ``{"workers": [...], "oom": {...} or
+    None}``; missing fields are empty. Raises ProtocolError for wrong types."""
+    rows = msg.get("workers") or []
+    if type(rows) is not list:
+        raise ProtocolError("workers must be a list")
+    workers = []
+    for w in rows[:MAX_WORKER_ROWS]:
+        if type(w) is not dict:
+            raise ProtocolError("a workers entry must be a map")
+        rank, code = w.get("rank"), w.get("exitcode")
+        if type(rank) is not int or type(code) is not int or rank < 0:
+            raise ProtocolError("workers: rank and exitcode must be integers")
+        sig = w.get("signal")
+        ts = w.get("ts")
+        workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
+                        "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
+                        "signal": sig[:32] if isinstance(sig, str) else None,
+                        "ts": float(ts) if type(ts) in (int, float) else None})
+    oom = msg.get("oom")
+    if oom is not None:
+        if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
+            raise ProtocolError("oom must be a map with an integer kills")
+        limit = oom.get("limit_bytes")
+        src = oom.get("source")
+        oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
+               "source": src[:200] if isinstance(src, str) else None}
+    return {"workers": workers, "oom": oom}
+
+
+def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
+    """A rank's ``bye`` (it has ``rank``), or a node launcher's (no ``rank``: with its worker
+    report, checked and normalised in place)."""
+    if "rank" not in msg:
+        if not isinstance(msg.get("status"), str):
+            msg["status"] = None
+        code = msg.get("exit_code")
+        if code is not None and type(code) is not int:
+            raise ProtocolError("bye: exit_code must be an integer")
+        msg.update(worker_report(msg))
+        return msg
+    _int(msg, "rank")
+    if msg.get("status") not in BYE_STATUSES:
+        raise ProtocolError(f"bye: unknown status {str(msg.get('status'))[:20]!r}")
+    _int(msg, "steps", optional=True)
+    _int(msg, "dropped", optional=True)
+    err = msg.get("error")
+    msg["error"] = err[:MAX_TEXT] if isinstance(err, str) else None
+    fail_step = msg.get("fail_step")
+    msg["fail_step"] = fail_step if type(fail_step) is int and 0 <= fail_step <= MAX_VALUE else None
+    msg["fail_in_step"] = msg.get("fail_in_step") is True
+    return msg
+
+
+def check_join(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "rank")
+    for key, typ in (("local_rank", int), ("pid", int), ("host", str)):
+        if type(msg.get(key)) is not typ:
+            msg[key] = None
+    if msg.get("host"):
+        msg["host"] = msg["host"][:255]
+    msg["new"] = bool(msg.get("new", True))
+    return msg
+
+
+def check_loss(msg: dict[str, Any]) -> dict[str, Any]:
+    """``gone`` and ``dropped``."""
+    _int(msg, "rank")
+    _int(msg, "relay_dropped")
+    _int(msg, "seq_end")
+    _int(msg, "open", optional=True)
+    return msg
+
+
+def check_system(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "node")
+    _str(msg, "host", 255, optional=True)
+    if type(msg.get("samples")) is not list:
+        raise ProtocolError("system: samples must be a list")
+    return msg
+
+
+def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "exit_code", lo=-(1 << 31), optional=True)
+    failed = msg.get("failed_nodes") or []
+    if type(failed) is not list or not all(type(n) is int for n in failed):
+        raise ProtocolError("finish: failed_nodes must be a list of node ranks")
+    msg["failed_nodes"] = failed[:100000]
+    msg["interrupted"] = bool(msg.get("interrupted"))
+    msg["reason"] = str(msg.get("reason") or "")[:500]
+    msg.update(worker_report(msg))
+    return msg
+
+
+def check_plain(msg: dict[str, Any]) -> dict[str, Any]:
+    """Frames whose fields are read with defaults (``query``, ``snapshot``, ``welcome``...)."""
+    return msg
+
+
+# --- requests ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Request:
+    kind: str
+    #: checks ``req["args"]`` (a map) at the rank
+    args: Callable[[dict[str, Any]], None]
+    #: checks ``resp["data"]`` where it enters (the relay)
+    data: Callable[[Any], None]
+    doc: str
+
+
+def _no_args(args: dict[str, Any]) -> None:
+    return None
+
+
+def _counts_data(data: Any) -> None:
+    if type(data) is not dict or not all(type(data.get(k)) is int and data[k] >= 0
+                                         for k in ("produced", "sent", "lost")):
+        raise ProtocolError("resp counts: produced, sent and lost must be non-negative integers")
+
+
+REQUESTS: dict[str, Request] = {
+    "counts": Request("counts", _no_args, _counts_data,
+                      "records the rank produced, handed to the network, and knows it lost"),
+}
+
+
+def check_req(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "id")
+    req = REQUESTS.get(msg.get("kind"))  # type: ignore[arg-type]
+    if req is None:
+        raise ProtocolError(f"req: unknown kind {str(msg.get('kind'))[:20]!r}")
+    ranks = msg.get("ranks")
+    if ranks is not None and (type(ranks) is not list or len(ranks) > MAX_RANKS_IN_REQ
+                              or not all(type(r) is int for r in ranks)):
+        raise ProtocolError("req: ranks must be a list of ranks, or None")
+    args = msg.get("args") or {}
+    if type(args) is not dict:
+        raise ProtocolError("req: args must be a map")
+    req.args(args)
+    msg["args"] = args
+    return msg
+
+
+def check_resp(msg: dict[str, Any]) -> dict[str, Any]:
+    _int(msg, "id")
+    _int(msg, "rank")
+    req = REQUESTS.get(msg.get("kind"))  # type: ignore[arg-type]
+    if req is None:
+        raise ProtocolError(f"resp: unknown kind {str(msg.get('kind'))[:20]!r}")
+    req.data(msg.get("data"))
+    return msg
+
+
+VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "steps": check_steps, "event": check_event, "bye": check_bye, "resp": check_resp,
+    "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
+    "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
+    "end": check_plain,
+}
+
+#: frame types each kind of connection may send (anything else is skipped and counted)
+ACCEPTS: dict[str, frozenset[str]] = {
+    "rank": frozenset(("steps", "event", "bye", "resp")),
+    "node": frozenset(("steps", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    "control": frozenset(("finish", "query", "snapshot", "system")),
+    #: what a client accepts from its server after ``welcome``
+    "down": frozenset(("req", "end")),
+}
+
+
+def validate(kind: str, msg: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """``msg`` checked for a connection of ``kind``; None for a type that kind does not send
+    (skipped and counted by the caller). Raises :class:`ProtocolError` for a malformed frame."""
+    t = msg.get("t")
+    if t not in ACCEPTS[kind]:
+        return None
+    return VALIDATORS[t](msg)  # type: ignore[index]
+
+
+def bind_rank(msg: dict[str, Any], rank: int) -> None:
+    """A rank's frame must be about the rank whose authenticated connection carried it."""
+    r = msg.get("rank", rank)
+    if r != rank:
+        raise ProtocolError(f"{msg.get('t')} for rank {r!r} on rank {rank}'s connection")
+    msg["rank"] = rank

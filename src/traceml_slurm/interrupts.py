@@ -1,0 +1,85 @@
+"""Who sent the SIGTERM that stopped a run: the time limit, scancel, or something else.
+
+Slurm sends SIGTERM both at a job's time limit and on ``scancel`` (and ``srun --kill-on-bad-exit``
+after another task failed, and on preemption), so the signal alone does not say which. In order:
+
+1. the job's end time, when Slurm gives it to the job (``SLURM_JOB_END_TIME``, Slurm 23.02 and
+   later, resolved into the launch config): a signal at or after it is the time limit;
+2. else, or when the signal came before the end time, the controller (``scontrol show job``,
+   2 s at most): ``JobState=TIMEOUT`` is the time limit, ``CANCELLED`` is scancel, and its EndTime
+   stands in for 1 on older Slurm;
+3. else: "scancel or the time limit, could be either", with what is missing.
+
+Only called once, after the workers stopped (it must not delay the summary by more than ~2 s).
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Optional
+
+#: a SIGTERM this close to (or after) the end time is the time limit (Slurm's timer ticks)
+AT_LIMIT_S = 5.0
+#: up to this long before the end, a SIGTERM may be the early warning of `#SBATCH --signal`
+EARLY_SIGNAL_S = 900.0
+#: seconds the controller may take to answer
+CONTROLLER_S = 2.0
+
+_STATES = {
+    "TIMEOUT": "the job reached its time limit (the controller says JobState=TIMEOUT)",
+    "CANCELLED": "the job was cancelled (scancel; the controller says JobState=CANCELLED)",
+    "PREEMPTED": "the job was preempted (the controller says JobState=PREEMPTED)",
+    "NODE_FAIL": "a node of the job failed (the controller says JobState=NODE_FAIL)",
+    "DEADLINE": "the job reached its deadline (the controller says JobState=DEADLINE)",
+}
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
+    """``{"state", "end", "unlimited"}`` from the controller (``end``: StartTime + TimeLimit, the
+    scheduled end; the EndTime it shows is rewritten to the cancel time by scancel), or None when it
+    cannot be asked in time."""
+    if not job_id:
+        return None
+    try:
+        from .doctor.controller import ScontrolBackend
+
+        job = ScontrolBackend(timeout=CONTROLLER_S).job(str(job_id))
+    except Exception:  # noqa: BLE001 - no scontrol in the image, controller down, no answer
+        return None
+    end = job.start_time + job.time_limit_s if job.start_time and job.time_limit_s else None
+    return {"state": job.state, "end": end, "unlimited": job.time_limit_s is None}
+
+
+def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state) -> Optional[str]:
+    if signum != signal.SIGTERM:
+        return None
+    end = config.job_end_time
+    if end is not None and at >= end - AT_LIMIT_S:
+        return f"the job reached its time limit (SLURM_JOB_END_TIME, {_clock(end)})"
+    facts = ask(config.job_id)
+    source = "SLURM_JOB_END_TIME"
+    if facts is not None:
+        for key, words in _STATES.items():
+            if str(facts["state"]).startswith(key):
+                return words
+        if facts.get("unlimited"):
+            return ("the job has no time limit, so not the time limit: scancel, preemption, or srun "
+                    "--kill-on-bad-exit after another task failed")
+        if end is None and facts.get("end") is not None:
+            end, source = facts["end"], "the controller's StartTime + TimeLimit"
+            if at >= end - AT_LIMIT_S:
+                return f"the job reached its time limit ({source}, {_clock(end)})"
+    if end is not None:
+        left = end - at
+        if left <= EARLY_SIGNAL_S:
+            return (f"{left:.0f} s before the job's time limit ({source}, {_clock(end)}): the early warning of "
+                    f"`#SBATCH --signal`, or scancel")
+        return (f"{left / 60:.0f} min before the job's time limit ({source}, {_clock(end)}), so not the time "
+                f"limit: scancel, preemption, or srun --kill-on-bad-exit after another task failed")
+    return ("scancel or the job's time limit (could be either: this Slurm does not give the job its end "
+            "time, SLURM_JOB_END_TIME, and the controller could not be asked)")

@@ -1,0 +1,123 @@
+"""The hang autopsy's two ends without the network in between: real gloo DDP ranks that hang
+(faulty_train.py under plain torchrun, the SDK set up as the launcher sets it up), the node-side
+collector making each rank dump every thread's stack from inside a signal handler, and the
+analysis reading where each rank is stuck.
+
+Two hangs: rank 1 stuck in its own code while rank 0 waits for it in DDP's gradient all-reduce
+(rank 1 "never arrived"); rank 1 in an all_reduce that rank 0 never enters (mismatched
+collectives). The full path through `traceml run` and the aggregator is tested in
+test_hang_autopsy.py and, across two Slurm nodes, in tests/slurm/test_headline_slurm.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import SCRIPT, base_env, free_ports, pid_alive
+
+from traceml_core.launcher.stacks import StackCollector
+from traceml_core.report import hang
+from traceml_core.runinfo import RunInfo
+
+
+def _hung(tmp: Path, fault: str, collector: StackCollector):
+    """Start a 2-rank run with ``fault`` on rank 1 at step 20; return (proc, pids) once both
+    ranks are there (rank 0 past step 19, rank 1 at its fault)."""
+    (tmp / "progress").mkdir()
+    info = RunInfo(run_name="x", job_id=None, nnodes=1, node_rank=0, nproc_per_node=2,
+                   aggregator_host="127.0.0.1", aggregator_port=free_ports(1)[0], token="t" * 32,
+                   connect_wait=0.0, mode="summary", logs_dir=str(tmp), stack_dir=collector.path)
+    env = base_env(tmp / "progress", TRACEML_RUN_INFO=info.to_env())
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+                             f"--master-port={free_ports(1)[0]}", SCRIPT, "--steps", "200",
+                             "--fault", fault, "--fault-rank", "1", "--fault-step", "20",
+                             "--settle", "0"],
+                            env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        steps = {}
+        pids = {}
+        for r in (0, 1):
+            f = tmp / "progress" / f"rank{r}.txt"
+            if f.exists():
+                lines = f.read_text().splitlines()
+                steps[r] = sum(1 for ln in lines if ln.startswith("step"))
+                pids[r] = int(lines[0].split()[1]) if lines and lines[0].startswith("pid") else None
+        if steps.get(1, 0) >= 20 and steps.get(0, 0) >= 20 and all(pids.values()) and len(pids) == 2:
+            time.sleep(1.0)  # rank 0 enters the next collective, rank 1 its fault
+            return proc, pids
+        time.sleep(0.1)
+    proc.kill()
+    raise AssertionError("the ranks never reached step 20")
+
+
+def _stop(proc, pids):
+    for pid in list(pids.values()) + [proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while any(pid_alive(p) for p in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _report(collector, pids):
+    t0 = time.monotonic()
+    dumps = collector.collect(pids)
+    took = time.monotonic() - t0
+    rows = [{"rank": r, "node": 0, "host": "h", "dump": dumps[r], "snapshot": None, "step": None}
+            for r in sorted(dumps)]
+    return hang.build(rows, world=2, silent_s=61, threshold_s=60, threshold_source="test",
+                      at=time.time()), dumps, took
+
+
+@pytest.mark.parametrize("fault", ["hang", "hang-in-collective"])
+def test_each_rank_dumps_and_the_report_says_where(tmp_path, fault):
+    collector = StackCollector()
+    proc, pids = _hung(tmp_path, fault, collector)
+    try:
+        report, dumps, took = _report(collector, pids)
+    finally:
+        _stop(proc, pids)
+        collector.close()
+    print(f"{fault}: stacks of 2 ranks collected in {took:.2f} s")
+    assert took < 2.0, took
+    assert all(d["ok"] for d in dumps.values()), dumps
+    ranks = {a["rank"]: a for a in report["ranks"]}
+    assert ranks[0]["state"] == "collective" and ranks[0]["collective"] in ("ddp_backward", "ddp_bucket")
+    assert ranks[0]["where"].startswith("faulty_train.py:")
+    lines = hang.render(report)
+    if fault == "hang":
+        # rank 1 sleeps in its own code: it never arrived at the all-reduce rank 0 waits in
+        assert ranks[1]["state"] == "running" and ranks[1]["where"].startswith("faulty_train.py:")
+        assert report["culprits"] == [1]
+        assert "rank 1 (node 0, h) never arrived at the collective the others wait in" in report["finding"]
+        assert any("<- never arrived" in ln and ln.lstrip().startswith("rank 1") for ln in lines), lines
+    else:
+        # rank 1 waits in an all_reduce rank 0 never enters: mismatched, nobody singled out of two
+        assert ranks[1]["state"] == "collective" and ranks[1]["collective"] == "all_reduce"
+        assert "different collectives" in report["finding"] and report["culprits"] == []
+    assert all(len(d["text"]) > 0 and "most recent call first" in d["text"] for d in dumps.values())
+
+
+def test_a_rank_that_never_registered_or_is_gone_is_reported(tmp_path):
+    collector = StackCollector()
+    try:
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        out = collector.collect({0: sleeper.pid, 1: 2 ** 22 + 7})
+        sleeper.kill()
+        sleeper.wait()
+    finally:
+        collector.close()
+    assert not out[0]["ok"] and "registered no stack dump" in out[0]["error"]
+    assert not out[1]["ok"]

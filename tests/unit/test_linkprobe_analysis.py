@@ -1,0 +1,68 @@
+"""Naming the slow node from probe transfers (pure analysis; the measuring is tested on the cluster)."""
+
+from __future__ import annotations
+
+from traceml_core.linkprobe.analysis import Pair, analyse, schedule
+
+GB = 10**9
+
+
+def measure(nnodes: int, send_gbps: dict[int, float], recv_gbps: dict[int, float] | None = None,
+            fast: float = 2.0):
+    """Pairs of the real schedule: a pair goes as fast as the slower of its sender's egress and
+    its receiver's ingress."""
+    recv_gbps = recv_gbps or {}
+    pairs = []
+    for rnd in schedule(nnodes):
+        for s, d in rnd:
+            rate = min(send_gbps.get(s, fast), recv_gbps.get(d, fast))
+            pairs.append(Pair(s, d, nbytes=GB // 10, seconds=(GB // 10) / (rate * GB)))
+    return pairs
+
+
+HOSTS = ["n0", "n1", "n2", "n3"]
+
+
+def test_schedule_sends_each_node_to_two_peers():
+    assert schedule(1) == []
+    assert schedule(2) == [[(0, 1)], [(1, 0)]]
+    rounds = schedule(4)
+    assert rounds == [[(0, 1), (1, 2), (2, 3), (3, 0)], [(0, 3), (1, 0), (2, 1), (3, 2)]]
+    for n in range(4):
+        assert len({d for r in rounds for s, d in r if s == n}) == 2
+        assert len({s for r in rounds for s, d in r if d == n}) == 2
+
+
+def test_a_node_with_slow_egress_is_named_among_three():
+    out = analyse(measure(3, {1: 0.0125}), HOSTS[:3], bytes_per_pair=GB // 10, seconds=3.0)
+    slow = out["slow_node"]
+    assert slow == {"node": 1, "host": "n1", "gbps": 0.0125, "others_gbps": 2.0,
+                    "direction": "send", "ratio": 0.0063}
+    assert [n["gbps"] for n in out["nodes"]] == [2.0, 0.0125, 2.0]
+    assert [n["recv_gbps"] for n in out["nodes"]] == [2.0, 2.0, 2.0], "each receiver had a fast peer"
+    assert out["slow_link"] is None and len(out["pairs"]) == 6
+
+
+def test_a_node_with_slow_ingress_is_named_for_receiving():
+    out = analyse(measure(4, {}, {3: 0.1}), HOSTS, bytes_per_pair=GB // 10, seconds=3.0)
+    assert out["slow_node"]["node"] == 3 and out["slow_node"]["direction"] == "receive"
+
+
+def test_equal_links_name_nobody():
+    out = analyse(measure(4, {0: 1.9, 1: 2.1, 2: 1.6, 3: 2.0}), HOSTS, bytes_per_pair=1, seconds=1.0)
+    assert out["slow_node"] is None and out["slow_link"] is None
+
+
+def test_two_nodes_name_the_slow_direction_not_a_node():
+    out = analyse(measure(2, {1: 0.0125}), HOSTS[:2], bytes_per_pair=GB // 10, seconds=2.0)
+    assert out["slow_node"] is None
+    assert out["slow_link"] == {"src": 1, "dst": 0, "src_host": "n1", "dst_host": "n0",
+                                "gbps": 0.0125, "others_gbps": 2.0}
+
+
+def test_failed_transfers_are_reported_not_counted_as_slow():
+    pairs = measure(3, {})
+    pairs[1] = Pair(1, 2, error="connection refused")
+    out = analyse(pairs, HOSTS[:3], bytes_per_pair=1, seconds=1.0)
+    assert out["pairs"][1]["gbps"] is None and out["pairs"][1]["error"] == "connection refused"
+    assert out["slow_node"] is None

@@ -1,0 +1,92 @@
+"""Words that fit the context (issue 15): hints that name the fix for where a value came from."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from traceml_core.aggregator.server import port_clash_hint
+from traceml_core.aggregator.settings import AggregatorSettings
+from traceml_core.config import resolve
+from traceml_core.errors import ConfigError
+from traceml_slurm.environment import SlurmEnvironment
+from traceml_slurm.interrupts import explain
+
+SLURM = [SlurmEnvironment]
+
+
+def _settings(**kw) -> AggregatorSettings:
+    return AggregatorSettings(run_name="r", token="t", run_dir=Path("/nonexistent"), **kw)
+
+
+def test_the_port_clash_hint_fits_where_the_port_came_from():
+    outside = port_clash_hint(_settings(port_source="default"))
+    assert "job-derived" not in outside and "--standalone" in outside and "--aggregator-port" in outside
+    derived = port_clash_hint(_settings(port_source="slurm:SLURM_JOB_ID", job_id="7", nnodes=2))
+    assert "1,024" in derived and "same on every node" in derived
+    flag = port_clash_hint(_settings(port_source="--aggregator-port"))
+    assert "default (29765)" in flag and "job-derived" not in flag
+    flag_in_job = port_clash_hint(_settings(port_source="--aggregator-port", job_id="7"))
+    assert "job-derived port" in flag_in_job
+
+
+def test_a_stale_slurm_job_id_on_a_laptop_names_cluster_none():
+    with pytest.raises(ConfigError) as err:
+        resolve({}, {"SLURM_JOB_ID": "12345"}, SLURM)
+    msg = str(err.value)
+    assert "leftover" in msg and "--cluster=none" in msg and "\n" not in msg
+    c = resolve({"cluster": "none"}, {"SLURM_JOB_ID": "12345"}, SLURM)
+    assert c.cluster == "none" and c.job_id is None
+
+
+def test_a_real_salloc_shell_still_says_salloc_and_offers_cluster_none():
+    env = {"SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_JOB_NUM_NODES": "2", "SLURM_NNODES": "2"}
+    with pytest.raises(ConfigError) as err:
+        resolve({}, env, SLURM)
+    assert "salloc shell on the login host" in str(err.value) and "--cluster=none" in str(err.value)
+
+
+class _Cfg:
+    job_id = "5"
+    job_end_time = 1_800_000_000.0
+
+
+@pytest.mark.parametrize("at,facts,words", [
+    (1_800_000_020.0, None, "the job reached its time limit (SLURM_JOB_END_TIME"),
+    (1_800_000_000.0 - 60, {"state": "CANCELLED", "end": None, "unlimited": False}, "cancelled (scancel"),
+    (1_800_000_000.0 - 60, None, "60 s before the job's time limit"),
+    (1_800_000_000.0 - 6000, None, "so not the time limit"),
+])
+def test_who_sent_the_sigterm_from_the_end_time_or_the_controller(at, facts, words):
+    assert words in explain(_Cfg(), signal.SIGTERM, at, ask=lambda job: facts)
+
+
+def test_without_an_end_time_the_controller_decides_or_it_could_be_either():
+    cfg = _Cfg()
+    cfg.job_end_time = None
+    timeout = {"state": "TIMEOUT", "end": 100.0, "unlimited": False}
+    assert "reached its time limit" in explain(cfg, signal.SIGTERM, 100.0, ask=lambda j: timeout)
+    scancel = {"state": "COMPLETING", "end": None, "unlimited": True}
+    assert "no time limit, so not the time limit: scancel" in explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: scancel)
+    either = explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: None)
+    assert "could be either" in either and "time limit" in either and "scancel" in either
+    assert explain(cfg, signal.SIGINT, 1.0, ask=lambda j: None) is None
+
+
+def _template(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "traceml_core.cli", "slurm", "template", *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_template_takes_sbatch_short_options_and_names_a_misspelt_one():
+    out = _template("-p", "short", "-N", "2", "--no-check", "--print", "train.py")
+    assert out.returncode == 0, out.stderr
+    assert any(line.split()[:2] == ["partition", "short"] for line in out.stdout.splitlines()), out.stdout
+    bad = _template("--prtition", "short", "train.py")
+    assert bad.returncode == 2 and "usage: traceml slurm [-h]" not in bad.stderr
+    assert "--prtition is not an option of the template. Did you mean --partition" in bad.stderr
