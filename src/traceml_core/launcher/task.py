@@ -98,7 +98,7 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             f"{config.master_addr}:{config.master_port}, aggregator {config.aggregator_host}:"
             f"{config.aggregator_port}")
 
-    telemetry = NodeTelemetry(config, token.value)
+    telemetry = NodeTelemetry(config, token)
     port = relay_port(config)
     started = time.time()
     sup: Optional[Supervisor] = None
