@@ -16,8 +16,9 @@ TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-ta
 
 
 def _job(script: str) -> str:
+    """What a user writes: no flags, no token (each task derives the job's token from the
+    per-user secret, as the node layout's launchers do)."""
     return f"""#!/bin/bash
-export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 srun --kill-on-bad-exit=1 traceml run {script}
 """
 
@@ -36,22 +37,12 @@ def _assert_four_ranks_on_two_nodes(data: dict, steps: int, source: str) -> None
     assert data["verdict"]["kind"] not in ("no_steps", "run_failed") and data["verdict"]["why"]
 
 
-def test_one_task_per_gpu_uninstrumented_ddp(slurm_cluster, tmp_path):
-    env = job_env(tmp_path, PLAIN_STEPS="30")
-    job, state, out = slurm_cluster.run_job(_job(f"{SCRIPTS}/plain_ddp.py"), *TWO_BY_TWO, timeout=180, env=env)
-    assert state == "COMPLETED", out
-    data = summary(tmp_path)
-    assert data["run"]["status"] == "completed", out
-    _assert_four_ranks_on_two_nodes(data, 30, "inferred")
-    assert data["run"]["name"].endswith(f"-{job}")
-    assert "TraceML summary" in out and "4 clean" in out
-    assert out.count("TraceML summary") == 1, "one summary, printed by rank 0's task"
-    assert "torch.distributed.run" not in out
-
-
-def test_one_task_per_gpu_lightning(slurm_cluster, tmp_path):
+def test_one_task_per_gpu_lightning_with_zero_flags(slurm_cluster, tmp_path):
+    """One job (CI minutes) for the layout's promises: 4 srun tasks on 2 nodes are 4 ranks with
+    no torchrun, Lightning's steps from its hooks, one summary naming both nodes, printed once."""
     pytest.importorskip("lightning")
     env = job_env(tmp_path, ZC_STEPS="25", ZC_NODES="2", ZC_DEVICES="2", PYTHONWARNINGS="ignore")
+    env.pop("TRACEML_TOKEN", None)
     job, state, out = slurm_cluster.run_job(_job(f"{SCRIPTS}/lightning_ddp.py"), *TWO_BY_TWO, timeout=240,
                                             env=env)
     assert state == "COMPLETED", out
@@ -59,6 +50,10 @@ def test_one_task_per_gpu_lightning(slurm_cluster, tmp_path):
     assert data["run"]["status"] == "completed", out
     _assert_four_ranks_on_two_nodes(data, 25, "lightning")
     assert "lightning: optimizer steps 25" in out
+    assert data["run"]["name"].endswith(f"-{job}")
+    assert "TraceML summary" in out and "4 clean" in out
+    assert out.count("TraceML summary") == 1, "one summary, printed by rank 0's task"
+    assert "torch.distributed.run" not in out
 
 
 def test_tasks_that_do_not_match_the_gpus_are_refused(slurm_cluster, tmp_path):
