@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
-from ..config import LaunchConfig
+from ..config import TASK_LAYOUT, LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
 from ..views import start_view
 from .supervise import Supervisor, log
@@ -64,6 +64,11 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     """Run one node of the job; returns the launcher's exit status. ``torchrun_args``: torchrun
     flags passed on from the command line (runargs.py); ``module``/``no_python`` are torchrun's
     ``--module``/``--no-python``, already among them."""
+    if config.layout == TASK_LAYOUT:   # this process is one rank (one srun task per GPU)
+        from .task import launch_task
+
+        return launch_task(config, script, script_args, environ, torchrun_args=torchrun_args,
+                           module=module, no_python=no_python)
     environ = os.environ if environ is None else environ
     # pre-flight, step 1 (cheap): the script exists; nothing has started yet
     check_script(script, module=module, no_python=no_python)
@@ -143,7 +148,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             aggregator_host=relay.host if relay is not None else "127.0.0.1",
             aggregator_port=relay.port if relay is not None else 0, token=token.value,
             connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
-            logs_dir=config.logs_dir, auto_steps=config.auto_steps)
+            logs_dir=config.logs_dir, auto_steps=config.auto_steps, stack_dir=telemetry.stacks.path)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}
         fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()
@@ -158,6 +163,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         sup.signal_now(signal.SIGKILL)
         sup.wait()
         sup.restore()
+        telemetry.stacks.close()
         raise
     finally:
         if view:
@@ -183,6 +189,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason, report=report)
     finally:
         sup.restore()
+        telemetry.stacks.close()
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
