@@ -66,21 +66,6 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
     assert time.monotonic() - t0 < 60
 
 
-def test_pinned_aggregator_host_and_bind_host(slurm_cluster, tmp_path):
-    ip = slurm_cluster.node_ip("node1")
-    script = f"""#!/bin/bash
-export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 50 \\
-  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
-"""
-    job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
-                                            timeout=120, env=job_env(tmp_path))
-    assert state == "COMPLETED", out
-    data = summary(tmp_path)
-    assert data["topology"]["nodes_joined"] == 2 and data["telemetry"]["records_received"] == 2 * 50
-    assert f"aggregator {ip}:29800" in out
-
-
 def _wait_for_records(state_file: Path, timeout: float) -> None:
     """Until the aggregator's checkpoint holds step records (the link probe and the workers'
     start-up are over)."""
@@ -135,10 +120,14 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 
 
 def test_time_limit_writes_interrupted_summary(slurm_cluster, tmp_path):
-    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait."""
+    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait.
+    The same job pins the aggregator's host, bind address and port to node 1's IP (flags beat
+    what Slurm gives): node 2's rank reaches it there."""
+    ip = slurm_cluster.node_ip("node1")
     script = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limit
+srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limit \\
+  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
 """
     job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1",
                                             "--time=1", *SMALL, timeout=200, env=job_env(tmp_path))
@@ -149,3 +138,5 @@ srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limi
     assert "interrupted by SIGTERM: the job reached its time limit" in data["run"]["reason"], data["run"]
     assert data["topology"]["nodes_joined"] == 2
     assert data["telemetry"]["records_received"] > 0
+    assert f"aggregator {ip}:29800" in out
+    assert all(r["telemetry"]["received"] > 0 for r in data["ranks"]), data["ranks"]
