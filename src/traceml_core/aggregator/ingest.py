@@ -47,6 +47,7 @@ class Ingest:
             evict = links[0]
         links.append(link)
         self.carried[link] = set()
+        rejoin = st.node(ident.node).joined_at is not None
         st.note_join(ident.node, ident.host, "node", now)
         ni = st.node(ident.node)
         ni.connected = True
@@ -54,8 +55,8 @@ class Ingest:
         if ident.nproc is not None:
             ni.nproc = ident.nproc
         delay = now - st.settings.started_at
-        late = delay > st.settings.late_join_s
-        self.log(f"node {ident.node} ({ident.host or '?'}) joined"
+        late = delay > st.settings.late_join_s and not rejoin
+        self.log(f"node {ident.node} ({ident.host or '?'}) " + ("joined again" if rejoin else "joined")
                  + (f" late, {delay:.1f} s after the start" if late else ""))
         st.dirty = True
         return evict
@@ -141,6 +142,8 @@ class Ingest:
             raise ProtocolError(f"relayed {t!r} frame for rank {rank}, which another link carries")
         rs = st.rank(rank)
         if t == "steps":
+            if msg.get("open") is not None:
+                rs.last_open = msg["open"]
             st.records += rs.ingest_steps(msg)
             if rs.pending:
                 st.unflushed.add(rs)
@@ -170,6 +173,8 @@ class Ingest:
         rs.host = msg["host"] or ident.host
         rs.pid = msg["pid"]
         rs.local_rank = msg["local_rank"]
+        if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
+            rs.relay_seq_end = msg["seq_end"]  # a re-announce: how far the rank's records went
         rs.connected = True
         if msg["new"] or rs.connections == 0:
             rs.connections += 1
