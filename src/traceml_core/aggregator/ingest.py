@@ -35,6 +35,7 @@ class Ingest:
         self.control: Any = None
         self.control_seen = False
         self._world_warned = False
+        self._linked: set[int] = set()
 
     # --- links ---------------------------------------------------------------------------------
     def node_joined(self, link: Any, ident: Identity, now: float) -> Optional[Any]:
@@ -47,7 +48,10 @@ class Ingest:
             evict = links[0]
         links.append(link)
         self.carried[link] = set()
-        rejoin = st.node(ident.node).joined_at is not None
+        # a node seen on a link before (this process, or the checkpoint it resumed from)
+        rejoin = ident.node in self._linked or any(
+            n.get("node") == ident.node and n.get("joined_at") for n in (st.base or {}).get("nodes", []))
+        self._linked.add(ident.node)
         st.note_join(ident.node, ident.host, "node", now)
         ni = st.node(ident.node)
         ni.connected = True
