@@ -36,6 +36,7 @@ def plan(quick: bool) -> list[tuple[str, str, list[str]]]:
     return [
         ("cli", "cli_latency.py", ["--reps", "5" if quick else "10"]),
         ("step", "step_overhead.py", ["--quick"] if quick else []),
+        ("comm", "comm_overhead.py", ["--quick"] if quick else []),
         ("fast", "fast_steps.py", ["--relay"] + (["--quick"] if quick else [])),
         ("ingest", "aggregator_ingest.py",
          ["--ranks", "1,64,512" if quick else "1,64,512,4096", "--records", "5",
@@ -69,6 +70,9 @@ def headline(results: dict[str, Any]) -> list[tuple[str, str, str, Optional[bool
     v = _get(results, "step", "median_step", "overhead_us")
     add("trace_step overhead per step (CPU, tiny MLP)", v, lambda x: f"{x:.2f} us", "<= 5 us",
         v is not None and v <= 5.0)
+    c = _get(results, "comm", "world_1", "comm-on - comm-off, median step", "per_bucket_us")
+    add("communication timing per DDP bucket (1 rank, 8 buckets)", c, lambda x: f"{x:+.1f} us",
+        "a few us per bucket", c is not None and c <= 10.0)
     fast = results.get("fast")
     paced = _get(fast, "paced", "ranks")
     relayed = _get(fast, "paced+relay", "ranks")

@@ -46,11 +46,12 @@ OTHER_VARIABLES = {
     "TRACEML_DOCTOR_OPTS": ("internal", "Set by `traceml slurm doctor` for its agents: the doctor's options."),
     "TRACEML_DOCTOR_TEST_CLOCK_OFFSET": ("tests", "Test hook of the doctor's clock-skew check (`node2=400` adds 400 s "
                                          "to node2's clock reading). Nothing else reads it."),
+    "TRACEML_TEST_DDP_COMM_HOOK": ("tests", "Test hook of the communication timing: `1` times DDP models on CPU "
+                                   "with TraceML's comm hook, the path CUDA models take, so its logic is "
+                                   "tested without a GPU. Nothing else reads it."),
     "TRACEML_AGENT_FD": ("internal", "Set by the launcher for its torchrun process: the file descriptor of the "
                          "private socket over which it reports the pre-flight check of the workers' Python and "
                          "waits for the go. Removed from the environment before the workers start."),
-    "TRACEML_TEST_DDP_COMM_HOOK": ("tests", "Test hook of the SDK's communication timing: `1` takes the CUDA models' "
-                                   "comm-hook path on CPU too. Nothing else reads it."),
     "TRACEML_RUN_INFO": ("internal", "Set by the launcher for its workers: JSON with the run name, ranks, the "
                          "aggregator's address and the token. `traceml.init()` reads it once. Do not set it."),
 }

@@ -58,3 +58,16 @@ def test_live_snapshot_benchmark_runs():
     out = _run("live_snapshot.py", "--ranks", "2", "--requests", "5", "--warmup-s", "0.5")
     kinds = [line.split()[0] for line in out.splitlines()[2:]]
     assert kinds == ["plain", "series", "verdict"], out
+
+
+def test_comm_benchmark_runs_side_by_side():
+    out = _run("comm_overhead.py", "--steps", "4", "--reps", "3")
+    rows = [line.split()[0] for line in out.splitlines()
+            if len(line.split()) == 3 and line.split()[1].replace(".", "").isdigit()]
+    assert rows == ["untraced", "comm-off", "comm-on"] * 2, out     # two ranks, then one
+    assert "per bucket" in out and "explicit dist.all_reduce" in out
+
+
+def test_step_overhead_variants_run():
+    out = _run("step_overhead.py", "--steps", "10", "--reps", "2", "--variants", "traced,closures,comm-off")
+    assert "closures - traced" in out and "comm-off - traced" in out, out

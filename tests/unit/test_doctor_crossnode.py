@@ -103,3 +103,35 @@ def test_aggregator_verdict_per_node():
     assert "summary has none from it" in out["node4"].observed
     down = X.aggregator({"ok": False, "error": "port 29765 is in use"}, {}, {}, {"node1": 0, "node2": 1}, "node1")
     assert all(o.status is Status.FAIL and "could not start the aggregator" in o.observed for o in down.values())
+
+
+def test_link_probe_names_the_slow_node_with_its_pairs():
+    from traceml_core.linkprobe.analysis import Pair, analyse, schedule
+
+    rates = {0: 2.0, 1: 0.0125, 2: 1.8}      # node2 (index 1) sends at 100 Mbit/s
+    pairs = [Pair(s, d, nbytes=10**8, seconds=10**8 / (min(rates[s], 2.0) * 1e9))
+             for rnd in schedule(3) for s, d in rnd]
+    names = ["node1", "node2", "node3"]
+    out = X.link_bandwidth(analyse(pairs, names, bytes_per_pair=10**8, seconds=2.0), names)
+    assert out["node2"].status is Status.FAIL
+    assert "slow link: sending at 0.0125 GB/s" in out["node2"].observed
+    assert "to node3 0.0125 GB/s, to node1 0.0125 GB/s" in out["node2"].observed
+    assert "ethtool" in out["node2"].fix
+    assert out["node1"].status is Status.PASS and out["node3"].status is Status.PASS
+    assert len(out["node1"].data["pairs"]) == 4        # its two sends and two receives
+
+
+def test_link_probe_with_two_nodes_warns_on_both_ends():
+    from traceml_core.linkprobe.analysis import Pair, analyse
+
+    pairs = [Pair(0, 1, nbytes=10**8, seconds=0.05), Pair(1, 0, nbytes=10**7, seconds=0.8)]
+    out = X.link_bandwidth(analyse(pairs, ["a", "b"], bytes_per_pair=10**8, seconds=1.0), ["a", "b"])
+    assert out["a"].status is Status.WARN and out["b"].status is Status.WARN
+    assert "the link b -> a runs at 0.0125 GB/s" in out["a"].observed
+
+
+def test_link_probe_that_could_not_run_fails_with_the_reason():
+    from traceml_core.linkprobe.analysis import failed as probe_failed
+
+    out = X.link_bandwidth(probe_failed("only 1 of 3 nodes' launchers answered the probe"), ["a", "b", "c"])
+    assert all(o.status is Status.FAIL and "only 1 of 3" in o.observed for o in out.values())

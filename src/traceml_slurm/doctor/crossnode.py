@@ -25,6 +25,7 @@ CROSS: tuple[tuple[str, str], ...] = (
     ("cross.gloo-allreduce", "gloo all-reduce across nodes"),
     ("cross.aggregator", "Node 0's aggregator hears every node"),
     ("cross.nccl-bandwidth", "NCCL all-reduce bandwidth"),
+    ("cross.link-bandwidth", "TCP bandwidth between the nodes (link probe)"),
 )
 
 Facts = Mapping[str, Mapping[str, Any]]
@@ -314,6 +315,59 @@ def nccl_bandwidth(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Outcom
         rows = data["sizes"]
         line = ", ".join(f"{row['bytes'] >> 20} MiB: {row['busbw_gbs']:.1f} GB/s" for row in rows)
         out[node] = passed(f"bus bandwidth {line}", **data)
+    return out
+
+
+def link_bandwidth(probe: Mapping[str, Any], names: list[str]) -> dict[str, Outcome]:
+    """The link probe between the agents (traceml_core.linkprobe), one outcome per node: its best
+    send and receive rates and the transfers behind them (a node-pair table); the node the probe
+    names as much slower than the others fails; with two nodes a slow direction warns on both
+    ends (either could be at fault)."""
+    if probe.get("error"):
+        return {n: failed(f"the probe could not run: {probe['error']}",
+                          "Check that the nodes reach each other over TCP (cross.ports-reachable) "
+                          "and that no firewall drops connections between them.") for n in names}
+
+    def name(i: Optional[int]) -> str:
+        return names[i] if i is not None and 0 <= i < len(names) else f"node {i}"
+
+    def rate(v: Optional[float]) -> str:
+        return "-" if v is None else f"{v:.3g} GB/s"
+
+    pairs = probe.get("pairs") or []
+    slow, link = probe.get("slow_node"), probe.get("slow_link")
+    out: dict[str, Outcome] = {}
+    for nd in probe.get("nodes") or []:
+        i = nd["node"]
+        sends = ", ".join(f"to {name(p['dst'])} {rate(p['gbps'])}" + (f" ({p['error']})" if p.get("error") else "")
+                          for p in pairs if p["src"] == i)
+        gets = ", ".join(f"from {name(p['src'])} {rate(p['gbps'])}" for p in pairs if p["dst"] == i)
+        line = f"sends {rate(nd['gbps'])} ({sends}); receives {rate(nd['recv_gbps'])} ({gets})"
+        table = [p for p in pairs if i in (p["src"], p["dst"])]
+        if slow and slow["node"] == i:
+            verb = "sending" if slow["direction"] == "send" else "receiving"
+            out[name(i)] = failed(
+                f"slow link: {verb} at {rate(slow['gbps'])}, under half of the other nodes' "
+                f"{rate(slow['others_gbps'])}; {line}",
+                f"Check {name(i)}'s network: NIC speed and errors (ethtool, ip -s link), a rate "
+                "limit or a 1 GbE fallback, and that traffic between the nodes takes the fast "
+                "interface; every all-reduce of the job runs at this node's pace.",
+                pairs=table, gbps=nd["gbps"], recv_gbps=nd["recv_gbps"])
+        elif link and i in (link["src"], link["dst"]):
+            out[name(i)] = warned(
+                f"the link {name(link['src'])} -> {name(link['dst'])} runs at {rate(link['gbps'])}, "
+                f"the other way at {rate(link['others_gbps'])}; {line}",
+                "With two nodes either end could be at fault: check both nodes' NICs (ethtool, "
+                "ip -s link) and the route between them.", pairs=table, gbps=nd["gbps"],
+                recv_gbps=nd["recv_gbps"])
+        elif nd["gbps"] is None and nd["recv_gbps"] is None:
+            out[name(i)] = failed(f"no transfer to or from this node worked; {line}",
+                                  f"Check that {name(i)} accepts TCP connections from the other nodes.",
+                                  pairs=table)
+        else:
+            out[name(i)] = passed(line, pairs=table, gbps=nd["gbps"], recv_gbps=nd["recv_gbps"])
+    for n in names:
+        out.setdefault(n, skipped("not part of the probe (did not answer)"))
     return out
 
 
