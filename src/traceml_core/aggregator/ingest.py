@@ -180,7 +180,9 @@ class Ingest:
         if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
             rs.relay_seq_end = msg["seq_end"]  # a re-announce: how far the rank's records went
         rs.connected = True
-        if msg["new"] or rs.connections == 0:
+        # a re-announce (new false) is no new connection, unless this is the first this process
+        # and the checkpoint it resumed from know of the rank (its join died with a predecessor)
+        if msg["new"] or (rs.connections == 0 and rs.joined_at is None):
             rs.connections += 1
         if rs.joined_at is None:
             rs.joined_at = now

@@ -348,7 +348,11 @@ class Relay(Handler):
         the previous link closed), then the losses it has not been told of."""
         frames: list[Union[dict[str, Any], bytes]] = []
         for lane in sorted(list(self._lanes.values()), key=lambda ln: ln.rank):
-            if lane.conn is not None or lane.items:
+            # a lane whose (new) join still waits in its queue is announced by that join: a
+            # re-announce ahead of it would count the rank's connection twice
+            items = lane.items  # the relay loop replaces the list, never empties this one
+            joining = bool(items) and items[0][0] == _JOIN
+            if (lane.conn is not None or items) and not joining:
                 frames.append(lane.join_frame(False))
             if lane.dropped > lane.told:
                 self._retell.append(lane)   # the relay loop queues its loss frame again
