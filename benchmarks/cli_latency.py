@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-SLURM_FIXTURE = REPO / "tests" / "fixtures" / "slurm_env" / "gpn_step_node0.json"
+SLURM_FIXTURE = REPO / "tests" / "fixtures" / "slurm_env" / "22.05" / "gpn_step_node0.json"
 TARGETS = {"help": 0.150, "print-config": 0.300, "print-config (Slurm step)": 0.300}
 
 

@@ -25,6 +25,11 @@ AT_LIMIT_S = 5.0
 EARLY_SIGNAL_S = 900.0
 #: seconds the controller may take to answer
 CONTROLLER_S = 2.0
+#: Slurm writes "no time limit" as a limit of 365 days (TimeLimit=365-00:00:00, an EndTime and
+#: SLURM_JOB_END_TIME a year after the start); nobody asks for a real limit this long
+NO_LIMIT_S = 300 * 86400.0
+NOT_THE_LIMIT = ("the job has no time limit, so not the time limit: scancel, preemption, or srun "
+                 "--kill-on-bad-exit after another task failed")
 
 _STATES = {
     "TIMEOUT": "the job reached its time limit (the controller says JobState=TIMEOUT)",
@@ -51,14 +56,18 @@ def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
         job = ScontrolBackend(timeout=CONTROLLER_S).job(str(job_id))
     except Exception:  # noqa: BLE001 - no scontrol in the image, controller down, no answer
         return None
-    end = job.start_time + job.time_limit_s if job.start_time and job.time_limit_s else None
-    return {"state": job.state, "end": end, "unlimited": job.time_limit_s is None}
+    unlimited = job.time_limit_s is None or job.time_limit_s >= NO_LIMIT_S
+    end = job.start_time + job.time_limit_s if job.start_time and not unlimited else None
+    return {"state": job.state, "end": end, "unlimited": unlimited}
 
 
 def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state) -> Optional[str]:
     if signum != signal.SIGTERM:
         return None
     end = config.job_end_time
+    no_limit = end is not None and end - at >= NO_LIMIT_S
+    if no_limit:
+        end = None  # a year away: Slurm's way of writing "no time limit"; the controller may say more
     if end is not None and at >= end - AT_LIMIT_S:
         return f"the job reached its time limit (SLURM_JOB_END_TIME, {_clock(end)})"
     facts = ask(config.job_id)
@@ -67,13 +76,14 @@ def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state)
         for key, words in _STATES.items():
             if str(facts["state"]).startswith(key):
                 return words
-        if facts.get("unlimited"):
-            return ("the job has no time limit, so not the time limit: scancel, preemption, or srun "
-                    "--kill-on-bad-exit after another task failed")
+        if facts.get("unlimited") or no_limit:
+            return NOT_THE_LIMIT
         if end is None and facts.get("end") is not None:
             end, source = facts["end"], "the controller's StartTime + TimeLimit"
             if at >= end - AT_LIMIT_S:
                 return f"the job reached its time limit ({source}, {_clock(end)})"
+    if no_limit:
+        return NOT_THE_LIMIT
     if end is not None:
         left = end - at
         if left <= EARLY_SIGNAL_S:

@@ -25,7 +25,22 @@ import torch.nn.functional as F
 
 import traceml_core as traceml
 
-FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective")
+FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective",
+          "hang-in-loader")
+
+
+class StuckDataset(torch.utils.data.Dataset):
+    """A dataset whose loader worker never delivers a batch (a deadlocked loader); the worker
+    leaves once its rank is gone, so a killed test run leaves no process behind."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        parent = os.getppid()
+        while os.getppid() == parent:
+            time.sleep(0.2)
+        os._exit(0)
 
 
 def main() -> int:
@@ -83,6 +98,10 @@ def main() -> int:
                 # with another one): it waits there for good, and the others wait for it in the
                 # next step's gradient all-reduce -- the classic mismatched-collective hang
                 dist.all_reduce(torch.ones(1), group=side)
+            if args.fault == "hang-in-loader":
+                # the batch never comes: the main thread waits in the DataLoader for good, and
+                # the others wait for it in the next step's gradient all-reduce
+                next(iter(torch.utils.data.DataLoader(StuckDataset(), num_workers=1)))
         if step == args.pause_at:
             time.sleep(args.pause_s)
         x = torch.randn(32, 16, generator=gen)

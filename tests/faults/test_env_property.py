@@ -25,14 +25,17 @@ DUMPS = Path(__file__).parents[1] / "fixtures" / "slurm_env"
 SLURM = [SlurmEnvironment]
 
 
-def dump(name: str) -> dict[str, str]:
-    env = json.loads((DUMPS / f"{name}.json").read_text())
+def dump(name: str, gen: str = "22.05") -> dict[str, str]:
+    env = json.loads((DUMPS / gen / f"{name}.json").read_text())
     env.pop("_meta", None)
     return env
 
 
 STEP = dump("gres_step_node1")        # node 1 of a 2-node srun step
 BATCH = dump("single_batch")          # the batch shell of a one-node job
+# the same situations on the other Slurm generation, when its dumps are committed
+BASES = [STEP, BATCH] + [dump(n, "24.11") for n in ("gres_step_node1", "single_batch")
+                         if (DUMPS / "24.11" / f"{n}.json").is_file()]
 
 # real environment values never hold NUL (they are C strings)
 text = st.text(st.characters(blacklist_characters="\x00", blacklist_categories=("Cs",)), max_size=24)
@@ -78,7 +81,7 @@ def malformed_int(limit) -> st.SearchStrategy[str]:
 def test_malformed_integer_slurm_variables(data):
     name = data.draw(st.sampled_from(sorted(INT_VARS)))
     value = data.draw(malformed_int(INT_VARS[name]))
-    env = dict(data.draw(st.sampled_from([STEP, BATCH])), **{name: value})
+    env = dict(data.draw(st.sampled_from(BASES)), **{name: value})
     check(env, {}, name, value, must_fail=True)
 
 

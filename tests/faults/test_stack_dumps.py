@@ -3,9 +3,10 @@
 collector making each rank dump every thread's stack from inside a signal handler, and the
 analysis reading where each rank is stuck.
 
-Two hangs: rank 1 stuck in its own code while rank 0 waits for it in DDP's gradient all-reduce
+Three hangs: rank 1 stuck in its own code while rank 0 waits for it in DDP's gradient all-reduce
 (rank 1 "never arrived"); rank 1 in an all_reduce that rank 0 never enters (mismatched
-collectives). The full path through `traceml run` and the aggregator is tested in
+collectives); rank 1 waiting for a batch its DataLoader worker never delivers (a deadlocked
+loader: it never arrived, waiting for a batch). The full path through `traceml run` and the aggregator is tested in
 test_hang_autopsy.py and, across two Slurm nodes, in tests/slurm/test_headline_slurm.py.
 """
 
@@ -81,7 +82,7 @@ def _report(collector, pids):
                       at=time.time()), dumps, took
 
 
-@pytest.mark.parametrize("fault", ["hang", "hang-in-collective"])
+@pytest.mark.parametrize("fault", ["hang", "hang-in-collective", "hang-in-loader"])
 def test_each_rank_dumps_and_the_report_says_where(tmp_path, fault):
     collector = StackCollector()
     proc, pids = _hung(tmp_path, fault, collector)
@@ -103,6 +104,13 @@ def test_each_rank_dumps_and_the_report_says_where(tmp_path, fault):
         assert report["culprits"] == [1]
         assert "rank 1 (node 0, h) never arrived at the collective the others wait in" in report["finding"]
         assert any("<- never arrived" in ln and ln.lstrip().startswith("rank 1") for ln in lines), lines
+    elif fault == "hang-in-loader":
+        # rank 1's DataLoader never delivers the batch: it never arrived, waiting for the batch
+        assert ranks[1]["state"] == "dataloader" and ranks[1]["where"].startswith("faulty_train.py:"), ranks[1]
+        assert report["culprits"] == [1]
+        assert ("rank 1 (node 0, h) never arrived at the collective the others wait in "
+                "(the gradient all-reduce (DDP backward)): it is waiting for a DataLoader batch"
+                in report["finding"]), report["finding"]
     else:
         # rank 1 waits in an all_reduce rank 0 never enters: mismatched, nobody singled out of two
         assert ranks[1]["state"] == "collective" and ranks[1]["collective"] == "all_reduce"

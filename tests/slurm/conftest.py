@@ -2,6 +2,12 @@
 
 Every test under tests/slurm gets the ``slurm`` marker. The ``slurm_cluster`` fixture skips, with the
 command to use, when the test process is not running inside the cluster's login namespace.
+
+The tests in ``GENERATIONS`` also get the ``generations`` marker: CI runs the whole suite on Slurm
+22.05 and then only these (``-m generations``) on Slurm 24.11. Together they prove what differs
+between the two generations, each for its own reason below; everything else is the same code path on
+both and would only add minutes. A listed test that is renamed or removed fails the collection of
+its file instead of silently leaving the 24.11 run.
 """
 
 from __future__ import annotations
@@ -17,10 +23,42 @@ from cluster import Cluster, ClusterError  # noqa: E402
 HERE = Path(__file__).parent
 
 
+#: file::test (all its parameters) -> why it runs on both generations
+GENERATIONS = {
+    "test_env_fixtures.py::test_fresh_capture_matches_committed_dumps":
+        "the committed dumps of the running generation are still what its jobs get",
+    "test_multinode.py::test_two_nodes_zero_flag_launch":
+        "a real zero-flag 2-node x 2-worker job resolves from that generation's variables and writes the summary",
+    "test_multinode.py::test_time_limit_writes_interrupted_summary":
+        "'time limit' from SLURM_JOB_END_TIME (24.11) or from the controller's StartTime + TimeLimit (22.05)",
+    "test_faults_slurm.py::test_scancel_writes_the_summary_before_killwait":
+        "the words of a scancel, which the two controllers describe differently",
+    "test_doctor_cluster.py::test_healthy_two_node_job_passes_every_cross_check":
+        "the doctor's cross-node checks and its reading of the controller (scontrol) on that generation",
+    "test_words_slurm.py::test_doctor_local_in_an_salloc_shell_names_the_jobs_gpu_request":
+        "the job's GPU request as the controller writes it (gres:gpu:2 on 22.05, gres/gpu:2 on 24.11)",
+    "test_template_job.py::test_template_refuses_a_job_that_does_not_fit":
+        "the template's reading of partitions, MaxTime and GPU types from that generation's sinfo/scontrol",
+    "test_template_job.py::test_template_checks_a_fitting_job_and_runs_test_only":
+        "sbatch --test-only's answer as that generation words it",
+}
+
+
 def pytest_collection_modifyitems(config, items):
+    modules = {}  # file name -> its module, for the files collected
     for item in items:
-        if HERE in Path(str(item.fspath)).parents:
-            item.add_marker(pytest.mark.slurm)
+        path = Path(str(item.fspath))
+        if HERE not in path.parents:
+            continue
+        item.add_marker(pytest.mark.slurm)
+        modules[path.name] = item.module
+        if f"{path.name}::{item.originalname}" in GENERATIONS:
+            item.add_marker(pytest.mark.generations)
+    for key in GENERATIONS:
+        file, name = key.split("::")
+        if file in modules and not callable(getattr(modules[file], name, None)):
+            raise pytest.UsageError(f"tests/slurm/conftest.py GENERATIONS names {key}, which {file} no longer "
+                                    "has: update the list (CI runs these on Slurm 24.11)")
 
 
 @pytest.fixture(scope="session")

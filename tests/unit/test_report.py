@@ -145,7 +145,7 @@ def test_without_the_writer_library_the_export_says_how_to_get_it(runs, tmp_path
             f"print(export_summary(s, {str(tmp_path)!r}, 'tensorboard')[0])")
     p = subprocess.run([PYTHON, "-c", code], env=env_for(), text=True, capture_output=True, timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "tensorboard export skipped" in p.stdout and "traceml-slurm[tensorboard]" in p.stdout
+    assert "tensorboard export skipped" in p.stdout and "pip install tensorboardX" in p.stdout
     assert not (tmp_path / "tensorboard").exists()
 
 
@@ -203,6 +203,14 @@ def test_traceml_report_rebuilds_the_page_and_exports(runs, tmp_path):
     bad = subprocess.run([PYTHON, "-m", "traceml_core.cli", "report", str(tmp_path / "nope")],
                          env=env_for(), text=True, capture_output=True, timeout=60)
     assert bad.returncode == 2 and "RUN_DIR" in bad.stderr and "Traceback" not in bad.stderr
+    for name, text, words in (("notjson.json", "xx", "the file is not JSON"),
+                              ("other.json", '{"a": 1}', "no schema_version/run fields")):
+        f = tmp_path / name
+        f.write_text(text)
+        bad = subprocess.run([PYTHON, "-m", "traceml_core.cli", "report", str(f)],
+                             env=env_for(), text=True, capture_output=True, timeout=60)
+        msg = bad.stderr.strip()
+        assert bad.returncode == 2 and str(f) in msg and words in msg and "\n" not in msg, bad.stderr
 
 
 @needs_chromium

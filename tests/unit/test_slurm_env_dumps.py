@@ -16,7 +16,9 @@ from traceml_core.config import resolve
 from traceml_core.errors import ConfigError
 from traceml_slurm.environment import SlurmEnvironment
 
-DUMPS = Path(__file__).parents[1] / "fixtures" / "slurm_env"
+ROOT = Path(__file__).parents[1] / "fixtures" / "slurm_env"
+#: one directory of dumps per Slurm generation (22.05, 24.11); every test runs on each
+GENERATIONS = sorted(d.name for d in ROOT.iterdir() if d.is_dir() and any(d.glob("*.json")))
 
 # file -> (nnodes, node_rank, nproc_per_node, master_addr) or the refusal text expected
 OK = {
@@ -42,14 +44,19 @@ REFUSED = {
 }
 
 
-def load(name: str) -> dict:
-    env = json.loads((DUMPS / f"{name}.json").read_text())
+@pytest.fixture(params=GENERATIONS)
+def gen(request) -> str:
+    return request.param
+
+
+def load(name: str, gen: str) -> dict:
+    env = json.loads((ROOT / gen / f"{name}.json").read_text())
     env.pop("_meta", None)
     return env
 
 
-def test_every_dump_is_in_the_table():
-    names = {p.stem for p in DUMPS.glob("*.json")}
+def test_every_dump_is_in_the_table(gen):
+    names = {p.stem for p in (ROOT / gen).glob("*.json")}
     untested = names - set(OK) - set(REFUSED) - {"het_batch", "nogpucpt_batch", "nogpucpt_launcher_step_node0",
                                                  "nogpucpt_launcher_step_node1", "uneven_step_node1",
                                                  "array_task1_batch", "salloc_pty_step"}
@@ -57,8 +64,8 @@ def test_every_dump_is_in_the_table():
 
 
 @pytest.mark.parametrize("name", sorted(OK))
-def test_resolves(name):
-    env = load(name)
+def test_resolves(name, gen):
+    env = load(name, gen)
     c = resolve({}, env, [SlurmEnvironment])
     assert (c.nnodes, c.node_rank, c.nproc_per_node, c.master_addr) == OK[name]
     assert c.cluster == "slurm" and c.job_id == env["SLURM_JOB_ID"]
@@ -69,23 +76,23 @@ def test_resolves(name):
         assert c.hostnames[c.node_rank] == env["SLURMD_NODENAME"]
 
 
-def test_steps_list_every_node_by_rank():
-    steps = [n for n in OK if "SLURM_STEP_ID" in load(n) and OK[n][0] > 1]
+def test_steps_list_every_node_by_rank(gen):
+    steps = [n for n in OK if "SLURM_STEP_ID" in load(n, gen) and OK[n][0] > 1]
     assert len(steps) >= 4, steps
     for name in steps:
-        assert len(resolve({}, load(name), [SlurmEnvironment]).hostnames) == OK[name][0], name
+        assert len(resolve({}, load(name, gen), [SlurmEnvironment]).hostnames) == OK[name][0], name
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
-def test_refused(name):
+def test_refused(name, gen):
     with pytest.raises(ConfigError) as err:
-        resolve({}, load(name), [SlurmEnvironment])
+        resolve({}, load(name, gen), [SlurmEnvironment])
     assert REFUSED[name] in str(err.value)
     assert "srun" in str(err.value)
 
 
-def test_run_names_identical_across_nodes_and_unique_per_array_task_and_restart():
-    names = {n: resolve({}, load(n), [SlurmEnvironment]).run_name for n in
+def test_run_names_identical_across_nodes_and_unique_per_array_task_and_restart(gen):
+    names = {n: resolve({}, load(n, gen), [SlurmEnvironment]).run_name for n in
              ("gres_step_node0", "gres_step_node1", "array_task0_step", "array_task1_step", "requeue_step_node0",
               "requeue_step_node1")}
     assert names["gres_step_node0"] == names["gres_step_node1"]
@@ -94,29 +101,29 @@ def test_run_names_identical_across_nodes_and_unique_per_array_task_and_restart(
     assert names["requeue_step_node0"] == names["requeue_step_node1"] and names["requeue_step_node0"].endswith("-r1")
 
 
-def test_typed_gpus_per_node_not_parsed():
-    env = load("gpntyped_step_node0")
+def test_typed_gpus_per_node_not_parsed(gen):
+    env = load("gpntyped_step_node0", gen)
     assert env["SLURM_GPUS_PER_NODE"] == "a100:2"
     c = resolve({}, env, [SlurmEnvironment])
     assert c.source("nproc_per_node") == "slurm:SLURM_GPUS_ON_NODE"
 
 
-def test_cpu_job_with_exported_worker_count():
-    env = dict(load("nogpu_launcher_step_node1"), TRACEML_NPROC_PER_NODE="4")
+def test_cpu_job_with_exported_worker_count(gen):
+    env = dict(load("nogpu_launcher_step_node1", gen), TRACEML_NPROC_PER_NODE="4")
     c = resolve({}, env, [SlurmEnvironment])
     assert c.nproc_per_node == 4 and c.source("nproc_per_node") == "env:TRACEML_NPROC_PER_NODE"
 
 
-def test_seed_wrong_command_on_real_step_env():
+def test_seed_wrong_command_on_real_step_env(gen):
     with pytest.raises(ConfigError, match="per-node expansion gotcha"):
-        resolve({"node_rank": "0"}, load("gres_step_node1"), [SlurmEnvironment])
+        resolve({"node_rank": "0"}, load("gres_step_node1", gen), [SlurmEnvironment])
 
 
-def test_both_nodes_of_a_real_job_derive_the_same_ports():
+def test_both_nodes_of_a_real_job_derive_the_same_ports(gen):
     """Real dumps: every node of a job computes the same job-derived pair; other jobs differ."""
     pairs = {}
     for name in sorted(OK):
-        env = load(name)
+        env = load(name, gen)
         c = resolve({}, env, [SlurmEnvironment])
         assert c.source("master_port") == c.source("aggregator_port") == "slurm:SLURM_JOB_ID"
         pairs.setdefault(env["SLURM_JOB_ID"], set()).add((c.master_port, c.aggregator_port))

@@ -90,3 +90,36 @@ def test_template_takes_sbatch_short_options_and_names_a_misspelt_one():
     bad = _template("--prtition", "short", "train.py")
     assert bad.returncode == 2 and "usage: traceml slurm [-h]" not in bad.stderr
     assert "--prtition is not an option of the template. Did you mean --partition" in bad.stderr
+
+
+def test_a_time_limit_a_year_away_is_slurms_way_of_saying_none():
+    """Slurm 22.05 shows a job without a time limit as TimeLimit=365-00:00:00 (and newer Slurm gives it
+    a SLURM_JOB_END_TIME a year away): a SIGTERM then is never "525600 min before the time limit"."""
+    cfg = _Cfg()
+    cfg.job_end_time = None
+    year = 365 * 86400.0
+    from traceml_slurm.interrupts import NOT_THE_LIMIT
+    running = {"state": "RUNNING", "end": None, "unlimited": True}
+    assert explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: running) == NOT_THE_LIMIT
+    cfg.job_end_time = 1.0 + year
+    assert explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: None) == NOT_THE_LIMIT
+    cancelled = {"state": "CANCELLED", "end": None, "unlimited": True}
+    assert "cancelled (scancel" in explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: cancelled)
+
+
+def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
+    from traceml_slurm.doctor import controller
+    from traceml_slurm.interrupts import controller_state
+
+    class _Job:
+        state, start_time, time_limit_s = "RUNNING", 1000.0, 365 * 86400.0
+
+    class _Backend:
+        def __init__(self, timeout: float) -> None:
+            pass
+
+        def job(self, job_id: str) -> _Job:
+            return _Job()
+
+    monkeypatch.setattr(controller, "ScontrolBackend", _Backend)
+    assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True}

@@ -36,6 +36,9 @@ class Ingest:
         self.control_seen = False
         self._world_warned = False
         self._linked: set[int] = set()
+        #: the hang autopsy being collected (aggregator/autopsy.py), if any
+        self.autopsy: Any = None
+        self._median_step: tuple[float, Optional[float]] = (0.0, None)
 
     # --- links ---------------------------------------------------------------------------------
     def node_joined(self, link: Any, ident: Identity, now: float) -> Optional[Any]:
@@ -228,6 +231,34 @@ class Ingest:
         """A rank's answer to a request (see wire/frames.REQUESTS)."""
         if msg["kind"] == "counts":
             rs.counts = dict(msg["data"], at=time.time())
+        elif msg["kind"] == "stacks" and self.autopsy is not None and msg["id"] == self.autopsy.req_id:
+            self.autopsy.add(rs.rank, msg["data"])
+
+    def median_step_ms(self, every_s: float = 30.0) -> Optional[float]:
+        """The run's median step (report/stats.step_time: every step of every rank), refreshed at
+        most every ``every_s`` (it merges every rank's histogram)."""
+        at, value = self._median_step
+        now = time.monotonic()
+        if value is None or now - at >= every_s:
+            from ..report.stats import merge_sketches, step_time
+
+            self.state.flush()  # frames not yet folded into the histograms count too
+            ranks = list(self.state.ranks.values())
+            if ranks:
+                value = step_time(merge_sketches(rs.phases["step_ns"].sketch.to_data()
+                                                 for rs in ranks))["median_ms"]
+            self._median_step = (now, value)
+        return value
+
+    def expected_ranks(self) -> dict[int, tuple[Optional[int], str, Optional[int]]]:
+        """The ranks a hang report covers: every rank still carried by a relay (node, host, the
+        steps it recorded so far)."""
+        out = {}
+        for rank in sorted(self.route):
+            rs = self.state.ranks.get(rank)
+            if rs is not None:
+                out[rank] = (rs.node, rs.host or "", rs.next_seq)
+        return out
 
     def system(self, ident: Identity, msg: dict[str, Any]) -> None:
         if msg["node"] != ident.node:
@@ -257,7 +288,7 @@ class Ingest:
                                  and ni.bye.get("status") not in ("clean", "interrupted", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
                 "checkpoint_s": round(checkpoint_s, 4), "refused": st.counters["refused"],
-                "silent": self.silent_ranks()}
+                "silent": self.silent_ranks(), "median_step_ms": self.median_step_ms()}
 
     def silent_ranks(self, limit: int = 8) -> list[list[Any]]:
         """The longest-silent ranks that should still be stepping, for the launcher's hang watchdog:

@@ -101,6 +101,19 @@ class AggregatorHandle:
         except LinkError:
             return None
 
+    def autopsy(self, silent_s: float, threshold_s: float, threshold_source: str,
+                timeout: float = 15.0) -> Optional[dict[str, Any]]:
+        """A hang report: the aggregator has every rank's stack taken and read (aggregator/
+        autopsy.py); None when it could not answer."""
+        if self.control is None or not self.alive():
+            return None
+        try:
+            reply = self.control.request({"t": "autopsy", "silent_s": silent_s, "threshold_s": threshold_s,
+                                          "threshold_source": threshold_source}, "autopsy", timeout)
+        except LinkError:
+            return None
+        return reply.get("report")
+
     def snapshot(self, request: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
         """Live views: one ``snapshot`` frame (raises LinkError)."""
         if self.control is None:

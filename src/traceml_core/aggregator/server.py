@@ -139,6 +139,8 @@ class Server(Handler):
         self._finalize_cb = finalize
         self._next_flush = 0.0
         self._req_id = 0
+        #: (connection, request id) to answer when the autopsy in progress is done
+        self._autopsy_for: Optional[tuple[Conn, Any]] = None
         self.done = False
         self.result: Optional[dict[str, Any]] = None
         # ending state
@@ -195,6 +197,8 @@ class Server(Handler):
         if now >= self._next_flush:
             self.state.flush()
             self._next_flush = now + FLUSH_S
+        if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
+            self._autopsy_done()
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -307,6 +311,37 @@ class Server(Handler):
             self.net.send(conn, snapshot_frame(self.state, checked))
         elif t == "system":
             self.ingest.system(i, checked)
+        elif t == "autopsy":
+            self._autopsy_start(conn, checked)
+
+    # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
+    def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:
+        if self.ingest.autopsy is not None:  # one at a time: this caller gets that one's report
+            self._autopsy_for = (conn, msg.get("id"))
+            return
+        from .autopsy import Autopsy
+
+        req = self.request("stacks")
+        self.ingest.autopsy = Autopsy(req, self.ingest.expected_ranks(), world=self.settings.world_size,
+                                      silent_s=msg["silent_s"], threshold_s=msg["threshold_s"],
+                                      threshold_source=msg["threshold_source"],
+                                      records_at=self.state.records)
+        self._autopsy_for = (conn, msg.get("id"))
+
+    def _autopsy_done(self) -> None:
+        autopsy, self.ingest.autopsy = self.ingest.autopsy, None
+        try:
+            report = autopsy.report()
+        except Exception as exc:  # the analysis must never take the loop down
+            log(f"could not build the hang report: {type(exc).__name__}: {exc}")
+            report = None
+        if report is not None:
+            self.state.hangs.append(report)
+            self.state.dirty = True
+        target = self._autopsy_for
+        self._autopsy_for = None
+        if target is not None and not target[0].closed:
+            self.net.send(target[0], {"t": "autopsy", "id": target[1], "report": report})
 
     def on_close(self, conn: Conn) -> None:
         i = conn.ident

@@ -157,8 +157,11 @@ class Relay(Handler):
                  budget_bytes: int = DEFAULT_BUDGET, flush_s: float = FLUSH_S,
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
-                 client_options: Optional[dict[str, Any]] = None) -> None:
+                 client_options: Optional[dict[str, Any]] = None,
+                 stacks: Optional[Any] = None) -> None:
         self.node = node
+        #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
+        self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
         self.endpoint = Endpoint(aud=relay_aud(node), run=run_name, job=job_id, keys={"rank": token},
                                  nnodes=nnodes, nproc_per_node=nproc_per_node, node=node)
@@ -508,6 +511,26 @@ class Relay(Handler):
         for rank, lane in list(self._lanes.items()):
             if lane.conn is not None and (ranks is None or rank in ranks):
                 self.net.send_raw(lane.conn, data)
+        if msg["kind"] == "stacks" and self.stacks is not None:
+            # the hang autopsy: the ranks' own answers need their interpreters; the stacks are
+            # dumped by faulthandler from inside a signal handler, which needs nothing
+            pids = {r: ln.pid for r, ln in self._lanes.items()
+                    if ln.pid is not None and ln.conn is not None and (ranks is None or r in ranks)}
+            threading.Thread(target=self._dump_stacks, args=(msg["id"], pids),
+                             name=f"traceml-stacks-{self.node}", daemon=True).start()
+
+    def _dump_stacks(self, req_id: int, pids: dict[int, int]) -> None:
+        """(a thread) Make this node's ranks dump their stacks; each dump goes up as the rank's
+        ``stacks`` answer."""
+        try:
+            dumps = self.stacks.collect(pids)
+        except Exception as exc:  # never take the relay down
+            dumps = {r: {"ok": False, "text": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
+                     for r in pids}
+        for rank, d in sorted(dumps.items()):
+            self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
+                         "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
+                                  "text": d.get("text") or "", "error": d.get("error")}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _flush(self, now: float) -> None:

@@ -140,7 +140,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             aggregator_host=relay.host if relay is not None else "127.0.0.1",
             aggregator_port=relay.port if relay is not None else 0, token=token.value,
             connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
-            logs_dir=config.logs_dir, auto_steps=config.auto_steps)
+            logs_dir=config.logs_dir, auto_steps=config.auto_steps, stack_dir=telemetry.stacks.path)
         view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
         pipes = view.popen_kwargs() if view else {}
         fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()
@@ -155,6 +155,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         sup.signal_now(signal.SIGKILL)
         sup.wait()
         sup.restore()
+        telemetry.stacks.close()
         raise
     finally:
         if view:
@@ -180,6 +181,7 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason, report=report)
     finally:
         sup.restore()
+        telemetry.stacks.close()
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()

@@ -22,8 +22,8 @@ from ..sdk.stackdump import dump_signal, stack_file
 SETTLE_S = 0.15
 #: the most a dump of all ranks of a node may take (a rank that never writes is reported as such)
 COLLECT_S = 3.0
-#: the most of one dump that is kept (a process with hundreds of threads)
-MAX_DUMP_BYTES = 256 * 1024
+#: the most of one dump that is kept (a process with hundreds of threads): what one answer may carry
+from ..wire.frames import MAX_STACK_TEXT as MAX_DUMP_BYTES  # noqa: E402
 
 
 class StackCollector:
@@ -102,4 +102,4 @@ def _read(path: Path) -> str:
             data = f.read(MAX_DUMP_BYTES)
     except OSError:
         return ""
-    return data.replace(b"\0", b"").decode("utf-8", "replace")
+    return data.replace(b"\0", b"").decode("utf-8", "replace")[:MAX_DUMP_BYTES]

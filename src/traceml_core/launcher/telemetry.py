@@ -24,7 +24,9 @@ from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
 from ..options import export_kinds
 from ..wire.client import Link, LinkError
+from .hangwatch import HangWatch, Stall
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
+from .stacks import StackCollector
 from .supervise import Supervisor, log
 from .token import Token, disagreement_hint
 
@@ -61,6 +63,11 @@ class NodeTelemetry:
         self.failed_nodes: list[int] = []
         #: the hang watchdog stopped the run (the launcher then exits with HANG_EXIT_CODE)
         self.hung = False
+        #: this node's stack dumps for the hang report (every node; its relay collects them)
+        self.stacks = StackCollector()
+        #: node 0: when to take a hang report (--hang-report-after)
+        self.hangwatch = HangWatch(config.hang_report_after)
+        self._autopsy: Optional[threading.Thread] = None
 
     # -- start -----------------------------------------------------------------------------------
     def start_aggregator(self, script: str = "", script_args: Sequence[str] = ()) -> None:
@@ -122,7 +129,7 @@ class NodeTelemetry:
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
                                upstream=up, hostname=self.hostname,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
-                               warn=lambda msg: log(f"warning: {msg}")).start()
+                               warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
             log(f"warning: cannot start this node's relay ({exc}); no telemetry from this node")
             return None
@@ -179,18 +186,31 @@ class NodeTelemetry:
         hang = self.config.hang_timeout
         if self.handle is not None and not self.handle.alive():
             self._restart_aggregator()
-        if self.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang):
+        watch = self.hangwatch.setting != "off"
+        if self.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang
+                                                                 and not watch):
             return
         now = time.monotonic()
         if now < self._next_watch:
             return
         self._next_watch = now + WATCH_INTERVAL_S
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return  # a hang report is being taken over the control link: next tick
+        try:
             status = self.handle.status(timeout=2.0) if self.link is not None else None
+        finally:
+            self._lock.release()
         if status is None:
             return  # no aggregator to ask: telemetry trouble alone never stops a run
         if hang and self._check_hang(status, hang):
             return
+        if watch:
+            stall = self.hangwatch.observe(now, int(status.get("records", 0)), bool(status.get("silent")),
+                                           status.get("median_step_ms"))
+            if stall is not None and (self._autopsy is None or not self._autopsy.is_alive()):
+                self._autopsy = threading.Thread(target=self.take_hang_report, args=(stall, now),
+                                                 name="traceml-hang-report", daemon=True)
+                self._autopsy.start()
         if self.config.nnodes == 1:
             return
         records = int(status.get("records", 0))
@@ -207,6 +227,23 @@ class NodeTelemetry:
         elif lost and stalled > min(wait, 30.0):
             self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
                                     f"no progress for {stalled:.0f} s")
+
+    def take_hang_report(self, stall: Stall, now: float) -> Optional[dict[str, Any]]:
+        """Node 0: have every rank's stack taken and read (aggregator/autopsy.py), and print the
+        report to the log at once; the aggregator keeps it for the summary."""
+        from ..report.hang import render
+
+        silent = max(0.0, now - stall.began)
+        with self._lock:
+            report = (self.handle.autopsy(silent, stall.threshold_s, stall.threshold_source)
+                      if self.handle is not None and self.link is not None else None)
+        if report is None:
+            log(f"warning: no rank completed a step for {silent:.0f} s, but the hang report could not "
+                "be taken (no answer from the aggregator)")
+            return None
+        for line in render(report):
+            log(line)
+        return report
 
     def _check_hang(self, status: dict, hang: float) -> bool:
         """The hang watchdog (``--hang-timeout``): a rank that has stepped, has not said bye and
@@ -226,6 +263,13 @@ class NodeTelemetry:
         self.hung = True
         self._failure = (f"training looks hung: no step for more than {hang:g} s from {names}{more}; "
                          f"stopped by the hang watchdog ({src}={hang:g})")
+        # where every rank is stuck, taken before the workers are stopped (unless already taken
+        # for this stall)
+        if self._autopsy is not None and self._autopsy.is_alive():
+            self._autopsy.join(20.0)
+        elif self.hangwatch.current is None and self.hangwatch.setting != "off":
+            now = time.monotonic()
+            self.take_hang_report(Stall(now - silent[0][1], now, hang, f"{src}={hang:g}"), now)
         if self._sup is not None:
             self._sup.terminate(self._failure)
         return True

@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from ..aggregator.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
+from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
                          COMPARE_MIN_STEPS)
 from .uncertainty import (block_relative_halfwidth, difference_interval, drift,
@@ -79,18 +80,7 @@ def load_run(arg: str, label: str) -> Run:
     elif not p.exists():
         raise CompareError(f"Run {label} ({arg}): no such file or directory. Pass a run directory "
                            f"(<logs-dir>/<run-name>) or its {SUMMARY_NAME}.")
-    try:
-        doc = json.loads(p.read_text())
-    except OSError as exc:
-        raise CompareError(f"Run {label} ({p}): cannot read it ({exc.strerror or exc}).") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise CompareError(f"Run {label} ({p}): not a TraceML summary: the file is not JSON "
-                           f"({str(exc)[:80]}). Pass the {SUMMARY_NAME} that `traceml run` "
-                           "wrote, or its run directory.") from None
-    if not isinstance(doc, dict) or "schema_version" not in doc or "run" not in doc:
-        raise CompareError(f"Run {label} ({p}): not a TraceML summary (no schema_version/run "
-                           f"fields). Pass the {SUMMARY_NAME} that `traceml run` wrote, or its "
-                           "run directory.")
+    doc = read_summary(p, f"Run {label} ({p})", CompareError)
     v = doc.get("schema_version")
     if v not in READS_SCHEMA:
         raise CompareError(f"Run {label} ({p}): summary schema_version {v!r} is not one this "

@@ -11,7 +11,7 @@ minimum, median and maximum over all ranks.
   ``step_time_ms``, ``own_time_ms``, ``phase/<name>_ms``, ``memory/peak_mib`` per rank (x = step,
   wall time = when the bucket's last step ended); ``system/cpu_pct``, ``system/ram_used_gib``,
   ``gpu<i>/util_pct``, ``gpu<i>/mem_used_gib`` per node (x = seconds since the start). Written
-  with tensorboardX (the ``tensorboard`` extra: ``pip install 'traceml-slurm[tensorboard]'``).
+  with tensorboardX (the ``tensorboard`` extra, or ``pip install tensorboardX``).
   Writing again replaces our earlier event files, never anyone else's.
 * ``jsonl``: ``<run-dir>/steps.jsonl``, one JSON object per line: ``{"kind": "rank", ...}`` per
   rank and step bucket, ``{"kind": "node", ...}`` per node and time bucket; ``null`` = not measured.
@@ -108,7 +108,7 @@ def write_tensorboard(summary: dict[str, Any], run_dir: Path) -> str:
         from tensorboardX import SummaryWriter
     except ImportError:
         return ("tensorboard export skipped: the tensorboardX package is not installed in this "
-                "Python (pip install 'traceml-slurm[tensorboard]'); `traceml report RUN_DIR "
+                "Python (pip install tensorboardX); `traceml report RUN_DIR "
                 "--export tensorboard` writes it later from the summary")
     root = Path(run_dir) / TB_DIR
     for old in root.glob(f"*/events.out.tfevents.*{TB_SUFFIX}"):  # ours from an earlier export

@@ -98,6 +98,19 @@ def main_thread(threads: Sequence[Thread]) -> Optional[Thread]:
     return others[0] if others else (threads[0] if threads else None)
 
 
+def _own(frames: Sequence[Frame]) -> list[Frame]:
+    """The frames up to the user's script: what runs it (runpy, a launcher's bootstrap module)
+    is cut, as are TraceML's own wrapper frames."""
+    out: list[Frame] = []
+    for f in frames:
+        if f.traceml:
+            continue
+        out.append(f)
+        if f.func == "<module>" and f.user:
+            break
+    return out or list(frames)
+
+
 def _collective(frames: Sequence[Frame], world: int) -> Optional[str]:
     """The collective the main thread waits in, from its frames (innermost first)."""
     for f in frames:
@@ -167,11 +180,12 @@ def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[
         # the SDK saw this collective launched and not completed: it names it exactly
         if coll in (None, "ddp_backward", "ddp_forward", "a collective's wait()"):
             coll = str(inflight["op"])
-    user = [f for f in main.frames if f.user]
-    where = (user[0] if user else main.frames[0]).short if main.frames else None
+    frames = _own(main.frames)
+    user = [f for f in frames if f.user]
+    where = (user[0] if user else frames[0]).short if frames else None
     state = "dataloader" if coll == "dataloader" else ("collective" if coll else "running")
     return RankAutopsy(rank, node, host, state, None if coll == "dataloader" else coll, where,
-                       [f.short for f in main.frames[:STACK_LINES]],
+                       [f.short for f in frames[:STACK_LINES]],
                        sum(1 for t in threads if not t.is_traceml), inflight, step, None)
 
 
@@ -293,6 +307,12 @@ def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, th
     autopsies = [analyse_rank(int(r["rank"]), r.get("node"), r.get("host") or "", r.get("dump"),
                               r.get("snapshot"), world, r.get("step")) for r in ranks_in]
     d = diagnose(autopsies)
+    # each rank's full main-thread stack for the ranks that tell the story (the culprits and the
+    # first rank of each group); the others repeat them, and a 4,096-rank report must stay small
+    keep = set(d["culprits"]) | {g["ranks"][0] for g in d["groups"]}
+    for a in autopsies:
+        if a.rank not in keep:
+            a.stack = []
     return {"at": at, "silent_s": round(silent_s, 1), "threshold_s": round(threshold_s, 1),
             "threshold_source": threshold_source, "finding": d["finding"], "culprits": d["culprits"],
             "groups": d["groups"], "ranks": [a.to_data() for a in autopsies]}

@@ -8,13 +8,13 @@ summary but the aggregator's checkpoint (the aggregator was killed) is summarise
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..aggregator.persist import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, atomic_write
 from ..errors import TraceMLError
+from .summary_file import read_summary
 
 
 class ReportError(TraceMLError):
@@ -41,17 +41,7 @@ def load_summary(arg: str) -> tuple[Path, dict[str, Any]]:
     elif not p.exists():
         raise ReportError(f"RUN_DIR {arg}: no such file or directory. Pass a run directory "
                           f"(<logs-dir>/<run-name>) or its {SUMMARY_JSON}.")
-    try:
-        doc = json.loads(p.read_text())
-    except OSError as exc:
-        raise ReportError(f"{p}: cannot read it ({exc.strerror or exc}).") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ReportError(f"{p}: not a TraceML summary: the file is not JSON ({str(exc)[:80]}). "
-                          f"Pass the {SUMMARY_JSON} that `traceml run` wrote, or its run "
-                          "directory.") from None
-    if not isinstance(doc, dict) or "schema_version" not in doc or "run" not in doc:
-        raise ReportError(f"{p}: not a TraceML summary (no schema_version/run fields). Pass the "
-                          f"{SUMMARY_JSON} that `traceml run` wrote, or its run directory.")
+    doc = read_summary(p, str(p), ReportError)
     return p, doc
 
 

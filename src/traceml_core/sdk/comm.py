@@ -153,8 +153,9 @@ class CommAccount:
         self.sub_fwd = self.sub_bwd = self.sub_opt = 0
         self.rounds: list[tuple[int, list[list[Any]]]] = []
         self.round: list[list[Any]] = []
-        #: id(Work) -> (Work, timed with CUDA events): async collectives of this step not waited yet
-        self.works: dict[int, tuple[Any, bool]] = {}
+        #: id(Work) -> (Work, its span (None: timed with CUDA events), seq): asynchronous
+        #: collectives of this step not waited yet
+        self.works: dict[int, tuple[Any, Any, int]] = {}
 
     def reset(self) -> None:
         self.spans = []
@@ -162,6 +163,9 @@ class CommAccount:
         self.sub_fwd = self.sub_bwd = self.sub_opt = 0
         self.rounds = []
         self.round = []
+        for _work, span, seq in self.works.values():
+            if span is not None:
+                _landed(seq)        # never waited in its step: no longer tracked
         self.works = {}
 
     def figures(self) -> "CommFigures":
@@ -393,29 +397,35 @@ def _wrap_collective(op: str, orig: Callable[..., Any]) -> Callable[..., Any]:
             return out
         if active:
             r.cn += 1
-            r.comm.works[id(out)] = (out, ev0 is not None)
             if ev0 is not None:
+                r.comm.works[id(out)] = (out, None, seq)
                 holder = gpu.comm_async(ev0, nbytes, bus)
 
                 def done_gpu(f: Any, seq: int = seq) -> Any:
-                    holder.append(gpu.end_event())
+                    holder.append(gpu.end_event())     # NCCL runs this inline, at launch
                     _landed(seq)
                     return None
                 fut.then(done_gpu)
                 return out
+            # CPU: no completion callback (it would take the GIL on gloo's thread for every
+            # collective); wait() closes the span: at its start if the work had completed by
+            # then, else at its end
             span = [t0, None, nbytes, bus]
             r.comm.spans.append(span)
-
-            def done(f: Any, span: list = span, seq: int = seq) -> None:
-                span[1] = perf_counter_ns()
-                _landed(seq)
-            fut.add_done_callback(done)
+            r.comm.works[id(out)] = (out, span, seq)
         else:
             fut.add_done_callback(lambda f, seq=seq: _landed(seq))
         return out
 
     collective._traceml = True  # type: ignore[attr-defined]
     return collective
+
+
+def _completed(work: Any) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return False
 
 
 def _is_cuda(t: Any) -> bool:
@@ -434,15 +444,20 @@ def _wrap_wait(orig: Callable[..., Any]) -> Callable[..., Any]:
         entry = works.pop(id(self), None) if works else None
         if entry is None:
             return orig(self, *args, **kwargs)
-        if entry[1]:            # a CUDA collective: the wait is the current stream's, in events
+        span = entry[1]
+        if span is None:        # a CUDA collective: the wait is the current stream's, in events
             gpu = r.gpu
             ev0 = gpu.start()
             out = orig(self, *args, **kwargs)
             gpu.comm_wait(ev0, _phase_of(r))
             return out
+        done = _completed(self)
         t0 = perf_counter_ns()
         out = orig(self, *args, **kwargs)
-        _charge(r.comm, _phase_of(r), perf_counter_ns() - t0)
+        t1 = perf_counter_ns()
+        span[1] = t0 if done else t1
+        _landed(entry[2])
+        _charge(r.comm, _phase_of(r), t1 - t0)
         return out
 
     wait._traceml = True  # type: ignore[attr-defined]

@@ -28,6 +28,18 @@ def counts(session: Any, args: dict[str, Any]) -> dict[str, int]:
     return {"produced": rec.count, "sent": client.stats().records_sent, "lost": rec.lost}
 
 
+@responder("stacks")
+def stacks(session: Any, args: dict[str, Any]) -> dict[str, Any]:
+    """Where this rank is, as its interpreter knows it (the collective in flight, its step); the
+    stacks themselves come from its relay's faulthandler dump, which needs no interpreter."""
+    from .stackdump import snapshot
+
+    out = snapshot()
+    out.pop("ts", None)
+    out["source"] = "sdk"
+    return out
+
+
 def answer(session: Any, req: dict[str, Any]) -> None:
     """Answer one validated ``req`` on the session's client (unknown kinds are ignored)."""
     fn = RESPONDERS.get(req["kind"])

@@ -218,6 +218,17 @@ def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
+def check_autopsy(msg: dict[str, Any]) -> dict[str, Any]:
+    """Node 0's launcher asks its aggregator for a hang report."""
+    for key in ("silent_s", "threshold_s"):
+        v = msg.get(key)
+        if type(v) not in (int, float) or not 0 <= v <= MAX_VALUE:
+            raise ProtocolError(f"autopsy: {key} must be a number of seconds")
+        msg[key] = float(v)
+    msg["threshold_source"] = str(msg.get("threshold_source") or "")[:200]
+    return msg
+
+
 def check_plain(msg: dict[str, Any]) -> dict[str, Any]:
     """Frames whose fields are read with defaults (``query``, ``snapshot``, ``welcome``...)."""
     return msg
@@ -244,9 +255,46 @@ def _counts_data(data: Any) -> None:
         raise ProtocolError("resp counts: produced, sent and lost must be non-negative integers")
 
 
+#: the most of one rank's stack dump that travels (a process with hundreds of threads is cut)
+MAX_STACK_TEXT = 64 * 1024
+
+
+def _stacks_data(data: Any) -> None:
+    """A ``stacks`` answer: the relay's faulthandler dump of the rank (``source`` faulthandler),
+    or what the rank's own interpreter says about where it is (``source`` sdk)."""
+    if type(data) is not dict:
+        raise ProtocolError("resp stacks: data must be a map")
+    src = data.get("source")
+    if src == "faulthandler":
+        text, err = data.get("text"), data.get("error")
+        if not isinstance(text, str) or len(text) > MAX_STACK_TEXT or type(data.get("ok")) is not bool:
+            raise ProtocolError(f"resp stacks: text must be a string of at most {MAX_STACK_TEXT} "
+                                "characters and ok a bool")
+        if err is not None and (not isinstance(err, str) or len(err) > MAX_TEXT):
+            raise ProtocolError("resp stacks: error must be a short string or null")
+        return
+    if src != "sdk":
+        raise ProtocolError("resp stacks: source must be faulthandler or sdk")
+    for key in ("step", "launched"):
+        v = data.get(key)
+        if v is not None and (type(v) is not int or not 0 <= v <= MAX_VALUE):
+            raise ProtocolError(f"resp stacks: {key} must be a non-negative integer or null")
+    if data.get("in_step") is not None and type(data["in_step"]) is not bool:
+        raise ProtocolError("resp stacks: in_step must be a bool or null")
+    c = data.get("in_flight")
+    if c is not None:
+        if type(c) is not dict or not isinstance(c.get("op"), str) or len(c["op"]) > 64 or not all(
+                type(c.get(k)) is int and 0 <= c[k] <= MAX_VALUE
+                for k in ("bytes", "seq", "started_ns", "group_size")):
+            raise ProtocolError("resp stacks: in_flight must be {op, bytes, seq, started_ns, group_size}")
+
+
 REQUESTS: dict[str, Request] = {
     "counts": Request("counts", _no_args, _counts_data,
                       "records the rank produced, handed to the network, and knows it lost"),
+    "stacks": Request("stacks", _no_args, _stacks_data,
+                      "the hang autopsy: where the rank is (its collective in flight, its step); its "
+                      "relay adds every thread's stack, dumped by faulthandler"),
 }
 
 
@@ -281,6 +329,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "steps": check_steps, "event": check_event, "bye": check_bye, "resp": check_resp,
     "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
+    "autopsy": check_autopsy,
     "end": check_plain,
 }
 
@@ -288,7 +337,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
     "node": frozenset(("steps", "event", "bye", "resp", "join", "gone", "dropped", "system")),
-    "control": frozenset(("finish", "query", "snapshot", "system")),
+    "control": frozenset(("finish", "query", "snapshot", "system", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),
 }

@@ -85,7 +85,11 @@ Aggregator → relay → rank (downstream, after ``welcome``):
             Request kinds and their answer's ``data`` validators are one table,
             :data:`traceml_core.wire.frames.REQUESTS`; adding a kind means adding a row there and
             a responder in the SDK (``sdk/responders.py``). Built in: ``counts`` (the rank's
-            records produced, sent and dropped so far).
+            records produced, sent and dropped so far) and ``stacks`` (the hang autopsy: the
+            rank answers ``{"source": "sdk", "in_flight", "launched", "step", "in_step"}``, the
+            collective it launched and that has not completed; its relay also makes it dump
+            every thread's stack with faulthandler and sends ``{"source": "faulthandler", "ok",
+            "text", "error"}`` up as that rank's answer, ``text`` at most 64 KiB).
 ``end``     ``{"t"}``: the run's summary is written and the aggregator is about to close this
             link: the relay stops reporting or reconnecting (a clean end is not a lost link).
 
@@ -101,6 +105,10 @@ answer, so an answer to a timed-out request is never taken for the next one's):
             ``"error"`` string) and exits.
 ``query``   ``{"t","id"}``: answered with ``status`` ``{"t","id","nodes_joined","ranks_connected",
             "ranks_seen","records","checkpoint_s","silent",...}`` (node joins, the hang watchdog).
+``autopsy`` ``{"t","id","silent_s","threshold_s","threshold_source"}``: take a hang report (the
+            launcher saw no step for the threshold): the aggregator sends ``req`` ``stacks`` to
+            every relay, gathers the answers (at most 6 s), keeps the report for the summary and
+            answers ``autopsy`` ``{"t","id","report"}`` (see report/hang.py).
 ``snapshot``  ``{"t","id","series","verdict"}``: for the live views (``--mode cli|dashboard``),
             answered with ``snapshot`` (built by :func:`traceml_core.views.snapshot.snapshot_frame`
             from the aggregator's :class:`traceml_core.aggregator.state.RunState` alone).

@@ -1,0 +1,27 @@
+"""Reading a ``final_summary.json`` a user points at, with the one-paragraph errors both ``traceml
+report`` and ``traceml compare`` give (each names the file and says what to pass instead)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from ..aggregator.persist import SUMMARY_JSON
+from ..errors import TraceMLError
+
+
+def read_summary(p: Path, who: str, error: type[TraceMLError]) -> dict[str, Any]:
+    """The summary in ``p``; ``error`` (prefixed by ``who``: "Run A (path)", or the path) when the
+    file cannot be read, is not JSON or is not a TraceML summary."""
+    try:
+        doc = json.loads(p.read_text())
+    except OSError as exc:
+        raise error(f"{who}: cannot read it ({exc.strerror or exc}).") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise error(f"{who}: not a TraceML summary: the file is not JSON ({str(exc)[:80]}). Pass the "
+                    f"{SUMMARY_JSON} that `traceml run` wrote, or its run directory.") from None
+    if not isinstance(doc, dict) or "schema_version" not in doc or "run" not in doc:
+        raise error(f"{who}: not a TraceML summary (no schema_version/run fields). Pass the "
+                    f"{SUMMARY_JSON} that `traceml run` wrote, or its run directory.")
+    return doc
