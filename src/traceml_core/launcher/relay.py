@@ -158,7 +158,7 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None) -> None:
+                 stacks: Optional[Any] = None, port: int = 0) -> None:
         self.node = node
         #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
         self.stacks = stacks
@@ -169,7 +169,7 @@ class Relay(Handler):
         self.budget = max(1 << 16, int(budget_bytes))
         self.flush_s = max(0.0, flush_s)
         self.counters: dict[str, int] = {}
-        self.net = FramedServer(listen(bind_host, 0, 1024), self, counters=self.counters,
+        self.net = FramedServer(listen(bind_host, port, 1024), self, counters=self.counters,
                                 log=self._warn, name=f"node {node}'s relay",
                                 limits=Limits(hello_timeout_s=handshake_timeout_s,
                                               max_pending=MAX_PENDING,

@@ -113,9 +113,11 @@ class NodeTelemetry:
         with self._lock:
             self.handle, self.link = new, new.control
 
-    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False) -> Optional[Relay]:
-        """Start this node's relay and wait (at most ``wait`` s) for its link to node 0's
-        aggregator. Never raises; None when the relay cannot listen (no telemetry from here).
+    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False,
+                    port: int = 0) -> Optional[Relay]:
+        """Start this node's relay on ``port`` (0: any; the task layout fixes it) and wait (at most
+        ``wait`` s) for its link to node 0's aggregator. Never raises; None when the relay cannot
+        listen (no telemetry from here).
 
         Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
         long --aggregator-wait is."""
@@ -127,7 +129,7 @@ class NodeTelemetry:
         try:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
-                               upstream=up, hostname=self.hostname,
+                               upstream=up, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
@@ -175,6 +177,22 @@ class NodeTelemetry:
             node=self.config.node_rank, host=self.hostname, interval=SYSTEM_INTERVAL_S).start()
 
     # -- during the run --------------------------------------------------------------------------
+    # -- the task layout (launcher/task.py) -----------------------------------------------------
+    def all_ranks_ended(self) -> bool:
+        """Node 0: every rank of the run has been seen and none is connected any more."""
+        if self.handle is None:
+            return True
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if status is None:
+            return True   # no aggregator to ask: nothing to wait for
+        return (int(status.get("ranks_connected", 0)) == 0
+                and int(status.get("ranks_seen", 0)) >= self.config.world_size)
+
+    def relay_ranks_connected(self) -> int:
+        relay = self.relay
+        return relay.stats().ranks_connected if relay is not None else 0
+
     def attach(self, sup: Supervisor) -> None:
         self._sup = sup
         self._started = time.monotonic()
@@ -333,7 +351,7 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+    def finish(self, *, exit_code: Optional[int], interrupted: bool, reason: Optional[str],
                report: Optional[dict[str, Any]] = None) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
         ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""

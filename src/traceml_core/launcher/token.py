@@ -68,7 +68,8 @@ def resolve_token(config: LaunchConfig, environ: Mapping[str, str]) -> Token:
                          f"{ENV_VAR} is only {len(given)} characters; use at least {MIN_LENGTH} random "
                          f"characters (for example `{EXPORT_HINT}`).")
         return Token(given, f"env:{ENV_VAR}")
-    if not config.is_multinode:
+    if not config.is_multinode and config.layout != "task":
+        # (the task layout's tasks cannot hand each other a random value: they derive it too)
         return Token(secrets.token_hex(16), "generated")
     path = secret_path(environ)
     value = job_token(user_secret(path), job_id=config.job_id, run_name=config.run_name,
