@@ -66,21 +66,6 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
     assert time.monotonic() - t0 < 60
 
 
-def test_pinned_aggregator_host_and_bind_host(slurm_cluster, tmp_path):
-    ip = slurm_cluster.node_ip("node1")
-    script = f"""#!/bin/bash
-export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 50 \\
-  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
-"""
-    job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
-                                            timeout=120, env=job_env(tmp_path))
-    assert state == "COMPLETED", out
-    data = summary(tmp_path)
-    assert data["topology"]["nodes_joined"] == 2 and data["telemetry"]["records_received"] == 2 * 50
-    assert f"aggregator {ip}:29800" in out
-
-
 def _wait_for(path: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -129,12 +114,15 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 def test_time_limit_writes_interrupted_summary(slurm_cluster, tmp_path):
     """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait, and its
     loss figures hold against what the ranks really did (the time-limit row of the fault table in
-    test_accounting_slurm.py)."""
+    test_accounting_slurm.py). The same job pins the aggregator's host, bind address and port to
+    node 1's IP (flags beat what Slurm gives): node 2's rank reaches it there."""
+    ip = slurm_cluster.node_ip("node1")
     progress = tmp_path / "progress"
     progress.mkdir()
     script = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun traceml run {REPO}/tests/faults/faulty_train.py --steps 10000000 --step-ms 25 --run-name=limit
+srun traceml run {REPO}/tests/faults/faulty_train.py --steps 10000000 --step-ms 25 --run-name=limit \\
+  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
 """
     job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1",
                                             "--time=1", *SMALL, timeout=200,
@@ -148,3 +136,5 @@ srun traceml run {REPO}/tests/faults/faulty_train.py --steps 10000000 --step-ms 
     assert "interrupted by SIGTERM: the job reached its time limit" in data["run"]["reason"], data["run"]
     assert data["topology"]["nodes_joined"] == 2
     assert data["telemetry"]["records_received"] > 0
+    assert f"aggregator {ip}:29800" in out
+    assert all(r["telemetry"]["received"] > 0 for r in data["ranks"]), data["ranks"]
