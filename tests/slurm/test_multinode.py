@@ -66,10 +66,19 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
     assert time.monotonic() - t0 < 60
 
 
-def _wait_for(path: Path, timeout: float) -> None:
+def _wait_for_records(state_file: Path, timeout: float) -> None:
+    """Until the aggregator's checkpoint holds step records (the link probe and the workers'
+    start-up are over)."""
+    from traceml_core.aggregator.persist import load_checkpoint
+
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+    while True:
+        try:
+            if int(load_checkpoint(state_file)["state"]["records"]) > 0:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"no step records in {state_file} within {timeout} s"
         time.sleep(0.3)
 
 
@@ -81,8 +90,7 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 """
     job = slurm_cluster.submit(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
                                env=job_env(tmp_path))
-    _wait_for(tmp_path / "lost" / "aggregate.state", 60)
-    time.sleep(2)
+    _wait_for_records(tmp_path / "lost" / "aggregate.state", 60)   # mid-run: training is under way
     slurmd = int((slurm_cluster.dir / "node2" / "slurmd.pid").read_text())
     killed = []
     for pid in slurm_cluster.node_pids("node2"):

@@ -63,6 +63,7 @@ def combine(base: Optional[dict[str, Any]], live: dict[str, Any]) -> dict[str, A
     out["counters"] = {k: base.get("counters", {}).get(k, 0) + v for k, v in live["counters"].items()}
     out["resumed"] = (base.get("resumed") or 0) + 1
     out["hangs"] = list(base.get("hangs") or []) + list(live.get("hangs") or [])
+    out["probe"] = live.get("probe") or base.get("probe")  # measured before the restart
     ranks = {r["rank"]: r for r in base.get("ranks", [])}
     for r in live["ranks"]:
         ranks[r["rank"]] = _rank(ranks[r["rank"]], r) if r["rank"] in ranks else r

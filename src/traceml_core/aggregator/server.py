@@ -313,6 +313,9 @@ class Server(Handler):
             self.ingest.system(i, checked)
         elif t == "autopsy":
             self._autopsy_start(conn, checked)
+        elif t == "probe":      # the link probe between the nodes (traceml_core/linkprobe)
+            self.state.probe = checked["result"]
+            self.state.dirty = True
 
     # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
     def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:

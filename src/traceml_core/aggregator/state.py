@@ -50,6 +50,8 @@ class RunState:
         self.run_dir_note: Optional[str] = None
         #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary
         self.hangs: list[dict[str, Any]] = []
+        #: the link probe's section from node 0's launcher (``probe`` frame), or None
+        self.probe: Optional[dict[str, Any]] = None
         self.records = 0
         self.dirty = True
         #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
@@ -114,4 +116,5 @@ class RunState:
             "finish": self.finish,
             "run_dir_note": self.run_dir_note,
             "hangs": list(self.hangs),
+            "probe": self.probe,
         })

@@ -84,7 +84,7 @@ def _communication_lines(summary: dict[str, Any]) -> list[str]:
 
 def _probe_lines(probe: dict[str, Any]) -> list[str]:
     if probe.get("error"):
-        return [f"Link probe: not run ({probe['error']})"]
+        return [f"Link probe: the links between the nodes were not measured ({probe['error']})"]
     nodes = probe.get("nodes") or []
     parts = [f"{n['node']}={n.get('host') or '?'} {_gbps(n.get('gbps'))}" for n in nodes[:MAX_RANK_LINES]]
     line = (f"Link probe (best send rate per node; up to {probe.get('bytes_per_pair', 0) / 1e6:.3g} MB "
