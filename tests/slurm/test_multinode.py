@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from e2e import REPO, hostnames, job_env, summary
+from e2e import REPO, check_against_truth, hostnames, job_env, summary, truth
 
 SBATCH = str(REPO / "examples" / "slurm" / "traceml_ddp.sbatch")
 SMALL = ("--cpus-per-task=1",)
@@ -120,19 +120,25 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 
 
 def test_time_limit_writes_interrupted_summary(slurm_cluster, tmp_path):
-    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait.
-    The same job pins the aggregator's host, bind address and port to node 1's IP (flags beat
-    what Slurm gives): node 2's rank reaches it there."""
+    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait, and its
+    loss figures hold against what the ranks really did (the time-limit row of the fault table in
+    test_accounting_slurm.py). The same job pins the aggregator's host, bind address and port to
+    node 1's IP (flags beat what Slurm gives): node 2's rank reaches it there."""
     ip = slurm_cluster.node_ip("node1")
+    progress = tmp_path / "progress"
+    progress.mkdir()
     script = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limit \\
+srun traceml run {REPO}/tests/faults/faulty_train.py --steps 10000000 --step-ms 25 --run-name=limit \\
   --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
 """
     job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1",
-                                            "--time=1", *SMALL, timeout=200, env=job_env(tmp_path))
+                                            "--time=1", *SMALL, timeout=200,
+                                            env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
     assert state == "TIMEOUT", out
     data = summary(tmp_path, "limit")
+    tel = check_against_truth(data, truth(progress), (tmp_path / "limit" / "final_summary.txt").read_text())
+    assert not tel["complete"] or tel["records_unsent_max"] == 0
     assert data["run"]["status"] == "interrupted", data["run"]
     # who sent the SIGTERM: the end time where Slurm gives it (24.11), else the controller (22.05)
     assert "interrupted by SIGTERM: the job reached its time limit" in data["run"]["reason"], data["run"]

@@ -56,6 +56,8 @@ class RunState:
         self.dirty = True
         #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
         self.unflushed: set[RankState] = set()
+        #: a restarted aggregator: the checkpoint it went on from (aggregator/resume.py)
+        self.base: Optional[dict[str, Any]] = None
 
     def flush(self) -> None:
         """Compute the statistics of every pending frame (before a snapshot, checkpoint, summary)."""
@@ -99,7 +101,10 @@ class RunState:
             ni.via = via
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        """Plain data; for a restarted aggregator, combined with the checkpoint it went on from."""
+        from .resume import combine
+
+        return combine(self.base, {
             "settings": self.settings.public(),
             "aggregator_started_at": self.aggregator_started_at,
             "phases": list(DURATION_COLUMNS),
@@ -112,4 +117,4 @@ class RunState:
             "run_dir_note": self.run_dir_note,
             "hangs": list(self.hangs),
             "probe": self.probe,
-        }
+        })

@@ -34,6 +34,8 @@ from .token import Token, disagreement_hint
 WATCH_INTERVAL_S = 1.0
 #: the join waits in slices this long, checking for SIGTERM between them
 JOIN_SLICE_S = 1.0
+#: how often node 0's launcher restarts an aggregator that died mid-run
+MAX_RESTARTS = 2
 #: seconds between two system samples of a node
 SYSTEM_INTERVAL_S = 1.0
 
@@ -66,6 +68,8 @@ class NodeTelemetry:
         self.join_refused = False
         self._lock = threading.Lock()
         self._reporter: Any = None
+        self._restarts = 0
+        self._restart_failed = False
         self._sup: Optional[Supervisor] = None
         self._started = time.monotonic()
         self._next_watch = 0.0
@@ -96,6 +100,35 @@ class NodeTelemetry:
         self.link = self.handle.control
         if self.handle.run_dir_note:
             log(f"warning: {self.handle.run_dir_note}")
+
+    def _restart_aggregator(self) -> None:
+        """Node 0's aggregator died mid-run (SIGKILL, OOM kill): start another on the same port,
+        going on from the last checkpoint. The relays reconnect by themselves and send what they
+        still hold; what reached the dead one after its checkpoint is counted as lost, exactly
+        (aggregator/resume.py). At most MAX_RESTARTS times: after that (or if it cannot start)
+        the summary is rebuilt from the last checkpoint at the end, as before."""
+        h = self.handle
+        if h is None or self._restarts >= MAX_RESTARTS or self._restart_failed:
+            return
+        from ..aggregator.persist import CHECKPOINT_NAME
+        from ..aggregator.process import _describe_exit
+
+        code = h.proc.poll()
+        self._restarts += 1
+        ckpt = h.run_dir / CHECKPOINT_NAME
+        log(f"warning: the aggregator exited ({_describe_exit(code)}); starting a new one on port "
+            f"{h.port} from its last checkpoint (training is not affected)")
+        settings = h.settings.model_copy(update={"port": h.port, "resume_from": str(ckpt) if ckpt.exists() else "",
+                                                 "port_source": h.settings.port_source})
+        try:
+            new = start_aggregator(settings)
+        except Exception as exc:  # noqa: BLE001 - telemetry trouble never stops training
+            self._restart_failed = True
+            log(f"warning: could not restart the aggregator ({exc}); the summary will be rebuilt "
+                "from its last checkpoint at the end")
+            return
+        with self._lock:
+            self.handle, self.link = new, new.control
 
     def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False,
                     port: int = 0) -> Optional[Relay]:
@@ -254,6 +287,8 @@ class NodeTelemetry:
         """Called by the supervisor loop on node 0: notice hung ranks, and nodes that never join
         or vanish."""
         hang = self.config.hang_timeout
+        if self.handle is not None and not self.handle.alive():
+            self._restart_aggregator()
         watch = self.hangwatch.setting != "off"
         if self.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang
                                                                  and not watch):
@@ -410,6 +445,8 @@ class NodeTelemetry:
         if self.probe is not None:
             self.probe.close()
         relay = self.relay
+        if self.handle is not None and not self.handle.alive():
+            self._restart_aggregator()  # so the summary is the live one, with exact loss counts
         if self.handle is not None:
             if relay is not None:
                 # every rank's last frames reach the aggregator before it drains and summarises

@@ -224,8 +224,22 @@ def render(summary: dict[str, Any]) -> str:
         worst = ", ".join(f"rank {r['rank']}: {r['telemetry']['lost']}" for r in lossy[:3]
                           if r["telemetry"]["lost"])
         loss += f"{tel['records_lost']:,} lost ({worst})"
-    else:
+    elif tel.get("complete"):
         loss += "none lost"
+    else:
+        loss += "none known lost"
+    unsure = tel.get("ranks_without_goodbye") or 0
+    if unsure:
+        bound = tel.get("records_unsent_max")
+        open_ranks = sorted((r for r in summary["ranks"] if r["status"] != "never_joined"
+                             and r["telemetry"].get("unsent_max") != 0),
+                            key=lambda r: -(r["telemetry"].get("unsent_max") or 1 << 62))
+        each = ", ".join(f"rank {r['rank']}: " + ("?" if r["telemetry"].get("unsent_max") is None
+                                                  else f"<= {r['telemetry']['unsent_max']:,}")
+                         for r in open_ranks[:3])
+        loss += (f"; incomplete: {unsure} rank(s) ended without a goodbye, so records they held "
+                 "unsent cannot be counted: "
+                 + ("no bound" if bound is None else f"at most about {bound:,} more") + f" ({each})")
     silent = endings.get("never_joined", 0)
     if silent:
         loss += f"; {silent} rank(s) never connected"

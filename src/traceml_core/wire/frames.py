@@ -185,6 +185,7 @@ def check_join(msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("host"):
         msg["host"] = msg["host"][:255]
     msg["new"] = bool(msg.get("new", True))
+    _int(msg, "seq_end", optional=True)
     return msg
 
 
