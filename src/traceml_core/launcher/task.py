@@ -43,7 +43,9 @@ from .token import resolve_token
 from .torchrun import BOOTSTRAP_MODULE
 
 #: the relay's port is the aggregator's + this: under Slurm the last port of the job's block of
-#: four (master, aggregator, the dashboard's default, spare), so no other job uses it
+#: four (master, aggregator, the dashboard's default, spare), so no other job uses it. (The node
+#: layout's link probe serves on the same spare port; the task layout runs no link probe: the
+#: summary's probe section stays empty.)
 RELAY_PORT_OFFSET = 2
 #: seconds rank 0 (and each node's local rank 0) waits, after its own worker ended, for the other
 #: ranks to end; srun's --kill-on-bad-exit or DDP itself normally ends them together
