@@ -138,6 +138,9 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             telemetry.start_aggregator(script, script_args)
         relay = telemetry.start_relay(config.aggregator_wait,
                                       interrupted=lambda: sup.interrupted_by is not None)
+        # multi-node: the bandwidth probe between the launchers (node 0 runs it before its workers
+        # start; bounded, --link-probe off skips it)
+        telemetry.link_probe(interrupted=lambda: sup.interrupted_by is not None)
 
         info = RunInfo(
             run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
