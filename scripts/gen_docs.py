@@ -37,7 +37,8 @@ REGION = re.compile(r"(<!-- BEGIN GENERATED: (?P<name>[a-z-]+) -->\n)(?P<body>.*
 OTHER_VARIABLES = {
     "TRACEML_TOKEN": ("user", "The run's auth token (at least 16 random characters). Export a fresh random value "
                       "before `srun` in multi-node jobs: every node's launcher then shares it through the step's "
-                      "environment. Generated jobs do this. See [Security](security.md)."),
+                      "environment. Generated jobs do this. Without it, multi-node runs derive one from a per-user secret in "
+                      "`~/.traceml/secret` (needs a home directory shared by the nodes). See [Security](security.md)."),
     "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
                             "addresses of the coordinator they connect back to."),
     "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "

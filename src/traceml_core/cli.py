@@ -122,9 +122,18 @@ def print_config(config, script: Optional[str], script_args: Sequence[str], *, a
                  extra: Sequence[str] = (), notes: Sequence[str] = ()) -> int:
     from .launcher.torchrun import torchrun_command
 
-    cmd = torchrun_command(config, script or "SCRIPT", script_args, extra=extra)
+    task = config.layout == "task"
+    if task:
+        from .launcher.task import worker_command
+
+        cmd = worker_command(script or "SCRIPT", script_args, module="--module" in extra,
+                             no_python="--no-python" in extra)
+    else:
+        cmd = torchrun_command(config, script or "SCRIPT", script_args, extra=extra)
     if as_json:
         data = config.to_json()
+        data["layout_reason"] = config.layout_reason or None
+        data["command"] = cmd
         sys.stdout.write(json.dumps(data) + "\n")
         return 0
     rows = [(k, "" if v is None else str(v), s) for k, v, s in config.items()]
@@ -137,7 +146,14 @@ def print_config(config, script: Optional[str], script_args: Sequence[str], *, a
         print(f"warning: {w}")
     for n in notes:
         print(f"note: {n}")
-    print("\ntorchrun command on this node:")
+    why = f" ({config.layout_reason})" if config.layout_reason else ""
+    if task:
+        print(f"\nlayout: task - this task is rank {config.task_rank} of {config.world_size} (local rank "
+              f"{config.local_rank} of {config.nproc_per_node} on node {config.node_rank}){why}")
+        print("worker command of this task (no torchrun):")
+    else:
+        print(f"\nlayout: node - one launcher per node{why}")
+        print("torchrun command on this node:")
     print("  " + shlex.join(cmd))
     return 0
 

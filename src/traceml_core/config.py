@@ -27,7 +27,9 @@ from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
 #: keys that are not options but context a cluster may provide (job identity)
-CONTEXT_KEYS = ("job_id", "node_name", "job_end_time")
+CONTEXT_KEYS = ("job_id", "node_name", "job_end_time", "task_rank", "local_rank")
+#: the launch layouts (the ``layout`` option's resolved values); see LaunchConfig.layout
+NODE_LAYOUT, TASK_LAYOUT = "node", "task"
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ class LaunchConfig:
     aggregator_wait: float
     cluster: str
     auto_steps: bool = True
+    #: "node": this process is a node's launcher (torchrun starts nproc_per_node workers);
+    #: "task": this process is one rank's task (rank ``task_rank``, ``local_rank`` on its node of
+    #: ``nproc_per_node``), started by the cluster (one srun task per GPU)
+    layout: str = NODE_LAYOUT
+    task_rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    #: why this layout, in words (from the cluster plugin; printed by --print-config)
+    layout_reason: str = ""
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
     link_probe: str = "32"
@@ -163,6 +173,17 @@ def resolve(
         if key not in chosen:
             chosen[key] = setting
 
+    # "auto" (given or default) is the cluster's layout, else one launcher per node
+    if "layout" not in chosen or chosen["layout"].value == "auto":
+        chosen["layout"] = contribution.values.get("layout") or Setting(NODE_LAYOUT, "default")
+    if chosen["layout"].value == NODE_LAYOUT and contribution.values.get("layout") is not None \
+            and contribution.values["layout"].value != NODE_LAYOUT:
+        # an explicit --layout=node overrides the cluster: its task identity does not apply
+        for key in ("task_rank", "local_rank", "layout_reason"):
+            chosen.pop(key, None)
+        if chosen.get("nproc_per_node") is contribution.values.get("nproc_per_node"):
+            chosen.pop("nproc_per_node")
+
     # Defaults and derived values.
     for option in OPTIONS:
         if option.key in chosen or option.default is None:
@@ -227,6 +248,17 @@ def _core_checks(c: LaunchConfig) -> list[Refusal]:
             f"the aggregator host {c.aggregator_host!r} (from {c.source('aggregator_host')}) is a loopback "
             f"address, but this run has {c.nnodes} nodes. Pass node 0's address with --aggregator-host.",
             frozenset(), "aggregator_host"))
+    if c.layout == TASK_LAYOUT and c.mode != "summary":
+        out.append(Refusal(
+            f"--mode={c.mode} (from {c.source('mode')}) needs one launcher per node, but this launch is one "
+            f"task per GPU (layout task, from {c.source('layout')}). Use --mode=summary, or launch one "
+            f"`traceml run` per node (srun --ntasks-per-node=1) to watch live.", frozenset(), "mode"))
+    if c.layout == TASK_LAYOUT and (c.task_rank is None or c.local_rank is None):
+        out.append(Refusal(
+            f"--layout=task (from {c.source('layout')}) needs each task's rank from the cluster (under "
+            f"Slurm, SLURM_PROCID and SLURM_LOCALID inside an srun step with several tasks per node), and "
+            f"none is known here. Launch with `srun --ntasks-per-node=G traceml run train.py`, or use "
+            f"--layout=node (one launcher per node starts the workers).", frozenset(), "layout"))
     if c.master_port == c.aggregator_port:
         out.append(Refusal(
             f"--master-port and --aggregator-port are both {c.master_port}; node 0 needs two different "

@@ -84,6 +84,16 @@ def _mode(text: str) -> str:
     return value
 
 
+LAYOUTS = ("auto", "node", "task")
+
+
+def _layout(text: str) -> str:
+    value = _nonempty(text).lower()
+    if value not in LAYOUTS:
+        raise ValueError(f"must be one of {', '.join(LAYOUTS)}")
+    return value
+
+
 def _exports(text: str) -> str:
     value = _nonempty(text).lower()
     kinds = [k.strip() for k in value.split(",") if k.strip()]
@@ -243,9 +253,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("link_probe", _link_probe, str(LINK_PROBE_MB),
            "Multi-node: before training, node 0 measures the TCP bandwidth between the nodes' "
            "launchers (each node sends up to this many MB, for at most 1 s, to each of two other "
-           "nodes: about 1-3 s at the start) and names a node whose link is much slower than the "
-           "others'; off = skip it.", "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
+           "nodes: 0.1-5 s at the start, never more than the node-join window + 30 s; never fails "
+           "the run) and names a node whose link is much slower than the others'; off = skip it.",
+           "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
+    Option("layout", _layout, "auto",
+           "How ranks start: node = one `traceml run` per node starts a worker per GPU with torchrun; "
+           "task = every task of the job step is one rank (one srun task per GPU, Lightning's and "
+           "submitit's layout; no torchrun); auto = the cluster plugin decides (Slurm: task when the srun "
+           "step runs more than one task per node), else node.", "MODE", default_doc="auto"),
     Option("auto_steps", bool, True,
            "Find steps in a script that does not call trace_step: from Lightning's, the Hugging "
            "Face Trainer's or Accelerate's own hooks, else one step per optimizer step (off: only "

@@ -202,15 +202,58 @@ class SlurmEnvironment(ClusterEnvironment):
         if len(hosts) == nnodes:
             values["hostnames"] = Setting(tuple(hosts), v.source(list_field))
         if v.step_tasks_per_node:
-            runs = tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE")
-            most = max(count for count, _ in runs)
-            if most > 1:
-                out.refusals.append(Refusal(
-                    f"this srun step runs {most} tasks on a node (SLURM_STEP_TASKS_PER_NODE="
-                    f"{v.step_tasks_per_node}), but TraceML needs ONE launcher per node: it starts one worker "
-                    f"per GPU itself. Use `srun --ntasks-per-node=1` (with --gres=gpu:N or --gpus-per-node=N "
-                    f"for the GPUs): `{launcher_srun_line(nnodes)}`.",
-                    LAUNCH_KEYS, "SLURM_STEP_TASKS_PER_NODE"))
+            self._layout_values(v, nnodes, out)
+
+    def _layout_values(self, v: SlurmVars, nnodes: int, out: Contribution) -> None:
+        """One launcher per node (one task per node; the default) or one task per GPU (several
+        tasks per node: Lightning's and submitit's layout, each task one rank, no torchrun)."""
+        values = out.values
+        tpn = v.step_tasks_per_node or ""
+        runs = tasks_per_node(tpn, "SLURM_STEP_TASKS_PER_NODE")
+        counts = sorted({count for count, _ in runs})
+        most = counts[-1]
+        if most <= 1:
+            values["layout"] = Setting("node", f"slurm:SLURM_STEP_TASKS_PER_NODE={tpn}")
+            values["layout_reason"] = Setting(
+                "one task per node: this node's `traceml run` starts one worker per GPU with torchrun",
+                "slurm:SLURM_STEP_TASKS_PER_NODE")
+            return
+        per_task = (f"this srun step runs {most} tasks on each node (SLURM_STEP_TASKS_PER_NODE={tpn})")
+        if len(counts) > 1:
+            out.refusals.append(Refusal(
+                f"this srun step runs a different number of tasks on different nodes "
+                f"(SLURM_STEP_TASKS_PER_NODE={tpn}). One task per GPU needs the same number on every "
+                f"node: `srun --ntasks-per-node=G traceml run train.py` with G GPUs per node; or start one "
+                f"launcher per node: `{launcher_srun_line(nnodes)}`.",
+                LAUNCH_KEYS | {"layout"}, "SLURM_STEP_TASKS_PER_NODE"))
+            return
+        values["layout"] = Setting("task", f"slurm:SLURM_STEP_TASKS_PER_NODE={tpn}")
+        values["nproc_per_node"] = Setting(most, "slurm:SLURM_STEP_TASKS_PER_NODE")
+        missing = [name for name, val in (("SLURM_PROCID", v.procid), ("SLURM_LOCALID", v.localid))
+                   if val is None]
+        if missing:
+            raise ConfigError(
+                f"{per_task}, so each task is one rank, but {' and '.join(missing)} is not set, so this "
+                f"task's rank is unknown. srun sets it in every task; if a wrapper script clears the "
+                f"environment, keep the SLURM_* variables.", variable=missing[0])
+        world = nnodes * most
+        if v.step_num_tasks is not None and v.step_num_tasks != world:
+            out.refusals.append(Refusal(
+                f"{per_task} on {nnodes} node(s), which makes {world} ranks, but the step has "
+                f"{v.step_num_tasks} tasks (SLURM_STEP_NUM_TASKS). Give srun whole nodes: "
+                f"`srun --nodes={nnodes} --ntasks-per-node={most} traceml run train.py`.",
+                LAUNCH_KEYS | {"layout"}, "SLURM_STEP_NUM_TASKS"))
+        if v.procid is not None and v.procid >= world or v.localid is not None and v.localid >= most:
+            raise ConfigError(
+                f"SLURM_PROCID={v.procid} / SLURM_LOCALID={v.localid} are out of range for {world} ranks, "
+                f"{most} per node. These come from Slurm; if your script sets them, remove that.",
+                variable="SLURM_PROCID")
+        values["task_rank"] = Setting(v.procid, v.source("procid"))
+        values["local_rank"] = Setting(v.localid, v.source("localid"))
+        values["layout_reason"] = Setting(
+            f"{per_task}: each task is one rank (rank SLURM_PROCID={v.procid}, local rank "
+            f"SLURM_LOCALID={v.localid} of {most}); no torchrun. Local rank 0 of each node runs the "
+            f"node's relay, rank 0 the aggregator.", "slurm:SLURM_STEP_TASKS_PER_NODE")
 
     def _shell_values(self, v: SlurmVars, ctx: Context, out: Contribution) -> None:
         values = out.values
@@ -234,6 +277,10 @@ class SlurmEnvironment(ClusterEnvironment):
 
     def _gpu_values(self, v: SlurmVars, in_step: bool, out: Contribution) -> None:
         values = out.values
+        layout = values.get("layout")
+        if layout is not None and layout.value == "task":
+            self._task_gpus(v, out)
+            return
         if v.gpus_on_node is not None and v.gpus_on_node > 0:
             values["nproc_per_node"] = Setting(v.gpus_on_node, v.source("gpus_on_node"))
             return
@@ -257,6 +304,25 @@ class SlurmEnvironment(ClusterEnvironment):
             "CPU job with N workers per node, export TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE in the "
             "sbatch script before srun (inside the launcher step Slurm sets SLURM_NTASKS_PER_NODE to the "
             "step's 1), or request GPUs with --gres=gpu:N.")
+
+    def _task_gpus(self, v: SlurmVars, out: Contribution) -> None:
+        """One task per GPU: the node's GPUs must match its tasks (each task takes one)."""
+        tasks = out.values["nproc_per_node"].value
+        gpus = v.gpus_on_node
+        if gpus is None and v.step_gpus:
+            gpus = len([g for g in v.step_gpus.split(",") if g.strip()])
+        if not gpus:
+            out.warnings.append(
+                f"no GPU is allocated to this job: each of the {tasks} tasks per node is one CPU rank. "
+                f"Request GPUs with --gres=gpu:{tasks} (one per task).")
+            return
+        if gpus != tasks:
+            out.refusals.append(Refusal(
+                f"this srun step runs {tasks} tasks per node (SLURM_STEP_TASKS_PER_NODE) but the node has "
+                f"{gpus} GPU(s) (SLURM_GPUS_ON_NODE): with one task per GPU they must match. Either "
+                f"`srun --ntasks-per-node={gpus} traceml run train.py` (one task per GPU) or "
+                f"`srun --ntasks-per-node=1 traceml run train.py` (one launcher per node, which starts "
+                f"a worker per GPU).", frozenset({"layout"}), "SLURM_GPUS_ON_NODE"))
 
     def _master_addr_env(self, environ: Mapping[str, str], out: Contribution) -> None:
         stale = environ.get("MASTER_ADDR", "").strip()
@@ -302,6 +368,15 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"--node-rank (TraceML reads SLURM_NODEID on each node), or put the command in a wrapper "
                 f"script that srun runs on each node. To override Slurm anyway, pass --cluster=none.",
                 frozenset(), "node_rank"))
+        if getattr(config, "layout", "node") == "node" and v.step_tasks_per_node:
+            most = max(count for count, _ in tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE"))
+            if most > 1:
+                out.append(Refusal(
+                    f"--layout=node (from {config.source('layout')}) but this srun step runs {most} tasks on "
+                    f"a node (SLURM_STEP_TASKS_PER_NODE={v.step_tasks_per_node}): each of them would start "
+                    f"its own torchrun with a worker per GPU. Either drop --layout (each task is then one "
+                    f"rank: one task per GPU) or start one launcher per node: "
+                    f"`{launcher_srun_line(step_nodes)}`.", frozenset(), "layout"))
         if config.source("nnodes").startswith(("cli", "env:")) and step_nodes and config.nnodes != step_nodes:
             out.append(Refusal(
                 f"--nnodes={config.nnodes} (from {config.source('nnodes')}) but this srun step spans "

@@ -34,3 +34,40 @@ def summary(logs_dir: Path, run_name: Optional[str] = None) -> dict[str, Any]:
 
 def hostnames(data: dict[str, Any]) -> list[str]:
     return [n["hostname"] for n in data["topology"]["nodes"]]
+
+
+# ---- loss accounting against the truth (tests/faults/faulty_train.py's progress files) -------------
+
+def truth(progress: Path) -> dict[int, int]:
+    """Steps each rank really completed (the ``step`` lines faulty_train.py writes), by rank."""
+    out = {}
+    for f in progress.glob("rank*.txt"):
+        out[int(f.stem[4:])] = sum(1 for ln in f.read_text().splitlines() if ln.startswith("step "))
+    return out
+
+
+def check_against_truth(data: dict[str, Any], real: dict[int, int], text: str) -> dict[str, Any]:
+    """The summary's loss figures against what training really did; ``text``: final_summary.txt."""
+    tel = data["telemetry"]
+    exact = True
+    for r in data["ranks"]:
+        t = r["telemetry"]
+        did = real.get(r["rank"], 0)
+        if t["expected"] is None:
+            assert t["unsent_max"] is None
+            exact = exact and did == 0
+            continue
+        assert t["received"] + t["lost"] == t["expected"], t
+        assert t["received"] <= did + 1 and t["expected"] <= did + 1, (r["rank"], t, did)
+        if t["unsent_max"] == 0:   # said goodbye: exact
+            assert t["expected"] >= did, (r["rank"], t, did)
+        elif t["unsent_max"] is not None:  # the bound it states holds
+            assert did - t["expected"] <= t["unsent_max"], (r["rank"], t, did)
+        exact = exact and t["expected"] >= did and t["lost"] == 0
+    if not exact:
+        assert not tel["complete"], (tel, real)
+    assert ("none lost" in text) == tel["complete"], (tel, text)
+    if not tel["complete"] and tel["ranks_without_goodbye"]:
+        bound = tel["records_unsent_max"]
+        assert "incomplete" in text and (bound is None or f"at most about {bound:,} more" in text), text
+    return tel

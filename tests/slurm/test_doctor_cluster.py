@@ -96,12 +96,15 @@ def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     c = checks(report)
     for cid in ("cross.answers", "cross.node-ranks", "cross.config-agrees", "cross.master-address",
                 "cross.ports-reachable", "cross.versions", "cross.logs-shared", "cross.clock-skew",
-                "cross.gloo-allreduce", "cross.aggregator"):
+                "cross.gloo-allreduce", "cross.aggregator", "cross.link-bandwidth"):
         assert c[cid]["status"] == "pass", (cid, c[cid])
         assert set(c[cid]["nodes"]) == {"node1", "node2"}, cid
     assert c["cross.nccl-bandwidth"]["status"] == "skip"
     assert "sum 3 = 3 over 2 nodes" in node(report, "cross.gloo-allreduce", "node2")["observed"]
     assert "rank 1 reached node 0's aggregator and its summary" in node(report, "cross.aggregator", "node2")["observed"]
+    link = node(report, "cross.link-bandwidth", "node2")   # the link probe between the agents
+    assert link["data"]["gbps"] > 0.1 and [(p["src"], p["dst"]) for p in link["data"]["pairs"]] == [(0, 1), (1, 0)]
+    assert "sends" in link["observed"] and "to node1" in link["observed"]
     # the controller facts come from the real scontrol
     for cid in ("ctl.job", "ctl.nodes", "ctl.gres", "ctl.partition", "time.left", "time.signal"):
         assert c[cid]["status"] == "pass", (cid, c[cid])

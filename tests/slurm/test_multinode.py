@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from e2e import REPO, hostnames, job_env, summary
+from e2e import REPO, check_against_truth, hostnames, job_env, summary, truth
 
 SBATCH = str(REPO / "examples" / "slurm" / "traceml_ddp.sbatch")
 SMALL = ("--cpus-per-task=1",)
@@ -66,25 +66,19 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
     assert time.monotonic() - t0 < 60
 
 
-def test_pinned_aggregator_host_and_bind_host(slurm_cluster, tmp_path):
-    ip = slurm_cluster.node_ip("node1")
-    script = f"""#!/bin/bash
-export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 50 \\
-  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
-"""
-    job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
-                                            timeout=120, env=job_env(tmp_path))
-    assert state == "COMPLETED", out
-    data = summary(tmp_path)
-    assert data["topology"]["nodes_joined"] == 2 and data["telemetry"]["records_received"] == 2 * 50
-    assert f"aggregator {ip}:29800" in out
+def _wait_for_records(state_file: Path, timeout: float) -> None:
+    """Until the aggregator's checkpoint holds step records (the link probe and the workers'
+    start-up are over)."""
+    from traceml_core.aggregator.persist import load_checkpoint
 
-
-def _wait_for(path: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout} s"
+    while True:
+        try:
+            if int(load_checkpoint(state_file)["state"]["records"]) > 0:
+                return
+        except (OSError, ValueError, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"no step records in {state_file} within {timeout} s"
         time.sleep(0.3)
 
 
@@ -96,8 +90,7 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 """
     job = slurm_cluster.submit(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
                                env=job_env(tmp_path))
-    _wait_for(tmp_path / "lost" / "aggregate.state", 60)
-    time.sleep(2)
+    _wait_for_records(tmp_path / "lost" / "aggregate.state", 60)   # mid-run: training is under way
     slurmd = int((slurm_cluster.dir / "node2" / "slurmd.pid").read_text())
     killed = []
     for pid in slurm_cluster.node_pids("node2"):
@@ -127,17 +120,29 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 
 
 def test_time_limit_writes_interrupted_summary(slurm_cluster, tmp_path):
-    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait."""
+    """--time=1: Slurm sends SIGTERM at the limit; the summary is written before KillWait, and its
+    loss figures hold against what the ranks really did (the time-limit row of the fault table in
+    test_accounting_slurm.py). The same job pins the aggregator's host, bind address and port to
+    node 1's IP (flags beat what Slurm gives): node 2's rank reaches it there."""
+    ip = slurm_cluster.node_ip("node1")
+    progress = tmp_path / "progress"
+    progress.mkdir()
     script = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
-srun traceml run {REPO}/examples/ddp_minimal.py --steps 10000000 --run-name=limit
+srun traceml run {REPO}/tests/faults/faulty_train.py --steps 10000000 --step-ms 25 --run-name=limit \\
+  --aggregator-host={ip} --aggregator-bind-host={ip} --aggregator-port=29800
 """
     job, state, out = slurm_cluster.run_job(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1",
-                                            "--time=1", *SMALL, timeout=200, env=job_env(tmp_path))
+                                            "--time=1", *SMALL, timeout=200,
+                                            env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
     assert state == "TIMEOUT", out
     data = summary(tmp_path, "limit")
+    tel = check_against_truth(data, truth(progress), (tmp_path / "limit" / "final_summary.txt").read_text())
+    assert not tel["complete"] or tel["records_unsent_max"] == 0
     assert data["run"]["status"] == "interrupted", data["run"]
     # who sent the SIGTERM: the end time where Slurm gives it (24.11), else the controller (22.05)
     assert "interrupted by SIGTERM: the job reached its time limit" in data["run"]["reason"], data["run"]
     assert data["topology"]["nodes_joined"] == 2
     assert data["telemetry"]["records_received"] > 0
+    assert f"aggregator {ip}:29800" in out
+    assert all(r["telemetry"]["received"] > 0 for r in data["ranks"]), data["ranks"]

@@ -30,6 +30,13 @@ def test_ingest_benchmark_runs_without_loss_through_relays():
     assert "ceiling" in out and "!!" not in out
 
 
+def test_node0_scale_benchmark_runs_side_by_side():
+    """Both sizes in one run, every record accounted for (the script asserts the counts)."""
+    out = _run("node0_scale.py", "--ranks", "32,64", "--per-relay", "8", "--quick")
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])]
+    assert [r[1] for r in rows] == ["4", "8"] and "ratio 64/32 ranks: cores x" in out, out
+
+
 def test_memory_benchmark_runs():
     out = _run("aggregator_memory.py", "--ranks", "2", "--steps", "2000", "--batch", "100",
                "--summary-ranks", "16")

@@ -23,7 +23,9 @@ def test_json_is_the_only_stdout_and_has_sources():
             env_extra={"TRACEML_LOGS_DIR": "/scratch/x"})
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
-    assert set(data) == {"schema_version", "config", "warnings"}
+    assert set(data) == {"schema_version", "config", "warnings", "layout_reason", "command"}
+    assert data["config"]["layout"] == {"value": "node", "source": "default"}
+    assert data["command"][1:3] == ["-m", "torch.distributed.run"]
     assert data["config"]["nproc_per_node"] == {"value": 3, "source": "cli"}
     assert data["config"]["logs_dir"] == {"value": "/scratch/x", "source": "env:TRACEML_LOGS_DIR"}
     assert data["config"]["master_port"] == {"value": 29500, "source": "default"}

@@ -32,11 +32,13 @@ def test_malformed_slurm_variable_is_a_failed_check_not_a_crash():
     assert o.status is Status.FAIL and "SLURM_NNODES" in o.observed
 
 
-def test_one_task_per_gpu_step_fails_and_job_layout_warns_from_the_shell():
+def test_one_task_per_gpu_is_a_layout_and_uneven_tasks_fail():
     o = C.check_tasks_per_node(make(step(SLURM_STEP_TASKS_PER_NODE="4(x2)")))
-    assert o.status is Status.FAIL and "4 tasks" in o.observed and "--ntasks-per-node=1" in o.fix
+    assert o.status is Status.PASS and "one-task-per-GPU layout" in o.observed and o.data["layout"] == "task"
     o = C.check_tasks_per_node(make(batch(SLURM_TASKS_PER_NODE="4(x2)")))
-    assert o.status is Status.WARN and "--ntasks=2 --ntasks-per-node=1" in o.fix
+    assert o.status is Status.PASS and "--ntasks-per-node=1" in o.observed
+    o = C.check_tasks_per_node(make(step(SLURM_STEP_TASKS_PER_NODE="2,1")))
+    assert o.status is Status.FAIL and "different number of tasks" in o.observed
     assert C.check_tasks_per_node(make(batch())).status is Status.PASS
 
 

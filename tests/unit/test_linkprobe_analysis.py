@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from traceml_core.linkprobe.analysis import Pair, analyse, schedule
+from traceml_core.linkprobe.analysis import Pair, analyse, best_of, schedule, suspect_pairs
 
 GB = 10**9
 
@@ -66,3 +66,25 @@ def test_failed_transfers_are_reported_not_counted_as_slow():
     out = analyse(pairs, HOSTS[:3], bytes_per_pair=1, seconds=1.0)
     assert out["pairs"][1]["gbps"] is None and out["pairs"][1]["error"] == "connection refused"
     assert out["slow_node"] is None
+
+
+def test_a_named_node_or_direction_is_measured_again_before_it_stands():
+    slow_sender = analyse(measure(3, {1: 0.0125}), HOSTS[:3], bytes_per_pair=GB // 10, seconds=3.0)
+    assert sorted(suspect_pairs(slow_sender)) == [(1, 0), (1, 2)]
+    slow_receiver = analyse(measure(4, {}, {3: 0.1}), HOSTS, bytes_per_pair=GB // 10, seconds=3.0)
+    assert slow_receiver["slow_node"]["direction"] == "receive"
+    assert sorted(suspect_pairs(slow_receiver)) == [(0, 3), (2, 3)]
+    two = analyse(measure(2, {1: 0.0125}), HOSTS[:2], bytes_per_pair=GB // 10, seconds=3.0)
+    assert sorted(suspect_pairs(two)) == [(0, 1), (1, 0)]
+    assert suspect_pairs(analyse(measure(3, {}), HOSTS[:3], bytes_per_pair=GB // 10, seconds=3.0)) == []
+
+
+def test_a_pair_measured_twice_keeps_its_faster_measurement():
+    slow, fast, broken = Pair(1, 0, GB, 10.0), Pair(1, 0, GB, 1.0), Pair(1, 0, error="reset")
+    assert best_of(slow, fast) is fast and best_of(fast, slow) is fast
+    assert best_of(broken, slow) is slow and best_of(slow, broken) is slow
+    # a node slow only while the CPU was busy is not named once its transfers ran fast again
+    pairs = measure(3, {1: 0.0125})
+    again = {(1, 0): Pair(1, 0, GB // 10, 0.05), (1, 2): Pair(1, 2, GB // 10, 0.05)}
+    pairs = [best_of(p, again[(p.src, p.dst)]) if (p.src, p.dst) in again else p for p in pairs]
+    assert analyse(pairs, HOSTS[:3], bytes_per_pair=GB // 10, seconds=3.0)["slow_node"] is None

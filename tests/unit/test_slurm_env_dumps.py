@@ -38,10 +38,14 @@ REFUSED = {
     "gres_batch": "batch shell of a 2-node job", "gpn_batch": "batch shell", "gpntyped_batch": "batch shell",
     "nogpu_batch": "batch shell", "requeue_batch": "batch shell", "uneven_batch": "batch shell",
     "salloc_shell": "salloc shell", "salloc_interactive_step": "interactive step",
-    "tasks2_step_node0": "ONE launcher per node", "tasks2_step_node1": "ONE launcher per node",
-    "uneven_step_node0": "SLURM_STEP_TASKS_PER_NODE=2(x2),1", "uneven_step_node2": "ONE launcher per node",
+    "uneven_step_node0": "SLURM_STEP_TASKS_PER_NODE=2(x2),1",
+    "uneven_step_node2": "different number of tasks on different nodes",
     "het_span_step_node0": "heterogeneous", "het_span_step_node1": "heterogeneous",
 }
+
+
+# one srun task per GPU (2 tasks per node, 2 GPUs per node): file -> (task rank, local rank, node rank)
+TASK = {"tasks2_step_node0": (0, 0, 0), "tasks2_step_node1": (2, 0, 1)}
 
 
 @pytest.fixture(params=GENERATIONS)
@@ -57,7 +61,7 @@ def load(name: str, gen: str) -> dict:
 
 def test_every_dump_is_in_the_table(gen):
     names = {p.stem for p in (ROOT / gen).glob("*.json")}
-    untested = names - set(OK) - set(REFUSED) - {"het_batch", "nogpucpt_batch", "nogpucpt_launcher_step_node0",
+    untested = names - set(OK) - set(REFUSED) - set(TASK) - {"het_batch", "nogpucpt_batch", "nogpucpt_launcher_step_node0",
                                                  "nogpucpt_launcher_step_node1", "uneven_step_node1",
                                                  "array_task1_batch", "salloc_pty_step"}
     assert not untested, f"dumps without an expectation: {sorted(untested)}"
@@ -74,6 +78,27 @@ def test_resolves(name, gen):
     if c.hostnames:  # in a step: every node's name by node rank, this node's included
         assert len(c.hostnames) == c.nnodes and c.hostnames[0] == c.master_addr
         assert c.hostnames[c.node_rank] == env["SLURMD_NODENAME"]
+
+
+@pytest.mark.parametrize("name", sorted(TASK))
+def test_one_task_per_gpu_step_resolves_each_task_as_one_rank(name, gen):
+    env = load(name, gen)
+    c = resolve({}, env, [SlurmEnvironment])
+    assert c.layout == "task" and c.source("layout") == "slurm:SLURM_STEP_TASKS_PER_NODE=2(x2)"
+    assert (c.task_rank, c.local_rank, c.node_rank) == TASK[name]
+    assert (c.nnodes, c.nproc_per_node, c.world_size, c.master_addr) == (2, 2, 4, "node1")
+    assert "each task is one rank" in c.layout_reason
+    # the same job in the other layout (one launcher per node) derives the same ports
+    other = resolve({}, load("gres_step_node0", gen), [SlurmEnvironment])
+    assert c.layout != other.layout and other.layout == "node"
+
+
+def test_one_task_per_gpu_refuses_tasks_that_do_not_match_the_gpus(gen):
+    env = dict(load("tasks2_step_node1", gen), SLURM_GPUS_ON_NODE="4")
+    with pytest.raises(ConfigError, match="2 tasks per node .* but the node has 4 GPU"):
+        resolve({}, env, [SlurmEnvironment])
+    with pytest.raises(ConfigError, match="each of them would start its own torchrun"):
+        resolve({"layout": "node"}, load("tasks2_step_node1", gen), [SlurmEnvironment])
 
 
 def test_steps_list_every_node_by_rank(gen):

@@ -84,11 +84,31 @@ def test_interactive_step_of_multinode_allocation_refused():
     assert "interactive step" in str(err.value) and "srun --overlap --nodes=2" in str(err.value)
 
 
-@pytest.mark.parametrize("tpn", ["2(x2)", "1,2", "4"])
-def test_more_than_one_task_per_node_refused(tpn):
+def test_one_task_per_gpu_each_task_is_one_rank():
+    c = r(step(SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_STEP_NUM_TASKS="8", SLURM_NODEID="1",
+               SLURMD_NODENAME="gpu08", SLURM_PROCID="6", SLURM_LOCALID="2"))
+    assert (c.layout, c.task_rank, c.local_rank, c.node_rank, c.nproc_per_node, c.world_size) == \
+        ("task", 6, 2, 1, 4, 8)
+    assert c.master_addr == "gpu07" and c.source("layout") == "slurm:SLURM_STEP_TASKS_PER_NODE=4(x2)"
+    assert "no torchrun" in c.layout_reason
+    node = r(step())
+    assert node.layout == "node" and node.task_rank is None and "torchrun" in node.layout_reason
+
+
+@pytest.mark.parametrize("env,says", [
+    (dict(SLURM_STEP_TASKS_PER_NODE="2(x2)", SLURM_PROCID="0", SLURM_LOCALID="0"),
+     ["2 tasks per node", "4 GPU(s)", "--ntasks-per-node=4", "--ntasks-per-node=1"]),
+    (dict(SLURM_STEP_TASKS_PER_NODE="1,2", SLURM_PROCID="0", SLURM_LOCALID="0"),
+     ["different number of tasks on different nodes", "--ntasks-per-node=1"]),
+    (dict(SLURM_STEP_TASKS_PER_NODE="4(x2)"), ["SLURM_PROCID", "rank is unknown"]),
+    (dict(SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_STEP_NUM_TASKS="6", SLURM_PROCID="0", SLURM_LOCALID="0"),
+     ["makes 8 ranks, but the step has 6 tasks", "--ntasks-per-node=4"]),
+])
+def test_what_is_really_wrong_with_several_tasks_per_node_is_refused(env, says):
     with pytest.raises(ConfigError) as err:
-        r(step(SLURM_STEP_TASKS_PER_NODE=tpn))
-    assert "ONE launcher per node" in str(err.value) and "--ntasks-per-node=1" in str(err.value)
+        r(step(**env))
+    for text in says:
+        assert text in str(err.value)
 
 
 def test_gpus_per_node_with_type_is_never_parsed():

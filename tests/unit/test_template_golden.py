@@ -38,6 +38,8 @@ CASES = {
         "--nodes", "2", "--workers-per-node", "2", "--nccl-ifname", "^docker0,lo", "--env", "MSG=it's here",
         "--env", "NCCL_DEBUG=INFO", "--no-requeue", "--signal-margin", "0", "--time", "45", "train.py"],
     "preset-generic": ["--preset", "generic", "--nodes", "2", "train.py"],
+    "task-layout": ["--layout", "task", "--nodes", "2", "--gpus-per-node", "2", "--cpus-per-task", "8",
+                    "--time", "1:00:00", "--wrapper", "train.py"],
     "preset-pyxis": ["--preset", "pyxis", "--container-image", "nvcr.io#me/train:1", "--container-mount",
                      "/scratch:/scratch", "--nodes", "2", "--time", "4:00:00", "train.py"],
     "preset-apptainer-wrapper": ["--preset", "apptainer", "--apptainer-image", "/images/train.sif", "--wrapper",

@@ -54,7 +54,9 @@ def assert_real_steps(res: dict[str, Any], *, steps: int, source: str, world: in
         parts = {p: r["phases"][p]["mean_ms"] for p in PHASES if r["phases"][p]}
         assert sum(parts.values()) <= step * 1.001 + 0.001, (r["rank"], step, parts)
         for p in ("backward", "optimizer"):
-            assert parts.get(p, 0) > 0, (r["rank"], p, parts)
+            # the median, not just the mean: a phase zeroed in most steps (a wait charged to it
+            # that happened elsewhere) would still have a mean above 0 from a few steps
+            assert parts.get(p, 0) > 0 and r["phases"][p]["p50_ms"] > 0, (r["rank"], p, r["phases"][p])
     assert data["verdict"]["kind"] not in ("no_steps",), data["verdict"]
     assert data["verdict"]["why"], data["verdict"]
     assert "never joined" not in res["text"]

@@ -35,6 +35,7 @@ class Ingest:
         self.control: Any = None
         self.control_seen = False
         self._world_warned = False
+        self._linked: set[int] = set()
         #: the hang autopsy being collected (aggregator/autopsy.py), if any
         self.autopsy: Any = None
         self._median_step: tuple[float, Optional[float]] = (0.0, None)
@@ -50,6 +51,10 @@ class Ingest:
             evict = links[0]
         links.append(link)
         self.carried[link] = set()
+        # a node seen on a link before (this process, or the checkpoint it resumed from)
+        rejoin = ident.node in self._linked or any(
+            n.get("node") == ident.node and n.get("joined_at") for n in (st.base or {}).get("nodes", []))
+        self._linked.add(ident.node)
         st.note_join(ident.node, ident.host, "node", now)
         ni = st.node(ident.node)
         ni.connected = True
@@ -57,8 +62,8 @@ class Ingest:
         if ident.nproc is not None:
             ni.nproc = ident.nproc
         delay = now - st.settings.started_at
-        late = delay > st.settings.late_join_s
-        self.log(f"node {ident.node} ({ident.host or '?'}) joined"
+        late = delay > st.settings.late_join_s and not rejoin
+        self.log(f"node {ident.node} ({ident.host or '?'}) " + ("joined again" if rejoin else "joined")
                  + (f" late, {delay:.1f} s after the start" if late else ""))
         st.dirty = True
         return evict
@@ -144,6 +149,8 @@ class Ingest:
             raise ProtocolError(f"relayed {t!r} frame for rank {rank}, which another link carries")
         rs = st.rank(rank)
         if t == "steps":
+            if msg.get("open") is not None:
+                rs.last_open = msg["open"]
             st.records += rs.ingest_steps(msg)
             if rs.pending:
                 st.unflushed.add(rs)
@@ -173,8 +180,12 @@ class Ingest:
         rs.host = msg["host"] or ident.host
         rs.pid = msg["pid"]
         rs.local_rank = msg["local_rank"]
+        if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
+            rs.relay_seq_end = msg["seq_end"]  # a re-announce: how far the rank's records went
         rs.connected = True
-        if msg["new"] or rs.connections == 0:
+        # a re-announce (new false) is no new connection, unless this is the first this process
+        # and the checkpoint it resumed from know of the rank (its join died with a predecessor)
+        if msg["new"] or (rs.connections == 0 and rs.joined_at is None):
             rs.connections += 1
         if rs.joined_at is None:
             rs.joined_at = now

@@ -83,7 +83,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "open_bound", "counts", "step_source", "sums",
+        "open_bound", "last_open", "counts", "step_source", "sums",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -109,6 +109,8 @@ class RankState:
         #: records the rank last said it held unsent (its relay reports it when it goes): what
         #: may have died with it; None when it never said
         self.open_bound: Optional[int] = None
+        #: what the rank said it held unsent in its latest steps frame
+        self.last_open: Optional[int] = None
         #: its answer to the last ``counts`` request (wire/frames.REQUESTS), with ``at``
         self.counts: Optional[dict[str, Any]] = None
         self.next_seq = 0
@@ -393,7 +395,7 @@ class RankState:
             "connections": self.connections, "bye": self.bye, "received": self.received,
             "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
             "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
-            "open_bound": self.open_bound, "counts": self.counts,
+            "open_bound": self.open_bound, "last_open": self.last_open, "counts": self.counts,
             "next_seq": self.next_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {name: ph.to_data() for name, ph in self._phase_items},

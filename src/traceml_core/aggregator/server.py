@@ -25,6 +25,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..options import BY_KEY
@@ -121,6 +122,8 @@ class Server(Handler):
         self.run_dir = run_dir
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
+        if settings.resume_from:
+            self._resume(settings.resume_from)
         self.ingest = Ingest(self.state, log)
         self.endpoint = Endpoint(
             aud=AGGREGATOR, run=settings.run_name, job=settings.job_id,
@@ -150,6 +153,22 @@ class Server(Handler):
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self.checkpoint_seconds = 0.0
+
+    def _resume(self, path: str) -> None:
+        """Go on from the checkpoint of the aggregator that died (see resume.py)."""
+        from .persist import load_checkpoint
+        from .resume import seed
+
+        try:
+            doc = load_checkpoint(Path(path))
+        except (OSError, ValueError) as exc:
+            log(f"cannot resume from {path} ({exc}); starting from nothing: the summary counts "
+                "every earlier record as lost")
+            return
+        seed(self.state, doc["state"])
+        log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
+            f"before this restart ({self.state.records:,} records); records the previous "
+            "aggregator received after it are counted as lost")
 
     # --- loop --------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -294,6 +313,9 @@ class Server(Handler):
             self.ingest.system(i, checked)
         elif t == "autopsy":
             self._autopsy_start(conn, checked)
+        elif t == "probe":      # the link probe between the nodes (traceml_core/linkprobe)
+            self.state.probe = checked["result"]
+            self.state.dirty = True
 
     # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
     def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:

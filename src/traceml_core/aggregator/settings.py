@@ -65,6 +65,9 @@ class AggregatorSettings(BaseModel):
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
     control_token: str = Field(default_factory=lambda: secrets.token_hex(16))
+    #: a restarted aggregator: the checkpoint of the one that died, to go on from
+    #: (aggregator/resume.py); empty for a fresh run
+    resume_from: str = ""
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)

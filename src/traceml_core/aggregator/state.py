@@ -50,10 +50,14 @@ class RunState:
         self.run_dir_note: Optional[str] = None
         #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary
         self.hangs: list[dict[str, Any]] = []
+        #: the link probe's section from node 0's launcher (``probe`` frame), or None
+        self.probe: Optional[dict[str, Any]] = None
         self.records = 0
         self.dirty = True
         #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
         self.unflushed: set[RankState] = set()
+        #: a restarted aggregator: the checkpoint it went on from (aggregator/resume.py)
+        self.base: Optional[dict[str, Any]] = None
 
     def flush(self) -> None:
         """Compute the statistics of every pending frame (before a snapshot, checkpoint, summary)."""
@@ -97,7 +101,10 @@ class RunState:
             ni.via = via
 
     def to_data(self) -> dict[str, Any]:
-        return {
+        """Plain data; for a restarted aggregator, combined with the checkpoint it went on from."""
+        from .resume import combine
+
+        return combine(self.base, {
             "settings": self.settings.public(),
             "aggregator_started_at": self.aggregator_started_at,
             "phases": list(DURATION_COLUMNS),
@@ -109,4 +116,5 @@ class RunState:
             "finish": self.finish,
             "run_dir_note": self.run_dir_note,
             "hangs": list(self.hangs),
-        }
+            "probe": self.probe,
+        })

@@ -35,6 +35,7 @@ kind ``node`` for its one connection up to the aggregator (the relay is that cli
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -95,7 +96,7 @@ class _Lane:
     """One rank as the relay sees it: its current connection and what waits to go upstream."""
 
     __slots__ = ("rank", "conn", "items", "seen_end", "dropped", "reported", "told", "host", "pid",
-                 "local_rank", "open")
+                 "local_rank", "open", "first_seq", "first_t", "last_t", "said_bye")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -109,10 +110,35 @@ class _Lane:
         self.pid: Optional[int] = None
         self.local_rank: Optional[int] = None
         self.open: Optional[int] = None  # records the rank last said it held unsent
+        self.said_bye = False              # on its current connection
+        self.first_seq = -1                # for its step rate: first seq and time, latest time
+        self.first_t = 0.0
+        self.last_t = 0.0
+
+    def note_steps(self, seq: int, end: int, open_: Optional[int], now: float) -> None:
+        if self.first_seq < 0:
+            self.first_seq, self.first_t = seq, now
+        self.last_t = now
+        if end > self.seen_end:
+            self.seen_end = end
+        if open_ is not None:
+            self.open = open_
+
+    def unsent_bound(self, now: float) -> Optional[int]:
+        """At a close without ``bye``: what the rank last said it held unsent, plus what its step
+        rate gives for the time since (records produced after its last frame)."""
+        if self.first_seq < 0:
+            return None
+        span = self.last_t - self.first_t
+        rate = (self.seen_end - self.first_seq) / span if span > 0 else 0.0
+        return (self.open or 0) + math.ceil(rate * max(0.0, now - self.last_t))
 
     def join_frame(self, new: bool) -> dict[str, Any]:
-        return {"t": "join", "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
-                "pid": self.pid, "new": new}
+        frame = {"t": "join", "rank": self.rank, "local_rank": self.local_rank, "host": self.host,
+                 "pid": self.pid, "new": new}
+        if not new:  # a re-announce to a (maybe restarted) aggregator: how far the rank went
+            frame["seq_end"] = self.seen_end
+        return frame
 
     def loss_frame(self, t: str) -> dict[str, Any]:
         self.reported = self.dropped
@@ -132,7 +158,7 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None) -> None:
+                 stacks: Optional[Any] = None, port: int = 0) -> None:
         self.node = node
         #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
         self.stacks = stacks
@@ -143,7 +169,7 @@ class Relay(Handler):
         self.budget = max(1 << 16, int(budget_bytes))
         self.flush_s = max(0.0, flush_s)
         self.counters: dict[str, int] = {}
-        self.net = FramedServer(listen(bind_host, 0, 1024), self, counters=self.counters,
+        self.net = FramedServer(listen(bind_host, port, 1024), self, counters=self.counters,
                                 log=self._warn, name=f"node {node}'s relay",
                                 limits=Limits(hello_timeout_s=handshake_timeout_s,
                                               max_pending=MAX_PENDING,
@@ -325,7 +351,11 @@ class Relay(Handler):
         the previous link closed), then the losses it has not been told of."""
         frames: list[Union[dict[str, Any], bytes]] = []
         for lane in sorted(list(self._lanes.values()), key=lambda ln: ln.rank):
-            if lane.conn is not None or lane.items:
+            # a lane whose (new) join still waits in its queue is announced by that join: a
+            # re-announce ahead of it would count the rank's connection twice
+            items = lane.items  # the relay loop replaces the list, never empties this one
+            joining = bool(items) and items[0][0] == _JOIN
+            if (lane.conn is not None or items) and not joining:
                 frames.append(lane.join_frame(False))
             if lane.dropped > lane.told:
                 self._retell.append(lane)   # the relay loop queues its loss frame again
@@ -424,6 +454,7 @@ class Relay(Handler):
             self.counters["replaced"] = self.counters.get("replaced", 0) + 1
             self.net.close(old)
         lane.conn = conn
+        lane.said_bye = False
         lane.host, lane.pid, lane.local_rank = i.host, i.pid, i.local_rank
         conn.user = lane
         lane.items.append((_JOIN, None, None, 0))
@@ -433,6 +464,7 @@ class Relay(Handler):
         lane = conn.user
         if lane is not None and lane.conn is conn:
             lane.conn = None
+            lane.open = 0 if lane.said_bye else lane.unsent_bound(time.monotonic())
             lane.items.append((_GONE, None, None, 0))
             self._dirty[lane] = None
 
@@ -446,11 +478,7 @@ class Relay(Handler):
         size = end - off
         if t == "steps":
             n = checked["n"]
-            last = checked["seq"] + n
-            if last > lane.seen_end:
-                lane.seen_end = last
-            if checked.get("open") is not None:
-                lane.open = checked["open"]
+            lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
             self._records_in += n
             self._frames_in += 1
             if self._pending_bytes + self._queued() + size > self.budget:
@@ -467,6 +495,7 @@ class Relay(Handler):
         else:  # bye, resp: small, always kept
             if t == "bye":
                 lane.open = 0
+                lane.said_bye = True
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
         self._pending_bytes += size
         self._dirty[lane] = None

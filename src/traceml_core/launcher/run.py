@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Mapping, Optional, Sequence
 
-from ..config import LaunchConfig
+from ..config import TASK_LAYOUT, LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
 from ..views import start_view
 from .supervise import Supervisor, log
@@ -64,6 +64,11 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
     """Run one node of the job; returns the launcher's exit status. ``torchrun_args``: torchrun
     flags passed on from the command line (runargs.py); ``module``/``no_python`` are torchrun's
     ``--module``/``--no-python``, already among them."""
+    if config.layout == TASK_LAYOUT:   # this process is one rank (one srun task per GPU)
+        from .task import launch_task
+
+        return launch_task(config, script, script_args, environ, torchrun_args=torchrun_args,
+                           module=module, no_python=no_python)
     environ = os.environ if environ is None else environ
     # pre-flight, step 1 (cheap): the script exists; nothing has started yet
     check_script(script, module=module, no_python=no_python)
@@ -133,6 +138,9 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
             telemetry.start_aggregator(script, script_args)
         relay = telemetry.start_relay(config.aggregator_wait,
                                       interrupted=lambda: sup.interrupted_by is not None)
+        # multi-node: the bandwidth probe between the launchers (node 0 runs it before its workers
+        # start; bounded, --link-probe off skips it)
+        telemetry.link_probe(interrupted=lambda: sup.interrupted_by is not None)
 
         info = RunInfo(
             run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,

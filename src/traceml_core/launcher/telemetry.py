@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional, Sequence
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
-from ..options import export_kinds
+from ..options import export_kinds, link_probe_bytes
 from ..wire.client import Link, LinkError
 from .hangwatch import HangWatch, Stall
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
@@ -34,8 +34,26 @@ from .token import Token, disagreement_hint
 WATCH_INTERVAL_S = 1.0
 #: the join waits in slices this long, checking for SIGTERM between them
 JOIN_SLICE_S = 1.0
+#: how often node 0's launcher restarts an aggregator that died mid-run
+MAX_RESTARTS = 2
 #: seconds between two system samples of a node
 SYSTEM_INTERVAL_S = 1.0
+
+
+#: the most node 0 waits for the other nodes' probe servers (they start as each node joins)
+PROBE_JOIN_WAIT_S = 30.0
+
+
+def probe_port(config: LaunchConfig) -> int:
+    """The link probe's port on every node: the aggregator port + 2 (under Slurm, the spare port
+    of the job's block of four)."""
+    return config.aggregator_port + 2 if config.aggregator_port + 2 <= 65535 else config.aggregator_port - 2
+
+
+def _probe_failed(why: str) -> dict[str, Any]:
+    from ..linkprobe.analysis import failed
+
+    return failed(why)
 
 
 class NodeTelemetry:
@@ -50,6 +68,8 @@ class NodeTelemetry:
         self.join_refused = False
         self._lock = threading.Lock()
         self._reporter: Any = None
+        self._restarts = 0
+        self._restart_failed = False
         self._sup: Optional[Supervisor] = None
         self._started = time.monotonic()
         self._next_watch = 0.0
@@ -59,6 +79,7 @@ class NodeTelemetry:
         self.failed_nodes: list[int] = []
         #: the hang watchdog stopped the run (the launcher then exits with HANG_EXIT_CODE)
         self.hung = False
+        self.probe: Any = None      # linkprobe.probe.NodeProbe while it serves
         #: this node's stack dumps for the hang report (every node; its relay collects them)
         self.stacks = StackCollector()
         #: node 0: when to take a hang report (--hang-report-after)
@@ -80,9 +101,40 @@ class NodeTelemetry:
         if self.handle.run_dir_note:
             log(f"warning: {self.handle.run_dir_note}")
 
-    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False) -> Optional[Relay]:
-        """Start this node's relay and wait (at most ``wait`` s) for its link to node 0's
-        aggregator. Never raises; None when the relay cannot listen (no telemetry from here).
+    def _restart_aggregator(self) -> None:
+        """Node 0's aggregator died mid-run (SIGKILL, OOM kill): start another on the same port,
+        going on from the last checkpoint. The relays reconnect by themselves and send what they
+        still hold; what reached the dead one after its checkpoint is counted as lost, exactly
+        (aggregator/resume.py). At most MAX_RESTARTS times: after that (or if it cannot start)
+        the summary is rebuilt from the last checkpoint at the end, as before."""
+        h = self.handle
+        if h is None or self._restarts >= MAX_RESTARTS or self._restart_failed:
+            return
+        from ..aggregator.persist import CHECKPOINT_NAME
+        from ..aggregator.process import _describe_exit
+
+        code = h.proc.poll()
+        self._restarts += 1
+        ckpt = h.run_dir / CHECKPOINT_NAME
+        log(f"warning: the aggregator exited ({_describe_exit(code)}); starting a new one on port "
+            f"{h.port} from its last checkpoint (training is not affected)")
+        settings = h.settings.model_copy(update={"port": h.port, "resume_from": str(ckpt) if ckpt.exists() else "",
+                                                 "port_source": h.settings.port_source})
+        try:
+            new = start_aggregator(settings)
+        except Exception as exc:  # noqa: BLE001 - telemetry trouble never stops training
+            self._restart_failed = True
+            log(f"warning: could not restart the aggregator ({exc}); the summary will be rebuilt "
+                "from its last checkpoint at the end")
+            return
+        with self._lock:
+            self.handle, self.link = new, new.control
+
+    def start_relay(self, wait: float, interrupted: Callable[[], bool] = lambda: False,
+                    port: int = 0) -> Optional[Relay]:
+        """Start this node's relay on ``port`` (0: any; the task layout fixes it) and wait (at most
+        ``wait`` s) for its link to node 0's aggregator. Never raises; None when the relay cannot
+        listen (no telemetry from here).
 
         Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
         long --aggregator-wait is."""
@@ -94,7 +146,7 @@ class NodeTelemetry:
         try:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
-                               upstream=up, hostname=self.hostname,
+                               upstream=up, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
@@ -128,6 +180,74 @@ class NodeTelemetry:
         self._start_sampler()
         return self.relay
 
+    def link_probe(self, interrupted: Callable[[], bool] = lambda: False) -> None:
+        """The link probe between the nodes' launchers (traceml_core/linkprobe; multi-node, unless
+        ``--link-probe off``). Every node serves it from now until node 0 has finished it (or this
+        launcher ends); node 0 runs its rounds now, before its workers start (the other nodes'
+        workers wait in torchrun's rendezvous meanwhile), logs one line and hands the result to
+        the aggregator for the summary. Never raises; bounded (see docs/communication.md)."""
+        c = self.config
+        nbytes = link_probe_bytes(c.link_probe)
+        if c.nnodes < 2 or not nbytes:
+            return
+        # (a node whose join was refused serves too: node 0's hello is then refused at once, where
+        # a node that does not listen would be waited for)
+        result: Optional[dict[str, Any]] = None
+        try:
+            from ..linkprobe.probe import NodeProbe
+
+            self.probe = NodeProbe(token=self.token, run_name=c.run_name, job_id=c.job_id,
+                                   nnodes=c.nnodes, node=c.node_rank, port=probe_port(c),
+                                   nbytes=nbytes, log=log)
+            self.probe.serve()     # a node that cannot listen is left out (logged), not fatal
+            if self.handle is None:
+                return
+            # the nodes' servers are waited for within the aggregator's node-join window (a node
+            # not up by its end fails the run anyway), at most PROBE_JOIN_WAIT_S
+            left = c.aggregator_wait - (time.monotonic() - self._started)
+            wait = min(PROBE_JOIN_WAIT_S, max(1.0, left))
+            hosts = self._probe_hosts(wait, interrupted)
+            if hosts is None:
+                result = _probe_failed("the nodes' hostnames are unknown (no node list from the "
+                                       "cluster and not every node joined)")
+                log(f"warning: link probe: {result['error']}")
+            else:
+                left = c.aggregator_wait - (time.monotonic() - self._started)
+                result = self.probe.measure(hosts, wait_s=min(PROBE_JOIN_WAIT_S, max(1.0, left)),
+                                            stop=interrupted)
+        except Exception as exc:    # never into training
+            log(f"warning: link probe failed ({type(exc).__name__}: {exc})")
+            result = _probe_failed(f"the probe failed ({type(exc).__name__}: {str(exc)[:200]})")
+        finally:
+            # node 0: the summary says what was measured, or that nothing was and why
+            if self.handle is not None and result is not None:
+                self._send_probe(result)
+
+    def _send_probe(self, result: dict[str, Any]) -> None:
+        try:
+            with self._lock:
+                if self.link is not None:
+                    self.link.send({"t": "probe", "result": result})
+        except LinkError as exc:
+            log(f"warning: the link probe's result did not reach the aggregator ({exc})")
+
+    def _probe_hosts(self, wait: float, interrupted: Callable[[], bool]) -> Optional[list[str]]:
+        """Every node's hostname by node rank: the cluster's node list, else what the nodes said
+        when they joined (waiting up to ``wait`` s for the last ones)."""
+        c = self.config
+        if c.hosts_by_node:
+            return list(c.hosts_by_node)
+        deadline = time.monotonic() + wait
+        while True:
+            with self._lock:
+                status = self.handle.status(timeout=2.0) if (self.handle and self.link) else None
+            hosts = (status or {}).get("hosts") or {}
+            if all(str(n) in hosts for n in range(c.nnodes)):
+                return [hosts[str(n)] for n in range(c.nnodes)]
+            if time.monotonic() >= deadline or interrupted():
+                return None
+            time.sleep(0.5)
+
     def _start_sampler(self) -> None:
         """This node's system samples (CPU, RAM, GPUs) go up the relay's link once a second."""
         relay = self.relay
@@ -142,6 +262,22 @@ class NodeTelemetry:
             node=self.config.node_rank, host=self.hostname, interval=SYSTEM_INTERVAL_S).start()
 
     # -- during the run --------------------------------------------------------------------------
+    # -- the task layout (launcher/task.py) -----------------------------------------------------
+    def all_ranks_ended(self) -> bool:
+        """Node 0: every rank of the run has been seen and none is connected any more."""
+        if self.handle is None:
+            return True
+        with self._lock:
+            status = self.handle.status(timeout=2.0) if self.link is not None else None
+        if status is None:
+            return True   # no aggregator to ask: nothing to wait for
+        return (int(status.get("ranks_connected", 0)) == 0
+                and int(status.get("ranks_seen", 0)) >= self.config.world_size)
+
+    def relay_ranks_connected(self) -> int:
+        relay = self.relay
+        return relay.stats().ranks_connected if relay is not None else 0
+
     def attach(self, sup: Supervisor) -> None:
         self._sup = sup
         self._started = time.monotonic()
@@ -151,6 +287,8 @@ class NodeTelemetry:
         """Called by the supervisor loop on node 0: notice hung ranks, and nodes that never join
         or vanish."""
         hang = self.config.hang_timeout
+        if self.handle is not None and not self.handle.alive():
+            self._restart_aggregator()
         watch = self.hangwatch.setting != "off"
         if self.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang
                                                                  and not watch):
@@ -298,13 +436,17 @@ class NodeTelemetry:
                 return None
 
     # -- the end ---------------------------------------------------------------------------------
-    def finish(self, *, exit_code: int, interrupted: bool, reason: Optional[str],
+    def finish(self, *, exit_code: Optional[int], interrupted: bool, reason: Optional[str],
                report: Optional[dict[str, Any]] = None) -> Optional[str]:
         """Node 0: get the final summary text (always, rebuilt if need be). Others: say bye.
         ``report``: this node's worker report (torchrun's failed workers, OOM kills)."""
         if self._reporter is not None:
             self._reporter.stop(1.0)
+        if self.probe is not None:
+            self.probe.close()
         relay = self.relay
+        if self.handle is not None and not self.handle.alive():
+            self._restart_aggregator()  # so the summary is the live one, with exact loss counts
         if self.handle is not None:
             if relay is not None:
                 # every rank's last frames reach the aggregator before it drains and summarises

@@ -68,14 +68,22 @@ def resolve_token(config: LaunchConfig, environ: Mapping[str, str]) -> Token:
                          f"{ENV_VAR} is only {len(given)} characters; use at least {MIN_LENGTH} random "
                          f"characters (for example `{EXPORT_HINT}`).")
         return Token(given, f"env:{ENV_VAR}")
-    if not config.is_multinode:
+    if not config.is_multinode and config.layout != "task":
+        # (the task layout's tasks cannot hand each other a random value: they derive it too)
         return Token(secrets.token_hex(16), "generated")
     path = secret_path(environ)
-    secret = user_secret(path)
-    material = "\0".join(["traceml-run-token-v2", str(config.job_id), config.run_name,
-                          config.master_addr, str(config.aggregator_port), str(config.nnodes)])
-    value = hmac.new(secret, material.encode(), hashlib.sha256).hexdigest()[:32]
+    value = job_token(user_secret(path), job_id=config.job_id, run_name=config.run_name,
+                      master_addr=config.master_addr, aggregator_port=config.aggregator_port,
+                      nnodes=config.nnodes)
     return Token(value, SOURCE_SECRET, secret_path=path)
+
+
+def job_token(secret: bytes, *, job_id: Optional[str], run_name: str, master_addr: str,
+              aggregator_port: int, nnodes: int) -> str:
+    """The run's token from the per-user secret: every node of the job computes the same one."""
+    material = "\0".join(["traceml-run-token-v2", str(job_id), run_name, master_addr,
+                          str(aggregator_port), str(nnodes)])
+    return hmac.new(secret, material.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 def secret_path(environ: Mapping[str, str]) -> Path:

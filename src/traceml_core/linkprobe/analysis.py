@@ -100,6 +100,29 @@ def analyse(pairs: Sequence[Pair], hosts: Sequence[str], *, bytes_per_pair: int,
     }
 
 
+def suspect_pairs(section: dict[str, Any]) -> list[tuple[int, int]]:
+    """The transfers behind a node or direction :func:`analyse` named, to measure again before
+    the name stands: a slow sender's sends, a slow receiver's receives, a slow direction and its
+    reverse."""
+    pairs = [(p["src"], p["dst"]) for p in section.get("pairs") or [] if p.get("error") is None]
+    slow, link = section.get("slow_node"), section.get("slow_link")
+    if slow:
+        side = 0 if slow["direction"] == "send" else 1
+        return [p for p in pairs if p[side] == slow["node"]]
+    if link:
+        return [p for p in pairs if {p[0], p[1]} == {link["src"], link["dst"]}]
+    return []
+
+
+def best_of(a: Pair, b: Pair) -> Pair:
+    """One pair measured twice: the faster measurement (noise only ever slows a transfer)."""
+    if b.gbps is None:
+        return a
+    if a.gbps is None or b.gbps > a.gbps:
+        return b
+    return a
+
+
 def _r(v: Optional[float]) -> Optional[float]:
     return None if v is None else round(v, 4)
 

@@ -84,7 +84,7 @@ def _communication_lines(summary: dict[str, Any]) -> list[str]:
 
 def _probe_lines(probe: dict[str, Any]) -> list[str]:
     if probe.get("error"):
-        return [f"Link probe: not run ({probe['error']})"]
+        return [f"Link probe: the links between the nodes were not measured ({probe['error']})"]
     nodes = probe.get("nodes") or []
     parts = [f"{n['node']}={n.get('host') or '?'} {_gbps(n.get('gbps'))}" for n in nodes[:MAX_RANK_LINES]]
     line = (f"Link probe (best send rate per node; up to {probe.get('bytes_per_pair', 0) / 1e6:.3g} MB "
@@ -224,8 +224,22 @@ def render(summary: dict[str, Any]) -> str:
         worst = ", ".join(f"rank {r['rank']}: {r['telemetry']['lost']}" for r in lossy[:3]
                           if r["telemetry"]["lost"])
         loss += f"{tel['records_lost']:,} lost ({worst})"
-    else:
+    elif tel.get("complete"):
         loss += "none lost"
+    else:
+        loss += "none known lost"
+    unsure = tel.get("ranks_without_goodbye") or 0
+    if unsure:
+        bound = tel.get("records_unsent_max")
+        open_ranks = sorted((r for r in summary["ranks"] if r["status"] != "never_joined"
+                             and r["telemetry"].get("unsent_max") != 0),
+                            key=lambda r: -(r["telemetry"].get("unsent_max") or 1 << 62))
+        each = ", ".join(f"rank {r['rank']}: " + ("?" if r["telemetry"].get("unsent_max") is None
+                                                  else f"<= {r['telemetry']['unsent_max']:,}")
+                         for r in open_ranks[:3])
+        loss += (f"; incomplete: {unsure} rank(s) ended without a goodbye, so records they held "
+                 "unsent cannot be counted: "
+                 + ("no bound" if bound is None else f"at most about {bound:,} more") + f" ({each})")
     silent = endings.get("never_joined", 0)
     if silent:
         loss += f"; {silent} rank(s) never connected"

@@ -7,6 +7,7 @@ of the output is documented in ``docs/summary-schema.md``. Cost is proportional 
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Optional
 
@@ -137,7 +138,38 @@ def _worker_reports(finish: Optional[dict[str, Any]], nodes: dict[int, Any]) -> 
     return workers, oom
 
 
-def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def _restart_note(data: dict[str, Any]) -> str:
+    n = data.get("resumed") or 0
+    if not n:
+        return ""
+    return (f"node 0's aggregator died during the run and was restarted {n} time(s) from its last "
+            "checkpoint; records it had received after that checkpoint are counted as lost "
+            "(telemetry.records_lost), the rest is in these statistics")
+
+
+def _unsent_bound(r: dict[str, Any], ended: float) -> Optional[int]:
+    """Records a rank may have produced that nobody could count (beyond ``expected``).
+
+    0 after its ``bye``: the total it says there is exact. Without one (killed, or its node's
+    launcher died), what its relay computed when the connection closed: what the rank last said
+    it held unsent (its open batch and queue) plus its step rate over the time since that report.
+    When even the relay's link was gone, the same from node 0's view: its last report plus its
+    step rate until the run ended (an upper estimate: a rank rarely outlives its launcher long).
+    None when nothing bounds it (no step ever arrived)."""
+    if r.get("bye"):
+        return 0
+    if r.get("open_bound") is not None:
+        return int(r["open_bound"])
+    first, last, n = r.get("first_t_end"), r.get("last_t_end"), r.get("received", 0)
+    seen = r.get("last_seen")
+    if not n or first is None or last is None or seen is None:
+        return None
+    rate = (n - 1) / ((last - first) / 1e9) if last > first and n > 1 else 0.0
+    return int(r.get("last_open") or 0) + math.ceil(rate * max(0.0, ended - seen))
+
+
+def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None,
+          ended: Optional[float] = None) -> dict[str, Any]:
     phases = {phase_name(c): _phase(r["phases"][c]) for c in DURATION_COLUMNS}
     step = r["phases"]["step_ns"]
     steady = max(0, step["count"] - step["warm_count"])
@@ -160,7 +192,9 @@ def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None
         "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
                       "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
         "telemetry": {"received": r["received"], "expected": expected,
-                      "lost": max(0, expected - r["received"]), "gaps": r["gaps"],
+                      "lost": max(0, expected - r["received"]),
+                      "unsent_max": _unsent_bound(r, ended if ended is not None else time.time()),
+                      "gaps": r["gaps"],
                       "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
                       "relay_dropped": r.get("relay_dropped", 0),
                       "rejected": r.get("rejected", 0),
@@ -178,7 +212,8 @@ def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) 
             "exit": exit_,
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
             "comm": None, "mem_peak": None,
-            "telemetry": {"received": 0, "expected": None, "lost": None, "gaps": 0, "duplicates": 0,
+            "telemetry": {"received": 0, "expected": None, "lost": None, "unsent_max": None,
+                          "gaps": 0, "duplicates": 0,
                           "client_dropped": 0, "relay_dropped": 0, "rejected": 0, "reconnects": 0,
                           "sketched": 0},
             "events": 0, "last_events": []}
@@ -338,6 +373,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     failed_nodes = set((finish or {}).get("failed_nodes") or [])
     by_rank = {r["rank"]: r for r in data.get("ranks", [])}
     exits, oom_by_node = _worker_reports(finish, nodes_data)
+    run_end = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
     ranks: list[dict[str, Any]] = []
     for rank in range(max([world] + [k + 1 for k in by_rank])):
         r = by_rank.get(rank)
@@ -346,7 +382,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         else:
             ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional,
                                                exits.get(rank)),
-                               exits.get(rank)))
+                               exits.get(rank), run_end))
 
     hostnames = list(s.get("hostnames") or [])
     by_node: dict[Any, list[int]] = {}
@@ -448,10 +484,19 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
             "gaps": sum(t["gaps"] for t in tel), "duplicates": sum(t["duplicates"] for t in tel),
             "client_dropped": sum(t["client_dropped"] for t in tel),
             "relay_dropped": sum(t.get("relay_dropped", 0) for t in tel),
-            # a summary rebuilt from a mid-run checkpoint cannot know what came after it
+            # bounds of what nobody could count (ranks without a goodbye; see _unsent_bound):
+            # None when one of them cannot be bounded
+            "records_unsent_max": (None if any(t["unsent_max"] is None for t in tel)
+                                   else sum(t["unsent_max"] for t in tel)),
+            "ranks_without_goodbye": sum(1 for t in tel if t["unsent_max"] != 0),
+            # complete: every record of every rank is accounted for, exactly. A summary rebuilt
+            # from a mid-run checkpoint cannot know what came after it; a rank without a goodbye
+            # may have produced records nobody saw
             "complete": (expected == received and endings.get("never_joined", 0) == 0
+                         and all(t["unsent_max"] == 0 for t in tel)
                          and not (rebuilt and not rebuilt.get("final_checkpoint"))),
             "sketched_fraction": round(sum(t["sketched"] for t in tel) / received, 4) if received else None,
+            "aggregator_restarts": data.get("resumed", 0),
             "wire": data.get("counters", {}),
         },
         "compare": {
@@ -462,7 +507,8 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "files": files or {},
         "hang": hang_report,
         "hangs": list(data.get("hangs") or []),
-        "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks)) if n],
+        "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks),
+                              _restart_note(data)) if n],
     }
 
 

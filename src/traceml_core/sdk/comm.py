@@ -53,6 +53,7 @@ from time import perf_counter_ns, time_ns
 from typing import Any, Callable, NamedTuple, Optional
 
 from . import hotpath
+from .driven import StepDriver
 
 log = logging.getLogger("traceml")
 
@@ -254,7 +255,8 @@ def _phase_of(r: "hotpath.StepRecorder") -> int:
     """The traced phase a wait happens in: forward, optimizer, backward, or none (0)."""
     if r.in_fwd:
         return hotpath.C_FWD
-    if r.opt_owner is not None:
+    owner = r.opt_owner
+    if owner is not None and (owner.optimizer_running if isinstance(owner, StepDriver) else True):
         return hotpath.C_OPT
     if _in_backward():
         return hotpath.C_BWD

@@ -148,6 +148,18 @@ class StepDriver:
         self._opt_open = False
         self.micro = 0
 
+    @property
+    def optimizer_running(self) -> bool:
+        """Inside this driver's optimizer phase (``optimizer_begin`` .. ``optimizer_end``).
+
+        With ``owns_optimizer`` the driver holds the recorder's ``opt_owner`` for the *whole*
+        step, only to keep the torch optimizer timer out; so ``opt_owner`` alone does not mean
+        "the optimizer is running" (comm.py asks this instead). Lightning broadcasts a tensor at
+        the start of every batch: with gradient accumulation the second micro-batch's broadcast
+        falls inside the open step, and its wait (ms) charged to the optimizer turned the
+        optimizer phase (~0.3 ms) into 0."""
+        return self._opt_open
+
     # ---- phase edges torch cannot see ----------------------------------------------------------
 
     def forward_begin(self) -> None:

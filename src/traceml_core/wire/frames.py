@@ -185,6 +185,7 @@ def check_join(msg: dict[str, Any]) -> dict[str, Any]:
     if msg.get("host"):
         msg["host"] = msg["host"][:255]
     msg["new"] = bool(msg.get("new", True))
+    _int(msg, "seq_end", optional=True)
     return msg
 
 
@@ -214,6 +215,58 @@ def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
     msg["interrupted"] = bool(msg.get("interrupted"))
     msg["reason"] = str(msg.get("reason") or "")[:500]
     msg.update(worker_report(msg))
+    return msg
+
+
+#: bounds of a link probe result (``probe`` on the control connection): nodes and transfers
+MAX_PROBE_NODES = 4096
+
+
+def check_probe(msg: dict[str, Any]) -> dict[str, Any]:
+    """``probe {"result"}``: node 0's launcher hands over the link probe's section
+    (traceml_core.linkprobe.analysis.analyse). Its shape is checked, its numbers bounded."""
+    res = msg.get("result")
+    if type(res) is not dict:
+        raise ProtocolError("probe: result must be a map")
+    nodes, pairs = res.get("nodes") or [], res.get("pairs") or []
+    if type(nodes) is not list or type(pairs) is not list or len(nodes) > MAX_PROBE_NODES \
+            or len(pairs) > 4 * MAX_PROBE_NODES:
+        raise ProtocolError("probe: nodes and pairs must be lists of at most a few per node")
+
+    def num(v: Any) -> Any:
+        return v if type(v) in (int, float) and 0 <= v < 1e15 else None
+
+    def text(v: Any, n: int = 300) -> Any:
+        return v[:n] if isinstance(v, str) else None
+
+    def node_ref(v: Any) -> Any:
+        return v if type(v) is int and 0 <= v < MAX_PROBE_NODES else None
+
+    out: dict[str, Any] = {
+        "bytes_per_pair": num(res.get("bytes_per_pair")) or 0, "seconds": num(res.get("seconds")) or 0.0,
+        "error": text(res.get("error")),
+        "nodes": [{"node": node_ref(n.get("node")), "host": text(n.get("host"), 255),
+                   "gbps": num(n.get("gbps")), "recv_gbps": num(n.get("recv_gbps"))}
+                  for n in nodes if type(n) is dict],
+        "pairs": [{"src": node_ref(p.get("src")), "dst": node_ref(p.get("dst")),
+                   "src_host": text(p.get("src_host"), 255), "dst_host": text(p.get("dst_host"), 255),
+                   "nbytes": num(p.get("nbytes")) or 0, "seconds": num(p.get("seconds")) or 0.0,
+                   "gbps": num(p.get("gbps")), "error": text(p.get("error"))}
+                  for p in pairs if type(p) is dict],
+        "slow_node": None, "slow_link": None,
+    }
+    slow, link = res.get("slow_node"), res.get("slow_link")
+    if type(slow) is dict:
+        out["slow_node"] = {"node": node_ref(slow.get("node")), "host": text(slow.get("host"), 255),
+                            "gbps": num(slow.get("gbps")), "others_gbps": num(slow.get("others_gbps")),
+                            "direction": "receive" if slow.get("direction") == "receive" else "send",
+                            "ratio": num(slow.get("ratio"))}
+    if type(link) is dict:
+        out["slow_link"] = {"src": node_ref(link.get("src")), "dst": node_ref(link.get("dst")),
+                            "src_host": text(link.get("src_host"), 255),
+                            "dst_host": text(link.get("dst_host"), 255),
+                            "gbps": num(link.get("gbps")), "others_gbps": num(link.get("others_gbps"))}
+    msg["result"] = out
     return msg
 
 
@@ -328,6 +381,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "steps": check_steps, "event": check_event, "bye": check_bye, "resp": check_resp,
     "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
+    "probe": check_probe,
     "autopsy": check_autopsy,
     "end": check_plain,
 }
@@ -336,7 +390,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
     "node": frozenset(("steps", "event", "bye", "resp", "join", "gone", "dropped", "system")),
-    "control": frozenset(("finish", "query", "snapshot", "system", "autopsy")),
+    "control": frozenset(("finish", "query", "snapshot", "system", "probe", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),
 }

@@ -55,8 +55,9 @@ Relay → aggregator (kind ``node``), every frame about a rank carrying its ``ra
 the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as received, plus:
 
 ``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
-             hello; ``new`` is false when the relay only re-announces its connected ranks after
-             re-establishing its own connection (not a reconnect of the rank).
+             hello; ``new`` is false when the relay only re-announces its ranks after
+             re-establishing its own connection (not a reconnect of the rank), and then carries
+             ``seq_end`` (how far the rank's records went), so a restarted aggregator knows.
 ``gone``     ``{"t","rank","relay_dropped","seq_end","open"}``: the rank's connection closed (after
              its ``bye``, or without one: it crashed or was killed). ``open``: what the rank last
              said it held unsent (None if it never said): the bound of records that died with it.

@@ -32,7 +32,7 @@ from .progress import Progress
 from .registry import NODE_SPECS, run_checks
 from .torchprobe import run_probe
 from .wire import (ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, aggregator_token, doctor_hello,
-                   parse_clock_hook, recv_by)
+                   parse_clock_hook, probe_token, recv_by)
 
 #: step records each node sends to node 0's aggregator in the cross.aggregator check
 TEST_RECORDS = 3
@@ -206,6 +206,7 @@ class Agent:
         self.listeners: Optional[Listeners] = None
         self.aggregator: Optional[Any] = None  # node 0: the real aggregator, started for the check
         self.aggregator_dir: Optional[str] = None
+        self.probe_server: Optional[Any] = None  # cross.link-bandwidth: this node's link probe server
         self.clock_offset = parse_clock_hook(ctx.environ.get(ENV_CLOCK_HOOK, ""), self.node)
         #: the agent ends by itself when the coordinator says nothing for this long
         self.idle_s = 4 * ctx.options.timeout + 120
@@ -243,12 +244,56 @@ class Agent:
             return {"t": "d.agg-sent", **self._agg_send(msg)}
         if t == "d.agg-finish":
             return {"t": "d.agg-finished", **self._agg_finish(msg)}
+        if t == "d.lp-serve":
+            return {"t": "d.lp-serving", **self._lp_serve(msg)}
+        if t == "d.lp-run":
+            return {"t": "d.lp-result", "probe": self._lp_run(msg)}
+        if t == "d.lp-stop":
+            self._lp_stop()
+            return {"t": "d.lp-stopped"}
         if t == "d.torch":
             args = [str(a) for a in msg.get("args", [])]
             r = run_probe(args, float(msg.get("timeout", 20.0)), self.ctx.environ)
             return {"t": "d.torch", "ok": r.ok, "data": r.data, "error": r.error, "seconds": round(r.seconds, 3),
                     "timed_out": r.timed_out}
         return {"t": "d.error", "error": f"unknown command {t!r}"}
+
+    # -- the link probe between the agents (cross.link-bandwidth) ----------------------------------
+
+    def _lp_identity(self, msg: dict[str, Any]) -> Any:
+        from traceml_core.linkprobe.probe import ProbeRun
+
+        return ProbeRun(token=probe_token(self.ctx.environ.get(ENV_TOKEN, "")), run=str(msg["run"]),
+                        job=msg.get("job"), nnodes=int(msg["nnodes"]), port=0)
+
+    def _lp_serve(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """This node's probe server, as ``traceml run``'s launcher starts it (an ephemeral port:
+        the doctor may run beside a job that holds the real one)."""
+        from traceml_core.linkprobe.probe import ProbeServer
+
+        self._lp_stop()
+        try:
+            self.probe_server = ProbeServer(self._lp_identity(msg), int(msg["node"])).start()
+        except (OSError, KeyError, TypeError, ValueError) as exc:
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        return {"ok": True, "port": self.probe_server.port}
+
+    def _lp_run(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """Node 0: the probe's rounds over every node's server (never raises)."""
+        from traceml_core.linkprobe.analysis import failed
+        from traceml_core.linkprobe.probe import coordinate
+
+        try:
+            return coordinate(self._lp_identity(msg), [str(h) for h in msg["hosts"]],
+                              ports=[int(p) for p in msg["ports"]], nbytes=int(msg["nbytes"]),
+                              wait_s=float(msg.get("wait", 5.0)), budget_s=float(msg.get("budget", 30.0)))
+        except (KeyError, TypeError, ValueError) as exc:
+            return failed(f"malformed request ({type(exc).__name__}: {exc})")
+
+    def _lp_stop(self) -> None:
+        if self.probe_server is not None:
+            self.probe_server.close()
+            self.probe_server = None
 
     # -- the real aggregator on node 0, fed by every node ------------------------------------------
 
@@ -403,6 +448,7 @@ class Agent:
         if self.listeners:
             self.listeners.close()
         self._agg_cleanup()
+        self._lp_stop()
         self.ctx.close()
         self.link.close()
 

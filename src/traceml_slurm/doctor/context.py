@@ -46,7 +46,8 @@ def check_context(ctx: NodeContext) -> Outcome:
 
 
 def check_tasks_per_node(ctx: NodeContext) -> Outcome:
-    """One launcher per node: judged on the step we run in, or on the job's layout from a shell."""
+    """One launcher per node, or one task per GPU (the same on every node): judged on the step we run
+    in, or on the job's layout from a shell."""
     kind = ctx.context
     if kind is Context.NONE:
         return skipped("not inside a Slurm allocation")
@@ -64,17 +65,20 @@ def check_tasks_per_node(ctx: NodeContext) -> Outcome:
     nnodes = len(counts)
     if most <= 1:
         return passed(f"1 task per node ({var}={raw})", tasks_per_node=counts)
-    if in_step:
+    if len(set(counts)) > 1:
         return failed(
-            f"this srun step runs {most} tasks on a node ({var}={raw}): `traceml run` must be ONE launcher per "
-            f"node (it starts one worker per GPU itself)",
-            "Launch with `srun --ntasks-per-node=1 traceml run train.py` (GPUs via --gres=gpu:N or "
-            "--gpus-per-node=N).", tasks_per_node=counts)
-    return warned(
-        f"the job has up to {most} tasks per node ({var}={raw}): a bare `srun traceml run` would start {most} "
-        f"launchers per node",
-        f"Use `#SBATCH --ntasks-per-node=1` (TraceML starts one worker per GPU), or launch with "
-        f"`srun --ntasks={nnodes} --ntasks-per-node=1 traceml run train.py`.", tasks_per_node=counts)
+            f"the {'step' if in_step else 'job'} runs a different number of tasks on different nodes ({var}={raw}): "
+            "neither one launcher per node nor one task per GPU",
+            "Give every node the same tasks: `--ntasks-per-node=1` (one launcher per node) or "
+            "`--ntasks-per-node=G` with G GPUs per node (one task per GPU).", tasks_per_node=counts)
+    if in_step:
+        return passed(
+            f"{most} tasks per node ({var}={raw}): the one-task-per-GPU layout, each task one rank (the "
+            "launch config check below says whether the GPUs match)", tasks_per_node=counts, layout="task")
+    return passed(
+        f"the job has {most} tasks per node ({var}={raw}): a bare `srun traceml run` starts one task per GPU, "
+        f"each one rank (for one launcher per node: `srun --ntasks-per-node=1 traceml run train.py`)",
+        tasks_per_node=counts, layout="task")
 
 
 def _config_line(c) -> str:  # type: ignore[no-untyped-def]

@@ -349,6 +349,33 @@ class Coordinator:
                                 "node 0's aggregator to write its summary").get(node0) or {}
         return crossnode.aggregator(started, sent, finished, ranks, node0)
 
+    def link_probe_phase(self, facts: Mapping[str, Mapping[str, Any]], links: Mapping[str, Link]
+                         ) -> dict[str, Outcome]:
+        """The link probe of ``traceml run`` between the agents: every node serves it, node 0's
+        agent runs the rounds (so the coordinator's host need not reach the nodes)."""
+        from traceml_core.linkprobe.analysis import failed
+        from traceml_core.linkprobe.probe import DEFAULT_BYTES, ROUNDS_BUDGET_S
+
+        names = [n for n, _ in sorted(facts.items(), key=lambda kv: int(kv[1]["node_rank"]))]
+        ident = {"run": f"traceml-doctor-{secrets.token_hex(4)}", "job": self.ctx.job_id, "nnodes": len(names)}
+        serving = self.ask({n: {"t": "d.lp-serve", **ident, "node": i} for i, n in enumerate(names)}, links, 5.0,
+                           "every node to start its link probe server")
+        ports = [int((serving.get(n) or {}).get("port") or 0) for n in names]
+        wait = 5.0
+        try:
+            if not ports[0]:
+                probe = failed(f"node 0's agent could not serve the probe: "
+                               f"{(serving.get(names[0]) or {}).get('error') or 'no answer'}")
+            else:
+                asked = {names[0]: {"t": "d.lp-run", **ident, "hosts": names, "ports": ports,
+                                    "nbytes": DEFAULT_BYTES, "wait": wait, "budget": ROUNDS_BUDGET_S}}
+                got = self.ask(asked, links, wait + ROUNDS_BUDGET_S + 15.0,
+                               "node 0 to measure the links between the nodes (link probe)")
+                probe = (got.get(names[0]) or {}).get("probe") or failed("no answer from node 0's agent")
+        finally:
+            self.ask({n: {"t": "d.lp-stop"} for n in names}, links, 3.0, "the nodes to stop their probe servers")
+        return crossnode.link_bandwidth(probe, names)
+
     # -- end -----------------------------------------------------------------------------------
 
     def stop(self, links: Mapping[str, Link]) -> None:
@@ -467,6 +494,13 @@ class Coordinator:
                 self._timed(res, "cross.aggregator", t)
             else:
                 res["cross.aggregator"] = crossnode.skip_all(answered, why_not)
+        if want("cross.link-bandwidth"):
+            if all_in and ranks_ok:
+                t = time.monotonic()
+                res["cross.link-bandwidth"] = self.link_probe_phase(facts, links)
+                self._timed(res, "cross.link-bandwidth", t)
+            else:
+                res["cross.link-bandwidth"] = crossnode.skip_all(answered, why_not)
         if want("cross.nccl-bandwidth"):
             if not opts.full:
                 res["cross.nccl-bandwidth"] = crossnode.skip_all(answered, "runs with --full only")

@@ -107,6 +107,12 @@ def aggregator_token(doctor_token: str) -> str:
     return hmac.new(doctor_token.encode(), b"traceml-doctor-aggregator", hashlib.sha256).hexdigest()[:32]
 
 
+def probe_token(doctor_token: str) -> str:
+    """The token of the link probe between the agents (cross.link-bandwidth), derived like
+    :func:`aggregator_token`."""
+    return hmac.new(doctor_token.encode(), b"traceml-doctor-link-probe", hashlib.sha256).hexdigest()[:32]
+
+
 def parse_clock_hook(text: str, node: str) -> float:
     for item in (text or "").split(","):
         name, _, secs = item.partition("=")

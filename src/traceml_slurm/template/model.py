@@ -46,6 +46,7 @@ class JobSpec:
     gpu_type: Optional[str]
     gpu_request: str
     workers_per_node: int
+    layout: str
     cpus_per_task: Optional[int]
     mem: Optional[str]
     partition: Optional[str]
@@ -233,6 +234,10 @@ def _cross_check(values: dict[str, Any], sources: dict[str, str], notes: list[st
             f"--mode={values['mode']}{src('mode')} is for single-node runs, but this job has --nodes="
             f"{values['nodes']}. Valid for multi-node jobs: summary (the live views need one node).",
             variable="--mode")
+    if values["layout"] == "task" and values["mode"] != "summary":
+        raise TemplateError(
+            f"--mode={values['mode']}{src('mode')} needs one launcher per node, but --layout=task{src('layout')} "
+            f"runs one task per GPU. Valid with --layout=task: summary.", variable="--mode")
     if values["container_image"] and values["apptainer_image"]:
         raise TemplateError(
             f"--container-image{src('container_image')} (pyxis) and --apptainer-image{src('apptainer_image')} were "

@@ -17,6 +17,8 @@ from traceml_core.options import MODES
 from .slurmtime import FORMATS_TEXT, parse_time
 
 GPU_REQUESTS = ("gres", "gpus-per-node")
+#: how ranks start (docs/slurm.md, "Two layouts"): one launcher per node, or one srun task per GPU
+LAYOUTS = ("node", "task")
 #: the `%` letters Slurm expands in --output file names (man sbatch, "filename pattern")
 OUTPUT_LETTERS = "AajJNnstux"
 _NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
@@ -212,8 +214,11 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    choices=GPU_REQUESTS),
     TemplateOption("workers_per_node", "value", _int(1, limits.PROCS_PER_NODE.hi), None, "CPU jobs only: workers per node.", "N",
                    default_doc="the GPUs per node, or 1 in a CPU job"),
-    TemplateOption("cpus_per_task", "value", _int(1, limits.CPUS_PER_TASK.hi), None, "CPU cores for each node's launcher and its workers.",
-                   "N"),
+    TemplateOption("cpus_per_task", "value", _int(1, limits.CPUS_PER_TASK.hi), None, "CPU cores for each node's "
+                   "launcher and its workers (--layout=task: for each rank's task).", "N"),
+    TemplateOption("layout", "value", _choice(LAYOUTS), "node",
+                   "node: one `traceml run` per node starts a worker per GPU (torchrun); task: one srun task "
+                   "per GPU, each task one rank (Lightning's and submitit's layout).", "LAYOUT", choices=LAYOUTS),
     TemplateOption("mem", "value", parse_mem, None, "Memory per node (sbatch --mem), e.g. 64G; 0 = all.", "SIZE"),
     TemplateOption("partition", "value", _name("partition name", allow_list=True), None, "Partition.", "NAME"),
     TemplateOption("account", "value", _name("account name"), None, "Account to charge.", "NAME"),

@@ -3,7 +3,8 @@
 What every generated job does, and why:
 
 - ``#SBATCH --ntasks-per-node=1`` and ``srun --ntasks-per-node=1``: ONE ``traceml run`` per node; it
-  starts one worker per GPU itself. ``traceml run`` reads the node count, its node rank, its GPUs and
+  starts one worker per GPU itself. With ``--layout=task`` (Lightning's and submitit's layout):
+  ``--ntasks-per-node=<GPUs>``, every task one rank, no torchrun. ``traceml run`` reads the node count, its node rank, its GPUs and
   the master address from Slurm on each node, so nothing node-specific is expanded in the batch shell
   (the per-node expansion gotcha cannot happen).
 - ``srun --kill-on-bad-exit=1``: one failed node stops the others instead of leaving them hanging.
@@ -68,10 +69,15 @@ def gpu_directive(spec: JobSpec) -> Optional[str]:
     return f"--gpus-per-node={count}"
 
 
+def tasks_per_node(spec: JobSpec) -> int:
+    """srun tasks per node: one launcher, or (--layout=task) one task per GPU or CPU worker."""
+    return spec.workers_per_node if spec.layout == "task" else 1
+
+
 def sbatch_directives(spec: JobSpec) -> list[str]:
     """The ``#SBATCH`` options, values shell-quoted (sbatch strips the quotes like a shell)."""
     q = shlex.quote
-    d = [f"--job-name={q(spec.job_name)}", f"--nodes={spec.nodes}", "--ntasks-per-node=1"]
+    d = [f"--job-name={q(spec.job_name)}", f"--nodes={spec.nodes}", f"--ntasks-per-node={tasks_per_node(spec)}"]
     gpu = gpu_directive(spec)
     if gpu:
         d.append(gpu)
@@ -100,7 +106,7 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
 def traceml_argv(spec: JobSpec) -> list[str]:
     """``traceml run`` with only the values that are the same on every node; Slurm supplies the rest."""
     argv = ["traceml", "run", f"--mode={spec.mode}"]
-    if spec.gpus_per_node == 0:
+    if spec.gpus_per_node == 0 and spec.layout == "node":   # (task layout: the tasks per node)
         argv.append(f"--nproc-per-node={spec.workers_per_node}")
     if spec.logs_dir is not None:
         argv.append(f"--logs-dir={spec.logs_dir}")
@@ -125,7 +131,7 @@ def launch_argv(spec: JobSpec) -> list[str]:
 
 def srun_words(spec: JobSpec) -> list[str]:
     """srun and its options as shell words (already quoted; the submit directory is expanded at run time)."""
-    words = ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"]
+    words = ["srun", "--kill-on-bad-exit=1", f"--ntasks-per-node={tasks_per_node(spec)}"]
     if spec.cpus_per_task is not None:
         words.append(f"--cpus-per-task={spec.cpus_per_task}")
     if spec.container_image:
@@ -153,7 +159,10 @@ def build_sbatch(job: ResolvedJob) -> str:
         f"#   {regenerate_line(job)}",
         f"# Submit from the directory it was generated in: sbatch {shlex.quote(sbatch_path)}",
         f"# {s.nodes} node(s) x {s.workers_per_node} worker(s) = {s.world_size} processes. "
-        "TraceML reads node rank, node count, GPUs and master from Slurm on each node.",
+        + ("TraceML reads node rank, node count, GPUs and master from Slurm on each node."
+           if s.layout == "node" else
+           "One srun task per GPU (--layout=task): each task is one rank; TraceML reads its rank, local "
+           "rank, the world size and the master from Slurm in each task."),
     ]
     lines += [f"#SBATCH {d}" for d in sbatch_directives(s)]
     lines += ["", "set -euo pipefail", 'cd "$SLURM_SUBMIT_DIR"', ""]
@@ -175,12 +184,15 @@ def build_sbatch(job: ResolvedJob) -> str:
         "",
     ]
     lines += _signal_block(s)
+    per = "node" if s.layout == "node" else "task"
     if s.wrapper:
         run = ["bash", shlex.quote(wrapper_path)]
-        comment = f"# One launcher per node: srun runs {wrapper_path} on each node."
+        comment = (f"# One launcher per node: srun runs {wrapper_path} on each node." if per == "node" else
+                   f"# One task per GPU: srun runs {wrapper_path} in each task (each task is one rank).")
     else:
         run = [shlex.quote(w) for w in launch_argv(s)]
-        comment = "# One launcher per node; each reads its own node rank from Slurm."
+        comment = ("# One launcher per node; each reads its own node rank from Slurm." if per == "node" else
+                   "# One task per GPU, each task one rank; each reads its rank from Slurm (no torchrun).")
     lines += [
         comment,
         "# --kill-on-bad-exit=1: a failed node stops the others. In the background, so this shell can take",
@@ -227,11 +239,15 @@ def build_wrapper(job: ResolvedJob) -> str:
     s = job.spec
     lines = [
         "#!/bin/bash",
-        f"# {WRAPPER_NAME}: runs once per node inside the srun step of {sbatch_filename(job)} (written by",
+        f"# {WRAPPER_NAME}: runs once per {'node' if s.layout == 'node' else 'task'} inside the srun step of "
+        f"{sbatch_filename(job)} (written by",
         f"# traceml slurm template, traceml {__version__}). Regenerate with:",
         f"#   {regenerate_line(job)}",
-        "# Each node's `traceml run` reads its own node rank, the node count, its GPUs and the master from",
-        "# Slurm here, on its own node: never pass --node-rank=$SLURM_NODEID from the batch shell.",
+        *(["# Each node's `traceml run` reads its own node rank, the node count, its GPUs and the master from",
+           "# Slurm here, on its own node: never pass --node-rank=$SLURM_NODEID from the batch shell."]
+          if s.layout == "node" else
+          ["# Each task's `traceml run` reads its own rank, local rank, the world size and the master from",
+           "# Slurm here, in its own task: never pass rank values from the batch shell."]),
         "set -eo pipefail",
     ]
     if s.node_setup:

@@ -107,6 +107,38 @@ def test_lightning_exception_closes_the_open_step_and_never_raises_from_the_call
     assert log.records == 7 + 1, "7 completed Lightning steps, the broken one dropped, then 1 traced"
 
 
+def test_a_wait_between_micro_batches_is_charged_to_no_phase_while_lightning_owns_the_optimizer(sdk, sink):
+    """Lightning's driver holds the optimizer for the whole step (to keep torch's optimizer timer
+    out of ``optimizer.step(closure)``); a collective outside forward and the optimizer window
+    (Lightning broadcasts at every batch start, also on the second micro-batch of an accumulated
+    step) is exposed communication of the step, not optimizer time: charged there, its wait of
+    milliseconds zeroed the optimizer phase of every step on a 2-rank CI run."""
+    from traceml_core.sdk import comm, hotpath
+    from traceml_core.sdk.driven import StepDriver
+    from traceml_core.sdk.source import StepSource
+
+    start(sdk, sink)
+    d = StepDriver("Lightning", owns_optimizer=True, owns_forward=True)
+    assert d.claim(StepSource("lightning", accumulation=2))
+    r = hotpath.REC
+    phases = []
+    for _micro in range(2):
+        d.open()
+        phases.append(comm._phase_of(r))        # the batch-start broadcast
+        d.forward_begin()
+        phases.append(comm._phase_of(r))
+        d.forward_end()
+    d.optimizer_begin()
+    phases.append(comm._phase_of(r))
+    d.optimizer_end()
+    phases.append(comm._phase_of(r))
+    d.close()
+    assert phases == [0, hotpath.C_FWD, 0, hotpath.C_FWD, hotpath.C_OPT, 0]
+    d.release()
+    log = finish(sdk, sink)
+    assert log.records == 1
+
+
 def test_legacy_pytorch_lightning_callback(sdk, sink):
     PL = pytest.importorskip("pytorch_lightning")
     from traceml_core.integrations.lightning import callback_class

@@ -1,0 +1,129 @@
+"""Node 0's ingest cost at issue 17's sizes: 4,096 ranks / 256 relays and 16,384 ranks / 2,048
+relays, 10 steps/s each, side by side, in one process.
+
+What node 0 really receives from the relays is replayed through its real code: the relays' merged
+``steps`` frames (one per rank per 1 s merge window, 10 records each, the columns a DDP job sends),
+concatenated per link as a relay writes them, then the aggregator's own path for every byte:
+``FrameBuffer.feed`` (msgpack decode), ``wire.frames.validate("node", ...)``,
+``Ingest.node_frame`` (sequence accounting) and ``RunState.flush`` (the statistics: phases,
+sketches, series, sums), once per simulated second. No sockets and no senders: the figure is node
+0's own CPU per second of the run (cores), which is what the target bounds (16,384 ranks: < 1 core;
+4,096: < 0.25 core). The socket layer is measured end to end, with real relays and senders, by
+``aggregator_ingest.py`` (4,096 ranks: 29 % of a core through 64 relays).
+
+A checkpoint (every few seconds, capped at 2 % of the wall clock by the server) is timed once per
+size and printed beside it, not added.
+
+    PYTHONPATH=src python benchmarks/node0_scale.py                   # 4,096 and 16,384 ranks
+    PYTHONPATH=src python benchmarks/node0_scale.py --ranks 512 --seconds 3 --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import random
+import resource
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from aggregator_ingest import make_cols  # noqa: E402
+from traceml_core.aggregator.ingest import Ingest  # noqa: E402
+from traceml_core.aggregator.persist import pack_checkpoint  # noqa: E402
+from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
+from traceml_core.aggregator.state import RunState  # noqa: E402
+from traceml_core.wire.auth import Identity  # noqa: E402
+from traceml_core.wire.frames import validate  # noqa: E402
+from traceml_core.wire.protocol import FrameBuffer, encode  # noqa: E402
+
+STEPS_PER_S = 10
+
+
+def run(ranks: int, per_relay: int, seconds: int, tmp: Path) -> dict[str, float]:
+    nodes = ranks // per_relay
+    settings = AggregatorSettings(run_name="bench", run_dir=tmp / "bench", nnodes=nodes,
+                                  nproc_per_node=per_relay, token="x")
+    state = RunState(settings)
+    ingest = Ingest(state, lambda _m: None)
+    rnd = random.Random(0)
+    variants = [make_cols(STEPS_PER_S, rnd) for _ in range(8)]
+    links, idents = [], []
+    for node in range(nodes):
+        link, ident = object(), Identity("node", node, -1, f"n{node}", None, nproc=per_relay)
+        ingest.node_joined(link, ident, time.time())
+        for r in range(node * per_relay, (node + 1) * per_relay):
+            ingest.node_frame(link, ident, validate("node", {"t": "join", "rank": r, "local_rank": r % per_relay,
+                                                             "host": f"n{node}", "pid": r, "new": True}))
+        links.append(link)
+        idents.append(ident)
+    # the bytes of each second, per link, built before the clock starts (the relays' work)
+    wire: list[list[bytes]] = []
+    for s in range(seconds):
+        per_link = []
+        for node in range(nodes):
+            per_link.append(b"".join(
+                encode({"t": "steps", "rank": r, "seq": s * STEPS_PER_S, "n": STEPS_PER_S,
+                        "cols": variants[(r + s) % 8], "dropped": 0, "open": 0})
+                for r in range(node * per_relay, (node + 1) * per_relay)))
+        wire.append(per_link)
+    nbytes = sum(len(b) for sec in wire for b in sec)
+    bufs = [FrameBuffer() for _ in range(nodes)]
+    gc.collect()
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for sec in wire:
+        for node in range(nodes):
+            link, ident = links[node], idents[node]
+            for msg in bufs[node].feed(sec[node]):
+                ingest.node_frame(link, ident, validate("node", msg))
+        state.flush()
+    cpu = time.process_time() - cpu0
+    wall = time.perf_counter() - wall0
+    records = ranks * STEPS_PER_S * seconds
+    assert state.records == records and all(rs.received == STEPS_PER_S * seconds for rs in state.ranks.values())
+    t0 = time.perf_counter()
+    blob = pack_checkpoint(state.to_data(), final=False)
+    ckpt = time.perf_counter() - t0
+    return {"ranks": ranks, "relays": nodes, "records": records, "cpu": cpu, "wall": wall,
+            "cores": cpu / seconds, "rec_per_cpu_s": records / cpu, "mb": nbytes / 1e6,
+            "ckpt_s": ckpt, "ckpt_mb": len(blob) / 1e6,
+            "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", default="4096,16384", help="comma-separated rank counts")
+    ap.add_argument("--per-relay", default="16,8", help="ranks per relay, one per size (256 / 2,048 relays)")
+    ap.add_argument("--seconds", type=int, default=10, help="seconds of the run replayed per size")
+    ap.add_argument("--quick", action="store_true", help="a smoke run (tests): 2 s")
+    args = ap.parse_args()
+    sizes = [int(x) for x in args.ranks.split(",")]
+    per = [int(x) for x in args.per_relay.split(",")]
+    per += [per[-1]] * (len(sizes) - len(per))
+    seconds = 2 if args.quick else args.seconds
+    import tempfile
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for ranks, pr in zip(sizes, per):
+            rows.append(run(ranks, pr, seconds, Path(tmp)))
+    print(f"node 0's ingest through relays, {STEPS_PER_S} steps/s per rank, {seconds} s of the run replayed "
+          f"(Python {sys.version.split()[0]})")
+    print(f"{'ranks':>7} {'relays':>6} {'records':>10} {'wire MB':>8} {'node 0 CPU':>10} {'cores':>6} "
+          f"{'rec/cpu-s':>10} {'checkpoint':>10} {'ckpt MB':>8} {'peak RSS':>9}")
+    for r in rows:
+        print(f"{r['ranks']:>7,} {r['relays']:>6,} {r['records']:>10,} {r['mb']:>8.1f} {r['cpu']:>9.2f}s "
+              f"{r['cores']:>6.3f} {r['rec_per_cpu_s']:>10,.0f} {r['ckpt_s']:>9.2f}s {r['ckpt_mb']:>8.1f} "
+              f"{r['rss_mb']:>7.0f}MB")
+    if len(rows) > 1:
+        a, b = rows[0], rows[-1]
+        print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks: cores x{b['cores'] / a['cores']:.2f} "
+              f"(ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x"
+              f"{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

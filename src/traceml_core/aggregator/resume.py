@@ -1,0 +1,210 @@
+"""An aggregator restarted mid-run goes on from its predecessor's last checkpoint.
+
+When node 0's aggregator dies (SIGKILL, an OOM kill), node 0's launcher starts a new one on the
+same port with the last checkpoint (``AggregatorSettings.resume_from``). The relays reconnect on
+their own, re-announce their ranks and send what they still hold, so what is lost is only what
+reached the dead process after that checkpoint, and it is *counted*: each rank's sequence numbers
+go on from the checkpoint's (:func:`seed`), so a record that never made it into any statistics is
+a gap.
+
+The new process keeps the checkpoint as a frozen base and adds what it receives on top;
+:func:`combine` merges the two into the one plain-data shape of :meth:`RunState.to_data`
+(checkpoints and the summary read nothing else). Counts, sums and maxima combine exactly, the
+quantile sketches merge, the per-step series align their bucket widths; the node metrics over
+time are the newer process's where it has any (a coarser view of the part before the restart is
+kept in the base's samples and means).
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any, Optional
+
+from .series import BUCKETS, _CODES
+from .sketch import QuantileSketch
+from .state import RunState
+
+#: rank fields that add up, fields that take the larger, fields where the newer one wins if set
+_ADD = ("received", "gaps", "duplicates", "rejected", "event_count", "sketched", "connections")
+_MAX = ("client_dropped", "relay_dropped", "relay_seq_end", "next_seq")
+_NEWER = ("node", "host", "local_rank", "pid", "connected", "closed_at", "bye", "open_bound",
+          "last_open", "counts", "step_source", "last_seen")
+
+
+def seed(state: RunState, base: dict[str, Any]) -> None:
+    """Start a restarted aggregator's state where the checkpoint ``base`` left off: sequence
+    numbers, identities and nodes, so gaps count exactly what never arrived and nodes rejoin."""
+    state.base = base
+    state.records = int(base.get("records", 0))
+    for r in base.get("ranks", []):
+        rs = state.rank(r["rank"])
+        rs.next_seq = rs._proc_next = int(r.get("next_seq", 0))
+        for k in ("node", "host", "local_rank", "pid", "joined_at", "step_source"):
+            if r.get(k) is not None:
+                setattr(rs, k, r[k])
+        rs.connected = False
+        rs.last_t_end = r.get("last_t_end")
+        rs.first_t_end = r.get("first_t_end")
+    for n in base.get("nodes", []):
+        ni = state.node(n["node"])
+        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye"):
+            if n.get(k) is not None:
+                setattr(ni, k, n[k])
+        ni.connected = False
+
+
+def combine(base: Optional[dict[str, Any]], live: dict[str, Any]) -> dict[str, Any]:
+    """The run's data: the checkpoint it resumed from plus what this process received."""
+    if not base:
+        return live
+    out = dict(live)
+    out["aggregator_started_at"] = base.get("aggregator_started_at", live["aggregator_started_at"])
+    out["records"] = live["records"]  # seeded from the base, so already the total
+    out["counters"] = {k: base.get("counters", {}).get(k, 0) + v for k, v in live["counters"].items()}
+    out["resumed"] = (base.get("resumed") or 0) + 1
+    out["hangs"] = list(base.get("hangs") or []) + list(live.get("hangs") or [])
+    out["probe"] = live.get("probe") or base.get("probe")  # measured before the restart
+    ranks = {r["rank"]: r for r in base.get("ranks", [])}
+    for r in live["ranks"]:
+        ranks[r["rank"]] = _rank(ranks[r["rank"]], r) if r["rank"] in ranks else r
+    out["ranks"] = [ranks[k] for k in sorted(ranks)]
+    nodes = {n["node"]: n for n in base.get("nodes", [])}
+    for n in live["nodes"]:
+        nodes[n["node"]] = n  # seeded from the base: already the latest
+    out["nodes"] = [nodes[k] for k in sorted(nodes)]
+    systems = {s["node"]: s for s in base.get("system", [])}
+    for s in live["system"]:
+        systems[s["node"]] = _system(systems[s["node"]], s) if s["node"] in systems else s
+    out["system"] = [systems[k] for k in sorted(systems)]
+    return out
+
+
+def _rank(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
+    out = dict(b)
+    for k in _ADD:
+        out[k] = (b.get(k) or 0) + (l.get(k) or 0)
+    for k in _MAX:
+        out[k] = max(b.get(k) or 0, l.get(k) or 0)
+    for k in _NEWER:
+        if l.get(k) is not None:
+            out[k] = l[k]
+    if l.get("received"):
+        out["last_step"], out["last_t_end"] = l["last_step"], l["last_t_end"]
+    out["first_t_end"] = b.get("first_t_end") if b.get("first_t_end") is not None else l.get("first_t_end")
+    out["joined_at"] = b.get("joined_at") or l.get("joined_at")
+    out["events"] = (list(b.get("events", [])) + list(l.get("events", [])))[-8:]
+    out["phases"] = {k: _phase(b["phases"].get(k), v) for k, v in l["phases"].items()}
+    out["sums"] = {k: _totals(b.get("sums", {}).get(k), v) for k, v in l.get("sums", {}).items()}
+    bm, lm = b["mem"], l["mem"]
+    out["mem"] = {"count": bm["count"] + lm["count"], "sum": bm["sum"] + lm["sum"],
+                  "max": max(bm["max"], lm["max"])}
+    out["outside"] = {"sum": b["outside"]["sum"] + l["outside"]["sum"],
+                      "count": b["outside"]["count"] + l["outside"]["count"]}
+    out["series"] = _series(b["series"], l["series"])
+    return out
+
+
+def _phase(b: Optional[dict[str, Any]], l: dict[str, Any]) -> dict[str, Any]:
+    if not b:
+        return l
+    out = _totals(b, l)
+    out["unmeasured"] = b.get("unmeasured", 0) + l.get("unmeasured", 0)
+    mins = [m for m in (b.get("min", -1), l.get("min", -1)) if m is not None and m >= 0]
+    out["min"] = min(mins) if mins else -1
+    sk = QuantileSketch.from_data(b["sketch"])
+    sk.merge(QuantileSketch.from_data(l["sketch"]))
+    out["sketch"] = sk.to_data()
+    return out
+
+
+def _totals(b: Optional[dict[str, Any]], l: dict[str, Any]) -> dict[str, Any]:
+    if not b:
+        return l
+    out = dict(l)
+    for k in ("count", "sum", "warm_count", "warm_sum"):
+        out[k] = b.get(k, 0) + l.get(k, 0)
+    out["max"] = max(b.get("max", -1), l.get("max", -1))
+    return out
+
+
+def _arr(data: Any, code: str) -> array:
+    a = array(code)
+    if data:
+        a.frombytes(data)
+    return a
+
+
+def _series(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
+    """Bucket-wise: both brought to the wider width (pairs merged), then summed / maxed."""
+    if not b.get("used"):
+        return l
+    if not l.get("used"):
+        return b
+    width = max(b["width"], l["width"])
+    keys = ("step_sum", "step_cnt", "step_max", "mem_max", "t_end")
+    phases = sorted(set(b.get("phase_sum", {})) | set(l.get("phase_sum", {})))
+
+    def widen(s: dict[str, Any]) -> dict[str, list]:
+        f = width // s["width"]
+        out: dict[str, list] = {}
+        for key in keys:
+            out[key] = _regroup(_arr(s.get(key), _CODES.get(key, "q")).tolist(), f, key)
+        for p in phases:
+            out["s:" + p] = _regroup(_arr(s.get("phase_sum", {}).get(p), "d").tolist(), f, "phase_sum")
+            out["c:" + p] = _regroup(_arr(s.get("phase_cnt", {}).get(p), "i").tolist(), f, "phase_cnt")
+        return out
+
+    wb, wl = widen(b), widen(l)
+    used = min(BUCKETS, max(len(wb["step_cnt"]), len(wl["step_cnt"])))
+    comb: dict[str, list] = {}
+    for key in wb:
+        x, y = wb[key], wl[key]
+        mx = key in ("step_max", "mem_max", "t_end")
+        pad = -1 if mx else 0
+        x = x + [pad] * (used - len(x))
+        y = y + [pad] * (used - len(y))
+        comb[key] = [max(p, q) if mx else p + q for p, q in zip(x[:used], y[:used])]
+    return {
+        "width": width, "used": used,
+        **{k: array(_CODES.get(k, "q"), comb[k]).tobytes() for k in keys},
+        "phase_sum": {p: array("d", comb["s:" + p]).tobytes() for p in phases},
+        "phase_cnt": {p: array("i", comb["c:" + p]).tobytes() for p in phases},
+    }
+
+
+def _regroup(vals: list, factor: int, key: str) -> list:
+    if factor == 1:
+        return vals
+    mx = key in ("step_max", "mem_max", "t_end")
+    out = []
+    for i in range(0, len(vals), factor):
+        chunk = vals[i:i + factor]
+        out.append(max(chunk) if mx else sum(chunk))
+    return out
+
+
+def _system(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
+    out = dict(l)
+    out["samples"] = b.get("samples", 0) + l.get("samples", 0)
+    out["first_ts"] = b.get("first_ts") if b.get("first_ts") is not None else l.get("first_ts")
+    for k in ("cpu_pct", "ram_used", "ram_total"):
+        out[k] = _running(b.get(k), l.get(k))
+    gpus = {g["index"]: g for g in b.get("gpus", [])}
+    for g in l.get("gpus", []):
+        old = gpus.get(g["index"])
+        gpus[g["index"]] = g if old is None else {"index": g["index"], **{
+            m: _running(old.get(m), v) for m, v in g.items() if m != "index"}}
+    out["gpus"] = [gpus[i] for i in sorted(gpus)]
+    if not (l.get("over_time") or {}).get("used"):
+        out["over_time"] = b.get("over_time")
+    return out
+
+
+def _running(b: Optional[dict[str, Any]], l: Optional[dict[str, Any]]) -> Optional[dict[str, Any]]:
+    if not b:
+        return l
+    if not l:
+        return b
+    mx = [m for m in (b.get("max"), l.get("max")) if m is not None]
+    return {"n": b["n"] + l["n"], "sum": b["sum"] + l["sum"], "max": max(mx) if mx else None}
+

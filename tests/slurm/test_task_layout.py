@@ -1,0 +1,65 @@
+"""End to end on the real local Slurm: the one-task-per-GPU layout (`srun --ntasks-per-node=G
+traceml run train.py`, Lightning's and submitit's), zero flags. Each srun task is one rank (no
+torchrun); rank 0 owns the aggregator, local rank 0 of each node the node's relay.
+
+Real sbatch/srun, torch gloo DDP on CPU, TCP across network namespaces; GPUs are fake devices.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from e2e import REPO, hostnames, job_env, summary
+
+SCRIPTS = REPO / "tests" / "zerocode" / "scripts"
+TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1")
+
+
+def _job(script: str) -> str:
+    """What a user writes: no flags, no token (each task derives the job's token from the
+    per-user secret, as the node layout's launchers do)."""
+    return f"""#!/bin/bash
+srun --kill-on-bad-exit=1 traceml run {script}
+"""
+
+
+def _assert_four_ranks_on_two_nodes(data: dict, steps: int, source: str) -> None:
+    assert data["run"]["status"] == "completed", data["run"]
+    topo = data["topology"]
+    assert (topo["nnodes"], topo["nproc_per_node"], topo["world_size"], topo["nodes_joined"]) == (2, 2, 4, 2)
+    assert hostnames(data) == ["node1", "node2"]
+    ranks = data["ranks"]
+    assert [r["status"] for r in ranks] == ["clean"] * 4
+    assert [(r["node"], r["host"], r["local_rank"]) for r in ranks] == \
+        [(0, "node1", 0), (0, "node1", 1), (1, "node2", 0), (1, "node2", 1)]
+    assert [r["steps"] for r in ranks] == [steps] * 4
+    assert data["steps"]["source"] == source
+    assert data["verdict"]["kind"] not in ("no_steps", "run_failed") and data["verdict"]["why"]
+
+
+def test_one_task_per_gpu_lightning_with_zero_flags(slurm_cluster, tmp_path):
+    """One job (CI minutes) for the layout's promises: 4 srun tasks on 2 nodes are 4 ranks with
+    no torchrun, Lightning's steps from its hooks, one summary naming both nodes, printed once."""
+    pytest.importorskip("lightning")
+    env = job_env(tmp_path, ZC_STEPS="25", ZC_NODES="2", ZC_DEVICES="2", PYTHONWARNINGS="ignore")
+    env.pop("TRACEML_TOKEN", None)
+    job, state, out = slurm_cluster.run_job(_job(f"{SCRIPTS}/lightning_ddp.py"), *TWO_BY_TWO, timeout=240,
+                                            env=env)
+    assert state == "COMPLETED", out
+    data = summary(tmp_path)
+    assert data["run"]["status"] == "completed", out
+    _assert_four_ranks_on_two_nodes(data, 25, "lightning")
+    assert "lightning: optimizer steps 25" in out
+    assert data["run"]["name"].endswith(f"-{job}")
+    assert "TraceML summary" in out and "4 clean" in out
+    assert out.count("TraceML summary") == 1, "one summary, printed by rank 0's task"
+    assert "torch.distributed.run" not in out
+
+
+def test_tasks_that_do_not_match_the_gpus_are_refused(slurm_cluster, tmp_path):
+    job, state, out = slurm_cluster.run_job(_job(f"{SCRIPTS}/plain_ddp.py"), "--nodes=1", "--ntasks-per-node=2",
+                                            "--gres=gpu:3", "--cpus-per-task=1", timeout=90,
+                                            env=job_env(tmp_path))
+    assert state != "COMPLETED"
+    assert "2 tasks per node" in out and "3 GPU(s)" in out and "--ntasks-per-node=3" in out
+    assert "Traceback" not in out
