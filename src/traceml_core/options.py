@@ -253,8 +253,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("link_probe", _link_probe, str(LINK_PROBE_MB),
            "Multi-node: before training, node 0 measures the TCP bandwidth between the nodes' "
            "launchers (each node sends up to this many MB, for at most 1 s, to each of two other "
-           "nodes: about 1-3 s at the start) and names a node whose link is much slower than the "
-           "others'; off = skip it.", "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
+           "nodes: 0.1-5 s at the start, never more than the node-join window + 30 s; never fails "
+           "the run) and names a node whose link is much slower than the others'; off = skip it.",
+           "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
     Option("layout", _layout, "auto",
            "How ranks start: node = one `traceml run` per node starts a worker per GPU with torchrun; "

@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -129,3 +130,36 @@ def test_a_rank_that_never_registered_or_is_gone_is_reported(tmp_path):
         collector.close()
     assert not out[0]["ok"] and "registered no stack dump" in out[0]["error"]
     assert not out[1]["ok"]
+
+
+def test_the_task_layout_agrees_on_a_node_directory_without_talking(tmp_path, monkeypatch):
+    """One srun task per GPU: the rank is started by Slurm, not by the relay's task, so both sides
+    compute the node's stack directory (launcher/stacks.node_dir) from the run and the node. A
+    rank that registered there (its own task made the directory) is dumped by a collector built
+    separately in another task; another user's directory planted at that path is refused (no
+    dumps, training goes on) rather than used."""
+    from traceml_core.launcher.stacks import node_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    path = node_dir("job-train-42", 1)
+    assert path == node_dir("job-train-42", 1) and path != node_dir("job-train-42", 0)
+    ranks_task = StackCollector(path)            # the rank's own task (local rank 1)
+    code = ("import sys, time; from traceml_core.sdk import stackdump; "
+            "assert stackdump.install(sys.argv[1], 3); print('ready', flush=True)\n"
+            "def stuck_in_my_code():\n    time.sleep(60)\nstuck_in_my_code()")
+    rank = subprocess.Popen([sys.executable, "-c", code, ranks_task.path], stdout=subprocess.PIPE, text=True)
+    relay_task = StackCollector(path)            # local rank 0's task, which runs the relay
+    try:
+        assert rank.stdout.readline().strip() == "ready"
+        out = relay_task.collect({3: rank.pid})
+    finally:
+        rank.kill()
+        rank.wait()
+        relay_task.close()
+    assert out[3]["ok"] and "stuck_in_my_code" in out[3]["text"], out
+    assert not path.exists(), "the relay's task removes the node's directory at the end"
+    # a directory that is not ours (here: a symlink planted at the path) is never used
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    path.symlink_to(elsewhere)
+    assert StackCollector(path).dir is None

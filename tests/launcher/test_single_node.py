@@ -71,6 +71,8 @@ def test_straggler_example_names_the_culprit_rank(tmp_path):
     verdicts = [data["verdict"]] + data.get("other_verdicts", [])
     straggler = next(v for v in verdicts if v["kind"] == "straggler")
     assert straggler["culprit"]["rank"] == 1 and straggler["culprit"]["node"] == 0
+    for r in data["ranks"]:  # the straggler is slow, not broken: every step of both ranks arrived
+        assert r["status"] == "clean" and r["steps"] == 40 and r["telemetry"]["lost"] == 0, r
 
 
 FAILING = """

@@ -24,7 +24,7 @@ RATE = "100mbit"
 BIG_GRADIENT = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "1024", "COMM_BATCH": "8",
                 "COMM_BUCKET_MB": "25", "COMM_STEPS": "30"}
 #: the same model with a batch that makes compute dominate on a fast link
-HEAVY_COMPUTE = {**BIG_GRADIENT, "COMM_BATCH": "4096"}
+HEAVY_COMPUTE = {**BIG_GRADIENT, "COMM_BATCH": "4096", "COMM_STEPS": "15"}
 
 
 @contextlib.contextmanager

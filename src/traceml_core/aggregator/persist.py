@@ -64,7 +64,7 @@ def owned_problem(path: Path, *, directory: bool = True) -> Optional[str]:
     return None
 
 
-def _private_dir(path: Path) -> None:
+def private_dir(path: Path) -> None:
     """Create ``path`` with mode 0700, or accept an existing one that is ours; raise
     :class:`UnsafeDirError` for one that is not (planted by someone else, or a symlink)."""
     try:
@@ -86,8 +86,8 @@ def make_fallback(run_name: str) -> tuple[Path, Optional[str]]:
     """The fallback run directory, made safely; and, when the usual one was refused, why."""
     path = fallback_dir(run_name)
     try:
-        _private_dir(path.parent)
-        _private_dir(path)
+        private_dir(path.parent)
+        private_dir(path)
         return path, None
     except UnsafeDirError as exc:
         fresh = Path(tempfile.mkdtemp(prefix=f"traceml-{os.getuid()}-{run_name[:64]}-"))

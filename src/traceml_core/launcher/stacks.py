@@ -10,12 +10,14 @@ in: faulthandler answers from inside the signal handler, without the GIL.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
 from typing import Mapping, Optional
 
+from ..aggregator.persist import fallback_root, private_dir
 from ..sdk.stackdump import dump_signal, stack_file
 
 #: a dump is complete when its file has not grown for this long
@@ -26,13 +28,28 @@ COLLECT_S = 3.0
 from ..wire.frames import MAX_STACK_TEXT as MAX_DUMP_BYTES  # noqa: E402
 
 
+def node_dir(run_name: str, node: int) -> Path:
+    """The stack directory of one node in the task layout (launcher/task.py): there, each rank is
+    started by the cluster, not by this node's launcher, so every task of the node computes the
+    same path without talking; it lies in this user's private ``traceml-<uid>`` directory (made
+    0700, refused when someone else planted it)."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", run_name)[:96]
+    return fallback_root() / f"stacks-{safe}-node{int(node)}"
+
+
 class StackCollector:
-    def __init__(self) -> None:
+    def __init__(self, directory: Optional[Path] = None) -> None:
+        """A fresh private directory, or ``directory`` (:func:`node_dir`), made safely."""
         self.dir: Optional[Path] = None
         try:
-            self.dir = Path(tempfile.mkdtemp(prefix="traceml-stacks-"))
-            os.chmod(self.dir, 0o700)
-        except OSError:
+            if directory is None:
+                self.dir = Path(tempfile.mkdtemp(prefix="traceml-stacks-"))
+                os.chmod(self.dir, 0o700)
+            else:
+                private_dir(directory.parent)
+                private_dir(directory)
+                self.dir = directory
+        except OSError:     # (UnsafeDirError too) no stack dumps from this node; training goes on
             self.dir = None
 
     @property

@@ -14,7 +14,10 @@ have given it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, `
   :func:`relay_port` (the job's block of ports under Slurm). It keeps the relay open until the
   node's other ranks have ended (bounded), so their last steps reach node 0;
 * every task's worker sends its steps to that relay on loopback; a worker that starts before the
-  relay listens keeps retrying in the background (steps are buffered meanwhile).
+  relay listens keeps retrying in the background (steps are buffered meanwhile);
+* the hang autopsy's stack dumps: every rank's faulthandler writes into the node's stack directory
+  (:func:`~.stacks.node_dir`, the same path in every task), which the relay reads after
+  signalling the rank (same user, same node), as a node launcher does for its workers.
 
 What it cannot know: another task's exit code. A rank that dies without a word (SIGKILL) is seen
 by node 0 as a connection closed without ``bye`` ("crashed" or "vanished"), not with its signal.
@@ -32,13 +35,17 @@ from ..config import LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
 from .memcg import OomWatch
 from .preflight import check_script
+from .run import HANG_EXIT_CODE
+from .stacks import StackCollector, node_dir
 from .supervise import Supervisor, log
 from .telemetry import NodeTelemetry
 from .token import resolve_token
 from .torchrun import BOOTSTRAP_MODULE
 
 #: the relay's port is the aggregator's + this: under Slurm the last port of the job's block of
-#: four (master, aggregator, the dashboard's default, spare), so no other job uses it
+#: four (master, aggregator, the dashboard's default, spare), so no other job uses it. (The node
+#: layout's link probe serves on the same spare port; the task layout runs no link probe: the
+#: summary's probe section stays empty.)
 RELAY_PORT_OFFSET = 2
 #: seconds rank 0 (and each node's local rank 0) waits, after its own worker ended, for the other
 #: ranks to end; srun's --kill-on-bad-exit or DDP itself normally ends them together
@@ -99,6 +106,10 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             f"{config.aggregator_port}")
 
     telemetry = NodeTelemetry(config, token)
+    # the hang autopsy's stack dumps: the node's relay (local rank 0) signals every rank of the
+    # node and reads the file each rank's faulthandler writes, in a directory all tasks agree on
+    telemetry.stacks.close()
+    telemetry.stacks = StackCollector(node_dir(config.run_name, config.node_rank))
     port = relay_port(config)
     started = time.time()
     sup: Optional[Supervisor] = None
@@ -116,7 +127,7 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             node_rank=config.node_rank, nproc_per_node=config.nproc_per_node,
             aggregator_host="127.0.0.1", aggregator_port=port, token=token.value,
             connect_wait=WORKER_CONNECT_WAIT_S, mode=config.mode, logs_dir=config.logs_dir,
-            auto_steps=config.auto_steps)
+            auto_steps=config.auto_steps, stack_dir=telemetry.stacks.path)
         oom = OomWatch().start()
         sup = Supervisor(worker_command(script, script_args, module=module, no_python=no_python),
                          worker_env(config, environ, info), grace=STOP_GRACE_S)
@@ -129,18 +140,22 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             sup.signal_now(signal.SIGKILL)
             sup.wait()
             sup.restore()
+        if local == 0:
+            telemetry.stacks.close()
         raise
     interrupted = sup.interrupted_by is not None
     status = 128 - code if code < 0 else code
     if interrupted and status == 0:
         status = 128 + int(sup.interrupted_by)
+    if telemetry.hung and not interrupted:   # rank 0's hang watchdog stopped its worker
+        status = HANG_EXIT_CODE
     if local == 0 or rank == 0:
         log(f"rank {rank}: worker ended with exit code {code} after {time.time() - started:.1f} s"
             + ("; waiting for the other ranks" if not interrupted else ""))
     report = {"workers": [_worker_row(config, sup, code)] if code != 0 else [], "oom": oom.report()}
     try:
-        if not interrupted:
-            _wait_for_others(telemetry, config, rank)
+        if not interrupted and not telemetry.hung:   # hung ranks never end by themselves:
+            _wait_for_others(telemetry, config, rank)  # srun ends them once this task exits
         reason = telemetry.failure_reason() if (status != 0 or interrupted) else None
         if interrupted:
             sig = f"interrupted by {signal.Signals(sup.interrupted_by).name}"
@@ -155,6 +170,8 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
                                     report=report)
     finally:
         sup.restore()
+        if local == 0:      # the node's other ranks have ended (or the wait ran out)
+            telemetry.stacks.close()
     if text:
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
         sys.stdout.flush()
