@@ -43,7 +43,10 @@ from traceml_core.wire.protocol import FrameBuffer, encode  # noqa: E402
 STEPS_PER_S = 10
 
 
-def run(ranks: int, per_relay: int, seconds: int, tmp: Path) -> dict[str, float]:
+def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0) -> dict[str, float]:
+    """``at_step``: the replayed seconds start this many steps into the run (each rank's state
+    goes on from there, as after a checkpoint), so the per-step series has the width it has then
+    (early on a 10-record window straddles several narrow buckets, the slow path)."""
     nodes = ranks // per_relay
     settings = AggregatorSettings(run_name="bench", run_dir=tmp / "bench", nnodes=nodes,
                                   nproc_per_node=per_relay, token="x")
@@ -60,13 +63,15 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path) -> dict[str, float]
                                                              "host": f"n{node}", "pid": r, "new": True}))
         links.append(link)
         idents.append(ident)
+    for rs in state.ranks.values():
+        rs.next_seq = rs._proc_next = at_step
     # the bytes of each second, per link, built before the clock starts (the relays' work)
     wire: list[list[bytes]] = []
     for s in range(seconds):
         per_link = []
         for node in range(nodes):
             per_link.append(b"".join(
-                encode({"t": "steps", "rank": r, "seq": s * STEPS_PER_S, "n": STEPS_PER_S,
+                encode({"t": "steps", "rank": r, "seq": at_step + s * STEPS_PER_S, "n": STEPS_PER_S,
                         "cols": variants[(r + s) % 8], "dropped": 0, "open": 0})
                 for r in range(node * per_relay, (node + 1) * per_relay)))
         wire.append(per_link)
@@ -87,7 +92,7 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path) -> dict[str, float]
     t0 = time.perf_counter()
     blob = pack_checkpoint(state.to_data(), final=False)
     ckpt = time.perf_counter() - t0
-    return {"ranks": ranks, "relays": nodes, "records": records, "cpu": cpu, "wall": wall,
+    return {"at": at_step, "ranks": ranks, "relays": nodes, "records": records, "cpu": cpu, "wall": wall,
             "cores": cpu / seconds, "rec_per_cpu_s": records / cpu, "mb": nbytes / 1e6,
             "ckpt_s": ckpt, "ckpt_mb": len(blob) / 1e6,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -98,6 +103,8 @@ def main() -> int:
     ap.add_argument("--ranks", default="4096,16384", help="comma-separated rank counts")
     ap.add_argument("--per-relay", default="16,8", help="ranks per relay, one per size (256 / 2,048 relays)")
     ap.add_argument("--seconds", type=int, default=10, help="seconds of the run replayed per size")
+    ap.add_argument("--at-steps", default="0,36000",
+                    help="where in the run the replayed seconds start, in steps (36,000: an hour in)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tests): 2 s")
     args = ap.parse_args()
     sizes = [int(x) for x in args.ranks.split(",")]
@@ -107,21 +114,24 @@ def main() -> int:
     import tempfile
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for ranks, pr in zip(sizes, per):
-            rows.append(run(ranks, pr, seconds, Path(tmp)))
+        for at in (int(x) for x in args.at_steps.split(",")):
+            for ranks, pr in zip(sizes, per):
+                rows.append(run(ranks, pr, seconds, Path(tmp), at))
     print(f"node 0's ingest through relays, {STEPS_PER_S} steps/s per rank, {seconds} s of the run replayed "
           f"(Python {sys.version.split()[0]})")
-    print(f"{'ranks':>7} {'relays':>6} {'records':>10} {'wire MB':>8} {'node 0 CPU':>10} {'cores':>6} "
+    print(f"{'from step':>9} {'ranks':>7} {'relays':>6} {'records':>10} {'wire MB':>8} {'node 0 CPU':>10} {'cores':>6} "
           f"{'rec/cpu-s':>10} {'checkpoint':>10} {'ckpt MB':>8} {'peak RSS':>9}")
     for r in rows:
-        print(f"{r['ranks']:>7,} {r['relays']:>6,} {r['records']:>10,} {r['mb']:>8.1f} {r['cpu']:>9.2f}s "
+        print(f"{r['at']:>9,} {r['ranks']:>7,} {r['relays']:>6,} {r['records']:>10,} {r['mb']:>8.1f} {r['cpu']:>9.2f}s "
               f"{r['cores']:>6.3f} {r['rec_per_cpu_s']:>10,.0f} {r['ckpt_s']:>9.2f}s {r['ckpt_mb']:>8.1f} "
               f"{r['rss_mb']:>7.0f}MB")
-    if len(rows) > 1:
-        a, b = rows[0], rows[-1]
-        print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks: cores x{b['cores'] / a['cores']:.2f} "
-              f"(ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x"
-              f"{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
+    for at in sorted({r["at"] for r in rows}):
+        same = [r for r in rows if r["at"] == at]
+        if len(same) > 1:
+            a, b = same[0], same[-1]
+            print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks from step {at:,}: cores x{b['cores'] / a['cores']:.2f} "
+                  f"(ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x"
+                  f"{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
     return 0
 
 

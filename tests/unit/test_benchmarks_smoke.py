@@ -32,9 +32,10 @@ def test_ingest_benchmark_runs_without_loss_through_relays():
 
 def test_node0_scale_benchmark_runs_side_by_side():
     """Both sizes in one run, every record accounted for (the script asserts the counts)."""
-    out = _run("node0_scale.py", "--ranks", "32,64", "--per-relay", "8", "--quick")
-    rows = [line.split() for line in out.splitlines() if line.split()[:1] in (["32"], ["64"])]
-    assert [r[1] for r in rows] == ["4", "8"] and "ratio 64/32 ranks: cores x" in out, out
+    out = _run("node0_scale.py", "--ranks", "32,64", "--per-relay", "8", "--at-steps", "0,36000", "--quick")
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] in (["32"], ["64"])]
+    assert [(r[0], r[2]) for r in rows] == [("0", "4"), ("0", "8"), ("36,000", "4"), ("36,000", "8")], out
+    assert "ratio 64/32 ranks from step 36,000: cores x" in out, out
 
 
 def test_memory_benchmark_runs():

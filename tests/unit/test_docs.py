@@ -6,8 +6,9 @@ are the output they print (each shown line must appear in the real output; `...`
 Commands in one block run in order in a fresh directory that holds a `train.py`. A command runs
 for real when it can run here (`traceml run` with `--print-config` added, `traceml slurm template`,
 `traceml slurm env`); the others are checked by parsing (`sbatch FILE`: the file exists and passes
-`bash -n`; `srun ...`: one task per node, and its `traceml run` part resolves; `pip install`: our
-distribution and its extras; `traceml slurm doctor`: its own parser, since it needs an allocation). A command no checker knows fails the test: keep
+`bash -n`; `srun ...`: one task per node, and its `traceml run` part resolves; `pip install`/`pip
+wheel`: our distribution (name, checkout or wheel of this version) and its extras, or a package of an
+extra; `git clone`: into `traceml-slurm`; `traceml slurm doctor`: its own parser, since it needs an allocation). A command no checker knows fails the test: keep
 commands in the docs few, and add a checker when a new kind is needed. ```bash blocks must pass
 `bash -n`; the template page's ```toml blocks must load as presets.
 """
@@ -203,14 +204,30 @@ def _srun(argv, tmp_path, capsys):
 
 
 def _pip(argv, tmp_path, capsys):
+    """`pip install X` or `pip wheel ... X` where X is our distribution: its name, a checkout of it
+    (`./traceml-slurm`, the directory the `git clone` line makes) or the wheel built from it (this
+    version), each with extras we have; or a package one of our extras brings in."""
     import tomllib
 
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert argv[1] == "install", argv
-    m = re.fullmatch(r"([A-Za-z0-9_.-]+)(?:\[([a-z0-9,_-]+)\])?", argv[2])
-    assert m and m.group(1) == project["name"], argv
-    extras = set((m.group(2) or "").split(",")) - {""}
+    argv = argv[:argv.index("#")] if "#" in argv else argv
+    assert argv[1] in ("install", "wheel"), argv
+    m = re.fullmatch(r"([A-Za-z0-9_./-]+)(?:\[([a-z0-9,_-]+)\])?", argv[-1])
+    assert m, argv
+    target, extras = m.group(1), set((m.group(2) or "").split(",")) - {""}
     assert extras <= set(project["optional-dependencies"]), extras
+    wheel = f"{project['name'].replace('-', '_')}-{project['version']}-py3-none-any.whl"
+    if target in (project["name"], f"./{project['name']}") or target == f"dist/{wheel}":
+        return ""
+    brought = {re.split(r"[<>=!\[ ;]", req, 1)[0] for reqs in project["optional-dependencies"].values() for req in reqs}
+    assert argv[1] == "install" and not extras and target in brought, (
+        f"{argv}: not our distribution ({project['name']}, ./{project['name']}, dist/{wheel}) nor a package of our extras")
+    return ""
+
+
+def _git(argv, tmp_path, capsys):
+    """`git clone <the repository> traceml-slurm`: the directory the install lines use."""
+    assert argv[1] == "clone" and argv[-1] == "traceml-slurm", argv
     return ""
 
 
@@ -220,4 +237,4 @@ def _python(argv, tmp_path, capsys):
     return ""
 
 
-CHECKERS = {"traceml": _traceml, "sbatch": _sbatch, "srun": _srun, "pip": _pip, "python": _python}
+CHECKERS = {"traceml": _traceml, "sbatch": _sbatch, "srun": _srun, "pip": _pip, "python": _python, "git": _git}
