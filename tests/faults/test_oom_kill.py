@@ -69,8 +69,14 @@ def test_oom_killed_rank_is_named_as_such(tmp_path, memory_cgroup: Path):
     assert v["kind"] == "run_failed" and v["culprit"]["rank"] == 1, v
     ev = v["evidence"]
     assert ev["cause"] == "oom" and ev["oom_killed"] is True and ev["signal"] == "SIGKILL", ev
-    assert ev["step"] == 40 and ev["consequence_ranks"] == [0], ev
-    assert s["run"]["reason"] == "rank 1 was killed by the OOM killer around step 40"
+    assert ev["consequence_ranks"] == [0], ev
+    # where it died: step 40 from rank 0's records; on a loaded machine both ranks' last records can
+    # die with them (rank 0 is stopped by SIGTERM), and then the step is a lower bound, said so
+    if ev["step"] == 40:
+        assert s["run"]["reason"] == "rank 1 was killed by the OOM killer around step 40"
+    else:
+        assert 0 < ev["step"] < 40 and ev["step_at_least"] is True, ev
+        assert s["run"]["reason"].startswith(f"rank 1 was killed by the OOM killer after at least {ev['step']} steps")
     assert "OOM killer" in v["why"] and "limit 2.4 GiB" in v["why"]
     assert "rank 1 (node 0" in r.out and "SIGKILL (OOM kill)" in r.out
     assert_no_leftovers(r)
