@@ -108,6 +108,7 @@ def test_html_of_a_straggler_run_shows_the_straggler_above_the_others(runs, tmp_
         assert "STRAGGLER" in text and "rank 2 (node 0" in text
         assert "How each rank ended" in text and "3 clean" in text
         assert "Telemetry loss accounting" in text and "step records received" in text
+        assert "none known" not in text  # the control: a clean run's count is complete
         assert "No GPU samples on this node" in text  # CPU run: said, not drawn as 0 %
         c.screenshot(ARTIFACTS / "report-straggler.png")
     finally:
@@ -247,6 +248,12 @@ def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
         first = c.eval("document.querySelector('.badbox').innerText")
         assert "The run ended failed" in first, first
         assert "crashed" in text and "How each rank ended" in text
+        # a rank ended without a goodbye: the count is incomplete, and the page never says "none" lost
+        tel = _summary(tmp_path / "dies")["telemetry"]
+        assert tel["complete"] is False, tel
+        if not tel["records_lost"]:
+            n = tel["ranks_without_goodbye"]
+            assert n >= 1 and f"none known (incomplete: {n} rank(s) ended without a goodbye" in text, text
         # what each rank measured before the end is still drawn (a rank killed before its
         # first batch left nothing to draw)
         sent = [r for r in _summary(tmp_path / "dies")["ranks"] if r["steps"] > 0]
