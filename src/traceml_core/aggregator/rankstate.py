@@ -425,7 +425,7 @@ class RankState:
             if m:
                 ph.sketch.add_keys(keys[pos:pos + m], weight)
                 pos += m
-            i += 7
+            i += fold.PW
         if v[fold.PHASE0]:
             self.sketched += v[fold.PHASE0 + fold.P_NKEYS] * weight
         i = fold.MEM0

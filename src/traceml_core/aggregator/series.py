@@ -182,6 +182,28 @@ class Series:
             self._double()
         ratio = self.width // g
         psum, pcnt = self.phase_sum, self.phase_cnt
+        if not k:  # one row: the window's totals
+            b = b0 // ratio
+            i = fold.PHASE0
+            self.step_sum[b] += v[i + fold.P_SUM]
+            self.step_cnt[b] += v[i]
+            if v[i + fold.P_MAX] > self.step_max[b]:
+                self.step_max[b] = v[i + fold.P_MAX]
+            if v[fold.MEM0 + 2] > self.mem_max[b]:
+                self.mem_max[b] = v[fold.MEM0 + 2]
+            if v[fold.H_T_LAST] > self.t_end[b]:
+                self.t_end[b] = v[fold.H_T_LAST]
+            for p in fold.SERIES_PHASES:
+                i += fold.PW
+                if v[i]:
+                    psum[p][b] += v[i + fold.P_SUM]
+                    pcnt[p][b] += v[i]
+            if v[fold.H_OUT_N] >= 0:
+                psum[OUTSIDE][b] += o[0] if extra is None else o[0] + extra
+                pcnt[OUTSIDE][b] += v[fold.H_OUT_N] + (extra is not None)
+            if b + 1 > self.used:
+                self.used = b + 1
+            return
         phases = [(psum[p], pcnt[p]) for p in fold.SERIES_PHASES]
         out_sum, out_cnt = psum[OUTSIDE], pcnt[OUTSIDE]
         step_sum, step_cnt, step_max = self.step_sum, self.step_cnt, self.step_max

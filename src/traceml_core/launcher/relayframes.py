@@ -128,9 +128,13 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
             else:
                 o[i + 1] = (t_end[hi - 1] - t_end[lo - 1]) - sum(steps[lo:hi])
                 rows[i][fold.R_OUT_CNT] = hi - lo
+    if k == 1:  # the one row would repeat the window's totals
+        k = 0
+        del o[1:]
     v += (g, b0, k)
-    for row in rows:
-        v += row
+    if k:
+        for row in rows:
+            v += row
     frame = {"t": "fold", "rank": msg["rank"], "seq": seq, "n": n, "dropped": msg.get("dropped", 0),
              "v": v, "o": o, "keys": column_keys(keys).tobytes() if keys else b""}
     if msg.get("open") is not None:

@@ -26,6 +26,9 @@ multiples of ``g``, ``b0 = seq // g`` the first: the relay chooses ``g`` with th
 :class:`~traceml_core.aggregator.series.Series` uses for its width (the last record's bucket below
 ``BUCKETS``, at most ``SPAN`` buckets per window); node 0's width is a power of two at least ``g``,
 so each row falls in exactly one of node 0's buckets and the series is exact, not shared out.
+When the whole window lies in one sub-bucket (the usual case once a run is a few minutes old)
+``k`` is 0 and the row is left out: it would repeat the window's totals (``o`` is then just the
+window's outside time).
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ H_LAST_STEP, H_T_FIRST, H_T_LAST, H_STEP_FIRST, H_WEIGHT, H_OUT_N = range(len(HE
 PHASE = ("count", "sum", "max", "min", "warm_count", "warm_sum", "nkeys")
 P_COUNT, P_SUM, P_MAX, P_MIN, P_WARM_COUNT, P_WARM_SUM, P_NKEYS = range(len(PHASE))
 PHASE0 = len(HEAD)
+PW = len(PHASE)
 #: peak memory: measured records, sum, max
 MEM = ("count", "sum", "max")
-MEM0 = PHASE0 + len(PHASE) * len(DURATION_COLUMNS)
+MEM0 = PHASE0 + PW * len(DURATION_COLUMNS)
 #: per sum column: measured records, sum, max, warm-up count and sum
 SUMS = ("count", "sum", "max", "warm_count", "warm_sum")
 SUM0 = MEM0 + len(MEM)

@@ -94,13 +94,14 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
         raise ProtocolError("fold: v must hold integers in -1..2**62")
     seq, n = msg["seq"], msg["n"]
     g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
-    if not (0 < k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
+    if not (0 <= k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
         raise ProtocolError("fold: v and o do not have the length of their k series rows")
-    if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + k - 1 or n > fold.SPAN * g:
+    if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
+            or n > fold.SPAN * g or k == 1:
         raise ProtocolError("fold: the series rows are not aligned sub-buckets of the records")
     if set(map(type, o)) != _INT_ONLY or max(o) > MAX_VALUE or min(o) < -MAX_VALUE:
         raise ProtocolError("fold: o must hold integers")
-    p0, pw = fold.PHASE0, len(fold.PHASE)
+    p0, pw = fold.PHASE0, fold.PW
     counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
     nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
     if len(keys) != 2 * sum(nkeys) or max(counts) > n or v[fold.H_WEIGHT] < 1 \
