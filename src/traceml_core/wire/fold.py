@@ -70,6 +70,10 @@ ROW = ("step_sum", "step_cnt", "step_max", "mem_max", "t_end",
 R_STEP_SUM, R_STEP_CNT, R_STEP_MAX, R_MEM_MAX, R_T_END = range(5)
 R_PHASES = 5
 R_OUT_CNT = len(ROW) - 1
+#: the fields of a row that count records (each at most the window's records)
+ROW_COUNTS = (R_STEP_CNT, *(R_PHASES + 2 * i + 1 for i in range(len(SERIES_PHASES))), R_OUT_CNT)
+#: records one window may hold (the relay merges at most 32,768)
+MAX_RECORDS = 1 << 20
 #: the per-rank series' buckets, and the most buckets one batch may straddle (else the width
 #: doubles); aggregator/series.py keeps its series by these rules, the relay folds by them
 BUCKETS = 256

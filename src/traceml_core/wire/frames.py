@@ -104,9 +104,12 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     p0, pw = fold.PHASE0, fold.PW
     counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
     nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
-    if len(keys) != 2 * sum(nkeys) or max(counts) > n or v[fold.H_WEIGHT] < 1 \
-            or v[fold.MEM0] > n or min(counts) < 0 or min(nkeys) < 0 or v[fold.H_OUT_N] >= n:
+    if len(keys) != 2 * sum(nkeys) or max(counts) > n or not 1 <= v[fold.H_WEIGHT] <= n \
+            or v[fold.MEM0] > n or min(counts) < 0 or v[fold.H_OUT_N] >= n \
+            or any(m < 0 or m > c for m, c in zip(nkeys, counts)) or n > fold.MAX_RECORDS:
         raise ProtocolError("fold: counts and sketch keys do not fit the records")
+    if k and max(max(v[fold.ROWS0 + j::len(fold.ROW)]) for j in fold.ROW_COUNTS) > n:
+        raise ProtocolError("fold: a series row counts more records than the window holds")
     return msg
 
 
