@@ -185,29 +185,33 @@ def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
     good = fold_frame(w)
     assert validate("node", decode_body(encode(good)[HEADER.size:])) is not None
     assert validate("rank", dict(good)) is None, "a rank never sends fold frames"
+    v0, o0 = list(layout.unpack(good["v"])), list(layout.unpack(good["o"]))
+    pack = layout.pack
     bad = [
-        {"v": good["v"][:-1]},                                   # wrong length
-        {"v": [*good["v"][:-1], 1.5]},                           # not an integer
-        {"v": [good["v"][0], 1 << 63, *good["v"][2:]]},          # out of range
-        {"keys": good["keys"] + b"\0\0"},                        # more sketch keys than counted
+        {"v": pack(v0[:-1])},                                    # wrong length
+        {"v": good["v"][:-1]},                                   # not whole int64s
+        {"v": [*v0]},                                            # not packed
+        {"v": pack([v0[0], (1 << 62) + 1, *v0[2:]])},            # out of range
+        {"v": pack([v0[0], -2, *v0[2:]])},
+        {"keys": good["keys"] + b"\0\0"},                       # more sketch keys than counted
         {"n": good["n"] + 1000},                                 # rows do not cover the records
-        {"o": [*good["o"], 0]},                                  # o of the wrong length
+        {"o": pack([*o0, 0])},                                   # o of the wrong length
         {"keys": "x"},
     ]
     for at, value in ((layout.PHASE0 + layout.P_COUNT, good["n"] + 1),   # more measured than records
                       (layout.H_WEIGHT, good["n"] + 1),                   # a sketch weight beyond them
                       (layout.S_G, 3)):                                   # not a power of two
-        v = list(good["v"])
+        v = list(v0)
         v[at] = value
-        bad.append({"v": v})
+        bad.append({"v": pack(v)})
     # a window over several series rows, one of which counts more records than the window has
     multi = fold_frame(steps_frame(recorded()[0][1]))  # records 1..24: three rows of 8
-    assert multi["v"][layout.S_K] > 1
+    v = list(layout.unpack(multi["v"]))
+    assert v[layout.S_K] > 1
     assert validate("node", decode_body(encode(multi)[HEADER.size:])) is not None
-    v = list(multi["v"])
     v[layout.ROWS0 + layout.R_STEP_CNT] = multi["n"] + 1
     for change in bad:
         with pytest.raises(ProtocolError):
             validate("node", dict(good, **change))
     with pytest.raises(ProtocolError):
-        validate("node", dict(multi, v=v))
+        validate("node", dict(multi, v=pack(v)))

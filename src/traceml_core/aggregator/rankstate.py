@@ -404,7 +404,7 @@ class RankState:
         self._proc_next = seq + n
         self.last_step = v[fold.H_LAST_STEP]
         t_first, t_last = v[fold.H_T_FIRST], v[fold.H_T_LAST]
-        keys = memoryview(msg["keys"]).cast("H")
+        keys = msg["keys"]
         weight = v[fold.H_WEIGHT]
         pos = 0
         i = fold.PHASE0

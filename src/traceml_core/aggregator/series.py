@@ -204,30 +204,33 @@ class Series:
             if b + 1 > self.used:
                 self.used = b + 1
             return
-        phases = [(psum[p], pcnt[p]) for p in fold.SERIES_PHASES]
         out_sum, out_cnt = psum[OUTSIDE], pcnt[OUTSIDE]
+        phase_cnts = [pcnt[p] for p in fold.SERIES_PHASES]
+        phase_sums = [psum[p] for p in fold.SERIES_PHASES]
         step_sum, step_cnt, step_max = self.step_sum, self.step_cnt, self.step_max
         mem_max, t_end = self.mem_max, self.t_end
-        r = fold.ROWS0
-        width_row = len(fold.ROW)
+        # field f of row i is v[ROWS0 + f * k + i], fields in wire/fold.ROW's order (a few rows
+        # of ~20 fields: item by item beats slicing arrays)
         for i in range(k):
             b = (b0 + i) // ratio
-            step_sum[b] += v[r]
-            step_cnt[b] += v[r + 1]
-            if v[r + 2] > step_max[b]:
-                step_max[b] = v[r + 2]
-            if v[r + 3] > mem_max[b]:
-                mem_max[b] = v[r + 3]
-            if v[r + 4] > t_end[b]:
-                t_end[b] = v[r + 4]
-            j = r + fold.R_PHASES
-            for sums, cnts in phases:
+            j = fold.ROWS0 + i
+            step_cnt[b] += v[j]
+            for cnts in phase_cnts:
+                j += k
+                cnts[b] += v[j]
+            out_cnt[b] += v[j + k]
+            step_sum[b] += v[j + 2 * k]
+            if v[j + 3 * k] > step_max[b]:
+                step_max[b] = v[j + 3 * k]
+            if v[j + 4 * k] > mem_max[b]:
+                mem_max[b] = v[j + 4 * k]
+            if v[j + 5 * k] > t_end[b]:
+                t_end[b] = v[j + 5 * k]
+            j += 5 * k
+            for sums in phase_sums:
+                j += k
                 sums[b] += v[j]
-                cnts[b] += v[j + 1]
-                j += 2
             out_sum[b] += o[i + 1]
-            out_cnt[b] += v[r + fold.R_OUT_CNT]
-            r += width_row
         if extra is not None:
             out_sum[b0 // ratio] += extra
             out_cnt[b0 // ratio] += 1

@@ -72,7 +72,11 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
     step_all = min(steps) >= 0
     out_n = n - 1 if step_all else -1
     v = [cols["step"][-1], t_end[0], t_end[-1], steps[0], stride, out_n]
-    rows = [[0, 0, -1, -1, t_end[hi - 1]] + [0] * (len(fold.ROW) - 5) for _lo, hi in bounds]
+    # the series rows, field by field (wire/fold.py: ROW): rows[f][i] is field f of row i
+    rows = [[0] * k for _ in fold.ROW]
+    rows[fold.R_STEP_MAX] = [-1] * k
+    rows[fold.R_MEM_MAX] = [-1] * k
+    rows[fold.R_T_END] = [t_end[hi - 1] for _lo, hi in bounds]
     o = [0] * (k + 1)
     keys: list[int] = []
     for name in DURATION_COLUMNS:
@@ -89,25 +93,23 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
         v += (len(measured), sum(measured), mx, min(sample), len(wv), sum(wv), len(sample))
         keys += sample
         if name == "step_ns":
-            for row, (lo, hi) in zip(rows, bounds):
-                part = col[lo:hi] if every else [x for x in col[lo:hi] if x >= 0]
-                if part:
-                    row[fold.R_STEP_SUM] = sum(part)
-                    row[fold.R_STEP_CNT] = len(part)
-                    row[fold.R_STEP_MAX] = max(part)
+            sums, cnts, maxs = rows[fold.R_STEP_SUM], rows[fold.R_STEP_CNT], rows[fold.R_STEP_MAX]
         else:
-            at = fold.R_PHASES + 2 * fold.SERIES_PHASES.index(name)
-            for row, (lo, hi) in zip(rows, bounds):
-                part = col[lo:hi] if every else [x for x in col[lo:hi] if x >= 0]
-                row[at] = sum(part)
-                row[at + 1] = len(part)
+            at = fold.SERIES_PHASES.index(name)
+            sums, cnts, maxs = rows[fold.R_PHASE_SUM + at], rows[fold.R_PHASE_CNT + at], None
+        for i, (lo, hi) in enumerate(bounds):
+            part = col[lo:hi] if every else [x for x in col[lo:hi] if x >= 0]
+            if part:
+                sums[i] = sum(part)
+                cnts[i] = len(part)
+                if maxs is not None:
+                    maxs[i] = max(part)
     mem = cols["mem_peak"]
     mem_max = max(mem)
     if mem_max >= 0:
         measured = mem if min(mem) >= 0 else [x for x in mem if x >= 0]
         v += (len(measured), sum(measured), mem_max)
-        for row, (lo, hi) in zip(rows, bounds):
-            row[fold.R_MEM_MAX] = max(mem[lo:hi])
+        rows[fold.R_MEM_MAX] = [max(mem[lo:hi]) for lo, hi in bounds]
     else:
         v += (0, 0, -1)
     for name in SUM_COLUMNS:
@@ -121,22 +123,23 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
         v += (len(measured), sum(measured), mx, len(wv), sum(wv))
     if step_all:  # outside trace_step: wall time between step ends less the steps' own time
         o[0] = (t_end[-1] - t_end[0]) - (sum(steps) - steps[0])
+        out_cnt = rows[fold.R_OUT_CNT]
         for i, (lo, hi) in enumerate(bounds):
             if lo == 0:
                 o[i + 1] = (t_end[hi - 1] - t_end[0]) - sum(steps[1:hi])
-                rows[i][fold.R_OUT_CNT] = hi - 1
+                out_cnt[i] = hi - 1
             else:
                 o[i + 1] = (t_end[hi - 1] - t_end[lo - 1]) - sum(steps[lo:hi])
-                rows[i][fold.R_OUT_CNT] = hi - lo
+                out_cnt[i] = hi - lo
     if k == 1:  # the one row would repeat the window's totals
         k = 0
         del o[1:]
     v += (g, b0, k)
     if k:
-        for row in rows:
-            v += row
+        for field in rows:
+            v += field
     frame = {"t": "fold", "rank": msg["rank"], "seq": seq, "n": n, "dropped": msg.get("dropped", 0),
-             "v": v, "o": o, "keys": column_keys(keys).tobytes() if keys else b""}
+             "v": fold.pack(v), "o": fold.pack(o), "keys": fold.pack(column_keys(keys), "H") if keys else b""}
     if msg.get("open") is not None:
         frame["open"] = msg["open"]
     return frame

@@ -14,12 +14,15 @@ Shape (all integers; the layout lives here, once, for the relay that writes it, 
 wire/frames.py and the aggregator that reads it)::
 
     {"t": "fold", "rank", "seq", "n", "dropped", "open"?,   # as in ``steps``
-     "v": [HEAD..., PHASE x len(DURATION_COLUMNS), MEM, SUM x len(SUM_COLUMNS), SERIES_HEAD, ROW x k],
-     "o": [outside sum of the window, outside sum of each of the k series rows],  # signed
-     "keys": bytes}   # uint16 sketch keys (wire/../aggregator/sketch.column_keys), phase after phase
+     "v": int64s [HEAD..., PHASE x len(DURATION_COLUMNS), MEM, SUM x len(SUM_COLUMNS), SERIES_HEAD,
+                  ROW x k (field by field)],
+     "o": int64s [outside sum of the window, outside sum of each of the k series rows],  # signed
+     "keys": uint16s} # sketch keys (aggregator/sketch.column_keys), phase after phase
 
-Values are in -1..MAX_VALUE (-1: none / not measured), except ``o`` (time outside the steps can
-be negative by clock steps: -MAX_VALUE..MAX_VALUE).
+``int64s``/``uint16s``: packed little-endian arrays (msgpack bin): node 0 reads them with one C
+call each (:func:`unpack`) instead of decoding and type-checking a hundred msgpack integers per
+rank and window. Values of ``v`` are in -1..MAX_VALUE (-1: none / not measured); ``o`` (time
+outside the steps, negative after a clock step) is any int64.
 
 The series rows are sub-buckets of ``g`` consecutive records (a power of two) aligned on
 multiples of ``g``, ``b0 = seq // g`` the first: the relay chooses ``g`` with the rule node 0's
@@ -32,6 +35,10 @@ window's outside time).
 """
 
 from __future__ import annotations
+
+import sys
+from array import array
+from typing import Sequence
 
 from .protocol import DURATION_COLUMNS, SUM_COLUMNS
 
@@ -63,15 +70,19 @@ S_G, S_B0, S_K = range(SUM0 + len(SUMS) * len(SUM_COLUMNS),
 ROWS0 = S_K + 1
 #: the other duration columns whose sums the series keeps per bucket (step_ns has its own fields)
 SERIES_PHASES = tuple(p for p in DURATION_COLUMNS if p != "step_ns")
-#: one series row: step sum, count, max, memory max, last t_end, then sum and count per phase of
-#: SERIES_PHASES, then the count of outside-step intervals (their sum is in ``o``)
-ROW = ("step_sum", "step_cnt", "step_max", "mem_max", "t_end",
-       *(f"{p}_{x}" for p in SERIES_PHASES for x in ("sum", "cnt")), "out_cnt")
-R_STEP_SUM, R_STEP_CNT, R_STEP_MAX, R_MEM_MAX, R_T_END = range(5)
-R_PHASES = 5
-R_OUT_CNT = len(ROW) - 1
-#: the fields of a row that count records (each at most the window's records)
-ROW_COUNTS = (R_STEP_CNT, *(R_PHASES + 2 * i + 1 for i in range(len(SERIES_PHASES))), R_OUT_CNT)
+#: the fields of a series row: first those that count records (step_ns, each of SERIES_PHASES,
+#: outside-step intervals; each at most the window's records), then step sum, step max, memory
+#: max, last t_end, and the sum of each of SERIES_PHASES (outside-step sums are in ``o``). The
+#: rows are stored field by field: field ``f`` of row ``i`` is ``v[ROWS0 + f * k + i]``, so the
+#: count fields of all rows are one slice, ``v[ROWS0:ROWS0 + len(ROW_COUNTS) * k]``.
+ROW_COUNTS = ("step_cnt", *(f"{p}_cnt" for p in SERIES_PHASES), "out_cnt")
+ROW = (*ROW_COUNTS, "step_sum", "step_max", "mem_max", "t_end", *(f"{p}_sum" for p in SERIES_PHASES))
+R_STEP_CNT = 0
+R_PHASE_CNT = 1          # + index in SERIES_PHASES
+R_OUT_CNT = len(ROW_COUNTS) - 1
+R_STEP_SUM, R_STEP_MAX, R_MEM_MAX, R_T_END = range(len(ROW_COUNTS), len(ROW_COUNTS) + 4)
+R_PHASE_SUM = len(ROW_COUNTS) + 4  # + index in SERIES_PHASES
+assert ROW[R_OUT_CNT + 1:R_PHASE_SUM] == ("step_sum", "step_max", "mem_max", "t_end")  # Series.add_rows
 #: records one window may hold (the relay merges at most 32,768)
 MAX_RECORDS = 1 << 20
 #: the per-rank series' buckets, and the most buckets one batch may straddle (else the width
@@ -94,3 +105,23 @@ def series_width(seq: int, n: int, width: int = 1) -> int:
 def fold_len(k: int) -> int:
     """Length of ``v`` with ``k`` series rows."""
     return ROWS0 + k * len(ROW)
+
+
+_SWAP = sys.byteorder != "little"
+
+
+def pack(values: Sequence[int], code: str = "q") -> bytes:
+    """``values`` as a packed little-endian array (``q``: int64, ``H``: uint16)."""
+    a = array(code, values)
+    if _SWAP:
+        a.byteswap()
+    return a.tobytes()
+
+
+def unpack(data: bytes, code: str = "q") -> array:
+    """The array :func:`pack` made (raises ValueError when ``data`` is not whole items)."""
+    a = array(code)
+    a.frombytes(data)
+    if _SWAP:
+        a.byteswap()
+    return a

@@ -16,6 +16,7 @@ dumps for a hang autopsy): add a :class:`Request` row here, a responder in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import sub
 from typing import Any, Callable, Optional
 
 from . import fold
@@ -78,9 +79,10 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then ``v`` of
-    the layout's length for its ``k`` rows, every value an integer in -1..MAX_VALUE (``o``:
-    signed), rows aligned as the layout says, and ``keys`` as long as the phases' key counts. C-level
-    passes over ``v``; after this the aggregator adds the partials without another check."""
+    the layout's length for its ``k`` rows, every value in -1..MAX_VALUE, rows aligned as the
+    layout says, counts within the window's records, and ``keys`` as many as the phases' key
+    counts. The packed arrays are unpacked here (``v``/``o`` become lists, ``keys`` an array), in
+    C; after this the aggregator adds the partials without another check."""
     _int(msg, "rank")
     _int(msg, "seq")
     _int(msg, "n", lo=1)
@@ -88,10 +90,14 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
         _int(msg, "dropped")
     _int(msg, "open", optional=True)
     v, o, keys = msg.get("v"), msg.get("o"), msg.get("keys")
-    if type(v) is not list or len(v) < fold.ROWS0 or type(o) is not list or type(keys) is not bytes:
-        raise ProtocolError("fold: v and o must be lists and keys bytes")
-    if set(map(type, v)) != _INT_ONLY or max(v) > MAX_VALUE or min(v) < -1:
+    if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
+            or len(v) % 8 or len(o) % 8 or len(keys) % 2:
+        raise ProtocolError("fold: v, o and keys must be packed arrays (bytes)")
+    msg["v"] = v = fold.unpack(v).tolist()  # list items are read faster than array items
+    if len(v) < fold.ROWS0 or max(v) > MAX_VALUE or min(v) < -1:
         raise ProtocolError("fold: v must hold integers in -1..2**62")
+    msg["o"] = o = fold.unpack(o).tolist()
+    msg["keys"] = fold.unpack(keys, "H")
     seq, n = msg["seq"], msg["n"]
     g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
     if not (0 <= k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
@@ -99,16 +105,14 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
             or n > fold.SPAN * g or k == 1:
         raise ProtocolError("fold: the series rows are not aligned sub-buckets of the records")
-    if set(map(type, o)) != _INT_ONLY or max(o) > MAX_VALUE or min(o) < -MAX_VALUE:
-        raise ProtocolError("fold: o must hold integers")
     p0, pw = fold.PHASE0, fold.PW
     counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
     nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
     if len(keys) != 2 * sum(nkeys) or max(counts) > n or not 1 <= v[fold.H_WEIGHT] <= n \
-            or v[fold.MEM0] > n or min(counts) < 0 or v[fold.H_OUT_N] >= n \
-            or any(m < 0 or m > c for m, c in zip(nkeys, counts)) or n > fold.MAX_RECORDS:
+            or v[fold.MEM0] > n or min(nkeys) < 0 or v[fold.H_OUT_N] >= n \
+            or min(map(sub, counts, nkeys)) < 0 or n > fold.MAX_RECORDS:
         raise ProtocolError("fold: counts and sketch keys do not fit the records")
-    if k and max(max(v[fold.ROWS0 + j::len(fold.ROW)]) for j in fold.ROW_COUNTS) > n:
+    if k and max(v[fold.ROWS0:fold.ROWS0 + len(fold.ROW_COUNTS) * k]) > n:
         raise ProtocolError("fold: a series row counts more records than the window holds")
     return msg
 
