@@ -1,12 +1,17 @@
 """Node 0's ingest cost at issue 17's sizes: 4,096 ranks / 256 relays and 16,384 ranks / 2,048
 relays, 10 steps/s each, side by side, in one process.
 
-What node 0 really receives from the relays is replayed through its real code: the relays' merged
-``steps`` frames (one per rank per 1 s merge window, 10 records each, the columns a DDP job sends),
-concatenated per link as a relay writes them, then the aggregator's own path for every byte:
-``FrameBuffer.feed`` (msgpack decode), ``wire.frames.validate("node", ...)``,
-``Ingest.node_frame`` (sequence accounting) and ``RunState.flush`` (the statistics: phases,
-sketches, series, sums), once per simulated second. No sockets and no senders: the figure is node
+What node 0 really receives from the relays is replayed through its real code, for both kinds of
+relay frames side by side (``--kinds``): ``fold`` (summary mode, every multi-node run: each rank's
+1 s window folded by the relay into partial statistics, ``launcher/relayframes.fold_frame``) and
+``steps`` (the records themselves: the live modes, and what every relay sent before folding; the
+"before" figures). One frame per rank per 1 s window, 10 records each, the columns a DDP job
+sends, concatenated per link as a relay writes them, then the aggregator's own path for every
+byte: ``FrameBuffer.feed`` (msgpack decode), ``wire.frames.validate("node", ...)``,
+``Ingest.node_frame`` (sequence accounting, and for ``fold`` the partials added) and
+``RunState.flush`` (for ``steps``: the statistics: phases, sketches, series, sums), once per
+simulated second. The relays' own folding is timed apart (``relay us/rank-s``: CPU per rank and
+second on its node, where there are 8-16 ranks). No sockets and no senders: the figure is node
 0's own CPU per second of the run (cores), which is what the target bounds (16,384 ranks: < 1 core;
 4,096: < 0.25 core). The socket layer is measured end to end, with real relays and senders, by
 ``aggregator_ingest.py`` (4,096 ranks: 29 % of a core through 64 relays).
@@ -14,7 +19,7 @@ sketches, series, sums), once per simulated second. No sockets and no senders: t
 A checkpoint (every few seconds, capped at 2 % of the wall clock by the server) is timed once per
 size and printed beside it, not added.
 
-    PYTHONPATH=src python benchmarks/node0_scale.py                   # 4,096 and 16,384 ranks
+    PYTHONPATH=src python benchmarks/node0_scale.py                   # 4,096 and 16,384 ranks, both kinds
     PYTHONPATH=src python benchmarks/node0_scale.py --ranks 512 --seconds 3 --quick
 """
 

@@ -205,31 +205,29 @@ class Series:
                 self.used = b + 1
             return
         out_sum, out_cnt = psum[OUTSIDE], pcnt[OUTSIDE]
-        phase_cnts = [pcnt[p] for p in fold.SERIES_PHASES]
-        phase_sums = [psum[p] for p in fold.SERIES_PHASES]
+        # the phases measured in this window (the others' rows are zeros), with the offsets of
+        # their count and sum fields; field f of row i is v[ROWS0 + f * k + i] (wire/fold.ROW)
+        r0 = fold.ROWS0
+        phases = [(pcnt[p], psum[p], r0 + (fold.R_PHASE_CNT + at) * k, r0 + (fold.R_PHASE_SUM + at) * k)
+                  for at, p in enumerate(fold.SERIES_PHASES) if v[fold.PHASE0 + (at + 1) * fold.PW]]
         step_sum, step_cnt, step_max = self.step_sum, self.step_cnt, self.step_max
         mem_max, t_end = self.mem_max, self.t_end
-        # field f of row i is v[ROWS0 + f * k + i], fields in wire/fold.ROW's order (a few rows
-        # of ~20 fields: item by item beats slicing arrays)
+        c_out, c_sum, c_max = r0 + fold.R_OUT_CNT * k, r0 + fold.R_STEP_SUM * k, r0 + fold.R_STEP_MAX * k
+        c_mem, c_end = r0 + fold.R_MEM_MAX * k, r0 + fold.R_T_END * k
         for i in range(k):
             b = (b0 + i) // ratio
-            j = fold.ROWS0 + i
-            step_cnt[b] += v[j]
-            for cnts in phase_cnts:
-                j += k
-                cnts[b] += v[j]
-            out_cnt[b] += v[j + k]
-            step_sum[b] += v[j + 2 * k]
-            if v[j + 3 * k] > step_max[b]:
-                step_max[b] = v[j + 3 * k]
-            if v[j + 4 * k] > mem_max[b]:
-                mem_max[b] = v[j + 4 * k]
-            if v[j + 5 * k] > t_end[b]:
-                t_end[b] = v[j + 5 * k]
-            j += 5 * k
-            for sums in phase_sums:
-                j += k
-                sums[b] += v[j]
+            step_cnt[b] += v[r0 + i]
+            step_sum[b] += v[c_sum + i]
+            if v[c_max + i] > step_max[b]:
+                step_max[b] = v[c_max + i]
+            if v[c_mem + i] > mem_max[b]:
+                mem_max[b] = v[c_mem + i]
+            if v[c_end + i] > t_end[b]:
+                t_end[b] = v[c_end + i]
+            for cnts, sums, c_cnt, c_psum in phases:
+                cnts[b] += v[c_cnt + i]
+                sums[b] += v[c_psum + i]
+            out_cnt[b] += v[c_out + i]
             out_sum[b] += o[i + 1]
         if extra is not None:
             out_sum[b0 // ratio] += extra
