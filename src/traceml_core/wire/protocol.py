@@ -54,6 +54,16 @@ Relay → aggregator (kind ``node``), every frame about a rank carrying its ``ra
 ``steps`` (contiguous frames of one rank merged: ``seq`` of the first, ``n`` the sum, ``dropped``
 the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as received, plus:
 
+``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}`` (summary mode, instead
+             of ``steps``): one merged window of a rank's records folded into partial
+             statistics, so node 0 adds partials instead of computing from every record.
+             ``seq``, ``n``, ``dropped``, ``open`` are the window's, as in ``steps`` (gaps,
+             duplicates and losses are counted the same way). ``v`` is a packed little-endian
+             int64 array whose layout is defined once in ``traceml_core.wire.fold`` (per
+             duration column: count, sum, max, min, warm-up count and sum, sketch keys; peak
+             memory; per sum column; the per-step-bucket series rows when the window straddles
+             buckets), ``o`` the signed outside-step times, ``keys`` packed uint16 sketch keys.
+             Checked at node 0 by ``wire/frames.check_fold``.
 ``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
              hello; ``new`` is false when the relay only re-announces its ranks after
              re-establishing its own connection (not a reconnect of the rank), and then carries
