@@ -76,15 +76,20 @@ def test_the_other_way_round_is_faster_and_passes_the_gate(runs):
 
 
 def test_two_runs_of_the_same_script_are_within_noise(runs):
+    """Never faster or slower. Side by side on a loaded machine the two runs can still differ
+    for real by a few percent (a CI run saw +3.6%, interval +1.8% .. +8.2%): that is called
+    negligible (real, under the floor), which is as true as within noise and fails no gate."""
     c = compare(load_run(str(runs["base"]), "A"), load_run(str(runs["again"]), "B"))
-    assert c.verdict["kind"] == "within_noise", (c.verdict, [(p.phase, p.verdict, p.change_pct) for p in c.phases])
+    assert c.verdict["kind"] in ("within_noise", "negligible"), \
+        (c.verdict, [(p.phase, p.verdict, p.change_pct) for p in c.phases])
     # a phase may differ for real by a hair (negligible), never faster/slower
     assert all(p.verdict in ("within_noise", "negligible", "not_measured") for p in c.phases), \
         [(p.phase, p.verdict, p.change_pct, p.interval_pct) for p in c.phases]
     # even the strictest gate does not fail on noise
     r = cli(runs["base"], runs["again"], "--fail-on-regression", "0")
     assert r.returncode == 0, r.stdout
-    assert "Verdict: WITHIN NOISE" in r.stdout
+    assert f"Verdict: {c.verdict['kind'].upper().replace('_', ' ')}: " in r.stdout
+    assert "Regression gate (0%): pass" in r.stdout
 
 
 def test_cpu_only_runs_reach_a_verdict_from_step_times(runs):
