@@ -36,6 +36,7 @@ from traceml_core.aggregator.ingest import Ingest  # noqa: E402
 from traceml_core.aggregator.persist import pack_checkpoint  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
+from traceml_core.launcher.relayframes import fold_frame  # noqa: E402
 from traceml_core.wire.auth import Identity  # noqa: E402
 from traceml_core.wire.frames import validate  # noqa: E402
 from traceml_core.wire.protocol import FrameBuffer, encode  # noqa: E402
@@ -43,10 +44,13 @@ from traceml_core.wire.protocol import FrameBuffer, encode  # noqa: E402
 STEPS_PER_S = 10
 
 
-def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0) -> dict[str, float]:
+def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0,
+        kind: str = "fold") -> dict[str, float]:
     """``at_step``: the replayed seconds start this many steps into the run (each rank's state
     goes on from there, as after a checkpoint), so the per-step series has the width it has then
-    (early on a 10-record window straddles several narrow buckets, the slow path)."""
+    (early on a 10-record window straddles several narrow buckets, the slow path). ``kind``:
+    ``fold`` (what relays send in summary mode: each window folded into partial statistics) or
+    ``steps`` (the records themselves, as before folding, and in the live modes)."""
     nodes = ranks // per_relay
     settings = AggregatorSettings(run_name="bench", run_dir=tmp / "bench", nnodes=nodes,
                                   nproc_per_node=per_relay, token="x")
@@ -67,13 +71,18 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0) -
         rs.next_seq = rs._proc_next = at_step
     # the bytes of each second, per link, built before the clock starts (the relays' work)
     wire: list[list[bytes]] = []
+    fold_cpu = 0.0  # the relays' folding, all of them together (spread over the nodes)
     for s in range(seconds):
         per_link = []
         for node in range(nodes):
-            per_link.append(b"".join(
-                encode({"t": "steps", "rank": r, "seq": at_step + s * STEPS_PER_S, "n": STEPS_PER_S,
-                        "cols": variants[(r + s) % 8], "dropped": 0, "open": 0})
-                for r in range(node * per_relay, (node + 1) * per_relay)))
+            frames = ({"t": "steps", "rank": r, "seq": at_step + s * STEPS_PER_S, "n": STEPS_PER_S,
+                       "cols": variants[(r + s) % 8], "dropped": 0, "open": 0}
+                      for r in range(node * per_relay, (node + 1) * per_relay))
+            if kind == "fold":
+                t0 = time.process_time()
+                frames = [fold_frame(f) for f in frames]
+                fold_cpu += time.process_time() - t0
+            per_link.append(b"".join(encode(f) for f in frames))
         wire.append(per_link)
     nbytes = sum(len(b) for sec in wire for b in sec)
     bufs = [FrameBuffer() for _ in range(nodes)]
@@ -92,7 +101,7 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0) -
     t0 = time.perf_counter()
     blob = pack_checkpoint(state.to_data(), final=False)
     ckpt = time.perf_counter() - t0
-    return {"at": at_step, "ranks": ranks, "relays": nodes, "records": records, "cpu": cpu, "wall": wall,
+    return {"kind": kind, "relay_us": fold_cpu / (ranks * seconds) * 1e6, "at": at_step, "ranks": ranks, "relays": nodes, "records": records, "cpu": cpu, "wall": wall,
             "cores": cpu / seconds, "rec_per_cpu_s": records / cpu, "mb": nbytes / 1e6,
             "ckpt_s": ckpt, "ckpt_mb": len(blob) / 1e6,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -105,8 +114,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10, help="seconds of the run replayed per size")
     ap.add_argument("--at-steps", default="0,36000",
                     help="where in the run the replayed seconds start, in steps (36,000: an hour in)")
+    ap.add_argument("--kinds", default="steps,fold",
+                    help="what the relays send: steps (the records: before folding, and live modes), "
+                         "fold (partial statistics per rank and window: summary mode)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tests): 2 s")
     args = ap.parse_args()
+    kinds = args.kinds.split(",")
     sizes = [int(x) for x in args.ranks.split(",")]
     per = [int(x) for x in args.per_relay.split(",")]
     per += [per[-1]] * (len(sizes) - len(per))
@@ -116,22 +129,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for at in (int(x) for x in args.at_steps.split(",")):
             for ranks, pr in zip(sizes, per):
-                rows.append(run(ranks, pr, seconds, Path(tmp), at))
+                for kind in kinds:
+                    rows.append(run(ranks, pr, seconds, Path(tmp), at, kind))
+                    gc.collect()
     print(f"node 0's ingest through relays, {STEPS_PER_S} steps/s per rank, {seconds} s of the run replayed "
           f"(Python {sys.version.split()[0]})")
-    print(f"{'from step':>9} {'ranks':>7} {'relays':>6} {'records':>10} {'wire MB':>8} {'node 0 CPU':>10} {'cores':>6} "
-          f"{'rec/cpu-s':>10} {'checkpoint':>10} {'ckpt MB':>8} {'peak RSS':>9}")
+    print(f"{'sent':>5} {'from step':>9} {'ranks':>7} {'relays':>6} {'records':>10} {'wire MB':>8} {'node 0 CPU':>10} "
+          f"{'cores':>6} {'rec/cpu-s':>10} {'relay us/rank-s':>15} {'checkpoint':>10} {'ckpt MB':>8} {'peak RSS':>9}")
     for r in rows:
-        print(f"{r['at']:>9,} {r['ranks']:>7,} {r['relays']:>6,} {r['records']:>10,} {r['mb']:>8.1f} {r['cpu']:>9.2f}s "
-              f"{r['cores']:>6.3f} {r['rec_per_cpu_s']:>10,.0f} {r['ckpt_s']:>9.2f}s {r['ckpt_mb']:>8.1f} "
-              f"{r['rss_mb']:>7.0f}MB")
+        relay = f"{r['relay_us']:>15.0f}" if r["kind"] == "fold" else f"{'-':>15}"
+        print(f"{r['kind']:>5} {r['at']:>9,} {r['ranks']:>7,} {r['relays']:>6,} {r['records']:>10,} {r['mb']:>8.1f} "
+              f"{r['cpu']:>9.2f}s {r['cores']:>6.3f} {r['rec_per_cpu_s']:>10,.0f} {relay} {r['ckpt_s']:>9.2f}s "
+              f"{r['ckpt_mb']:>8.1f} {r['rss_mb']:>7.0f}MB")
     for at in sorted({r["at"] for r in rows}):
-        same = [r for r in rows if r["at"] == at]
-        if len(same) > 1:
-            a, b = same[0], same[-1]
-            print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks from step {at:,}: cores x{b['cores'] / a['cores']:.2f} "
-                  f"(ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x"
-                  f"{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
+        for kind in kinds:
+            same = [r for r in rows if r["at"] == at and r["kind"] == kind]
+            if len(same) > 1:
+                a, b = same[0], same[-1]
+                print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks, {kind}, from step {at:,}: cores "
+                      f"x{b['cores'] / a['cores']:.2f} (ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x"
+                      f"{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
+        for ranks in sizes:
+            pair = {r["kind"]: r for r in rows if r["at"] == at and r["ranks"] == ranks}
+            if "steps" in pair and "fold" in pair:
+                print(f"{ranks:,} ranks from step {at:,}: node 0 cores folded / unfolded = "
+                      f"{pair['fold']['cores'] / pair['steps']['cores']:.2f}")
     return 0
 
 

@@ -148,7 +148,14 @@ class Ingest:
         if self.route.get(rank) not in (link, None) and t != "gone":
             raise ProtocolError(f"relayed {t!r} frame for rank {rank}, which another link carries")
         rs = st.rank(rank)
-        if t == "steps":
+        if t == "fold":
+            if msg.get("open") is not None:
+                rs.last_open = msg["open"]
+            if rs.pending:  # one rank's records are applied in order
+                st.flush_rank(rs)
+            st.records += rs.ingest_fold(msg)
+            rs.last_seen = time.time()
+        elif t == "steps":
             if msg.get("open") is not None:
                 rs.last_open = msg["open"]
             st.records += rs.ingest_steps(msg)

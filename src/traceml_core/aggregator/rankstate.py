@@ -17,6 +17,7 @@ from collections import deque
 from typing import Any, Optional
 
 from ..report.thresholds import WARMUP_STEPS
+from ..wire import fold
 from ..wire.frames import MAX_VALUE
 from ..wire.protocol import DURATION_COLUMNS, STEP_COLUMNS, SUM_COLUMNS, ProtocolError
 from .series import Series
@@ -82,7 +83,7 @@ class RankState:
         "next_seq", "last_step", "first_t_end", "last_t_end", "phases", "_phase_items",
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
-        "pending", "pending_n", "_proc_next", "sketch_cap", "relay_dropped", "relay_seq_end",
+        "pending", "pending_n", "_proc_next", "_phase_list", "_sum_list", "sketch_cap", "relay_dropped", "relay_seq_end",
         "open_bound", "last_open", "counts", "step_source", "sums",
     )
 
@@ -119,8 +120,10 @@ class RankState:
         self.last_t_end: Optional[int] = None
         self.phases = {name: PhaseStats() for name in DURATION_COLUMNS}
         self._phase_items = tuple(self.phases.items())
+        self._phase_list = tuple(self.phases.values())
         self._step_phase = self.phases["step_ns"]
         self.sums = {name: SumStats() for name in SUM_COLUMNS}
+        self._sum_list = tuple(self.sums.values())
         self.mem_count = 0
         self.mem_sum = 0
         self.mem_max = -1
@@ -267,12 +270,14 @@ class RankState:
             if type(total) is not int:
                 raise ProtocolError(f"steps: column {name!r} holds non-integers")
             sample = col if stride == 1 else col[off::stride]
-            mn = min(sample)
+            mn = min(sample) if stride == 1 else min(col)
             if mn < 0:  # some records not measured: filter exactly (rare; not the fast path)
                 col = [v for v in col if v >= 0]
                 sample = col if stride == 1 else (col[off % len(col)::stride] or col)
                 mn = min(sample)
                 total = sum(col)
+            elif stride != 1:
+                mn = min(sample)
             measured.append((ph, col, len(sample), total, mx, mn, name, cols[name]))
             flat += sample
         keys = column_keys(flat)  # one C conversion for every sketched value of the frame
@@ -287,7 +292,7 @@ class RankState:
             mem_sum = sum(mem)
             if type(mem_sum) is not int:
                 raise ProtocolError("steps: mem_peak holds non-integers")
-            if min(mem if stride == 1 else mem[off::stride]) < 0:
+            if min(mem) < 0:
                 mem = [v for v in mem if v >= 0]
                 mem_sum = sum(mem)
             mem_n = len(mem)
@@ -368,6 +373,94 @@ class RankState:
             self.tail_n += n
             while self.tail_n - tail[0][1] >= keep:
                 self.tail_n -= tail.popleft()[1]
+
+    # --- folded windows (the relays' partial statistics) ---------------------------------------
+    def ingest_fold(self, msg: dict[str, Any]) -> int:
+        """Add one validated ``fold`` frame (wire/fold.py): the same sequence and loss accounting
+        as :meth:`ingest_steps`, then the window's partial statistics, added with a fixed number
+        of operations (no per-record work: the relay did that). Returns the new records.
+
+        The caller computes pending ``steps`` frames of this rank first (one rank's frames are
+        applied in order). A window that partly overlaps what was received (a relay folds each
+        record once, in order, so this does not happen) counts the overlap as duplicates and adds
+        the window's statistics whole."""
+        seq, n, v = msg["seq"], msg["n"], msg["v"]
+        dropped = msg["dropped"]
+        if dropped > self.client_dropped:
+            self.client_dropped = dropped
+        expected = self.next_seq
+        skip = 0
+        if seq < expected:
+            skip = expected - seq
+            if skip >= n:
+                self.duplicates += n
+                return 0
+            self.duplicates += skip
+        elif seq > expected:
+            self.gaps += seq - expected
+        self.next_seq = seq + n
+        self.received += n - skip
+        contiguous = seq == self._proc_next
+        self._proc_next = seq + n
+        self.last_step = v[fold.H_LAST_STEP]
+        t_first, t_last = v[fold.H_T_FIRST], v[fold.H_T_LAST]
+        keys = memoryview(msg["keys"]).cast("H")
+        weight = v[fold.H_WEIGHT]
+        pos = 0
+        i = fold.PHASE0
+        for ph in self._phase_list:
+            cnt = v[i]
+            if cnt:
+                ph.count += cnt
+                ph.sum += v[i + 1]
+                if v[i + 2] > ph.max:
+                    ph.max = v[i + 2]
+                mn = v[i + 3]
+                if mn < ph.min or ph.min < 0:
+                    ph.min = mn
+                ph.warm_count += v[i + 4]
+                ph.warm_sum += v[i + 5]
+            ph.unmeasured += n - cnt
+            m = v[i + 6]
+            if m:
+                ph.sketch.add_keys(keys[pos:pos + m], weight)
+                pos += m
+            i += fold.PW
+        if v[fold.PHASE0]:
+            self.sketched += v[fold.PHASE0 + fold.P_NKEYS] * weight
+        i = fold.MEM0
+        if v[i]:
+            self.mem_count += v[i]
+            self.mem_sum += v[i + 1]
+            if v[i + 2] > self.mem_max:
+                self.mem_max = v[i + 2]
+        i = fold.SUM0
+        for st in self._sum_list:
+            if v[i]:
+                st.count += v[i]
+                st.sum += v[i + 1]
+                if v[i + 2] > st.max:
+                    st.max = v[i + 2]
+                st.warm_count += v[i + 3]
+                st.warm_sum += v[i + 4]
+            i += 5
+        extra = None
+        out_n = v[fold.H_OUT_N]
+        if out_n >= 0:
+            o = msg["o"]
+            outside = o[0]
+            if contiguous and self.last_t_end is not None:
+                # the interval from the previous window's last step end to this one's first
+                extra = t_first - self.last_t_end - v[fold.H_STEP_FIRST]
+                outside += extra
+                out_n += 1
+            self.outside_sum += outside
+            self.outside_n += out_n
+        if self.first_t_end is None:
+            self.first_t_end = t_first
+        self.last_t_end = t_last
+        self.series.add_rows(seq, n, v, msg["o"], extra)
+        return n - skip
 
     # --- other frames -----------------------------------------------------------------------
     def note_event(self, kind: str, text: str, ts: float) -> None:

@@ -21,10 +21,13 @@ from array import array
 from operator import add
 from typing import Any, Optional, Sequence
 
-BUCKETS = 256
-#: a batch may straddle at most this many buckets (else the width doubles): at the start of a
-#: run with fast steps the series is a little coarser, and a batch costs at most SPAN slices
-SPAN = 8
+from ..wire import fold
+from ..wire.fold import BUCKETS, SPAN, series_width
+
+#: BUCKETS per series; a batch may straddle at most SPAN buckets (else the width doubles): at the
+#: start of a run with fast steps the series is a little coarser, and a batch costs at most SPAN
+#: slices. Both are defined with the ``fold`` frame, whose rows follow the same rule.
+__all__ = ["BUCKETS", "SPAN", "OUTSIDE", "Series", "series_values"]
 #: the extra "phase" for time between traced steps (``outside`` in the summary)
 OUTSIDE = "outside"
 
@@ -162,6 +165,75 @@ class Series:
                     self.phase_cnt[OUTSIDE][b] += cnt
         if last_b + 1 > self.used:
             self.used = last_b + 1
+
+    def add_rows(self, seq: int, n: int, v: Sequence[int], o: Sequence[int],
+                 extra: Optional[int]) -> None:
+        """Add the series rows of a validated ``fold`` frame (wire/fold.py) for records ``seq..
+        seq+n-1``: sub-buckets of width ``g`` (a power of two), so once this series' width is at
+        least ``g`` each row lands in exactly one bucket. ``extra``: the outside-step interval
+        before the window's first record (from the previous window), or None."""
+        g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
+        width = series_width(seq, n, self.width)
+        while width < g:
+            width *= 2
+        if not self.used:
+            self.width = width
+        while self.width < width:
+            self._double()
+        ratio = self.width // g
+        psum, pcnt = self.phase_sum, self.phase_cnt
+        if not k:  # one row: the window's totals
+            b = b0 // ratio
+            i = fold.PHASE0
+            self.step_sum[b] += v[i + fold.P_SUM]
+            self.step_cnt[b] += v[i]
+            if v[i + fold.P_MAX] > self.step_max[b]:
+                self.step_max[b] = v[i + fold.P_MAX]
+            if v[fold.MEM0 + 2] > self.mem_max[b]:
+                self.mem_max[b] = v[fold.MEM0 + 2]
+            if v[fold.H_T_LAST] > self.t_end[b]:
+                self.t_end[b] = v[fold.H_T_LAST]
+            for p in fold.SERIES_PHASES:
+                i += fold.PW
+                if v[i]:
+                    psum[p][b] += v[i + fold.P_SUM]
+                    pcnt[p][b] += v[i]
+            if v[fold.H_OUT_N] >= 0:
+                psum[OUTSIDE][b] += o[0] if extra is None else o[0] + extra
+                pcnt[OUTSIDE][b] += v[fold.H_OUT_N] + (extra is not None)
+            if b + 1 > self.used:
+                self.used = b + 1
+            return
+        phases = [(psum[p], pcnt[p]) for p in fold.SERIES_PHASES]
+        out_sum, out_cnt = psum[OUTSIDE], pcnt[OUTSIDE]
+        step_sum, step_cnt, step_max = self.step_sum, self.step_cnt, self.step_max
+        mem_max, t_end = self.mem_max, self.t_end
+        r = fold.ROWS0
+        width_row = len(fold.ROW)
+        for i in range(k):
+            b = (b0 + i) // ratio
+            step_sum[b] += v[r]
+            step_cnt[b] += v[r + 1]
+            if v[r + 2] > step_max[b]:
+                step_max[b] = v[r + 2]
+            if v[r + 3] > mem_max[b]:
+                mem_max[b] = v[r + 3]
+            if v[r + 4] > t_end[b]:
+                t_end[b] = v[r + 4]
+            j = r + fold.R_PHASES
+            for sums, cnts in phases:
+                sums[b] += v[j]
+                cnts[b] += v[j + 1]
+                j += 2
+            out_sum[b] += o[i + 1]
+            out_cnt[b] += v[r + fold.R_OUT_CNT]
+            r += width_row
+        if extra is not None:
+            out_sum[b0 // ratio] += extra
+            out_cnt[b0 // ratio] += 1
+        last = (b0 + k - 1) // ratio + 1
+        if last > self.used:
+            self.used = last
 
     def to_data(self) -> dict[str, Any]:
         """Plain data: the used buckets as raw arrays (bytes; see :func:`series_values`)."""

@@ -48,7 +48,7 @@ from ..wire.client import TelemetryClient
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
-from .relayframes import merge_into, steps_frame
+from .relayframes import fold_frame, merge_into, steps_frame
 
 log = logging.getLogger("traceml.relay")
 
@@ -158,8 +158,11 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0) -> None:
+                 stacks: Optional[Any] = None, port: int = 0, fold: bool = True) -> None:
         self.node = node
+        #: send each merged window as a ``fold`` frame (partial statistics; summary mode) rather
+        #: than the records (live views read the last records themselves)
+        self.fold = fold
         #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
         self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
@@ -533,6 +536,13 @@ class Relay(Handler):
                                   "text": d.get("text") or "", "error": d.get("error")}})
 
     # ---- merging ----------------------------------------------------------------------------
+    def _steps_bytes(self, msg: dict[str, Any], raw: Optional[bytes]) -> bytes:
+        """What goes upstream for one merged run of a rank's records: its ``fold`` frame, or the
+        ``steps`` frame itself (its received bytes when nothing was merged into it)."""
+        if self.fold:
+            return encode(fold_frame(msg))
+        return raw if raw is not None else encode(msg)
+
     def _flush(self, now: float) -> None:
         self._next_flush = now + self.flush_s
         out = self._outq
@@ -557,13 +567,13 @@ class Relay(Handler):
                         if merge_into(cur, msg):
                             cur_raw = None
                             continue
-                        data = cur_raw if cur_raw is not None else encode(cur)
+                        data = self._steps_bytes(cur, cur_raw)
                         out.append([data, lane.rank, cur["n"]])
                         added += len(data)
                     cur, cur_raw = msg, raw
                     continue
                 if cur is not None:
-                    data = cur_raw if cur_raw is not None else encode(cur)
+                    data = self._steps_bytes(cur, cur_raw)
                     out.append([data, lane.rank, cur["n"]])
                     added += len(data)
                     cur = cur_raw = None
@@ -580,7 +590,7 @@ class Relay(Handler):
                 out.append([data, -1, 0])
                 added += len(data)
             if cur is not None:
-                data = cur_raw if cur_raw is not None else encode(cur)
+                data = self._steps_bytes(cur, cur_raw)
                 out.append([data, lane.rank, cur["n"]])
                 added += len(data)
             lane.items = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+from . import fold
 from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
@@ -72,6 +73,43 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
         _int(msg, "dropped")
     _int(msg, "open", optional=True)
     check_columns(msg.get("cols"), msg["n"])
+    return msg
+
+
+def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
+    """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then ``v`` of
+    the layout's length for its ``k`` rows, every value an integer in -1..MAX_VALUE (``o``:
+    signed), rows aligned as the layout says, and ``keys`` as long as the phases' key counts. C-level
+    passes over ``v``; after this the aggregator adds the partials without another check."""
+    _int(msg, "rank")
+    _int(msg, "seq")
+    _int(msg, "n", lo=1)
+    if msg.setdefault("dropped", 0) is not None:
+        _int(msg, "dropped")
+    _int(msg, "open", optional=True)
+    v, o, keys = msg.get("v"), msg.get("o"), msg.get("keys")
+    if type(v) is not list or len(v) < fold.ROWS0 or type(o) is not list or type(keys) is not bytes:
+        raise ProtocolError("fold: v and o must be lists and keys bytes")
+    if set(map(type, v)) != _INT_ONLY or max(v) > MAX_VALUE or min(v) < -1:
+        raise ProtocolError("fold: v must hold integers in -1..2**62")
+    seq, n = msg["seq"], msg["n"]
+    g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
+    if not (0 <= k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
+        raise ProtocolError("fold: v and o do not have the length of their k series rows")
+    if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
+            or n > fold.SPAN * g or k == 1:
+        raise ProtocolError("fold: the series rows are not aligned sub-buckets of the records")
+    if set(map(type, o)) != _INT_ONLY or max(o) > MAX_VALUE or min(o) < -MAX_VALUE:
+        raise ProtocolError("fold: o must hold integers")
+    p0, pw = fold.PHASE0, fold.PW
+    counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
+    nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
+    if len(keys) != 2 * sum(nkeys) or max(counts) > n or not 1 <= v[fold.H_WEIGHT] <= n \
+            or v[fold.MEM0] > n or min(counts) < 0 or v[fold.H_OUT_N] >= n \
+            or any(m < 0 or m > c for m, c in zip(nkeys, counts)) or n > fold.MAX_RECORDS:
+        raise ProtocolError("fold: counts and sketch keys do not fit the records")
+    if k and max(max(v[fold.ROWS0 + j::len(fold.ROW)]) for j in fold.ROW_COUNTS) > n:
+        raise ProtocolError("fold: a series row counts more records than the window holds")
     return msg
 
 
@@ -378,7 +416,7 @@ def check_resp(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "steps": check_steps, "event": check_event, "bye": check_bye, "resp": check_resp,
+    "steps": check_steps, "fold": check_fold, "event": check_event, "bye": check_bye, "resp": check_resp,
     "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
     "probe": check_probe,
@@ -389,7 +427,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 #: frame types each kind of connection may send (anything else is skipped and counted)
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
-    "node": frozenset(("steps", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    "node": frozenset(("steps", "fold", "event", "bye", "resp", "join", "gone", "dropped", "system")),
     "control": frozenset(("finish", "query", "snapshot", "system", "probe", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),
