@@ -1,7 +1,7 @@
 """``traceml compare`` on summaries of real runs (``traceml run`` of tests/unit/scripts/tiny_train.py).
 
 The runs: ``base`` and ``again`` are the same script and settings;
-``slow`` sleeps 12 ms instead of 6 ms in the model's forward; ``single`` is ``base`` on one
+``slow`` sleeps 40 ms instead of 20 ms in the model's forward; ``single`` is ``base`` on one
 process instead of two (see the fixture for why they run side by side). Steps are mostly sleep, so a 2-core machine shared with other work still
 times them steadily; everything runs on CPU (gloo is not even needed: no collectives).
 """
@@ -30,7 +30,9 @@ def runs(tmp_path_factory):
     differs is the script."""
     logs = tmp_path_factory.mktemp("compare-runs")
     ready = tmp_path_factory.mktemp("compare-barrier")
-    spec = {"base": ("6", 2), "again": ("6", 2), "slow": ("12", 2), "single": ("6", 1)}
+    # the sleep is most of the step: seven workers on two cores wait for a CPU now and then, and
+    # with a 6 ms sleep that made two runs of one script differ by 7% (slower, +0.9% .. +12.1%)
+    spec = {"base": ("20", 2), "again": ("20", 2), "slow": ("40", 2), "single": ("20", 1)}
     workers = sum(nproc for _, nproc in spec.values())
     procs = {name: start_tiny(logs, name, nproc=nproc, TINY_STEPS=STEPS, TINY_SLEEP_MS=sleep_ms,
                               TINY_BARRIER=f"{ready}:{workers}")
@@ -76,15 +78,20 @@ def test_the_other_way_round_is_faster_and_passes_the_gate(runs):
 
 
 def test_two_runs_of_the_same_script_are_within_noise(runs):
+    """Never faster or slower. Side by side on a loaded machine the two runs can still differ
+    for real by a few percent (a CI run saw +3.6%, interval +1.8% .. +8.2%): that is called
+    negligible (real, under the floor), which is as true as within noise and fails no gate."""
     c = compare(load_run(str(runs["base"]), "A"), load_run(str(runs["again"]), "B"))
-    assert c.verdict["kind"] == "within_noise", (c.verdict, [(p.phase, p.verdict, p.change_pct) for p in c.phases])
+    assert c.verdict["kind"] in ("within_noise", "negligible"), \
+        (c.verdict, [(p.phase, p.verdict, p.change_pct) for p in c.phases])
     # a phase may differ for real by a hair (negligible), never faster/slower
     assert all(p.verdict in ("within_noise", "negligible", "not_measured") for p in c.phases), \
         [(p.phase, p.verdict, p.change_pct, p.interval_pct) for p in c.phases]
     # even the strictest gate does not fail on noise
     r = cli(runs["base"], runs["again"], "--fail-on-regression", "0")
     assert r.returncode == 0, r.stdout
-    assert "Verdict: WITHIN NOISE" in r.stdout
+    assert f"Verdict: {c.verdict['kind'].upper().replace('_', ' ')}: " in r.stdout
+    assert "Regression gate (0%): pass" in r.stdout
 
 
 def test_cpu_only_runs_reach_a_verdict_from_step_times(runs):

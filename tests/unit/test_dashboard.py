@@ -45,8 +45,11 @@ def outward_ip():
 
 @pytest.fixture
 def run(tmp_path):
-    p = start_tiny(tmp_path, "dash", mode="dashboard", TINY_STEPS="4000", TINY_SLEEP_MS="5",
-                   TINY_KILL_RANK="1", TINY_KILL_AT="100", PET_MONITOR_INTERVAL="15")
+    # rank 1 dies when the test says (the file below), after the charts were seen growing: on a
+    # loaded machine the browser may take longer to start than a fixed step count lasts
+    p = start_tiny(tmp_path, "dash", mode="dashboard", TINY_STEPS="40000", TINY_SLEEP_MS="5",
+                   TINY_KILL_RANK="1", TINY_KILL_AT="100", TINY_KILL_WHEN=str(tmp_path / "kill-rank-1"),
+                   PET_MONITOR_INTERVAL="15")
     err_lines: list[str] = []
     out_chunks: list[str] = []
     url_seen = threading.Event()
@@ -103,6 +106,7 @@ def test_dashboard_in_chromium_updates_and_shows_a_dead_rank(run, tmp_path):
         updates = browser.eval("Number(document.body.dataset.updates)")
         browser.wait_for(f"{points} > {first} + 20", 20)  # charts grow as telemetry arrives
         assert browser.eval("Number(document.body.dataset.updates)") > updates
+        (tmp_path / "kill-rank-1").touch()
         assert browser.eval("document.querySelectorAll('#c-step canvas, #c-rate canvas').length") >= 2
         assert browser.eval("document.querySelectorAll('#c-own canvas, #c-phases canvas').length") == 2
         # phases over time: one line per measured phase; memory and time axes start at 0

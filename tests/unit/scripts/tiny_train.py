@@ -8,6 +8,8 @@ others). Knobs, all environment variables:
                             dominates the step, so step times are stable on a busy machine)
 ``TINY_PRINT_EVERY`` (0)    print a "tiny: rank R step S" training line every N steps on rank 0
 ``TINY_KILL_RANK`` / ``TINY_KILL_AT``   that rank SIGKILLs itself at that step
+``TINY_KILL_WHEN`` (path)   ... or, when set, at the first step from ``TINY_KILL_AT`` on at which
+                            that file exists (the test decides the moment, not the machine's load)
 ``TINY_BARRIER`` (``DIR:N``)  before the first step, wait until N workers (of any runs sharing
                             DIR) are ready, so runs started together also step together
 """
@@ -50,6 +52,7 @@ def main() -> None:
     every = int(os.environ.get("TINY_PRINT_EVERY", "0"))
     kill_rank = int(os.environ.get("TINY_KILL_RANK", "-1"))
     kill_at = int(os.environ.get("TINY_KILL_AT", "-1"))
+    kill_when = os.environ.get("TINY_KILL_WHEN")
     rank = int(os.environ.get("RANK", "0"))
     torch.set_num_threads(1)
     torch.manual_seed(rank)
@@ -60,7 +63,8 @@ def main() -> None:
     if os.environ.get("TINY_BARRIER"):
         barrier(os.environ["TINY_BARRIER"])
     for step in range(steps):
-        if rank == kill_rank and step == kill_at:
+        if rank == kill_rank and (step >= kill_at and os.path.exists(kill_when) if kill_when
+                                  else step == kill_at):
             os.kill(os.getpid(), signal.SIGKILL)
         x, y = data[step % len(data)]
         with traceml.trace_step(model):
