@@ -144,9 +144,11 @@ def test_the_task_layout_agrees_on_a_node_directory_without_talking(tmp_path, mo
     path = node_dir("job-train-42", 1)
     assert path == node_dir("job-train-42", 1) and path != node_dir("job-train-42", 0)
     ranks_task = StackCollector(path)            # the rank's own task (local rank 1)
+    # 'ready' from inside the function: a dump taken right after it still has the frame (printed
+    # before the call, a loaded machine's dump caught the module level between the two)
     code = ("import sys, time; from traceml_core.sdk import stackdump; "
-            "assert stackdump.install(sys.argv[1], 3); print('ready', flush=True)\n"
-            "def stuck_in_my_code():\n    time.sleep(60)\nstuck_in_my_code()")
+            "assert stackdump.install(sys.argv[1], 3)\n"
+            "def stuck_in_my_code():\n    print('ready', flush=True)\n    time.sleep(60)\nstuck_in_my_code()")
     rank = subprocess.Popen([sys.executable, "-c", code, ranks_task.path], stdout=subprocess.PIPE, text=True)
     relay_task = StackCollector(path)            # local rank 0's task, which runs the relay
     try:

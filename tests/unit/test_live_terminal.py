@@ -7,6 +7,7 @@ and kills only that server. Needs the Debian package ``tmux``.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
@@ -61,7 +62,10 @@ class Tmux:
 
 @pytest.fixture
 def tmux(tmp_path, request):
-    t = Tmux(tmp_path, re.sub(r"\W", "", request.node.name)[:30])
+    # unique per test and parameter (a cut name made two parameters share one tmux server, and
+    # under load the first's server was still going when the second asked for the same session)
+    digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:8]
+    t = Tmux(tmp_path, re.sub(r"\W", "", request.node.name)[:22] + digest)
     yield t
     t.kill()
 

@@ -79,13 +79,17 @@ def test_reconnects_with_a_fresh_hello_after_the_server_restarts():
     client.start()
     assert client.wait_connected(2.0)
     record_steps(rec, 200)
-    assert server.wait_for(lambda s: s.ranks[0].records == 192)   # the full batches
+    # the full batches (192) at least: on a loaded machine the 10 ms seal interval may also have
+    # sent part of the tail
+    assert server.wait_for(lambda s: 0 in s.ranks and s.ranks[0].records >= 192, timeout=30)
+    with server.lock:
+        first = server.ranks[0].records
     server.stop()
     record_steps(rec, 200)                # produced while nobody listens
     server2 = SinkServer("test-token", "test-run", port=port).start()
     try:
         # the same token and run, a fresh nonce: the new server accepts the new hello
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 30
         while client.stats().connects < 2 and time.monotonic() < deadline:
             record_steps(rec, 1)
             time.sleep(0.02)
@@ -93,14 +97,14 @@ def test_reconnects_with_a_fresh_hello_after_the_server_restarts():
         rec.flush_partial()
         client.close(2.0, bye={"t": "bye", "rank": 0, "status": "clean", "steps": rec.count,
                                "dropped": rec.lost, "error": None})
-        assert server2.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
+        assert server2.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None, timeout=30)
         st = client.stats()
         log2 = server2.ranks[0]
         assert st.records_sent + st.records_lost == rec.count
         assert log2.hellos == 1 and log2.duplicates == 0
         # the new server's sequence accounting covers every record up to the last one
         assert log2.next_seq == rec.count == log2.records + log2.gaps
-        assert 192 + log2.records <= st.records_sent
+        assert first + log2.records <= st.records_sent
         assert log2.bye["dropped"] == st.records_lost
     finally:
         server2.stop()
@@ -226,6 +230,6 @@ def test_bye_still_reaches_a_restarted_server_when_nothing_else_is_pending():
     try:
         assert client.close(2.0, bye={"t": "bye", "rank": 0, "status": "clean", "steps": 0,
                                       "dropped": 0, "error": None})
-        assert server2.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
+        assert server2.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None, timeout=30)
     finally:
         server2.stop()
