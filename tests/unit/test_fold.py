@@ -215,3 +215,27 @@ def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
             validate("node", dict(good, **change))
     with pytest.raises(ProtocolError):
         validate("node", dict(multi, v=pack(v)))
+
+
+def test_a_window_whose_sums_do_not_fit_goes_up_as_records(tmp_path):
+    """Values near the protocol's limit are valid one by one, but their sum does not fit a fold
+    frame: the relay sends that window's records instead, and node 0 takes them."""
+    from traceml_core.launcher.relay import Relay
+
+    big = (1 << 62) - 1
+    w = steps_frame(recorded()[0][2])
+    w["cols"]["forward_ns"] = [big] * w["n"]
+    with pytest.raises(ValueError):
+        fold_frame(w)
+    relay = Relay.__new__(Relay)  # only the choice of bytes is exercised here
+    relay.fold = True
+    msg = decode_body(relay._steps_bytes(w, None)[HEADER.size:])
+    assert msg["t"] == "steps" and msg["cols"]["forward_ns"][0] == big
+    state = RunState(make_settings(tmp_path, nnodes=1, nproc_per_node=2))
+    ingest = Ingest(state, lambda _m: None)
+    link, ident = object(), Identity("node", 0, -1, "host0", None, nproc=2)
+    ingest.node_joined(link, ident, time.time())
+    ingest.node_frame(link, ident, validate("node", {"t": "join", "rank": 0, "host": "h", "new": True}))
+    ingest.node_frame(link, ident, validate("node", msg))
+    state.flush()
+    assert state.ranks[0].phases["forward_ns"].max == big and state.records == w["n"]

@@ -540,7 +540,10 @@ class Relay(Handler):
         """What goes upstream for one merged run of a rank's records: its ``fold`` frame, or the
         ``steps`` frame itself (its received bytes when nothing was merged into it)."""
         if self.fold:
-            return encode(fold_frame(msg))
+            try:
+                return encode(fold_frame(msg))
+            except ValueError:  # sums too large for a fold frame (values near the limit)
+                pass
         return raw if raw is not None else encode(msg)
 
     def _flush(self, now: float) -> None:

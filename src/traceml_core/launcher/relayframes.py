@@ -56,7 +56,9 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
     maxima over every measured record (-1 = not measured), minima and sketch keys over a
     systematic sample of at most ``cap`` records (each standing for ``stride``), the warm-up split
     by ``seq``, outside-step time only when every record has its step time. Cost: C-level passes
-    over each column and over each series row's slice, never a Python statement per record."""
+    over each column and over each series row's slice, never a Python statement per record.
+    Raises ValueError when a sum does not fit the frame (values near the protocol's limit): the
+    relay then sends the records themselves."""
     seq, n, cols = msg["seq"], msg["n"], msg["cols"]
     t_end, steps = cols["t_end_ns"], cols["step_ns"]
     g = fold.series_width(seq, n)
@@ -131,6 +133,9 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
             else:
                 o[i + 1] = (t_end[hi - 1] - t_end[lo - 1]) - sum(steps[lo:hi])
                 out_cnt[i] = hi - lo
+    if max(v) > fold.MAX_VALUE or max(map(abs, o)) > fold.MAX_VALUE:
+        # sums of values near the limit (valid one by one): node 0 would refuse the frame
+        raise ValueError("a sum of this window is too large for a fold frame")
     if k == 1:  # the one row would repeat the window's totals
         k = 0
         del o[1:]

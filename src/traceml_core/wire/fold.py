@@ -42,6 +42,9 @@ from typing import Sequence
 
 from .protocol import DURATION_COLUMNS, SUM_COLUMNS
 
+#: values of ``v`` (and magnitudes in ``o``) are at most this (wire/frames.MAX_VALUE)
+MAX_VALUE = 1 << 62
+
 #: fold frames carry at most this many sketch keys per phase and window (the rest of a large
 #: window is sampled systematically, each key standing for ``stride`` records: node 0's rule)
 SKETCH_CAP = 16

@@ -23,7 +23,7 @@ from . import fold
 from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
-MAX_VALUE = 1 << 62
+MAX_VALUE = fold.MAX_VALUE
 MAX_TEXT = 4000
 MAX_RANKS_IN_REQ = 1 << 20
 
