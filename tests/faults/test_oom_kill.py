@@ -72,11 +72,14 @@ def test_oom_killed_rank_is_named_as_such(tmp_path, memory_cgroup: Path):
     assert ev["consequence_ranks"] == [0], ev
     # where it died: step 40 from rank 0's records; on a loaded machine both ranks' last records can
     # die with them (rank 0 is stopped by SIGTERM), and then the step is a lower bound, said so
-    if ev["step"] == 40:
-        assert s["run"]["reason"] == "rank 1 was killed by the OOM killer around step 40"
-    else:
-        assert 0 < ev["step"] < 40 and ev["step_at_least"] is True, ev
-        assert s["run"]["reason"].startswith(f"rank 1 was killed by the OOM killer after at least {ev['step']} steps")
+    # (rank 1's own telemetry at step 40 and nobody's further: exact, but node 0 cannot know it,
+    # so 'after at least 40 steps' is honest then too)
+    assert 0 < ev["step"] <= 40, ev
+    if ev["step"] < 40:
+        assert ev["step_at_least"] is True, ev
+    words = (f"rank 1 was killed by the OOM killer after at least {ev['step']} steps",) + \
+        (("rank 1 was killed by the OOM killer around step 40",) if ev["step"] == 40 else ())
+    assert s["run"]["reason"].startswith(words), (s["run"]["reason"], words)
     assert "OOM killer" in v["why"] and "limit 2.4 GiB" in v["why"]
     assert "rank 1 (node 0" in r.out and "SIGKILL (OOM kill)" in r.out
     assert_no_leftovers(r)
