@@ -185,6 +185,9 @@ def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
     good = fold_frame(w)
     assert validate("node", decode_body(encode(good)[HEADER.size:])) is not None
     assert validate("rank", dict(good)) is None, "a rank never sends fold frames"
+    edge = list(layout.unpack(good["v"]))
+    edge[layout.H_T_FIRST] = layout.MAX_VALUE  # the limit itself is valid (its top byte is 0x40)
+    assert validate("node", dict(good, v=layout.pack(edge)))["v"] == edge
     v0, o0 = list(layout.unpack(good["v"])), list(layout.unpack(good["o"]))
     pack = layout.pack
     bad = [
@@ -193,6 +196,9 @@ def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
         {"v": [*v0]},                                            # not packed
         {"v": pack([v0[0], (1 << 62) + 1, *v0[2:]])},            # out of range
         {"v": pack([v0[0], -2, *v0[2:]])},
+        {"v": pack([v0[0], -(1 << 56), *v0[2:]])},               # top byte 0xff, yet not -1
+        {"v": pack([v0[0], -1, -(1 << 62), *v0[3:]])},,
+        {"v": pack([v0[0], (1 << 63) - 1, *v0[2:]])},
         {"keys": good["keys"] + b"\0\0"},                       # more sketch keys than counted
         {"n": good["n"] + 1000},                                 # rows do not cover the records
         {"o": pack([*o0, 0])},                                   # o of the wrong length

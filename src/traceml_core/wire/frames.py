@@ -93,8 +93,9 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
             or len(v) % 8 or len(o) % 8 or len(keys) % 2:
         raise ProtocolError("fold: v, o and keys must be packed arrays (bytes)")
-    msg["v"] = v = fold.unpack(v).tolist()  # list items are read faster than array items
-    if len(v) < fold.ROWS0 or max(v) > MAX_VALUE or min(v) < -1:
+    raw = v
+    msg["v"] = v = fold.unpack(raw).tolist()  # list items are read faster than array items
+    if len(v) < fold.ROWS0 or not fold.in_range(raw, v):
         raise ProtocolError("fold: v must hold integers in -1..2**62")
     msg["o"] = o = fold.unpack(o).tolist()
     msg["keys"] = fold.unpack(keys, "H")
