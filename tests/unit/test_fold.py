@@ -197,7 +197,7 @@ def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
         {"v": pack([v0[0], (1 << 62) + 1, *v0[2:]])},            # out of range
         {"v": pack([v0[0], -2, *v0[2:]])},
         {"v": pack([v0[0], -(1 << 56), *v0[2:]])},               # top byte 0xff, yet not -1
-        {"v": pack([v0[0], -1, -(1 << 62), *v0[3:]])},,
+        {"v": pack([v0[0], -1, -(1 << 62), *v0[3:]])},
         {"v": pack([v0[0], (1 << 63) - 1, *v0[2:]])},
         {"keys": good["keys"] + b"\0\0"},                       # more sketch keys than counted
         {"n": good["n"] + 1000},                                 # rows do not cover the records
