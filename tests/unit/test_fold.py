@@ -88,7 +88,7 @@ def stable(summary: dict[str, Any]) -> dict[str, Any]:
     """The summary without what differs between two replays by construction (wall clock times of
     the replay itself)."""
     drop = {"generated_at", "aggregator_started_at", "joined_at", "last_seen", "closed_at", "at",
-            "wall_s", "duration_s", "files", "started_at", "ended_at"}
+            "wall_s", "duration_s", "files", "started_at", "ended_at", "join_delay_s"}
 
     def clean(x: Any) -> Any:
         if isinstance(x, dict):
