@@ -92,10 +92,10 @@ class Series:
         measured); ``outside``: ``(sum, intervals)`` of the batch's time between steps when known.
         """
         last = seq + n - 1
+        width = series_width(seq, n, self.width)
         if not self.used:  # first data: start at a width that fits it, no merging needed
-            while last // self.width >= BUCKETS or n > SPAN * self.width:
-                self.width *= 2
-        while last // self.width >= BUCKETS or n > SPAN * self.width:
+            self.width = width
+        while self.width < width:
             self._double()
         w = self.width
         first_b, last_b = seq // w, last // w
