@@ -16,7 +16,7 @@ import pytest
 
 from aggpeers import make_settings
 from traceml_core.aggregator.ingest import Ingest
-from traceml_core.aggregator.series import series_values
+from traceml_core.aggregator.series import series_phases, series_values
 from traceml_core.aggregator.state import RunState
 from traceml_core.launcher.relayframes import fold_frame, merge_into, steps_frame
 from traceml_core.report.summary import build_summary
@@ -138,7 +138,7 @@ def test_folded_and_unfolded_windows_give_the_same_summary(tmp_path, cut):
         for key in ("step_cnt", "step_max", "mem_max", "t_end"):
             assert series_values(sa, key) == series_values(sb, key), key
         assert sum(series_values(sa, "step_sum")) == sum(series_values(sb, "step_sum"))
-        for p in sa["phase_cnt"]:
+        for p in series_phases(sa):
             assert series_values(sa, "phase_cnt", p) == series_values(sb, "phase_cnt", p), p
             assert sum(series_values(sa, "phase_sum", p)) == sum(series_values(sb, "phase_sum", p)), p
     sa, sb = stable(build_summary(a)), stable(build_summary(b))
@@ -245,3 +245,77 @@ def test_a_window_whose_sums_do_not_fit_goes_up_as_records(tmp_path):
     ingest.node_frame(link, ident, validate("node", msg))
     state.flush()
     assert state.ranks[0].phases["forward_ns"].max == big and state.records == w["n"]
+
+
+def test_rows_copied_into_untouched_buckets_equal_rows_added_field_by_field():
+    """Node 0 copies a folded window's series rows that land in buckets not touched yet as bytes
+    (the fast path early in a run) and adds the others field by field: both must give the same
+    series, through doublings, windows wider than the series' width (its buckets then hold
+    several rows), a lost window and a resent one."""
+    from traceml_core.aggregator.series import Series
+
+    rnd = random.Random(3)
+    one = recorded()[0]
+    cols = {k: [x for f in one for x in f["cols"][k]] for k in one[0]["cols"]}
+    cols = {k: v * 12 for k, v in cols.items()}  # 7,200 records: the width doubles to 32
+    total = len(cols["step_ns"])
+    fast, slow = Series(layout.SERIES_PHASES), Series(layout.SERIES_PHASES)
+    seq = copied = sent = 0
+    prev: dict[str, Any] = {}
+    while seq < total:
+        n = min(rnd.choice([rnd.randint(1, 12), rnd.randint(1, 12), rnd.randint(40, 140)]), total - seq)
+        w = {"t": "steps", "rank": 0, "seq": seq, "n": n, "dropped": 0,
+             "cols": {k: v[seq:seq + n] for k, v in cols.items()}}
+        seq += n
+        if rnd.random() < 0.03:
+            continue  # lost on the way
+        m = validate("node", decode_body(encode(fold_frame(w))[HEADER.size:]))
+        extra = rnd.choice([None, rnd.randint(0, 10**6)])
+        g, b0, k = m["v"][layout.S_G], m["v"][layout.S_B0], m["v"][layout.S_K]
+        copied += k and fast.width == g and fast.used < b0 + k  # (before the call: an estimate)
+        fast.add_rows(w["seq"], n, m["v"], m["o"], extra, m["va"], m["oa"])
+        slow.add_rows(w["seq"], n, m["v"], m["o"], extra)
+        sent += 1
+        if prev and rnd.random() < 0.03:  # a resend of the previous window
+            fast.add_rows(prev["seq"], prev["n"], prev["m"]["v"], prev["m"]["o"], None, prev["m"]["va"], prev["m"]["oa"])
+            slow.add_rows(prev["seq"], prev["n"], prev["m"]["v"], prev["m"]["o"], None)
+        prev = {"seq": w["seq"], "n": n, "m": m}
+    assert fast.width >= 32 and copied > 30 and sent > 150
+    assert fast.to_data() == slow.to_data()
+    counts = series_values(fast.to_data(), "step_cnt")
+    assert 0 < sum(counts) < total and fast.overflowed == 0
+
+
+def test_a_series_sum_past_int64_is_dropped_and_counted_not_raised():
+    """Buckets keep int64 nanoseconds; values are checked below 2**62 at the trust boundary, so
+    only absurd data can overflow a bucket: node 0 drops that update and counts it."""
+    from traceml_core.aggregator.series import Series
+
+    w = steps_frame(recorded()[0][1])  # records 1..24
+    w["n"], w["cols"] = 2, {k: v[:2] for k, v in w["cols"].items()}
+    w["cols"]["forward_ns"] = [1 << 61] * 2  # one record per series row here
+    m = validate("node", decode_body(encode(fold_frame(w))[HEADER.size:]))
+    s = Series(layout.SERIES_PHASES)
+    for _ in range(5):  # a row holds one record of 2**61: the 4th passes 2**63 - 1
+        s.add_rows(w["seq"], 2, m["v"], m["o"], None, m["va"], m["oa"])
+    assert s.overflowed >= 1 and s.to_data()["overflowed"] == s.overflowed
+
+
+def test_a_restarted_aggregators_series_merged_with_the_checkpoints_equals_one_series():
+    """After an aggregator restart, node 0 merges the checkpoint's series with the new one's
+    (aggregator/resume.py): bucket by bucket at the wider width, as if one series had seen every
+    window (folded rows are exact per sub-bucket, so the split point cannot show)."""
+    from traceml_core.aggregator.series import Series
+
+    rnd = random.Random(5)
+    frames = recut(recorded()[1], rnd)
+    wins = cut_windows(frames, rnd, 6)
+    whole, before, after = (Series(layout.SERIES_PHASES) for _ in range(3))
+    for i, w in enumerate(wins):
+        m = validate("node", decode_body(encode(fold_frame(w))[HEADER.size:]))
+        for s in (whole, before if i < len(wins) // 3 else after):
+            s.add_rows(w["seq"], w["n"], m["v"], m["o"], None, m["va"], m["oa"])
+    assert before.width < after.width
+    merged = Series.from_data(before.to_data()).merged(Series.from_data(after.to_data()))
+    assert merged.to_data() == whole.to_data()
+    assert sum(series_values(merged.to_data(), "step_cnt")) == 600

@@ -459,23 +459,13 @@ class RankState:
         if self.first_t_end is None:
             self.first_t_end = t_first
         self.last_t_end = t_last
-        self.series.add_rows(seq, n, v, msg["o"], extra)
+        self.series.add_rows(seq, n, v, msg["o"], extra, msg.get("va"), msg.get("oa"))
         return n - skip
 
     # --- other frames -----------------------------------------------------------------------
     def note_event(self, kind: str, text: str, ts: float) -> None:
         self.event_count += 1
         self.events.append({"kind": kind[:64], "text": text[:2000], "ts": ts})
-
-    def tail_records(self) -> list[dict[str, int]]:
-        """The last records (oldest first) as dicts, for live views."""
-        out: list[dict[str, int]] = []
-        for seq, n, cols in self.tail:
-            for i in range(n):
-                rec = {k: cols[k][i] for k in STEP_COLUMNS if k in cols}
-                rec["seq"] = seq + i
-                out.append(rec)
-        return out[-self.tail_keep:] if self.tail_keep else []
 
     def to_data(self) -> dict[str, Any]:
         """Plain data for checkpoints and the summary (pending frames are computed first; a

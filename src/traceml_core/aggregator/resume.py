@@ -17,10 +17,9 @@ kept in the base's samples and means).
 
 from __future__ import annotations
 
-from array import array
 from typing import Any, Optional
 
-from .series import BUCKETS, _CODES
+from .series import Series
 from .sketch import QuantileSketch
 from .state import RunState
 
@@ -127,60 +126,13 @@ def _totals(b: Optional[dict[str, Any]], l: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _arr(data: Any, code: str) -> array:
-    a = array(code)
-    if data:
-        a.frombytes(data)
-    return a
-
-
 def _series(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
     """Bucket-wise: both brought to the wider width (pairs merged), then summed / maxed."""
     if not b.get("used"):
         return l
     if not l.get("used"):
         return b
-    width = max(b["width"], l["width"])
-    keys = ("step_sum", "step_cnt", "step_max", "mem_max", "t_end")
-    phases = sorted(set(b.get("phase_sum", {})) | set(l.get("phase_sum", {})))
-
-    def widen(s: dict[str, Any]) -> dict[str, list]:
-        f = width // s["width"]
-        out: dict[str, list] = {}
-        for key in keys:
-            out[key] = _regroup(_arr(s.get(key), _CODES.get(key, "q")).tolist(), f, key)
-        for p in phases:
-            out["s:" + p] = _regroup(_arr(s.get("phase_sum", {}).get(p), "d").tolist(), f, "phase_sum")
-            out["c:" + p] = _regroup(_arr(s.get("phase_cnt", {}).get(p), "i").tolist(), f, "phase_cnt")
-        return out
-
-    wb, wl = widen(b), widen(l)
-    used = min(BUCKETS, max(len(wb["step_cnt"]), len(wl["step_cnt"])))
-    comb: dict[str, list] = {}
-    for key in wb:
-        x, y = wb[key], wl[key]
-        mx = key in ("step_max", "mem_max", "t_end")
-        pad = -1 if mx else 0
-        x = x + [pad] * (used - len(x))
-        y = y + [pad] * (used - len(y))
-        comb[key] = [max(p, q) if mx else p + q for p, q in zip(x[:used], y[:used])]
-    return {
-        "width": width, "used": used,
-        **{k: array(_CODES.get(k, "q"), comb[k]).tobytes() for k in keys},
-        "phase_sum": {p: array("d", comb["s:" + p]).tobytes() for p in phases},
-        "phase_cnt": {p: array("i", comb["c:" + p]).tobytes() for p in phases},
-    }
-
-
-def _regroup(vals: list, factor: int, key: str) -> list:
-    if factor == 1:
-        return vals
-    mx = key in ("step_max", "mem_max", "t_end")
-    out = []
-    for i in range(0, len(vals), factor):
-        chunk = vals[i:i + factor]
-        out.append(max(chunk) if mx else sum(chunk))
-    return out
+    return Series.from_data(b).merged(Series.from_data(l)).to_data()
 
 
 def _system(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:

@@ -74,7 +74,7 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
     step_all = min(steps) >= 0
     out_n = n - 1 if step_all else -1
     v = [cols["step"][-1], t_end[0], t_end[-1], steps[0], stride, out_n]
-    # the series rows, field by field (wire/fold.py: ROW): rows[f][i] is field f of row i
+    # the series rows, built field by field (wire/fold.py: ROW): rows[f][i] is field f of row i
     rows = [[0] * k for _ in fold.ROW]
     rows[fold.R_STEP_MAX] = [-1] * k
     rows[fold.R_MEM_MAX] = [-1] * k
@@ -140,9 +140,8 @@ def fold_frame(msg: dict[str, Any], cap: int = fold.SKETCH_CAP) -> dict[str, Any
         k = 0
         del o[1:]
     v += (g, b0, k)
-    if k:
-        for field in rows:
-            v += field
+    for row in zip(*rows) if k else ():  # row by row (wire/fold.py)
+        v += row
     frame = {"t": "fold", "rank": msg["rank"], "seq": seq, "n": n, "dropped": msg.get("dropped", 0),
              "v": fold.pack(v), "o": fold.pack(o), "keys": fold.pack(column_keys(keys), "H") if keys else b""}
     if msg.get("open") is not None:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from ..aggregator.series import BUCKETS, OUTSIDE, series_values
+from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
 from .verdicts import WAIT_PHASES, own_time
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
@@ -59,7 +59,7 @@ def rank_series(r: dict[str, Any], width: int, n: int, started_at: float) -> dic
     t_end = [None if t < 0 else round(t / 1e9 - started_at, 3)
              for t in _regroup(series_values(s, "t_end"), f, "max")]
     phases: dict[str, list[Optional[float]]] = {}
-    for col in (s.get("phase_cnt") or {}):
+    for col in series_phases(s):
         cnt = _regroup(series_values(s, "phase_cnt", col), f, "sum")
         if any(cnt):
             phases[_phase_col(col)] = _means(_regroup(series_values(s, "phase_sum", col), f, "sum"),

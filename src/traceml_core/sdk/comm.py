@@ -214,11 +214,23 @@ class CommFigures(NamedTuple):
         return CommFigures(*(a + b for a, b in zip(self, o)))
 
 
+#: a wait may exceed the phase it was charged to by this share of the phase (two clocks: the
+#: phase's host times and, for DDP, the reducer's own timings) and still leave it at 0
+CLOCK_SLACK = 1 / 32
+
+
 def without(phase_ns: int, wait_ns: int) -> int:
-    """A phase's time without the communication it waited for (unmeasured phases stay -1)."""
+    """A phase's time without the communication it waited for (unmeasured phases stay -1).
+
+    When more wait was charged to the phase than it lasted (beyond :data:`CLOCK_SLACK`), the
+    wait did not all happen inside it, so its own time is not known: -1 (not measured), never a
+    made-up 0 (a clamp once hid a wrongly charged Lightning broadcast behind "optimizer 0.0 ms")."""
     if wait_ns <= 0 or phase_ns <= 0:
         return phase_ns
-    return max(0, phase_ns - wait_ns)
+    own = phase_ns - wait_ns
+    if own >= 0:
+        return own
+    return 0 if -own <= phase_ns * CLOCK_SLACK else -1
 
 
 def union_ns(intervals: list[tuple[Any, Any]]) -> int:

@@ -15,7 +15,7 @@ wire/frames.py and the aggregator that reads it)::
 
     {"t": "fold", "rank", "seq", "n", "dropped", "open"?,   # as in ``steps``
      "v": int64s [HEAD..., PHASE x len(DURATION_COLUMNS), MEM, SUM x len(SUM_COLUMNS), SERIES_HEAD,
-                  ROW x k (field by field)],
+                  ROW x k (row by row)],
      "o": int64s [outside sum of the window, outside sum of each of the k series rows],  # signed
      "keys": uint16s} # sketch keys (aggregator/sketch.column_keys), phase after phase
 
@@ -73,19 +73,23 @@ S_G, S_B0, S_K = range(SUM0 + len(SUMS) * len(SUM_COLUMNS),
 ROWS0 = S_K + 1
 #: the other duration columns whose sums the series keeps per bucket (step_ns has its own fields)
 SERIES_PHASES = tuple(p for p in DURATION_COLUMNS if p != "step_ns")
-#: the fields of a series row: first those that count records (step_ns, each of SERIES_PHASES,
-#: outside-step intervals; each at most the window's records), then step sum, step max, memory
-#: max, last t_end, and the sum of each of SERIES_PHASES (outside-step sums are in ``o``). The
-#: rows are stored field by field: field ``f`` of row ``i`` is ``v[ROWS0 + f * k + i]``, so the
-#: count fields of all rows are one slice, ``v[ROWS0:ROWS0 + len(ROW_COUNTS) * k]``.
+#: the fields of a series row, in the order node 0's series stores a bucket (aggregator/series.py):
+#: first those that count records (step_ns, each of SERIES_PHASES, outside-step intervals; each at
+#: most the window's records), then the other fields that are summed (step sum, the sum of each of
+#: SERIES_PHASES), then those that are maxima (step max, memory max, last t_end); outside-step sums
+#: are in ``o`` (signed). The rows are stored row by row: field ``f`` of row ``i`` is
+#: ``v[ROWS0 + i * len(ROW) + f]``, so node 0 copies the rows of fresh buckets as bytes.
 ROW_COUNTS = ("step_cnt", *(f"{p}_cnt" for p in SERIES_PHASES), "out_cnt")
-ROW = (*ROW_COUNTS, "step_sum", "step_max", "mem_max", "t_end", *(f"{p}_sum" for p in SERIES_PHASES))
+ROW = (*ROW_COUNTS, "step_sum", *(f"{p}_sum" for p in SERIES_PHASES), "step_max", "mem_max", "t_end")
 R_STEP_CNT = 0
 R_PHASE_CNT = 1          # + index in SERIES_PHASES
 R_OUT_CNT = len(ROW_COUNTS) - 1
-R_STEP_SUM, R_STEP_MAX, R_MEM_MAX, R_T_END = range(len(ROW_COUNTS), len(ROW_COUNTS) + 4)
-R_PHASE_SUM = len(ROW_COUNTS) + 4  # + index in SERIES_PHASES
-assert ROW[R_OUT_CNT + 1:R_PHASE_SUM] == ("step_sum", "step_max", "mem_max", "t_end")  # Series.add_rows
+R_STEP_SUM = len(ROW_COUNTS)
+R_PHASE_SUM = R_STEP_SUM + 1  # + index in SERIES_PHASES
+#: fields from here on are maxima (-1: none), the ones before are summed
+R_MAX0 = R_PHASE_SUM + len(SERIES_PHASES)
+R_STEP_MAX, R_MEM_MAX, R_T_END = range(R_MAX0, R_MAX0 + 3)
+assert ROW[R_MAX0:] == ("step_max", "mem_max", "t_end") and len(ROW) == R_MAX0 + 3
 #: records one window may hold (the relay merges at most 32,768)
 MAX_RECORDS = 1 << 20
 #: the per-rank series' buckets, and the most buckets one batch may straddle (else the width

@@ -94,10 +94,14 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
             or len(v) % 8 or len(o) % 8 or len(keys) % 2:
         raise ProtocolError("fold: v, o and keys must be packed arrays (bytes)")
     raw = v
-    msg["v"] = v = fold.unpack(raw).tolist()  # list items are read faster than array items
+    # list items are read faster than array items; the arrays are kept for node 0's series,
+    # which copies the rows of fresh buckets from them as bytes
+    msg["va"] = va = fold.unpack(raw)
+    msg["v"] = v = va.tolist()
     if len(v) < fold.ROWS0 or not fold.in_range(raw, v):
         raise ProtocolError("fold: v must hold integers in -1..2**62")
-    msg["o"] = o = fold.unpack(o).tolist()
+    msg["oa"] = oa = fold.unpack(o)
+    msg["o"] = o = oa.tolist()
     msg["keys"] = fold.unpack(keys, "H")
     seq, n = msg["seq"], msg["n"]
     g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
@@ -113,7 +117,8 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
             or v[fold.MEM0] > n or min(nkeys) < 0 or v[fold.H_OUT_N] >= n \
             or min(map(sub, counts, nkeys)) < 0 or n > fold.MAX_RECORDS:
         raise ProtocolError("fold: counts and sketch keys do not fit the records")
-    if k and max(v[fold.ROWS0:fold.ROWS0 + len(fold.ROW_COUNTS) * k]) > n:
+    nc, r = len(fold.ROW_COUNTS), len(fold.ROW)
+    if k and max(map(max, (v[a:a + nc] for a in range(fold.ROWS0, fold.ROWS0 + k * r, r)))) > n:
         raise ProtocolError("fold: a series row counts more records than the window holds")
     return msg
 

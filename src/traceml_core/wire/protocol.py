@@ -1,4 +1,4 @@
-"""TraceML wire protocol, version 2. Both ends import this module; nothing else defines frames.
+"""TraceML wire protocol, version 3. Both ends import this module; nothing else defines frames.
 
 Transport: TCP. Each frame is a 4-byte big-endian unsigned length followed by that many bytes of
 one msgpack map. A frame longer than :data:`MAX_FRAME` (:data:`MAX_HELLO` before the hello is
@@ -61,8 +61,9 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              duplicates and losses are counted the same way). ``v`` is a packed little-endian
              int64 array whose layout is defined once in ``traceml_core.wire.fold`` (per
              duration column: count, sum, max, min, warm-up count and sum, sketch keys; peak
-             memory; per sum column; the per-step-bucket series rows when the window straddles
-             buckets), ``o`` the signed outside-step times, ``keys`` packed uint16 sketch keys.
+             memory; per sum column; the per-step-bucket series rows, row by row, when the
+             window straddles buckets), ``o`` the signed outside-step times, ``keys`` packed
+             uint16 sketch keys.
              Checked at node 0 by ``wire/frames.check_fold``.
 ``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
              hello; ``new`` is false when the relay only re-announces its ranks after
@@ -134,7 +135,8 @@ from typing import Any, Iterator
 
 import msgpack
 
-PROTOCOL_VERSION = 2
+#: 3: the ``fold`` frame's series rows are sent row by row (node 0 copies them as bytes)
+PROTOCOL_VERSION = 3
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer

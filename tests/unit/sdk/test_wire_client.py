@@ -168,8 +168,11 @@ def test_close_is_bounded_when_the_server_stops_reading():
     client = make_client(lsock.getsockname()[1], source=rec)
     client.start()
     assert client.wait_connected(2.0)
-    end = time.monotonic() + 1.0
-    while time.monotonic() < end:       # keep producing until the client is stuck sending
+    # keep producing until the client is stuck sending: the kernel's buffers (several MB on the
+    # client's side) are full and records pile up unsent (a fixed 1 s was not enough under load)
+    end = time.monotonic() + 60.0
+    while rec.count - client.stats().records_sent < 50_000:
+        assert time.monotonic() < end, f"the client never got stuck: {client.stats()}"
         record_steps(rec, 5000)
         time.sleep(0.01)
     rec.flush_partial()
