@@ -39,7 +39,8 @@ def _assert_four_ranks_on_two_nodes(data: dict, steps: int, source: str) -> None
 
 def test_one_task_per_gpu_lightning_with_zero_flags(slurm_cluster, tmp_path):
     """One job (CI minutes) for the layout's promises: 4 srun tasks on 2 nodes are 4 ranks with
-    no torchrun, Lightning's steps from its hooks, one summary naming both nodes, printed once."""
+    no torchrun, Lightning's steps from its hooks, one summary naming both nodes, printed once,
+    and the link probe between the nodes measured as in the node layout."""
     pytest.importorskip("lightning")
     env = job_env(tmp_path, ZC_STEPS="25", ZC_NODES="2", ZC_DEVICES="2", PYTHONWARNINGS="ignore")
     env.pop("TRACEML_TOKEN", None)
@@ -54,6 +55,12 @@ def test_one_task_per_gpu_lightning_with_zero_flags(slurm_cluster, tmp_path):
     assert "TraceML summary" in out and "4 clean" in out
     assert out.count("TraceML summary") == 1, "one summary, printed by rank 0's task"
     assert "torch.distributed.run" not in out
+    # the link probe ran between the nodes' local rank 0 tasks, both directions measured
+    probe = data["communication"]["probe"]
+    assert probe is not None and probe["error"] is None, probe
+    measured = {(p["src"], p["dst"]) for p in probe["pairs"] if p["error"] is None and p["nbytes"] > 0}
+    assert measured == {(0, 1), (1, 0)}, probe["pairs"]
+    assert probe["slow_link"] is None and probe["slow_node"] is None, probe
 
 
 def test_tasks_that_do_not_match_the_gpus_are_refused(slurm_cluster, tmp_path):

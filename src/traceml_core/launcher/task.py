@@ -44,8 +44,8 @@ from .torchrun import BOOTSTRAP_MODULE
 
 #: the relay's port is the aggregator's + this: under Slurm the last port of the job's block of
 #: four (master, aggregator, the dashboard's default, spare), so no other job uses it. (The node
-#: layout's link probe serves on the same spare port; the task layout runs no link probe: the
-#: summary's probe section stays empty.)
+#: layout's link probe serves on that spare port; here it takes the dashboard's default:
+#: telemetry.probe_port.)
 RELAY_PORT_OFFSET = 2
 #: seconds rank 0 (and each node's local rank 0) waits, after its own worker ended, for the other
 #: ranks to end; srun's --kill-on-bad-exit or DDP itself normally ends them together
@@ -122,6 +122,10 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
             if relay is None:
                 log(f"warning: this node's relay could not listen on 127.0.0.1:{port}; its ranks "
                     "send no telemetry")
+            # multi-node: the link probe between the nodes, as in the node layout (bounded; never
+            # fails the run; --link-probe off skips it): each node's local rank 0 serves it, rank 0
+            # measures now, before its worker starts (the other ranks wait in DDP's rendezvous)
+            telemetry.link_probe()
         info = RunInfo(
             run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes,
             node_rank=config.node_rank, nproc_per_node=config.nproc_per_node,

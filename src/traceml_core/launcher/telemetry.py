@@ -46,8 +46,11 @@ PROBE_JOIN_WAIT_S = 30.0
 
 def probe_port(config: LaunchConfig) -> int:
     """The link probe's port on every node: the aggregator port + 2 (under Slurm, the spare port
-    of the job's block of four)."""
-    return config.aggregator_port + 2 if config.aggregator_port + 2 <= 65535 else config.aggregator_port - 2
+    of the job's block of four). In the task layout the node's relay holds that port
+    (launcher/task.py), so the probe takes the aggregator port + 1, the dashboard's default, which
+    a multi-node run (summary mode only) never uses."""
+    off = 1 if config.task_rank is not None else 2
+    return config.aggregator_port + off if config.aggregator_port + off <= 65535 else config.aggregator_port - 2
 
 
 def _probe_failed(why: str) -> dict[str, Any]:
