@@ -43,6 +43,9 @@ TICK_S = 0.2
 FLUSH_S = 1.0
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
+#: the most checkpoint bytes written per second on average (the interval stretches): the logs
+#: directory is usually a shared file system, and a run of 16,384 ranks has ~640 MB checkpoints
+CHECKPOINT_BYTES_PER_S = 1_000_000
 
 
 def log(msg: str) -> None:
@@ -379,6 +382,7 @@ class Server(Handler):
         t0 = time.perf_counter()
         if data is None:
             self.state.flush()
+        blob = b""
         try:
             blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
@@ -388,11 +392,14 @@ class Server(Handler):
             log(f"could not write the checkpoint: {exc}")
         dt = time.perf_counter() - t0
         self.checkpoint_seconds += dt
-        # never spend more than ~2 % of the wall clock on checkpoints: at 4,096 ranks one takes
-        # ~0.4 s and would otherwise be most of the ingest CPU (a rebuild after a SIGKILL then
-        # misses at most ~20 s of statistics; small runs keep checkpoint_interval_s)
+        # never spend more than ~2 % of the wall clock on checkpoints, nor write more than
+        # CHECKPOINT_BYTES_PER_S on average: at 16,384 ranks one takes ~2 s and ~640 MB, so one
+        # every ~11 minutes (a rebuild after a SIGKILL misses at most that much of the
+        # statistics, and says so); at 4,096 ranks ~110 MB every ~2 minutes; small runs keep
+        # checkpoint_interval_s
         self._next_checkpoint = time.monotonic() + max(self.settings.checkpoint_interval_s,
-                                                       dt / CHECKPOINT_SHARE)
+                                                       dt / CHECKPOINT_SHARE,
+                                                       len(blob) / CHECKPOINT_BYTES_PER_S)
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
