@@ -70,3 +70,22 @@ def test_tasks_that_do_not_match_the_gpus_are_refused(slurm_cluster, tmp_path):
     assert state != "COMPLETED"
     assert "2 tasks per node" in out and "3 GPU(s)" in out and "--ntasks-per-node=3" in out
     assert "Traceback" not in out
+
+
+def test_a_rank_raising_in_the_task_layout_is_the_headline_and_the_run_failed(slurm_cluster, tmp_path):
+    """Rank 3 (node 2's second task) raises at step 30; srun --kill-on-bad-exit then SIGTERMs the
+    other tasks. Rank 0's task knows only its own worker (stopped by that SIGTERM), yet the run
+    failed, not "interrupted": rank 3's own exception came first, and the others are its
+    consequences (the Lightning job above is the control: completed, nobody failed)."""
+    faulty = REPO / "tests" / "faults" / "faulty_train.py"
+    job, state, out = slurm_cluster.run_job(
+        _job(f"{faulty} --steps 400 --step-ms 10 --fault raise --fault-rank 3 --fault-step 30"),
+        *TWO_BY_TWO, timeout=180, env=job_env(tmp_path))
+    assert state != "COMPLETED", out[-3000:]
+    data = summary(tmp_path)
+    assert data["run"]["status"] == "failed", data["run"]
+    v = data["verdict"]
+    assert v["kind"] == "run_failed" and v["culprit"] == {"rank": 3, "node": 1, "host": "node2"}, v
+    assert v["evidence"]["exception_type"] == "RuntimeError" and v["evidence"]["consequence_ranks"] == [0, 1, 2], v
+    assert "SIGINT" not in v["why"] and "KeyboardInterrupt" not in v["why"], v["why"]
+    assert "- failed, exit" in out and "Verdict: RUN-FAILED (critical): rank 3 (node 1, node2) raised RuntimeError" in out

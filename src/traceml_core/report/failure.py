@@ -46,6 +46,7 @@ CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"DistBackendError|DistNetworkError|DistStoreError", "the process group lost a peer"),
     (r"TCPStore|Connection refused", "the rendezvous store went away"),
     (r"ProcessGroup.*(abort|shut ?down)", "the process group was aborted"),
+    (r"SIGTERMException|killed by signal: Terminated", "it was stopped with SIGTERM"),
 )
 _CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
 #: signals a worker gets when torchrun (or the user, or Slurm) stops it, not the cause of a failure
@@ -55,6 +56,16 @@ FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
 _SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
+
+
+def failed_by_itself(rank: dict[str, Any]) -> bool:
+    """Whether a rank (a summary rank) raised an exception of its own: not one a peer's loss or
+    the run's stop explains. (A non-zero ``sys.exit`` does not count: scripts also exit that way
+    from a SIGTERM handler.)"""
+    if rank.get("status") != "error":
+        return False
+    c = classify(rank, None)
+    return c["cause"] == "exception" and not c["consequence"]
 
 
 def consequence_of(text: str) -> Optional[str]:
@@ -127,7 +138,11 @@ def classify(rank: dict[str, Any], oom: Optional[dict[str, Any]]) -> dict[str, A
     elif status == "error" and m:
         out.update(cause="exit", message=f"{m.group(1)}({m.group('code')})")
     elif status == "interrupted":
-        out.update(cause="interrupted", consequence="it was interrupted (SIGINT/KeyboardInterrupt)")
+        # its own goodbye (steps_produced) says KeyboardInterrupt; without one, the run was
+        # interrupted and its launcher stopped it (srun, scancel, the time limit, Ctrl-C)
+        out.update(cause="interrupted", consequence=(
+            "it was interrupted (KeyboardInterrupt)" if rank.get("steps_produced") is not None
+            else "it was stopped when the run was interrupted"))
     elif signal:
         out["cause"] = "signal"
         if signal in STOP_SIGNALS:

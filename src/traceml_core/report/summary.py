@@ -16,7 +16,7 @@ from ..aggregator.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
-from .failure import diagnose
+from .failure import diagnose, failed_by_itself
 from .hang import verdict as hang_verdict
 from .timeline import build_timeline
 from .verdicts import judge
@@ -328,14 +328,19 @@ def _failed_by_itself(exit_: Optional[dict[str, Any]]) -> bool:
     return exit_.get("exitcode") not in (None, 0)
 
 
-def _failed_before_interrupt(nodes: dict[int, Any], exits: dict[int, Any]) -> bool:
+def _failed_before_interrupt(nodes: dict[int, Any], exits: dict[int, Any],
+                             ranks: list[dict[str, Any]]) -> bool:
     """Whether the run had failed on its own before node 0's launcher was interrupted: torchrun
-    recorded a failed worker (it records none when a SIGTERM stopped it), or another node's
-    launcher ended in error rather than interrupted. Then the SIGTERM was a consequence (srun
-    --kill-on-bad-exit stopping the step after that node failed), not the cause."""
+    recorded a failed worker (it records none when a SIGTERM stopped it), another node's
+    launcher ended in error rather than interrupted, or a rank raised an exception of its own
+    (the task layout has no torchrun, and a node's report there is its local rank 0's only).
+    Then the SIGTERM was a consequence (srun --kill-on-bad-exit stopping the step after that
+    rank failed), not the cause."""
     if any(_failed_by_itself(e) for e in exits.values()):
         return True
-    return any(n != 0 and ((ni or {}).get("bye") or {}).get("status") == "error" for n, ni in nodes.items())
+    if any(n != 0 and ((ni or {}).get("bye") or {}).get("status") == "error" for n, ni in nodes.items()):
+        return True
+    return any(failed_by_itself(r) for r in ranks)
 
 
 def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool,
@@ -415,7 +420,7 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     device = _device(ranks, system)
     communication = _communication(ranks, world, data.get("probe"))
     cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
-    run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits))
+    run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits, ranks))
     step_src = steps_block(live_ranks, ranks)
     joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
     verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
