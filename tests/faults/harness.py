@@ -131,7 +131,9 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def aggregator_pid(launcher: int, timeout: float = 20.0) -> int:
+def aggregator_pid(launcher: int, timeout: float = 120.0) -> int:
+    """The aggregator the launcher started: it comes after the pre-flight, whose torch import in
+    the workers' Python can take tens of seconds on a loaded 2-core CI machine."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for c in children(launcher):
