@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -63,3 +64,14 @@ def stop(proc: Optional[subprocess.Popen]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def kill_frozen(pidfile: Path) -> bool:
+    """SIGKILL the rank that froze itself (``TINY_KILL_SIGNAL=STOP``) by the pid it wrote to
+    ``TINY_PIDFILE``; False when it never froze or is gone already. A stopped process heeds no
+    SIGTERM, so a test that froze a rank ends it this way before stopping the launcher."""
+    try:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+    except (FileNotFoundError, ValueError, ProcessLookupError):
+        return False
+    return True

@@ -10,6 +10,12 @@ others). Knobs, all environment variables:
 ``TINY_KILL_RANK`` / ``TINY_KILL_AT``   that rank SIGKILLs itself at that step
 ``TINY_KILL_WHEN`` (path)   ... or, when set, at the first step from ``TINY_KILL_AT`` on at which
                             that file exists (the test decides the moment, not the machine's load)
+``TINY_KILL_SIGNAL`` (KILL) the signal it sends itself: ``STOP`` freezes the rank with its
+                            connection open and silent, which torchrun never notices, so a test
+                            can look at "a rank went silent" for as long as it needs and then
+                            SIGKILL it by pid (a SIGKILL raced torchrun's worker check: when the
+                            check came soon after the death, the whole run ended at once)
+``TINY_PIDFILE`` (path)     the signalled rank writes its pid there first (atomically)
 ``TINY_BARRIER`` (``DIR:N``)  before the first step, wait until N workers (of any runs sharing
                             DIR) are ready, so runs started together also step together
 """
@@ -53,6 +59,9 @@ def main() -> None:
     kill_rank = int(os.environ.get("TINY_KILL_RANK", "-1"))
     kill_at = int(os.environ.get("TINY_KILL_AT", "-1"))
     kill_when = os.environ.get("TINY_KILL_WHEN")
+    kill_sig = getattr(signal, "SIG" + os.environ.get("TINY_KILL_SIGNAL", "KILL"))
+    pidfile = os.environ.get("TINY_PIDFILE")
+    signalled = False
     rank = int(os.environ.get("RANK", "0"))
     torch.set_num_threads(1)
     torch.manual_seed(rank)
@@ -63,9 +72,14 @@ def main() -> None:
     if os.environ.get("TINY_BARRIER"):
         barrier(os.environ["TINY_BARRIER"])
     for step in range(steps):
-        if rank == kill_rank and (step >= kill_at and os.path.exists(kill_when) if kill_when
-                                  else step == kill_at):
-            os.kill(os.getpid(), signal.SIGKILL)
+        if not signalled and rank == kill_rank and (step >= kill_at and os.path.exists(kill_when)
+                                                    if kill_when else step == kill_at):
+            signalled = True
+            if pidfile:
+                with open(pidfile + ".tmp", "w") as f:
+                    f.write(str(os.getpid()))
+                os.replace(pidfile + ".tmp", pidfile)
+            os.kill(os.getpid(), kill_sig)
         x, y = data[step % len(data)]
         with traceml.trace_step(model):
             loss = ((model(x) - y) ** 2).mean()
