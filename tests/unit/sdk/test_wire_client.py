@@ -165,11 +165,14 @@ def test_close_is_bounded_when_the_server_stops_reading():
     t = threading.Thread(target=stalled_server, daemon=True)
     t.start()
     rec = StepRecorder(batch_size=1024, max_batches=64)
-    client = make_client(lsock.getsockname()[1], source=rec)
+    # a fixed 8 KiB send buffer: with the kernel's own (auto-tuned to several MB) the 50,000
+    # records below (1.2 MB) could all still fit when close() came, if the client's thread had
+    # been starved until then (CI under load: 50,000 sent, none lost). With 8 KiB on each side
+    # the kernel holds ~1,000 records at most, so the backlog can only be flushed by a reader.
+    client = make_client(lsock.getsockname()[1], source=rec, sndbuf=8192)
     client.start()
     assert client.wait_connected(2.0)
-    # keep producing until the client is stuck sending: the kernel's buffers (several MB on the
-    # client's side) are full and records pile up unsent (a fixed 1 s was not enough under load)
+    # keep producing until records pile up unsent (a fixed 1 s was not enough under load)
     end = time.monotonic() + 60.0
     while rec.count - client.stats().records_sent < 50_000:
         assert time.monotonic() < end, f"the client never got stuck: {client.stats()}"
