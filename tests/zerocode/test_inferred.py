@@ -69,3 +69,39 @@ def test_auto_steps_off_still_joins_every_rank_and_says_why_there_are_no_steps(t
     assert res["code"] == 0 and data["rank_endings"] == {"clean": 2}
     assert data["verdict"]["kind"] == "no_steps"
     assert "never entered trace_step" in data["verdict"]["why"]
+
+
+def _init_first(tmp_path, *, run_name_arg: bool) -> str:
+    """plain_ddp.py with ``traceml.init(...)`` as its first lines, before ``import torch``."""
+    script = tmp_path / "init_first.py"
+    call = 'traceml.init(run_name="ignored-under-traceml-run")' if run_name_arg else "traceml.init()"
+    body = (SCRIPTS / "plain_ddp.py").read_text()
+    script.write_text(body.replace('import os\n', f"import os\nimport traceml_core as traceml\n{call}\n", 1))
+    return str(script)
+
+
+def test_init_before_import_torch_trains_and_infers_steps(tmp_path):
+    # the attack finding: init() imports torch, the bootstrap's hook on that import called init()
+    # again in the same thread while the first held its lock -- every rank hung before training
+    res = traceml_run(tmp_path, _init_first(tmp_path, run_name_arg=False), env={"PLAIN_STEPS": "20"},
+                      timeout=240)
+    assert optimizer_steps(res["out"], "plain") == 20
+    assert_real_steps(res, steps=20, source="inferred")
+
+
+def test_init_before_import_torch_with_trace_step_keeps_the_scripts_steps(tmp_path):
+    script = _init_first(tmp_path, run_name_arg=True)
+    text = open(script).read().replace(
+        "    for i, (x, y) in enumerate(loader):\n        loss =",
+        "    for i, (x, y) in enumerate(loader):\n      with traceml.trace_step(model):\n        loss =",
+    ).replace("        loss.backward()\n        if", "        loss.backward()\n      if")
+    open(script, "w").write(text)
+    res = traceml_run(tmp_path, script, env={"PLAIN_STEPS": "12"}, timeout=240)
+    assert res["code"] == 0, res["err"][-3000:]
+    data = res["summary"]
+    assert data["steps"]["source"] == "trace_step"
+    assert [r["steps"] for r in data["ranks"]] == [12, 12]
+    # the script's own run name cannot rename a run the launcher named (its token is bound to
+    # the launcher's name): ignored, and said once
+    assert data["run"]["name"] == "r"
+    assert "init(run_name='ignored-under-traceml-run') is ignored under `traceml run`" in res["err"]

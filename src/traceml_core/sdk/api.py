@@ -35,7 +35,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from ..runinfo import ENV_VAR, RunInfo
 from . import hotpath
@@ -86,7 +86,14 @@ class _Session:
 
 
 _session: Optional[_Session] = None
-_init_lock = threading.Lock()
+#: re-entrant: ``init()`` imports torch, and the worker bootstrap's hook on that import calls
+#: ``init()`` again in the same thread (a script that calls ``init()`` before ``import torch``);
+#: with a plain lock that call waited for itself for ever
+_init_lock = threading.RLock()
+#: the thread running ``init()`` now (None when none is)
+_init_thread: Optional[int] = None
+#: what :func:`after_init` deferred while ``init()`` was running in its own thread
+_after_init: list[Callable[[bool], None]] = []
 #: what trace_step returns: the step context, or (while steps are inferred) _FirstTraceStep
 _CTX: Any = NULL_CONTEXT
 #: the step context itself (StepContext, or GpuStepContext once a CUDA model is known); what
@@ -179,12 +186,16 @@ def init(
     the process at an aggregator directly. ``connect_wait`` bounds how long this call may wait
     for the aggregator's welcome (default: the launcher's value, else 3 s).
     """
-    global _session
+    global _session, _init_thread
     with _init_lock:
         if _session is not None:
+            # set up already, or being set up by this very thread (a call from an import hook
+            # that init's own import fired): the caller gets the state as it is now, and
+            # after_init() is how such a caller acts once init has finished
             return _session.active
         s = _Session()
         _session = s
+        _init_thread = threading.get_ident()
         try:
             _start(s, dict(
                 aggregator=aggregator, token=token, run_name=run_name, job_id=job_id, rank=rank,
@@ -197,7 +208,37 @@ def init(
                        "process, training continues", type(exc).__name__, exc)
             _teardown_quietly(s)
             s.active = False
-        return s.active
+        finally:
+            _init_thread = None
+        deferred = list(_after_init)
+        _after_init.clear()
+    for fn in deferred:
+        _call_quietly(fn, s.active)
+    return s.active
+
+
+def init_running_here() -> bool:
+    """True while ``init()`` is running in the calling thread (so the caller is inside it)."""
+    return _init_thread is not None and _init_thread == threading.get_ident()
+
+
+def after_init(fn: Callable[[bool], None]) -> None:
+    """Call ``fn(active)`` once ``init()`` has finished: at once if it has, or when the
+    ``init()`` running in this thread returns (an import hook fired from inside it must not
+    start what needs a finished session, nor wait for it)."""
+    if init_running_here():
+        _after_init.append(fn)
+        return
+    s = _session
+    _call_quietly(fn, bool(s is not None and s.active))
+
+
+def _call_quietly(fn: Callable[[bool], None], active: bool) -> None:
+    try:
+        fn(active)
+    except Exception as exc:   # never into training
+        _warn_once("after-init-failed", "traceml: a step after init failed (%s: %s); training "
+                   "continues", type(exc).__name__, exc)
 
 
 def _start(s: _Session, a: dict[str, Any]) -> None:
@@ -213,6 +254,16 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
               else info.node_rank if info is not None else (_env_int(environ, "GROUP_RANK") or 0))
     s.run = a["run_name"] or (info.run_name if info is not None else "local")
     s.job = a["job_id"] if a["job_id"] is not None else (info.job_id if info is not None else None)
+    if info is not None and not a["aggregator"]:
+        # under `traceml run` the launcher named the run and the job, and the run's token is
+        # bound to both: another name from init() would only get this rank refused
+        for arg, given, launcher in (("run_name", a["run_name"], info.run_name),
+                                     ("job_id", a["job_id"], info.job_id)):
+            if given is not None and str(given) != str(launcher):
+                _warn_once(f"init-{arg}", "traceml: init(%s=%r) is ignored under `traceml run`, "
+                           "which set it to %r (the launcher names the run: `traceml run "
+                           "--run-name NAME`)", arg, given, launcher)
+        s.run, s.job = info.run_name, info.job_id
     s.flush_timeout = float(a["flush_timeout"])
     token = a["token"] if a["token"] is not None else (info.token if info is not None else "")
 

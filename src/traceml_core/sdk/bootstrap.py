@@ -37,10 +37,17 @@ AUTO_STEPS = False
 def _start_telemetry(_torch: Any) -> None:
     from . import api, inference
 
-    if not api.init():
+    def then(active: bool) -> None:
+        if active and AUTO_STEPS:
+            inference.start()
+
+    if api.init_running_here():
+        # the script called traceml.init() before importing torch, and init's own import of
+        # torch fired this hook: that init (with the script's arguments) does the set-up, and
+        # step inference starts once it has finished
+        api.after_init(then)
         return
-    if AUTO_STEPS:
-        inference.start()
+    then(api.init())
 
 
 def prepare(info: Optional[RunInfo]) -> None:
