@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..rundata import RunData
 from .settings import ERROR, READY
 
 
@@ -67,7 +68,7 @@ def main() -> int:
         _say(f"{ERROR} " + json.dumps({"kind": "bind", "message": str(exc)}))
         return 3
 
-    def finalize(server: Server, data: dict[str, Any], provisional: bool) -> dict[str, Any]:
+    def finalize(server: Server, data: RunData, provisional: bool) -> dict[str, Any]:
         from ..report.output import write_summary
         out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
         if not provisional:

@@ -29,10 +29,12 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..options import BY_KEY
+from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
 from ..wire.frames import validate
 from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
 from .settings import AggregatorSettings
@@ -120,7 +122,7 @@ class Server(Handler):
     checkpoints, finalisation)."""
 
     def __init__(self, settings: AggregatorSettings, listener: socket.socket, run_dir: RunDir,
-                 finalize: Callable[["Server", dict[str, Any], bool], dict[str, Any]]) -> None:
+                 finalize: Callable[["Server", RunData, bool], dict[str, Any]]) -> None:
         self.settings = settings
         self.run_dir = run_dir
         self.state = RunState(settings)
@@ -309,8 +311,8 @@ class Server(Handler):
             reply = self.ingest.status(self.checkpoint_seconds)
             reply["id"] = msg.get("id")
             self.net.send(conn, reply)
-        elif t == "snapshot":  # live views (views/snapshot.py; never raises)
-            from ..views.snapshot import snapshot_frame
+        elif t == "snapshot":  # live views (aggregator/snapshot.py; never raises)
+            from .snapshot import snapshot_frame
             self.net.send(conn, snapshot_frame(self.state, checked))
         elif t == "system":
             self.ingest.system(i, checked)
@@ -384,7 +386,7 @@ class Server(Handler):
             self.state.flush()
         blob = b""
         try:
-            blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
+            blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
             self.state.run_dir_note = self.run_dir.note
             self.state.dirty = False
@@ -404,10 +406,11 @@ class Server(Handler):
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
         self.state.flush()
-        data = self.state.to_data()
+        data = checkpoint_data(self.state)
         self.checkpoint(final=not provisional, data=data)
-        data["run_dir_note"] = self.run_dir.note
-        return self._finalize_cb(self, data, provisional)
+        run = run_data(self.state, plain=data)
+        run.run_dir_note = self.run_dir.note
+        return self._finalize_cb(self, run, provisional)
 
     def finalize(self) -> None:
         try:

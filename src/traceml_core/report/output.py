@@ -8,6 +8,7 @@ import sys
 from typing import Any, Optional
 
 from ..aggregator.persist import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundata import RunData
 from .render_txt import render
 from .summary import build_summary
 
@@ -15,7 +16,7 @@ from .summary import build_summary
 _NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
 
 
-def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
+def write_summary(data: RunData, rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
                   provisional: bool = False) -> dict[str, Any]:
     """Build, render and write the files; returns ``{"summary_json", "summary_txt",

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
+from ..rundata import Finish, RunData
 from .output import write_summary
 from .summary import iso
 
@@ -85,16 +86,21 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
     except (OSError, ValueError) as exc:
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {exc}. The checkpoint is "
                              "damaged or from another traceml version.") from None
-    data = doc["state"]
-    if finish is not None and data.get("finish") is None:
-        data["finish"] = {"exit_code": finish.get("exit_code"),
-                          "interrupted": bool(finish.get("interrupted")),
-                          "reason": str(finish.get("reason") or ""),
-                          "failed_nodes": list(finish.get("failed_nodes") or []),
-                          "source": "launcher (after the aggregator was gone)",
-                          "at": finish.get("at"), "workers": list(finish.get("workers") or []),
-                          "oom": finish.get("oom")}
-    run_name = data["settings"]["run_name"]
+    try:
+        data = RunData.from_checkpoint(doc["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
+                             f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
+                             "another traceml version.") from None
+    if finish is not None and data.finish is None:
+        data.finish = Finish.from_checkpoint({
+            "exit_code": finish.get("exit_code"), "interrupted": bool(finish.get("interrupted")),
+            "reason": str(finish.get("reason") or ""),
+            "failed_nodes": list(finish.get("failed_nodes") or []),
+            "source": "launcher (after the aggregator was gone)",
+            "at": finish.get("at"), "workers": list(finish.get("workers") or []),
+            "oom": finish.get("oom")})
+    run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)
     except OSError as exc:
