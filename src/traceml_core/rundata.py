@@ -16,19 +16,11 @@ the other for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 #: a statistics value in the statistics module's serialised form (a sketch or a series); opaque here
 Serialised = dict[str, Any]
-
-
-def _opt_int(v: Any) -> Optional[int]:
-    return None if v is None else int(v)
-
-
-def _opt_float(v: Any) -> Optional[float]:
-    return None if v is None else float(v)
 
 
 # --- one rank ----------------------------------------------------------------------------------------
@@ -71,9 +63,9 @@ class PhaseData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "PhaseData":
-        return cls(int(d.get("count", 0)), int(d.get("sum", 0)), int(d.get("max", -1)),
-                   int(d.get("min", -1)), int(d.get("warm_count", 0)), int(d.get("warm_sum", 0)),
-                   int(d.get("unmeasured", 0)), dict(d.get("sketch") or {}))
+        return cls(d.get("count", 0), d.get("sum", 0), d.get("max", -1),
+                   d.get("min", -1), d.get("warm_count", 0), d.get("warm_sum", 0),
+                   d.get("unmeasured", 0), dict(d.get("sketch") or {}))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"count": self.count, "sum": self.sum, "max": self.max, "min": self.min,
@@ -98,8 +90,8 @@ class TotalsData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "TotalsData":
-        return cls(int(d.get("count", 0)), int(d.get("sum", 0)), int(d.get("max", -1)),
-                   int(d.get("warm_count", 0)), int(d.get("warm_sum", 0)))
+        return cls(d.get("count", 0), d.get("sum", 0), d.get("max", -1),
+                   d.get("warm_count", 0), d.get("warm_sum", 0))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"count": self.count, "sum": self.sum, "max": self.max,
@@ -116,7 +108,7 @@ class MemData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "MemData":
-        return cls(int(d.get("count", 0)), int(d.get("sum", 0)), int(d.get("max", -1)))
+        return cls(d.get("count", 0), d.get("sum", 0), d.get("max", -1))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"count": self.count, "sum": self.sum, "max": self.max}
@@ -135,7 +127,7 @@ class OutsideData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "OutsideData":
-        return cls(int(d.get("sum", 0)), int(d.get("count", 0)))
+        return cls(d.get("sum", 0), d.get("count", 0))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"sum": self.sum, "count": self.count}
@@ -156,8 +148,8 @@ class RankBye:
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["RankBye"]:
         if not d:
             return None
-        return cls(str(d.get("status")), _opt_int(d.get("steps")), d.get("error"),
-                   _opt_float(d.get("at")), d.get("fail_step"), bool(d.get("fail_in_step")))
+        return cls(str(d.get("status")), d.get("steps"), d.get("error"),
+                   d.get("at"), d.get("fail_step"), bool(d.get("fail_in_step")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"status": self.status, "steps": self.steps, "error": self.error, "at": self.at,
@@ -281,20 +273,20 @@ class RankData:
 
     @classmethod
     def from_checkpoint(cls, r: dict[str, Any]) -> "RankData":
-        received = int(r.get("received", 0))
+        received = r.get("received", 0)
         return cls(
-            rank=int(r["rank"]), node=_opt_int(r.get("node")), host=str(r.get("host") or ""),
-            local_rank=_opt_int(r.get("local_rank")), pid=_opt_int(r.get("pid")),
+            rank=r["rank"], node=r.get("node"), host=str(r.get("host") or ""),
+            local_rank=r.get("local_rank"), pid=r.get("pid"),
             joined_at=r.get("joined_at"), last_seen=r.get("last_seen"),
             connected=bool(r.get("connected")), closed_at=r.get("closed_at"),
-            connections=int(r.get("connections", 0)), bye=RankBye.from_checkpoint(r.get("bye")),
-            received=received, gaps=int(r.get("gaps", 0)), duplicates=int(r.get("duplicates", 0)),
-            client_dropped=int(r.get("client_dropped", 0)),
-            relay_dropped=int(r.get("relay_dropped", 0)),
-            relay_seq_end=int(r.get("relay_seq_end", 0)),
-            open_bound=_opt_int(r.get("open_bound")), last_open=_opt_int(r.get("last_open")),
-            counts=r.get("counts"), next_seq=int(r.get("next_seq", 0)),
-            last_step=int(r.get("last_step", -1)), first_t_end=r.get("first_t_end"),
+            connections=r.get("connections", 0), bye=RankBye.from_checkpoint(r.get("bye")),
+            received=received, gaps=r.get("gaps", 0), duplicates=r.get("duplicates", 0),
+            client_dropped=r.get("client_dropped", 0),
+            relay_dropped=r.get("relay_dropped", 0),
+            relay_seq_end=r.get("relay_seq_end", 0),
+            open_bound=r.get("open_bound"), last_open=r.get("last_open"),
+            counts=r.get("counts"), next_seq=r.get("next_seq", 0),
+            last_step=r.get("last_step", -1), first_t_end=r.get("first_t_end"),
             last_t_end=r.get("last_t_end"),
             phases={k: PhaseData.from_checkpoint(v) for k, v in (r.get("phases") or {}).items()},
             sums={k: TotalsData.from_checkpoint(v) for k, v in (r.get("sums") or {}).items()},
@@ -302,9 +294,9 @@ class RankData:
             outside=OutsideData.from_checkpoint(r.get("outside") or {}),
             series=dict(r.get("series") or {}),
             events=[RankEvent.from_checkpoint(e) for e in r.get("events") or []],
-            event_count=int(r.get("event_count", 0)),
+            event_count=r.get("event_count", 0),
             step_source=StepSource.from_checkpoint(r.get("step_source")),
-            sketched=int(r.get("sketched", received)), rejected=int(r.get("rejected", 0)))
+            sketched=r.get("sketched", received), rejected=r.get("rejected", 0))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -343,7 +335,7 @@ class WorkerExit:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "WorkerExit":
-        return cls(int(d["rank"]), d.get("exitcode"), d.get("signal"), d.get("local_rank"),
+        return cls(d["rank"], d.get("exitcode"), d.get("signal"), d.get("local_rank"),
                    d.get("pid"), d.get("ts"))
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -364,7 +356,7 @@ class OomReport:
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["OomReport"]:
         if d is None:
             return None
-        return cls(int(d.get("kills") or 0), d.get("limit_bytes"), d.get("source"),
+        return cls(d.get("kills") or 0, d.get("limit_bytes"), d.get("source"),
                    {k: v for k, v in d.items() if k not in ("kills", "limit_bytes", "source")})
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -420,7 +412,7 @@ class NodeData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "NodeData":
-        return cls(int(d["node"]), str(d.get("host") or ""), d.get("joined_at"), str(d.get("via") or ""),
+        return cls(d["node"], str(d.get("host") or ""), d.get("joined_at"), str(d.get("via") or ""),
                    d.get("nproc"), bool(d.get("connected")), d.get("left_at"),
                    NodeBye.from_checkpoint(d.get("bye")))
 
@@ -453,7 +445,7 @@ class Finish:
         if d is None:
             return None
         return cls(d.get("exit_code"), bool(d.get("interrupted")), str(d.get("reason") or ""),
-                   [int(n) for n in d.get("failed_nodes") or []], d.get("source"), d.get("at"),
+                   [n for n in d.get("failed_nodes") or []], d.get("source"), d.get("at"),
                    _workers(d.get("workers")), OomReport.from_checkpoint(d.get("oom")), "oom" in d)
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -482,18 +474,16 @@ class Running:
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "Running":
         d = d or {}
-        return cls(int(d.get("n", 0)), d.get("sum", 0.0), d.get("max"))
+        return cls(d.get("n", 0), d.get("sum", 0.0), d.get("max"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"n": self.n, "sum": self.sum, "max": self.max}
 
 
-#: a GPU's sampled metrics (aggregator/system.py GPU_METRICS)
-GPU_METRICS = ("util_pct", "mem_used", "mem_total", "temp_c", "power_w")
-
-
 @dataclass
 class GpuData:
+    """One GPU's sampled metrics (the system frame's, wire/frames.GPU_LIMITS), each running."""
+
     index: int
     util_pct: Running = field(default_factory=Running)
     mem_used: Running = field(default_factory=Running)
@@ -503,10 +493,14 @@ class GpuData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "GpuData":
-        return cls(int(d["index"]), *(Running.from_checkpoint(d.get(m)) for m in GPU_METRICS))
+        return cls(d["index"], *(Running.from_checkpoint(d.get(m)) for m in GPU_METRICS))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"index": self.index, **{m: getattr(self, m).to_checkpoint() for m in GPU_METRICS}}
+
+
+#: the metrics a :class:`GpuData` holds, in its order
+GPU_METRICS = tuple(f.name for f in fields(GpuData) if f.name != "index")
 
 
 @dataclass
@@ -523,7 +517,7 @@ class OverTime:
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "OverTime":
         d = d or {}
-        return cls(d.get("t0"), float(d.get("width_s") or 1.0), int(d.get("used") or 0),
+        return cls(d.get("t0"), d.get("width_s") or 1.0, d.get("used") or 0,
                    dict(d.get("mean") or {}), dict(d.get("max") or {}))
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -548,7 +542,7 @@ class SystemData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "SystemData":
-        return cls(int(d["node"]), str(d.get("host") or ""), int(d.get("samples", 0)),
+        return cls(d["node"], str(d.get("host") or ""), d.get("samples", 0),
                    d.get("first_ts"), d.get("last_ts"), Running.from_checkpoint(d.get("cpu_pct")),
                    Running.from_checkpoint(d.get("ram_used")), Running.from_checkpoint(d.get("ram_total")),
                    [GpuData.from_checkpoint(g) for g in d.get("gpus") or []],
@@ -584,11 +578,11 @@ class HangReport:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "HangReport":
-        return cls(float(d.get("at") or 0.0), float(d.get("silent_s") or 0.0),
-                   float(d.get("threshold_s") or 0.0), str(d.get("threshold_source") or ""),
+        return cls(d.get("at") or 0.0, d.get("silent_s") or 0.0,
+                   d.get("threshold_s") or 0.0, str(d.get("threshold_source") or ""),
                    str(d.get("finding") or ""), list(d.get("culprits") or []),
                    list(d.get("groups") or []), list(d.get("ranks") or []),
-                   int(d.get("records_at") or 0), d.get("collect_s"))
+                   d.get("records_at") or 0, d.get("collect_s"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
@@ -635,10 +629,10 @@ class RunSettings:
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "RunSettings":
         late = d.get("late_join_s")
-        return cls(str(d["run_name"]), int(d["nnodes"]), int(d["nproc_per_node"]),
-                   float(d["started_at"]), d.get("job_id"), d.get("mode"),
+        return cls(str(d["run_name"]), d["nnodes"], d["nproc_per_node"],
+                   d["started_at"], d.get("job_id"), d.get("mode"),
                    str(d.get("master_addr") or ""), list(d.get("hostnames") or []),
-                   float(d.get("node_join_window_s", 60.0)), None if late is None else float(late),
+                   d.get("node_join_window_s", 60.0), None if late is None else late,
                    str(d.get("script") or ""), d.get("script_args"), dict(d))
 
     def to_checkpoint(self) -> dict[str, Any]:
@@ -684,16 +678,16 @@ class RunData:
         """From a checkpoint's ``state`` (or the aggregator's plain data, which is the same shape)."""
         return cls(
             settings=RunSettings.from_checkpoint(d["settings"]),
-            aggregator_started_at=float(d.get("aggregator_started_at") or 0.0),
+            aggregator_started_at=d.get("aggregator_started_at") or 0.0,
             phases=list(d.get("phases") or []),
             ranks=sorted((RankData.from_checkpoint(r) for r in d.get("ranks") or []), key=lambda r: r.rank),
             nodes=sorted((NodeData.from_checkpoint(n) for n in d.get("nodes") or []), key=lambda n: n.node),
             system=sorted((SystemData.from_checkpoint(s) for s in d.get("system") or []),
                           key=lambda s: s.node),
-            counters=dict(d.get("counters") or {}), records=int(d.get("records") or 0),
+            counters=dict(d.get("counters") or {}), records=d.get("records") or 0,
             finish=Finish.from_checkpoint(d.get("finish")), run_dir_note=d.get("run_dir_note"),
             hangs=[HangReport.from_checkpoint(h) for h in d.get("hangs") or []],
-            probe=d.get("probe"), resumed=int(d.get("resumed") or 0))
+            probe=d.get("probe"), resumed=d.get("resumed") or 0)
 
     def to_checkpoint(self) -> dict[str, Any]:
         out: dict[str, Any] = {

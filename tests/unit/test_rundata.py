@@ -18,7 +18,8 @@ from traceml_core.aggregator.autopsy import Autopsy
 from traceml_core.aggregator.persist import load_checkpoint, pack_checkpoint
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
-from traceml_core.rundata import RunData
+from traceml_core.rundata import GPU_METRICS, RunData
+from traceml_core.wire.frames import GPU_LIMITS
 
 STACK = ('Current thread 0x1 (most recent call first):\n  File "/home/u/train.py", line 76 in main\n'
          '  File "/home/u/train.py", line 121 in <module>\n')
@@ -72,6 +73,7 @@ def test_the_aggregators_data_and_its_checkpoint_read_back_as_the_same_typed_run
     assert node1.bye is not None and node1.bye.workers[0].signal == "SIGKILL"
     assert node1.bye.oom is not None and node1.bye.oom.kills == 1
     assert run.system[0].gpus[0].util_pct.mean == 90.0 and run.system[0].cpu_pct.max == 54.0
+    assert GPU_METRICS == tuple(GPU_LIMITS)  # the typed GPU is the wire's GPU sample
     assert run.hangs[0].ranks[0]["where"] == "train.py:76 in main" and run.hangs[0].records_at == 180
     assert run.finish is not None and run.finish.failed_nodes == [1] and not run.finish.workers
     # ... and goes back unchanged, through the checkpoint's own bytes too

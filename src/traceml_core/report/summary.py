@@ -483,8 +483,17 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         "hang": hang_report,
         "hangs": [h.to_checkpoint() for h in data.hangs],
         "notes": [n for n in (data.run_dir_note, _after_training_note(finish, ranks),
-                              _restart_note(data)) if n],
+                              _restart_note(data), _refused_note(data)) if n],
     }
+
+
+def _refused_note(data: RunData) -> str:
+    """Values the wire refused as not measurements (wire/frames.measured), if any."""
+    n = data.counters.get("values_refused")
+    if not n:
+        return ""
+    return (f"{n:,} value(s) sent by the ranks or nodes were not measurements (NaN, infinite, or past "
+            "their field's physical bound, see docs/wire-protocol.md) and are left out as not measured")
 
 
 def _last_hang(data: RunData) -> tuple[Optional[dict[str, Any]], bool]:
