@@ -176,17 +176,36 @@ def write_file(rd: RunDir, run_name: str, name: str, data: bytes, *, sync: bool 
         return target
 
 
+#: msgpack extension type of an integer past 64 bits, stored as its decimal digits. Node 0's sums
+#: are Python integers: every value is within its physical bound (wire/frames.py), but a long run's
+#: sum of them (a peak memory of 128 GiB over 2**27 steps) passes 2**64, where msgpack stops; a
+#: checkpoint must never fail on that (every checkpoint failing cost the run its statistics)
+BIG_INT = 1
+
+
+def _pack_big(obj: Any) -> Any:
+    if type(obj) is int:  # msgpack hands over only the integers it cannot hold itself
+        return msgpack.ExtType(BIG_INT, str(obj).encode())
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def _unpack_ext(code: int, data: bytes) -> Any:
+    if code == BIG_INT:
+        return int(data)
+    return msgpack.ExtType(code, data)
+
+
 def pack_checkpoint(data: dict[str, Any], *, final: bool) -> bytes:
     doc = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
            "taken_at": time.time(), "final": final, "state": data}
-    return msgpack.packb(doc, use_bin_type=True)
+    return msgpack.packb(doc, use_bin_type=True, default=_pack_big)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint document; raises ValueError with a readable reason when it is not one."""
     raw = Path(path).read_bytes()
     try:
-        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_unpack_ext)
     except Exception as exc:
         raise ValueError(f"{path} is not a TraceML checkpoint ({type(exc).__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:

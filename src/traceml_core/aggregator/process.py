@@ -160,6 +160,9 @@ class AggregatorHandle:
                 "failed_nodes": list(failed_nodes), "at": time.time(), **(report or {})})
         except TraceMLError as exc:
             return FinishResult(None, None, False, f"{error}; {exc}")
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must not cost the launcher its exit
+            return FinishResult(None, None, False, f"{error}; the rebuild failed too "
+                                                   f"({type(exc).__name__}: {exc})")
         return FinishResult(Path(out["summary_json"]), Path(out["summary_txt"]), True, error)
 
     def _close_control(self) -> None:

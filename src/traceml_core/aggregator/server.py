@@ -30,13 +30,13 @@ from typing import Any, Callable, Optional, Union
 
 from ..options import BY_KEY
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
-from ..wire.frames import validate
+from ..wire.frames import REFUSED, validate
 from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
 from .ingest import Ingest
 from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
 from .settings import AggregatorSettings
-from .state import RunState
+from .state import VALUES_REFUSED, RunState
 
 TICK_S = 0.2
 #: pending step records are turned into statistics at least this often
@@ -68,6 +68,9 @@ def port_clash_hint(settings: AggregatorSettings) -> str:
         return ("probably by another job on this node whose job id is a multiple of 1,024 away "
                 "(job-derived ports repeat every 1,024 jobs), or a previous run still shutting down. "
                 f"Pass a free port with --aggregator-port PORT (or TRACEML_AGGREGATOR_PORT){same}.")
+    if src == "free":  # ports.FREE_SOURCE: picked free a moment ago, taken since
+        return ("taken by another process since it was picked as a free port. Run again (a new "
+                "free port is picked), or pass one with --aggregator-port PORT.")
     if src == "default":
         fix = "--standalone (free local ports) or " if not multi else ""
         return ("probably by another `traceml run` on this machine using the same default port, or a "
@@ -290,6 +293,7 @@ class Server(Handler):
                 if checked is None:
                     self.state.counters["ignored_frames"] += 1
                     return
+                self._count_refused(conn, checked)
                 self.ingest.node_frame(conn, i, checked)
             except ProtocolError as exc:
                 self.state.counters["malformed"] += 1
@@ -300,6 +304,7 @@ class Server(Handler):
         if checked is None:
             self.state.counters["ignored_frames"] += 1
             return
+        self._count_refused(conn, checked)
         t = checked["t"]
         if t == "finish":
             self.ingest.finish(checked)
@@ -319,6 +324,17 @@ class Server(Handler):
         elif t == "probe":      # the link probe between the nodes (traceml_core/linkprobe)
             self.state.probe = checked["result"]
             self.state.dirty = True
+
+    def _count_refused(self, conn: Conn, checked: dict[str, Any]) -> None:
+        """Values the validator left out as not measurements (NaN, infinite, past their field's
+        physical bound: wire/frames.measured); the summary reports the count."""
+        n = checked.get(REFUSED)
+        if n:
+            self.state.counters[VALUES_REFUSED] += n
+            who = f" of rank {checked['rank']}" if type(checked.get("rank")) is int else ""
+            self.net.events("values_refused", f"{conn.label()}: left out {n} value(s) of a "
+                            f"{str(checked.get('t'))[:20]!r} frame{who} that are not measurements "
+                            "(NaN, infinite or past their physical bound)")
 
     # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
     def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:
@@ -388,8 +404,8 @@ class Server(Handler):
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
             self.state.run_dir_note = self.run_dir.note
             self.state.dirty = False
-        except OSError as exc:
-            log(f"could not write the checkpoint: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failed checkpoint must never end the aggregator
+            log(f"could not write the checkpoint: {type(exc).__name__}: {exc}")
         dt = time.perf_counter() - t0
         self.checkpoint_seconds += dt
         # never spend more than ~2 % of the wall clock on checkpoints, nor write more than

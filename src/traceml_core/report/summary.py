@@ -521,8 +521,17 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
         "hang": hang_report,
         "hangs": list(data.get("hangs") or []),
         "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks),
-                              _restart_note(data)) if n],
+                              _restart_note(data), _refused_note(data)) if n],
     }
+
+
+def _refused_note(data: dict[str, Any]) -> str:
+    """Values the wire refused as not measurements (wire/frames.measured), if any."""
+    n = (data.get("counters") or {}).get("values_refused")
+    if not n:
+        return ""
+    return (f"{n:,} value(s) sent by the ranks or nodes were not measurements (NaN, infinite, or past "
+            "their field's physical bound, see docs/wire-protocol.md) and are left out as not measured")
 
 
 def _last_hang(data: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
