@@ -332,15 +332,19 @@ class WorkerExit:
     pid: Optional[int] = None
     #: when torchrun saw it end (epoch seconds), None when not said
     ts: Optional[float] = None
+    #: Python's error of the worker (its last line) and traceback, from torchrun's error file
+    message: Optional[str] = None
+    traceback: Optional[str] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "WorkerExit":
         return cls(d["rank"], d.get("exitcode"), d.get("signal"), d.get("local_rank"),
-                   d.get("pid"), d.get("ts"))
+                   d.get("pid"), d.get("ts"), d.get("message"), d.get("traceback"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
-                "exitcode": self.exitcode, "signal": self.signal, "ts": self.ts}
+                "exitcode": self.exitcode, "signal": self.signal, "ts": self.ts,
+                "message": self.message, "traceback": self.traceback}
 
 
 @dataclass

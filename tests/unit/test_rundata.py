@@ -19,7 +19,7 @@ from traceml_core.aggregator.persist import load_checkpoint, pack_checkpoint
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
 from traceml_core.rundata import GPU_METRICS, RunData
-from traceml_core.wire.frames import GPU_LIMITS
+from traceml_core.wire.frames import GPU_LIMITS, worker_report
 
 STACK = ('Current thread 0x1 (most recent call first):\n  File "/home/u/train.py", line 76 in main\n'
          '  File "/home/u/train.py", line 121 in <module>\n')
@@ -41,9 +41,10 @@ def _state() -> RunState:
     st.rank(2).open_bound = 7
     for node in range(2):
         st.note_join(node, f"n{node}", "node" if node else "control", st.settings.started_at + node)
-    st.node(1).bye = {"status": "error", "exit_code": 1, "at": 6.0, "workers": [
-        {"rank": 3, "local_rank": 1, "pid": 7, "exitcode": -9, "signal": "SIGKILL", "ts": 5.5}],
-        "oom": {"kills": 1, "limit_bytes": 1 << 30, "source": "cgroup"}}
+    report = worker_report({"workers": [{"rank": 3, "local_rank": 1, "pid": 7, "exitcode": -9,
+                                         "signal": "SIGKILL", "ts": 5.5}],
+                            "oom": {"kills": 1, "limit_bytes": 1 << 30, "source": "cgroup"}})
+    st.node(1).bye = {"status": "error", "exit_code": 1, "at": 6.0, **report}  # as ingest keeps it
     st.node_system(0).ingest("n0", [{"ts": st.settings.started_at + i, "cpu_pct": 50.0 + i,
                                      "ram_used": 1 << 30, "ram_total": 8 << 30,
                                      "gpus": [{"index": 0, "util_pct": 90.0, "mem_used": 1 << 30,

@@ -110,13 +110,17 @@ class RankTelemetry:
 
 @dataclass
 class ExitRecord:
-    """torchrun's record of a worker that failed: its exit code or the signal that ended it."""
+    """torchrun's record of a worker that failed: its exit code or the signal that ended it, and
+    Python's error when the worker wrote one (its last line, and the traceback)."""
 
     exitcode: Optional[int] = None
     signal: Optional[str] = None
+    message: Optional[str] = None
+    traceback: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"exitcode": self.exitcode, "signal": self.signal}
+        return {"exitcode": self.exitcode, "signal": self.signal, "message": self.message,
+                "traceback": self.traceback}
 
 
 @dataclass

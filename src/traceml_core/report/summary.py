@@ -15,7 +15,7 @@ from typing import Any, Optional, Sequence
 from ..aggregator.series import series_values
 from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import DURATION_COLUMNS
-from .failure import diagnose, failed_by_itself
+from .failure import diagnose, did_not_start, failed_by_itself
 from .hang import verdict as hang_verdict
 from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
@@ -125,7 +125,9 @@ def _worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
         if rep is None:
             continue
         for w in rep.workers:
-            workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal)
+            # Python's error of a worker that failed comes with torchrun's record of it
+            workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
+                                         message=w.message or None, traceback=w.traceback or None)
         if rep.has_oom:
             oom[node] = rep.oom
     return workers, oom
@@ -193,8 +195,11 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord] = None,
 
 
 def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> RankSummary:
+    # its error: what torchrun's record of it says (Python's error of a worker that failed before
+    # TraceML started in it), if anything
     return RankSummary(rank=rank, node=node, host="", local_rank=None, status="never_joined",
-                       exit=exit_, phases={phase_name(c): None for c in DURATION_COLUMNS})
+                       error=exit_.message if exit_ else None, exit=exit_,
+                       phases={phase_name(c): None for c in DURATION_COLUMNS})
 
 
 def _across(ranks: Sequence[RankSummary]) -> dict[str, Any]:
@@ -401,6 +406,9 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = finish.reason if finish else ""
     perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+    never_started = did_not_start(ranks, failure) if failure is not None else None
+    if never_started is not None:  # no rank trained: nothing about steps or performance
+        failure, perf = never_started, []
     if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
         assert hang_report is not None
         verdicts = [hang_verdict(data.hangs[-1], ended_hung=True)] + perf
