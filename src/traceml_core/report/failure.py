@@ -55,6 +55,8 @@ STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
 _LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
+#: torchrun's own words for a worker with no error file that a signal ended
+_SIGNAL_RECORD_RE = re.compile(r"Signal \d+ \(")
 _SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
 
 
@@ -131,7 +133,17 @@ def classify(rank: dict[str, Any], oom: Optional[dict[str, Any]]) -> dict[str, A
                            "consequence": None, "step": step, "step_words": words, "step_short": short,
                            "at": rank.get("failed_at")}
     m = _SYS_EXIT_RE.match(last)
-    if status == "error" and last and not m:
+    record = str(exit_.get("message") or "").strip()
+    if status != "error" and record and not _SIGNAL_RECORD_RE.match(record):
+        # the worker never told TraceML (it failed before init(), or its connection was gone),
+        # but torchrun's record of it carries Python's own error (the worker bootstrap writes
+        # it: sdk/bootstrap.py), with the traceback. It raised, whatever ended the process
+        # after that (torchrun's SIGTERM can overtake a worker that is already exiting)
+        etype, msg = split_exception(record.splitlines()[-1])
+        tb = str(exit_.get("traceback") or "")
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(tb),
+                   consequence=consequence_of(record + "\n" + tb))
+    elif status == "error" and last and not m:
         etype, msg = split_exception(last)
         out.update(cause="exception", type=etype, message=msg, where=raised_where(_traceback(rank)))
         out["consequence"] = consequence_of(error + "\n" + _traceback(rank))
@@ -308,6 +320,62 @@ def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[s
     return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
             "culprit": {"rank": first["rank"], "node": first["node"], "host": first.get("host") or None},
             "evidence": evidence, "reason": reason}
+
+
+def _reached_a_step(r: dict[str, Any]) -> bool:
+    return bool(r.get("steps") or r.get("steps_produced") or type(r.get("fail_step")) is int and r["fail_step"] > 0)
+
+
+def did_not_start(ranks: list[dict[str, Any]], failure: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A failed run in which no rank reached its first step, as one headline: ``did_not_start``,
+    the first failure's cause in one paragraph (Python's own error with file and line where
+    there is one; from TraceML's exception hook, or from torchrun's record of the worker when it
+    failed before TraceML started in it), and nothing about steps, peers or performance: no
+    worker trained, so "failed as a consequence", "too few steps" and "add trace_step" would
+    all mislead. None when some rank completed a step (then it is a failure during training)."""
+    if any(_reached_a_step(r) for r in ranks):
+        return None
+    ev = failure["evidence"]
+    first = next(r for r in ranks if r["rank"] == ev["first_rank"])
+    c = first.get("failure") or {}
+    failed = [r for r in ranks if r.get("failure")]
+    who = _name(first)
+    if ev["cause"] == "exception":
+        where = f" at {ev['where']}" if ev.get("where") else ""
+        what = f"{who} raised {ev['exception_type'] or 'an exception'}{where}" + (
+            f": {ev['message']}" if ev.get("message") else "")
+        short = f"rank {first['rank']} raised {ev['exception_type'] or 'an exception'}{where}" + (
+            f": {ev['message']}" if ev.get("message") else "")
+    elif ev["cause"] == "never_joined":
+        what = (f"{who} ended before TraceML started in it (before the script imported torch or "
+                "called traceml.init()), without an error TraceML could read")
+        short = f"rank {first['rank']} ended before TraceML started in it"
+    else:
+        text, short = describe(first, c, None)
+        what = text.replace(" before its first traced step", "")
+        short = short.replace(" before its first traced step", "")
+    same = [r for r in failed if r is not first and (r.get("failure") or {}).get("type") == ev.get("exception_type")
+            and (r.get("failure") or {}).get("message") == ev.get("message") and ev["cause"] == "exception"]
+    others = [r for r in failed if r is not first and r not in same]
+    why = f"no rank reached its first step: {what}"
+    if same and not others:
+        why += f"; {'the other rank' if len(same) == 1 else f'all {len(same)} other ranks'} failed the same way"
+    elif same or others:
+        why += f"; {_ranks_list([r['rank'] for r in same + others])} failed too (see each rank below)"
+    etype = ev.get("exception_type") or ""
+    if ev["cause"] == "exception" and etype in ("ModuleNotFoundError", "ImportError"):
+        nxt = ("install the missing module into the environment the workers run in (the Python that "
+               "runs `traceml run`), or fix the import" + (f" at {ev['where']}" if ev.get("where") else "")
+               + "; nothing was trained")
+    elif ev["cause"] == "exception":
+        nxt = (f"fix the {etype or 'error'}" + (f" at {ev['where']}" if ev.get("where") else "")
+               + f": Python's traceback is in rank {first['rank']}'s output above; nothing was trained")
+    else:
+        nxt = (f"rank {first['rank']}'s output above says why it stopped before its first step "
+               "(run the script with plain python to see it alone); nothing was trained")
+    return {"kind": "did_not_start", "severity": "critical", "why": why, "next_step": nxt,
+            "culprit": failure["culprit"], "evidence": {**ev, "same_error_ranks": [r["rank"] for r in same]},
+            "reason": "did not start: " + short}
 
 
 def _next_step(first: dict[str, Any], c: dict[str, Any]) -> str:

@@ -16,7 +16,7 @@ from ..aggregator.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS
-from .failure import diagnose, failed_by_itself
+from .failure import diagnose, did_not_start, failed_by_itself
 from .hang import verdict as hang_verdict
 from .timeline import build_timeline
 from .verdicts import judge
@@ -132,7 +132,10 @@ def _worker_reports(finish: Optional[dict[str, Any]], nodes: dict[int, Any]) -> 
         if not rep:
             continue
         for w in rep.get("workers") or []:
-            workers[w["rank"]] = {"exitcode": w.get("exitcode"), "signal": w.get("signal")}
+            workers[w["rank"]] = {"exitcode": w.get("exitcode"), "signal": w.get("signal"),
+                                  # Python's error of a worker that failed (torchrun's record)
+                                  "message": w.get("message") or None,
+                                  "traceback": w.get("traceback") or None}
         if "oom" in rep:
             oom[node] = rep.get("oom")
     return workers, oom
@@ -207,7 +210,9 @@ def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None
 
 def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) -> dict[str, Any]:
     return {"rank": rank, "node": node, "host": "", "local_rank": None, "status": "never_joined",
-            "error": None, "steps": 0, "steady_steps": 0, "last_step": -1,
+            # what torchrun's record of it says (Python's error of a worker that failed before
+            # TraceML started in it), if anything
+            "error": (exit_ or {}).get("message"), "steps": 0, "steady_steps": 0, "last_step": -1,
             "steps_produced": None, "fail_step": None, "fail_in_step": False, "failed_at": None,
             "exit": exit_,
             "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
@@ -432,6 +437,9 @@ def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = Non
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = (finish or {}).get("reason") or ""
     perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+    never_started = did_not_start(ranks, failure) if failure is not None else None
+    if never_started is not None:  # no rank trained: nothing about steps or performance
+        failure, perf = never_started, []
     if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
         verdicts = [hang_verdict(hang_report, ended_hung=True)] + perf
         short = "hung: " + hang_report["finding"]

@@ -221,6 +221,9 @@ def check_event(msg: dict[str, Any]) -> dict[str, Any]:
 
 #: worker rows a node may report (more are dropped: torchrun reports failures of one node)
 MAX_WORKER_ROWS = 1024
+#: characters kept of a failed worker's error line and of its traceback (the innermost part)
+MAX_WORKER_MESSAGE = 500
+MAX_WORKER_TRACEBACK = 2000
 
 
 def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
@@ -239,10 +242,14 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
         sig = w.get("signal")
         ts = w.get("ts")
         ts = measured(msg, ts, limits.EPOCH_S, "workers ts") if type(ts) in _NUM else None
+        message, tb = w.get("message"), w.get("traceback")
         workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
                         "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
                         "signal": sig[:32] if isinstance(sig, str) else None,
-                        "ts": None if ts is None else float(ts)})
+                        "ts": None if ts is None else float(ts),
+                        # Python's error of the worker, from torchrun's record (launcher/agent.py)
+                        "message": message[:MAX_WORKER_MESSAGE] if isinstance(message, str) else None,
+                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None})
     oom = msg.get("oom")
     if oom is not None:
         if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
