@@ -36,7 +36,8 @@ from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
 from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
-from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
+from .claim import Claim
+from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
@@ -125,9 +126,12 @@ class Server(Handler):
     checkpoints, finalisation)."""
 
     def __init__(self, settings: AggregatorSettings, listener: socket.socket, run_dir: RunDir,
-                 finalize: Callable[["Server", RunData, bool], dict[str, Any]]) -> None:
+                 finalize: Callable[["Server", RunData, bool], dict[str, Any]],
+                 claim: Optional[Claim] = None) -> None:
         self.settings = settings
         self.run_dir = run_dir
+        #: this run's claim of its directory (aggregator/claim.py): touched while it runs
+        self.claim = claim
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
         if settings.resume_from:
@@ -173,6 +177,11 @@ class Server(Handler):
             log(f"cannot resume from {path} ({exc}); starting from nothing: the summary counts "
                 "every earlier record as lost")
             return
+        other = foreign_checkpoint(doc, self.settings)
+        if other is not None:
+            log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
+                "starting from nothing: the summary counts every earlier record as lost")
+            return
         seed(self.state, doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
@@ -202,6 +211,8 @@ class Server(Handler):
             self._tick(now)
 
     def _tick(self, now: float) -> None:
+        if self.claim is not None:
+            self.claim.refresh(now)
         if now >= self._next_flush:
             self.state.flush()
             self._next_flush = now + FLUSH_S
@@ -436,6 +447,8 @@ class Server(Handler):
             result = {"summary_json": None, "summary_txt": None,
                       "error": f"{type(exc).__name__}: {exc}"}
         self.result = result
+        if self.claim is not None:
+            self.claim.end()
         reply = {"t": "finished", "summary_json": result.get("summary_json"),
                  "summary_txt": result.get("summary_txt"), "rebuilt": False}
         if result.get("error"):
