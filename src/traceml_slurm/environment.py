@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 def _slurm_vars(environ: Mapping[str, str]) -> "SlurmVars":
-    # imported here: pydantic-settings costs ~0.2 s, paid only inside a Slurm job (after detect)
+    # imported here: pydantic costs ~0.1 s to import, paid only inside a Slurm job (after detect)
     from .settings import SlurmVars
 
     return SlurmVars.from_environ(environ)

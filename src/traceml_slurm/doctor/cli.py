@@ -15,6 +15,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from traceml_core.helpformat import ParagraphFormatter
+
 from .model import TORCH_CHECKS, CheckResult, JobInfo, Report, is_ignored
 from .progress import Progress
 from .thresholds import DEFAULT_TIMEOUT_S
@@ -40,7 +42,7 @@ class UsageError(Exception):
 
 def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Preflight checks of a Slurm allocation for a TraceML run, "
-                                "on every node.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                "on every node.", epilog=EPILOG, formatter_class=ParagraphFormatter)
     p.add_argument("script", nargs="?", help="the training script: checked to exist (and compile) on every node")
     p.add_argument("--local", action="store_true", help="check only this node (fast: under 2 s on a CPU node)")
     p.add_argument("--full", action="store_true", help="add the slow checks: an NCCL all-reduce bandwidth sweep on GPUs")
@@ -50,6 +52,9 @@ def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="S", default=str(DEFAULT_TIMEOUT_S),
                    help=f"seconds any one wait may take: agents starting, a node answering, torch importing "
                         f"(default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--controller", choices=("auto", "pyslurm", "scontrol"), default="auto",
+                   help="how the ctl.* and time.* checks ask the Slurm controller: pyslurm when it imports, else "
+                        "scontrol (auto, the default), or only one of them")
     p.add_argument("-v", "--verbose", action="store_true", help="show every node's values, sources, and what runs")
     p.add_argument("--list", action="store_true", help="list the checks (id and title) and exit")
     return p
@@ -71,7 +76,8 @@ def parse_options(ns: argparse.Namespace) -> "Options":
         raise UsageError(str(exc)) from None
     if ns.full and ns.local:
         raise UsageError("--full adds cross-node bandwidth tests and --local checks one node only: use one of them.")
-    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose)
+    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose,
+                   controller=ns.controller)
 
 
 def _results(outcomes: Mapping[str, object], specs, host: str, options: "Options") -> list[CheckResult]:  # type: ignore[no-untyped-def]
