@@ -23,6 +23,7 @@ from .facts import LAUNCH_KEYS, Facts, launcher_srun_line
 if TYPE_CHECKING:
     from .settings import SlurmVars
 
+
 _RUN_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
 
 #: Job-derived ports: under Slurm, when neither flag nor TRACEML_* variable sets them, the

@@ -38,7 +38,7 @@ from traceml_core.plugins import Refusal
 from .context import Context, classify
 from .hostlists import expand_nodelist, tasks_per_node
 
-if TYPE_CHECKING:  # pydantic-settings costs ~0.2 s to import: paid only when a SLURM_* value is read
+if TYPE_CHECKING:  # pydantic costs ~0.1 s to import: paid only when a SLURM_* value is read
     from .settings import SlurmVars
 
 #: what a launch contradicting the layout gets refused for (the resolver's refusal keys)

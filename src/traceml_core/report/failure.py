@@ -29,83 +29,17 @@ earliest of all of them, and the verdict says so.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional, Sequence
 
 from ..rundata import OomReport
 from .model import RankSummary
+from .ranklist import ranks_phrase
+from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS
+from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised_an_exception, raised_where,
+                         recorded_error, split_exception, traceback_of)
 
-#: what a surviving rank's error looks like when a peer died or a link broke: the backend's own
-#: words (gloo, NCCL, the c10d TCP store, DDP). Each entry: (pattern, what it means for the user)
-CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"Connection closed by peer", "gloo lost the connection to a peer"),
-    (r"Connection reset by peer", "a peer's connection was reset"),
-    (r"Broken pipe", "a peer's connection broke"),
-    (r"gloo/transport", "gloo transport error"),
-    (r"Timed out waiting|[Tt]imeout.*(recv|send|collective|store)|Socket Timeout|timed out after",
-     "a collective or the store timed out waiting for a peer"),
-    (r"NCCL communicator was aborted|ncclRemoteError|remote process exited|Watchdog caught collective",
-     "NCCL lost a peer"),
-    (r"DistBackendError|DistNetworkError|DistStoreError", "the process group lost a peer"),
-    (r"TCPStore|Connection refused", "the rendezvous store went away"),
-    (r"ProcessGroup.*(abort|shut ?down)", "the process group was aborted"),
-    (r"SIGTERMException|killed by signal: Terminated", "it was stopped with SIGTERM"),
-)
-_CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
-#: signals a worker gets when torchrun (or the user, or Slurm) stops it, not the cause of a failure
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-#: statuses that are a failure of the rank
-FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
-#: torchrun's own words for a worker with no error file that a signal ended
-_SIGNAL_RECORD_RE = re.compile(r"Signal \d+ \(")
-_SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
-
-
-def failed_by_itself(rank: RankSummary) -> bool:
-    """Whether a rank (a summary rank) raised an exception of its own: not one a peer's loss or
-    the run's stop explains. (A non-zero ``sys.exit`` does not count: scripts also exit that way
-    from a SIGTERM handler.)"""
-    if rank.status != "error":
-        return False
-    c = classify(rank, None)
-    return c["cause"] == "exception" and not c["consequence"]
-
-
-def consequence_of(text: str) -> Optional[str]:
-    """What a surviving rank's error text says happened to its peers, or None."""
-    for rx, what in _CONSEQUENCE_RE:
-        if rx.search(text):
-            return what
-    return None
-
-
-def _traceback(rank: RankSummary) -> str:
-    for ev in reversed(rank.last_events):
-        if ev.kind == "exception":
-            return ev.text
-    return ""
-
-
-def raised_where(traceback_text: str) -> Optional[str]:
-    """``file.py:LINE in func`` of the innermost frame in the user's own code (not Python's, a
-    library's or TraceML's), else of the innermost frame at all."""
-    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines()) if m]
-    if not frames:
-        return None
-    own = [m for m in frames if not any(p in m.group("file") for p in _LIB_PARTS)]
-    m = (own or frames)[-1]
-    name = m.group("file").rsplit("/", 1)[-1]
-    return f"{name}:{m.group('line')} in {m.group('func').strip()}"
-
-
-def split_exception(line: str) -> tuple[Optional[str], str]:
-    """``"RuntimeError: boom"`` -> ("RuntimeError", "boom"); a dotted type name is kept whole."""
-    head, sep, rest = line.partition(":")
-    if sep and re.fullmatch(r"[A-Za-z_][\w.]*", head.strip()):
-        return head.strip(), rest.strip()
-    return None, line.strip()
+__all__ = ["classify", "describe", "diagnose", "did_not_start", "consequence_of", "raised_where",
+           "split_exception"]
 
 
 def _step_words(rank: RankSummary) -> tuple[Optional[int], str]:
@@ -127,31 +61,28 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     status = rank.status
     signal = rank.exit.signal if rank.exit else None
     exitcode = rank.exit.exitcode if rank.exit else None
-    error = (rank.error or "").strip()
-    last = error.splitlines()[-1] if error else ""
     step, words = _step_words(rank)
     short = words.split(" (", 1)[0]
     out: dict[str, Any] = {"cause": "unknown", "type": None, "message": None, "where": None,
                            "signal": signal, "exitcode": exitcode, "oom_killed": None,
                            "consequence": None, "step": step, "step_words": words, "step_short": short,
                            "at": rank.failed_at}
-    m = _SYS_EXIT_RE.match(last)
-    record = str((rank.exit.message if rank.exit else None) or "").strip()
-    if status != "error" and record and not _SIGNAL_RECORD_RE.match(record):
+    record = recorded_error(rank)
+    if status != "error" and record is not None:
         # the worker never told TraceML (it failed before init(), or its connection was gone),
         # but torchrun's record of it carries Python's own error (the worker bootstrap writes
         # it: sdk/bootstrap.py), with the traceback. It raised, whatever ended the process
         # after that (torchrun's SIGTERM can overtake a worker that is already exiting)
-        etype, msg = split_exception(record.splitlines()[-1])
-        tb = str((rank.exit.traceback if rank.exit else None) or "")
+        text, tb = record
+        etype, msg = split_exception(text.splitlines()[-1])
         out.update(cause="exception", type=etype, message=msg, where=raised_where(tb),
-                   consequence=consequence_of(record + "\n" + tb))
-    elif status == "error" and last and not m:
-        etype, msg = split_exception(last)
-        out.update(cause="exception", type=etype, message=msg, where=raised_where(_traceback(rank)))
-        out["consequence"] = consequence_of(error + "\n" + _traceback(rank))
-    elif status == "error" and m:
-        out.update(cause="exit", message=f"{m.group(1)}({m.group('code')})")
+                   consequence=consequence_of(text + "\n" + tb))
+    elif raised_an_exception(rank):
+        etype, msg = split_exception(last_line(rank))
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(traceback_of(rank)),
+                   consequence=peer_loss(rank))
+    elif status == "error" and exit_call(last_line(rank)):
+        out.update(cause="exit", message=exit_call(last_line(rank)))
     elif status == "interrupted":
         # its own goodbye (steps_produced) says KeyboardInterrupt; without one, the run was
         # interrupted and its launcher stopped it (srun, scancel, the time limit, Ctrl-C)
@@ -160,7 +91,7 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
             else "it was stopped when the run was interrupted"))
     elif signal:
         out["cause"] = "signal"
-        if signal in STOP_SIGNALS:
+        if signal in INTERRUPT_SIGNALS:
             out["consequence"] = f"it was stopped with {signal}"
         elif signal == "SIGKILL" and oom is not None:
             out["oom_killed"] = oom.kills > 0
@@ -206,13 +137,6 @@ def _align_silent_steps(ranks: Sequence[RankSummary], causes: dict[int, dict[str
                                "had not sent yet died with it)")
             c["step_short"] = f"after at least {own} steps"
             c["step_at_least"] = True
-
-
-def _ranks_list(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
 
 def _mib(n: Optional[int]) -> str:
@@ -268,7 +192,7 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
     another node failed) gets it too when a rank failed by itself, not by the interruption."""
     if run_status not in ("failed", "interrupted"):
         return None
-    failed = [r for r in ranks if r.status in FAILED]
+    failed = [r for r in ranks if r.status in FAILED_ENDINGS]
     if not failed:
         return None
     causes = {r.rank: classify(r, oom_by_node.get(r.node) if r.node is not None else None) for r in failed}
@@ -300,12 +224,12 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
     text, reason = describe(first, c, oom)
     parts = [text]
     if independent:
-        parts.append(f"{_ranks_list([r.rank for r in independent])} also failed with an error of "
+        parts.append(f"{ranks_phrase([r.rank for r in independent])} also failed with an error of "
                      + ("its own" if len(independent) == 1 else "their own"))
     if consequences:
         kinds = sorted({causes[r.rank]["consequence"] or "stopped after the first failure"
                         for r in consequences})
-        parts.append(f"{_ranks_list([r.rank for r in consequences])} failed as a consequence ("
+        parts.append(f"{ranks_phrase([r.rank for r in consequences])} failed as a consequence ("
                      + "; ".join(kinds[:3]) + ")")
     if not real:
         parts.append("every failure looks like a lost peer or connection: check the node and "
@@ -361,7 +285,7 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
     if same and not others:
         why += f"; {'the other rank' if len(same) == 1 else f'all {len(same)} other ranks'} failed the same way"
     elif same or others:
-        why += f"; {_ranks_list([r.rank for r in same + others])} failed too (see each rank below)"
+        why += f"; {ranks_phrase([r.rank for r in same + others])} failed too (see each rank below)"
     etype = ev.get("exception_type") or ""
     if ev["cause"] == "exception" and etype in ("ModuleNotFoundError", "ImportError"):
         nxt = ("install the missing module into the environment the workers run in (the Python that "

@@ -143,10 +143,10 @@ def _status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provi
     """The run's status by the summary's own rule, from the ranks' goodbyes."""
     from ..rundata import Finish
     from .model import RankSummary
-    from .summary import _run_status
+    from .status import run_status
 
     try:
-        return _run_status(Finish.from_checkpoint(finish),
+        return run_status(Finish.from_checkpoint(finish),
                            [RankSummary(rank=r["rank"], node=r["node"], host=r["host"], local_rank=None,
                                         status=r["status"] or "vanished") for r in ranks], provisional)
     except Exception:  # noqa: BLE001

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
+
+from .ranklist import rank_ranges
+from .status import OK_ENDINGS
 
 MAX_RANK_LINES = 16
 
@@ -18,24 +21,6 @@ def _bytes(v: Optional[float]) -> str:
         if v >= scale:
             return f"{v / scale:.1f} {unit}"
     return f"{int(v)} B"
-
-
-def _ranges(ranks: Sequence[int], most: int = 0) -> str:
-    """``0-3,7``; with ``most``, at most that many runs (then ``... N more``)."""
-    out, start, prev = [], None, None
-    for r in sorted(ranks):
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:  # type: ignore[operator]
-            prev = r
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-    if most and len(out) > most:
-        return ",".join(out[:most]) + f",... ({len(out) - most:,} more runs)"
-    return ",".join(out)
 
 
 def _verdict_line(v: dict[str, Any], lead: str) -> list[str]:
@@ -127,7 +112,7 @@ def render(summary: dict[str, Any]) -> str:
                  f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
                  f"{len(missing)} node(s) never joined: " +
                  ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing[:MAX_RANK_LINES]) +
-                 (f", ... (nodes {_ranges([n['node'] for n in missing], MAX_RANK_LINES)})"
+                 (f", ... (nodes {rank_ranges([n['node'] for n in missing], MAX_RANK_LINES)})"
                   if len(missing) > MAX_RANK_LINES else "")))
     late = [n for n in nodes if n.get("late")]
     if late:
@@ -135,7 +120,7 @@ def render(summary: dict[str, Any]) -> str:
             f"node {n['node']} ({n['hostname'] or '?'}) after {n['join_delay_s']:.1f} s" for n in late[:8])
     lines.append(topo_line)
     if topo["nnodes"] > 1:
-        parts = [f"{n['node']}={n['hostname'] or '?'}[{_ranges(n['ranks'])}]"
+        parts = [f"{n['node']}={n['hostname'] or '?'}[{rank_ranges(n['ranks'])}]"
                  + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
                  for n in nodes[:MAX_RANK_LINES]]
         lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
@@ -202,7 +187,7 @@ def render(summary: dict[str, Any]) -> str:
     else:
         lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
     order = {"first": 0, "independent": 1, "consequence": 2}
-    bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
+    bad = sorted((r for r in summary["ranks"] if r["status"] not in OK_ENDINGS),
                  key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))
     for r in bad[:MAX_RANK_LINES]:
         err = f": {r['error'].strip().splitlines()[-1][:100]}" if r.get("error") else ""

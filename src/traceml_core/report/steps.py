@@ -12,6 +12,7 @@ from typing import Any, Optional, Sequence
 
 from ..rundata import RankData, StepSource
 from .model import RankSummary
+from .ranklist import ranks_phrase
 
 #: the two lines a script needs for exact phases (shown where steps were inferred or missing)
 TWO_LINES = ("import traceml_core as traceml",
@@ -82,7 +83,7 @@ def explain(steps: dict[str, Any]) -> list[str]:
         fw = f" ({steps['framework']})" if steps.get("framework") else ""
         lines.append(f"Steps: from {_FRAMEWORK_WORDS[src]}{fw}{folded}")
     elif src == "mixed":
-        parts = ", ".join(f"{k} on rank(s) {_ranks(v)}" for k, v in steps["by_source"].items())
+        parts = ", ".join(f"{k} on {ranks_phrase(v)}" for k, v in steps["by_source"].items())
         lines.append(f"Steps: found differently on different ranks ({parts}); compare ranks with care")
     for note in steps.get("notes") or []:
         lines.append(f"  note: {note}")
@@ -97,12 +98,6 @@ def _folded(steps: dict[str, Any]) -> str:
     if steps.get("source") == "inferred" and bwd and bwd > 1:
         return (f"; {bwd} backward passes per step (gradient accumulation folded into the step)")
     return ""
-
-
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) <= 4:
-        return ",".join(map(str, ranks))
-    return f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
 
 
 def no_steps_reason(steps: dict[str, Any], joined: int, world: int, run_status: str) -> Optional[str]:

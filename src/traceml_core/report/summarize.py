@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -107,14 +108,9 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
                              f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
                              "another traceml version.") from None
-    if finish is not None and data.finish is None:
-        data.finish = Finish.from_checkpoint({
-            "exit_code": finish.get("exit_code"), "interrupted": bool(finish.get("interrupted")),
-            "reason": str(finish.get("reason") or ""),
-            "failed_nodes": list(finish.get("failed_nodes") or []),
-            "source": "launcher (after the aggregator was gone)",
-            "at": finish.get("at"), "workers": list(finish.get("workers") or []),
-            "oom": finish.get("oom")})
+    if finish is not None and data.finish is None:  # what the launcher knows about the end
+        data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
+                              source="launcher (after the aggregator was gone)")
     run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)

@@ -24,6 +24,7 @@ from typing import Any, Optional, Sequence
 from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
 from .model import RankSummary
+from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
@@ -112,7 +113,7 @@ def _featured(ranks: list[RankData], summary_ranks: Sequence[RankSummary],
 
     take(((verdict or {}).get("culprit") or {}).get("rank"))
     for r in summary_ranks:
-        if r.status not in ("clean", "running", "never_joined"):
+        if r.status not in OK_ENDINGS and r.status != "never_joined":
             take(r.rank)
     by_own = sorted((v, k) for k, v in own_mean.items() if v is not None)
     for _v, k in reversed(by_own[-6:]):

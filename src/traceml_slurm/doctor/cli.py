@@ -15,6 +15,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from traceml_core.helpformat import ParagraphFormatter
+
 from .model import TORCH_CHECKS, CheckResult, JobInfo, Report, is_ignored
 from .progress import Progress
 from .thresholds import DEFAULT_TIMEOUT_S
@@ -40,7 +42,7 @@ class UsageError(Exception):
 
 def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Preflight checks of a Slurm allocation for a TraceML run, "
-                                "on every node.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                "on every node.", epilog=EPILOG, formatter_class=ParagraphFormatter)
     p.add_argument("script", nargs="?", help="the training script: checked to exist (and compile) on every node")
     p.add_argument("--local", action="store_true", help="check only this node (fast: under 2 s on a CPU node)")
     p.add_argument("--full", action="store_true", help="add the slow checks: an NCCL all-reduce bandwidth sweep on GPUs")
