@@ -55,7 +55,7 @@ def parse_signal(text: str) -> Optional[SignalSpec]:
 
 
 def find_signal(ctx: NodeContext) -> Optional[SignalSpec]:
-    env = ctx.environ.get("SBATCH_SIGNAL", "").strip()
+    env = ctx.facts.env.sbatch_signal
     if env:
         return parse_signal(env)
     script = _facts(ctx, "script")
