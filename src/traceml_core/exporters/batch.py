@@ -13,8 +13,9 @@ doubles its width as the run grows) is skipped rather than counted twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
+from ..report.document import Summary
 from ..report.export import node_rows, rank_rows
 
 #: row fields that say where a point belongs, not what was measured
@@ -103,9 +104,11 @@ class BatchBuilder:
     last: dict[str, float] = field(default_factory=dict)
     _verdict: Optional[VerdictNow] = None
 
-    def build(self, summary: dict[str, Any], *, at: float, final: Optional[FinalFiles] = None) -> Batch:
+    def build(self, summary: Union[Summary, dict[str, Any]], *, at: float,
+              final: Optional[FinalFiles] = None) -> Batch:
         """The batch of everything new in ``summary``; ``final``: the end (newest buckets too)."""
-        rows = [(self._point(r), r) for gen in (rank_rows(summary), node_rows(summary)) for r in gen]
+        doc = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+        rows = [(self._point(r), r) for gen in (rank_rows(doc), node_rows(doc)) for r in gen]
         newest: dict[str, float] = {}
         for p, _ in rows:
             newest[p.series] = max(newest.get(p.series, p.x), p.x)
@@ -118,10 +121,11 @@ class BatchBuilder:
                 continue  # (part of) these steps went out already
             self.last[p.series] = p.x
             points.append(p)
-        verdict = _verdict(summary)
+        verdict = VerdictNow(doc.verdict.kind, doc.verdict.severity, doc.verdict.why,
+                             doc.verdict.next_step) if doc.verdict.kind else None
         changed = verdict is not None and verdict != self._verdict
         self._verdict = verdict or self._verdict
-        status = str((summary.get("run") or {}).get("status") or "running") if final else "running"
+        status = (doc.run.status or "completed") if final else "running"
         return Batch(at, tuple(points), verdict if (changed or final is not None) else None, status, final)
 
     @staticmethod
@@ -138,10 +142,3 @@ class BatchBuilder:
                      node=None if node is None else int(node), host=str(row.get("host") or ""),
                      t_s=row.get("t_s"))
 
-
-def _verdict(summary: dict[str, Any]) -> Optional[VerdictNow]:
-    v = summary.get("verdict")
-    if not isinstance(v, dict) or not v.get("kind"):
-        return None
-    return VerdictNow(str(v.get("kind")), str(v.get("severity") or ""), str(v.get("why") or ""),
-                      str(v.get("next_step") or ""))

@@ -82,11 +82,13 @@ class LiveExports:
 
     def finish(self, summary: dict[str, Any], files: dict[str, Any]) -> list[str]:
         """The final batch (after the summary is written): returns the lines to log."""
-        status = str((summary.get("run") or {}).get("status") or "completed")
-        final = FinalFiles(status, files.get("summary_json"), files.get("summary_txt"),
-                           files.get("summary_html"))
         try:
-            batch = self.builder.build(summary, at=time.time(), final=final)
+            from ..report.document import Summary
+
+            doc = Summary.from_json(summary)
+            final = FinalFiles(doc.run.status or "completed", files.get("summary_json"),
+                               files.get("summary_txt"), files.get("summary_html"))
+            batch = self.builder.build(doc, at=time.time(), final=final)
         except Exception as exc:  # noqa: BLE001
             return [f"live exports: the final batch could not be built ({type(exc).__name__}: {exc})"]
         stats = self.hub.finish(batch)
