@@ -30,6 +30,8 @@ from ..wire.protocol import DURATION_COLUMNS
 from . import status as S
 from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
+from .document import (Across, CompareSection, HangSection, RunSection, StepSeries, StepTime, Summary,
+                       SystemNode, Telemetry, TopoNode, Topology, Verdict)
 from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
@@ -69,50 +71,32 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
     steps = steps_block(data.ranks, rows.ranks)
     verdicts = verdicts_of(rows.ranks, end, VerdictContext(
         gpus=timing.gpus, gpu_util_pct=timing.gpu_util_pct,
-        median_step_ms=timing.step_time["median_ms"], step_source=steps["source"],
+        median_step_ms=timing.step_time.median_ms, step_source=steps.source,
         no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
                                  s.world_size, end.status),
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct))
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "provisional": provisional,
-        "rebuilt": rebuilt,
-        "run": {
-            "name": s.run_name, "job_id": s.job_id, "mode": s.mode,
-            "script": s.script or None, "script_args": s.script_args,
-            "started_at": iso(s.started_at), "ended_at": iso(ended),
-            "duration_s": round(max(0.0, ended - s.started_at), 3),
-            "status": end.status,
-            "exit_code": finish.exit_code if finish else None,
-            "reason": end.reason,
-            "finish_reported_by": finish.source if finish else None,
-        },
-        "topology": topology_of(data, rows.ranks),
-        "steps": steps,
-        "verdict": verdicts[0],
-        "other_verdicts": verdicts[1:],
-        "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
-        "warmup_steps": WARMUP_STEPS,
-        "step_time": timing.step_time,
-        "across_ranks": timing.across_ranks,
-        "device": timing.device,
-        "communication": communication.to_json(),
-        "ranks": [r.to_json() for r in rows.ranks],
-        "rank_endings": S.endings(rows.ranks),
-        "system": {"nodes": timing.system_nodes, "gpu_util_pct_mean": timing.gpu_util_pct},
-        "telemetry": telemetry_of(data, rows.ranks, rebuilt),
-        "compare": {
-            "sketches": timing.sketches,
-            "step_series": merged_series(data.ranks),
-        },
-        "timeline": build_timeline(data, rows.ranks, verdicts[0]),
-        "files": files or {},
-        "hang": end.hang,
-        "hangs": [h.to_checkpoint() for h in data.hangs],
-        "notes": [n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
-                              _restart_note(data), _refused_note(data)) if n],
-    }
+    return Summary(
+        schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
+        run=RunSection(
+            name=s.run_name, job_id=s.job_id, mode=s.mode, script=s.script or None,
+            script_args=s.script_args, started_at=iso(s.started_at), ended_at=iso(ended),
+            duration_s=round(max(0.0, ended - s.started_at), 3), status=end.status,
+            exit_code=finish.exit_code if finish else None, reason=end.reason,
+            finish_reported_by=finish.source if finish else None),
+        topology=topology_of(data, rows.ranks), steps=steps,
+        verdict=verdicts[0], other_verdicts=verdicts[1:],
+        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["outside"], warmup_steps=WARMUP_STEPS,
+        step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
+        communication=communication, ranks=rows.ranks, rank_endings=S.endings(rows.ranks),
+        system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
+        telemetry=telemetry_of(data, rows.ranks, rebuilt),
+        compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
+        timeline=build_timeline(data, rows.ranks, verdicts[0]),
+        files=files or {}, hang=end.hang, hangs=list(data.hangs),
+        notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
+                           _restart_note(data), _refused_note(data)) if n],
+    ).to_json()
 
 
 # --- ranks ---------------------------------------------------------------------------------------
@@ -283,7 +267,7 @@ def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> R
 
 
 # --- topology ------------------------------------------------------------------------------------
-def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> dict[str, Any]:
+def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
     """The topology step: the world's shape, and per node who joined when and how it left."""
     s, finish = data.settings, data.finish
     nodes = data.node_by_id()
@@ -296,17 +280,15 @@ def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> dict[str, Any]:
         ni = nodes.get(node) or NodeData(node)
         joined_at = ni.joined_at
         delay = None if joined_at is None else round(max(0.0, joined_at - s.started_at), 3)
-        rows.append({
-            "node": node, "hostname": node_host(data, nodes, node) or None,
-            "joined": joined_at is not None, "joined_at": iso(joined_at), "join_delay_s": delay,
-            "late": bool(delay is not None and delay > s.late_after_s),
-            "left_early": ni.left_at is not None or node in failed_nodes,
-            "exit_code": ni.bye.exit_code if ni.bye else None,
-            "ranks": by_node.get(node, []),
-        })
-    return {"nnodes": s.nnodes, "nproc_per_node": s.nproc_per_node, "world_size": s.world_size,
-            "master_addr": s.master_addr or None,
-            "nodes_joined": sum(1 for n in rows if n["joined"]), "nodes": rows}
+        rows.append(TopoNode(
+            node=node, hostname=node_host(data, nodes, node) or None, joined=joined_at is not None,
+            joined_at=iso(joined_at), join_delay_s=delay,
+            late=bool(delay is not None and delay > s.late_after_s),
+            left_early=ni.left_at is not None or node in failed_nodes,
+            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, [])))
+    return Topology(nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, world_size=s.world_size,
+                    master_addr=s.master_addr or None, nodes_joined=sum(1 for n in rows if n.joined),
+                    nodes=rows)
 
 
 # --- timing --------------------------------------------------------------------------------------
@@ -317,10 +299,10 @@ class Timing:
     #: every rank's phase histograms merged, by phase (what ``traceml compare`` reads)
     sketches: dict[str, Any]
     #: the run's one median step and its spread (``step_time``)
-    step_time: dict[str, Any]
-    across_ranks: dict[str, Any]
+    step_time: StepTime
+    across_ranks: dict[str, Optional[Across]]
     device: str
-    system_nodes: list[dict[str, Any]]
+    system_nodes: list[SystemNode]
     gpus: list[GpuSummary]
     gpu_util_pct: Optional[float]
     #: the busiest node's mean CPU use
@@ -330,19 +312,19 @@ class Timing:
 def timing_of(data: RunData, ranks: Sequence[RankSummary]) -> Timing:
     sketches = {phase_name(c): merge_sketches(r.phase(c).sketch for r in data.ranks)
                 for c in DURATION_COLUMNS}
-    steps = step_time(sketches["step"])
-    steps["steps"] = sum(r.phase("step_ns").count for r in data.ranks)  # exact, not sketched
+    steps = StepTime(**step_time(sketches["step"]))
+    steps.steps = sum(r.phase("step_ns").count for r in data.ranks)  # exact, not sketched
     nodes, gpus, util = system_of(data)
-    cpu = [n["cpu_pct_mean"] for n in nodes if n["cpu_pct_mean"] is not None]
+    cpu = [n.cpu_pct_mean for n in nodes if n.cpu_pct_mean is not None]
     return Timing(sketches=sketches, step_time=steps,
                   across_ranks=across_ranks([r for r in ranks if r.status != "never_joined"]),
                   device=device_of(ranks, gpus), system_nodes=nodes, gpus=gpus, gpu_util_pct=util,
                   cpu_busy_pct=max(cpu) if cpu else None)
 
 
-def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Any]:
+def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Optional[Across]]:
     """Per phase, the ranks' steady means side by side: the median, the worst and the skew."""
-    out: dict[str, Any] = {}
+    out: dict[str, Optional[Across]] = {}
     for c in DURATION_COLUMNS + ("outside",):
         name = phase_name(c)
         vals = [(v, r.rank, r.node) for r in ranks for v in (r.steady_ms(name),) if v is not None]
@@ -351,9 +333,9 @@ def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Any]:
             continue
         mid = median([v for v, _, _ in vals])
         worst = max(vals)
-        out[name] = {"ranks": len(vals), "median_ms": round(mid, 4) if mid is not None else None,
-                     "worst_rank": worst[1], "worst_node": worst[2], "worst_ms": worst[0],
-                     "skew": round(worst[0] / mid, 3) if mid else None}
+        out[name] = Across(ranks=len(vals), median_ms=round(mid, 4) if mid is not None else None,
+                           worst_rank=worst[1], worst_node=worst[2], worst_ms=worst[0],
+                           skew=round(worst[0] / mid, 3) if mid else None)
     return out
 
 
@@ -361,24 +343,23 @@ def _round(v: Optional[float]) -> Optional[float]:
     return None if v is None else round(v, 2)
 
 
-def system_of(data: RunData) -> tuple[list[dict[str, Any]], list[GpuSummary], Optional[float]]:
+def system_of(data: RunData) -> tuple[list[SystemNode], list[GpuSummary], Optional[float]]:
     """(the nodes' rows, every GPU with its node, the mean of the GPUs' mean utilisation)."""
     nodes = []
     gpus_flat: list[GpuSummary] = []
     for ns in data.system:
-        gpus = []
+        gpus: list[GpuSummary] = []
         for g in ns.gpus:
             gs = GpuSummary(node=ns.node, index=g.index, samples=g.util_pct.n,
                             util_pct_mean=_round(g.util_pct.mean), util_pct_max=g.util_pct.max,
                             mem_used_max=g.mem_used.max, mem_total=g.mem_total.max,
                             temp_c_max=g.temp_c.max, power_w_mean=_round(g.power_w.mean),
                             power_w_max=g.power_w.max)
-            gpus.append(gs.to_json())
+            gpus.append(gs)
             gpus_flat.append(gs)
-        nodes.append({"node": ns.node, "host": ns.host, "samples": ns.samples,
-                      "cpu_pct_mean": _round(ns.cpu_pct.mean),
-                      "cpu_pct_max": ns.cpu_pct.max, "ram_used_max": ns.ram_used.max,
-                      "ram_total": ns.ram_total.max, "gpus": gpus})
+        nodes.append(SystemNode(node=ns.node, host=ns.host, samples=ns.samples,
+                                cpu_pct_mean=_round(ns.cpu_pct.mean), cpu_pct_max=ns.cpu_pct.max,
+                                ram_used_max=ns.ram_used.max, ram_total=ns.ram_total.max, gpus=gpus))
     utils = [g.util_pct_mean for g in gpus_flat if g.util_pct_mean is not None]
     return nodes, gpus_flat, (round(sum(utils) / len(utils), 2) if utils else None)
 
@@ -429,13 +410,13 @@ class Ending:
     status: str
     reason: str
     #: the verdict that heads the summary because of how the run ended (a failure, a hang)
-    headline: Optional[dict[str, Any]]
+    headline: Optional[Verdict]
     #: the headline is all there is to say: the run never reached its first step
     alone: bool
     #: a stall that resolved (a warning shown after the primary verdict)
-    stall: Optional[dict[str, Any]]
+    stall: Optional[Verdict]
     #: the last hang report as the summary shows it (``hang``)
-    hang: Optional[dict[str, Any]]
+    hang: Optional[HangSection]
 
 
 def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
@@ -452,31 +433,31 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
     reason = finish.reason if finish else ""
     alone = False
     if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
-        headline: Optional[dict[str, Any]] = hang_verdict(data.hangs[-1], ended_hung=True)
+        found: Optional[dict[str, Any]] = hang_verdict(data.hangs[-1], ended_hung=True)
         short = "hung: " + data.hangs[-1].finding
     else:
-        headline = diagnose(ranks, rows.oom_by_node, status, nodes)
-        never = did_not_start(ranks, headline) if headline is not None else None
+        found = diagnose(ranks, rows.oom_by_node, status, nodes)
+        never = did_not_start(ranks, found) if found is not None else None
         if never is not None:  # no rank trained: nothing about steps or performance
-            headline, alone = never, True
-        short = headline.pop("reason") if headline is not None else ""
+            found, alone = never, True
+        short = found.pop("reason") if found is not None else ""
     if short:
         reason = f"{short}; {reason}" if reason else short
     elif status == "failed" and not reason:
         reason = S.failed_run_reason(finish, ranks)
     stall = hang_verdict(data.hangs[-1], ended_hung=False) if hang is not None and not ended_hung else None
-    return Ending(status, reason, headline, alone, stall, hang)
+    return Ending(status, reason, Verdict.from_json(found) if found is not None else None, alone,
+                  Verdict.from_json(stall) if stall is not None else None, hang)
 
 
-def last_hang(data: RunData) -> tuple[Optional[dict[str, Any]], bool]:
+def last_hang(data: RunData) -> tuple[Optional[HangSection], bool]:
     """The last hang report (as the summary shows it), and whether the run ended still hung (no
     step record arrived after it). Earlier reports stay in ``hangs``."""
     if not data.hangs:
         return None, False
     last = data.hangs[-1]
-    report = last.to_checkpoint()
-    report["resumed"] = data.records > last.records_at
-    return report, not report["resumed"]
+    resumed = data.records > last.records_at
+    return HangSection(last, resumed), not resumed
 
 
 def _refused_note(data: RunData) -> str:
@@ -498,12 +479,12 @@ def _restart_note(data: RunData) -> str:
 
 
 # --- verdicts --------------------------------------------------------------------------------------
-def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[dict[str, Any]]:
+def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[Verdict]:
     """The verdicts step: the ending's headline first (failures first), then why the run was
     slow (``report/verdicts.py``), a resolved stall right after the primary verdict."""
-    found = judge(ranks, ctx)
+    found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
     if end.headline is not None:
-        perf = [v for v in found if v["kind"] != "no_clear_bottleneck"] or found
+        perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
         found = [end.headline] + ([] if end.alone else perf)
     if end.stall is not None:
         found = found[:1] + [end.stall] + found[1:]
@@ -511,31 +492,29 @@ def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) 
 
 
 # --- telemetry -------------------------------------------------------------------------------------
-def telemetry_of(data: RunData, ranks: Sequence[RankSummary], rebuilt: Optional[dict[str, Any]]) -> dict[str, Any]:
+def telemetry_of(data: RunData, ranks: Sequence[RankSummary], rebuilt: Optional[dict[str, Any]]) -> Telemetry:
     """The telemetry step: every record of every rank accounted for, or the bound of what may
     be missing."""
     joined = [r for r in ranks if r.status != "never_joined"]
     tel = [r.telemetry for r in joined]
     received = sum(t.received for t in tel)
     expected = sum(t.expected or 0 for t in tel)
-    return {
-        "records_received": received, "records_expected": expected,
-        "records_lost": max(0, expected - received),
-        "gaps": sum(t.gaps for t in tel), "duplicates": sum(t.duplicates for t in tel),
-        "client_dropped": sum(t.client_dropped for t in tel),
-        "relay_dropped": sum(t.relay_dropped for t in tel),
+    return Telemetry(
+        records_received=received, records_expected=expected,
+        records_lost=max(0, expected - received),
+        gaps=sum(t.gaps for t in tel), duplicates=sum(t.duplicates for t in tel),
+        client_dropped=sum(t.client_dropped for t in tel),
+        relay_dropped=sum(t.relay_dropped for t in tel),
         # bounds of what nobody could count (ranks without a goodbye; see _unsent_bound):
         # None when one of them cannot be bounded
-        "records_unsent_max": (None if any(t.unsent_max is None for t in tel)
-                               else sum(t.unsent_max or 0 for t in tel)),
-        "ranks_without_goodbye": sum(1 for t in tel if t.unsent_max != 0),
+        records_unsent_max=(None if any(t.unsent_max is None for t in tel)
+                            else sum(t.unsent_max or 0 for t in tel)),
+        ranks_without_goodbye=sum(1 for t in tel if t.unsent_max != 0),
         # complete: every record of every rank is accounted for, exactly. A summary rebuilt
         # from a mid-run checkpoint cannot know what came after it; a rank without a goodbye
         # may have produced records nobody saw
-        "complete": (expected == received and len(joined) == len(ranks)
-                     and all(t.unsent_max == 0 for t in tel)
-                     and not (rebuilt and not rebuilt.get("final_checkpoint"))),
-        "sketched_fraction": round(sum(t.sketched for t in tel) / received, 4) if received else None,
-        "aggregator_restarts": data.resumed,
-        "wire": dict(data.counters),
-    }
+        complete=(expected == received and len(joined) == len(ranks)
+                  and all(t.unsent_max == 0 for t in tel)
+                  and not (rebuilt and not rebuilt.get("final_checkpoint"))),
+        sketched_fraction=round(sum(t.sketched for t in tel) / received, 4) if received else None,
+        aggregator_restarts=data.resumed, wire=dict(data.counters))
