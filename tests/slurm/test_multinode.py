@@ -69,7 +69,7 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
 def _wait_for_records(state_file: Path, timeout: float) -> None:
     """Until the aggregator's checkpoint holds step records (the link probe and the workers'
     start-up are over)."""
-    from traceml_core.aggregator.persist import load_checkpoint
+    from traceml_core.rundir import load_checkpoint
 
     deadline = time.monotonic() + timeout
     while True:
