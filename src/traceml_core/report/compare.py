@@ -475,7 +475,7 @@ def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optio
     else:
         sys.stdout.write(render(c))
     if html:
-        from ..aggregator.persist import atomic_write
+        from ..rundir import atomic_write
         from .render_html import render_compare_html
 
         try:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
+from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
 from ..rundata import Finish, RunData

@@ -19,7 +19,7 @@ its own time, never in its step time.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
