@@ -425,8 +425,10 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
     rank's role; a run no rank of which reached a step did not start), else the launcher's
     reason."""
     finish, ranks = data.finish, rows.ranks
+    nodes = S.node_failures(data.node_by_id(), finish, data.settings.hostnames)
+    stopped_at = finish.torchrun.stopped_at if finish is not None and finish.torchrun is not None else None
     status = S.run_status(finish, ranks, provisional,
-                          S.failed_before_interrupt(data.node_by_id(), rows.exits, ranks))
+                          S.failed_before_interrupt(data.node_by_id(), rows.exits, ranks, nodes, stopped_at))
     hang, ended_hung = last_hang(data)
     reason = finish.reason if finish else ""
     alone = False
@@ -434,7 +436,7 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
         found: Optional[dict[str, Any]] = hang_verdict(data.hangs[-1], ended_hung=True)
         short = "hung: " + data.hangs[-1].finding
     else:
-        found = diagnose(ranks, rows.oom_by_node, status)
+        found = diagnose(ranks, rows.oom_by_node, status, nodes)
         never = did_not_start(ranks, found) if found is not None else None
         if never is not None:  # no rank trained: nothing about steps or performance
             found, alone = never, True
