@@ -218,6 +218,8 @@ class Server(Handler):
             self._next_flush = now + FLUSH_S
         if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
             self._autopsy_done()
+        if self.state.hangs:
+            self._stall_over()
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -362,6 +364,20 @@ class Server(Handler):
                                       threshold_source=msg["threshold_source"],
                                       records_at=self.state.records)
         self._autopsy_for = (conn, msg.get("id"))
+
+    def _stall_over(self) -> None:
+        """The last hang report's stall resolved when step records arrive again: how long none
+        had (from the last records before it: the report's time less its collection and the
+        silence it was asked about) goes into the report, for the summary."""
+        h = self.state.hangs[-1]
+        if h.get("stall_s") is not None or self.state.records <= int(h.get("records_at") or 0):
+            return
+        now = time.time()
+        began = float(h.get("at") or now) - float(h.get("collect_s") or 0.0) - float(h.get("silent_s") or 0.0)
+        h["resolved_at"], h["stall_s"] = now, round(max(0.0, now - began), 1)
+        self.state.dirty = True
+        log(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after the last ones "
+            f"before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
 
     def _autopsy_done(self) -> None:
         autopsy, self.ingest.autopsy = self.ingest.autopsy, None
