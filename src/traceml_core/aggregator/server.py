@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from ..exporters import LIVE_KINDS
 from ..options import BY_KEY
 from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
@@ -165,6 +166,12 @@ class Server(Handler):
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self.checkpoint_seconds = 0.0
+        #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
+        self.exports: Optional[Any] = None
+        if any(k in LIVE_KINDS for k in settings.export):
+            from ..exporters.live import live_exports
+
+            self.exports = live_exports(settings, run_dir.path)
 
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
@@ -227,6 +234,8 @@ class Server(Handler):
             return
         if now >= self._next_checkpoint:
             self.checkpoint()
+        if self.exports is not None and self.exports.due(now) and not self.finishing:
+            self.exports.tick(self.state)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:
