@@ -172,6 +172,9 @@ class Server(Handler):
             from ..exporters.live import live_exports
 
             self.exports = live_exports(settings, run_dir.path)
+        #: run once the launcher has the final summary and the connections are closed (the live
+        #: exports' last batch and files: bounded, and the launcher waits for no one but the reply)
+        self.after_reply: Optional[Callable[[], None]] = None
 
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
@@ -491,6 +494,11 @@ class Server(Handler):
         for c in links:
             self.net.drain_writes(c, 0.2)
         self.net.close_all()
+        if self.after_reply is not None:  # the live exports' end: after the launcher has its reply
+            try:
+                self.after_reply()
+            except Exception as exc:  # noqa: BLE001 - the summary is written; nothing may undo that
+                log(f"live exports failed at the end: {type(exc).__name__}: {exc}")
         self.done = True
 
     def close(self) -> None:
