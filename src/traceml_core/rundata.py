@@ -619,6 +619,10 @@ class HangReport:
     #: records node 0 had received when the autopsy started: more later means training went on
     records_at: int = 0
     collect_s: Optional[float] = None
+    #: when step records reached node 0 again (the stall resolved), and how long none had:
+    #: from the last records before the stall to the first after it (None: not resolved)
+    resolved_at: Optional[float] = None
+    stall_s: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "HangReport":
@@ -626,13 +630,16 @@ class HangReport:
                    d.get("threshold_s") or 0.0, str(d.get("threshold_source") or ""),
                    str(d.get("finding") or ""), list(d.get("culprits") or []),
                    list(d.get("groups") or []), list(d.get("ranks") or []),
-                   d.get("records_at") or 0, d.get("collect_s"))
+                   d.get("records_at") or 0, d.get("collect_s"), d.get("resolved_at"), d.get("stall_s"))
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
-                "threshold_source": self.threshold_source, "finding": self.finding,
-                "culprits": list(self.culprits), "groups": self.groups, "ranks": self.ranks,
-                "records_at": self.records_at, "collect_s": self.collect_s}
+        out = {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
+               "threshold_source": self.threshold_source, "finding": self.finding,
+               "culprits": list(self.culprits), "groups": self.groups, "ranks": self.ranks,
+               "records_at": self.records_at, "collect_s": self.collect_s}
+        if self.stall_s is not None:
+            out.update(resolved_at=self.resolved_at, stall_s=self.stall_s)
+        return out
 
     def culprit_row(self) -> Optional[dict[str, Any]]:
         """The first culprit's autopsy row (rank, node, host, ...), None when nobody is named."""
