@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from .rankfacts import RankFacts
+
 #: a statistics value in the statistics module's serialised form (a sketch or a series); opaque here
 Serialised = dict[str, Any]
 
@@ -264,6 +266,8 @@ class RankData:
     sketched: int = 0
     #: records of frames found malformed when their statistics were computed
     rejected: int = 0
+    #: what the rank reported besides its steps: checkpoint spans, progress, declared work
+    facts: RankFacts = field(default_factory=RankFacts)
 
     def phase(self, name: str) -> PhaseData:
         """A phase by column (``step_ns``) or phase name (``step``); empty when never measured."""
@@ -304,7 +308,8 @@ class RankData:
             events=[RankEvent.from_checkpoint(e) for e in r.get("events") or []],
             event_count=r.get("event_count", 0),
             step_source=StepSource.from_checkpoint(r.get("step_source")),
-            sketched=r.get("sketched", received), rejected=r.get("rejected", 0))
+            sketched=r.get("sketched", received), rejected=r.get("rejected", 0),
+            facts=RankFacts.from_checkpoint(r.get("facts")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -325,6 +330,7 @@ class RankData:
             "events": [e.to_checkpoint() for e in self.events], "event_count": self.event_count,
             "step_source": self.step_source.to_checkpoint() if self.step_source else None,
             "sketched": self.sketched, "rejected": self.rejected,
+            "facts": self.facts.to_checkpoint(),
         }
 
 

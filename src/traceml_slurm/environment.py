@@ -138,11 +138,9 @@ class SlurmEnvironment(ClusterEnvironment):
             ident, src = f"{v.array_job_id}_{v.array_task_id}", "slurm:SLURM_ARRAY_JOB_ID+SLURM_ARRAY_TASK_ID"
         else:
             ident, src = str(v.job_id), "slurm:SLURM_JOB_NAME+SLURM_JOB_ID"
-        run = f"{name}-{sanitise_run_name(ident)}"
-        if v.restart_count:
-            run += f"-r{v.restart_count}"
-            src += "+SLURM_RESTART_COUNT"
-        return Setting(run, src)
+        # the same for every requeue of the job (SLURM_RESTART_COUNT is the attempt, not the run):
+        # the attempts share one run directory and one goodput ledger (traceml_core/attempts.py)
+        return Setting(f"{name}-{sanitise_run_name(ident)}", src)
 
     def _step_values(self, facts: Facts, out: Contribution) -> None:
         v = facts.vars

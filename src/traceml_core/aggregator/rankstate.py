@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Optional
 
+from ..rankfacts import RankFacts
 from ..report.thresholds import WARMUP_STEPS
 from ..wire import fold
 from ..wire.frames import MAX_VALUE
@@ -84,7 +85,7 @@ class RankState:
         "mem_count", "mem_sum", "mem_max", "outside_sum", "outside_n", "series", "tail",
         "tail_n", "tail_keep", "events", "event_count", "sketched", "_step_phase", "rejected",
         "pending", "pending_n", "_proc_next", "_phase_list", "_sum_list", "sketch_cap", "relay_dropped", "relay_seq_end",
-        "open_bound", "last_open", "counts", "step_source", "sums",
+        "open_bound", "last_open", "counts", "step_source", "sums", "facts",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, sketch_cap: int = 16) -> None:
@@ -139,6 +140,8 @@ class RankState:
         #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
         #: i.e. a process that called traceml itself without the worker bootstrap)
         self.step_source: Optional[dict[str, Any]] = None
+        #: checkpoint spans, progress and declared work (its span/progress/work events)
+        self.facts = RankFacts()
         self.sketched = 0  # records that fed the sketches (weighted), vs received
         self.rejected = 0  # records of frames found malformed when their statistics were computed
         self.pending: list = []  # accepted frames whose statistics are not computed yet
@@ -489,4 +492,5 @@ class RankState:
             "events": list(self.events), "event_count": self.event_count,
             "step_source": self.step_source,
             "sketched": self.sketched, "rejected": self.rejected,
+            "facts": self.facts.to_checkpoint(),
         }

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..rankfacts import RankFacts
 from .series import Series
 from .sketch import QuantileSketch
 from .state import RunState
@@ -27,7 +28,7 @@ from .state import RunState
 _ADD = ("received", "gaps", "duplicates", "rejected", "event_count", "sketched", "connections")
 _MAX = ("client_dropped", "relay_dropped", "relay_seq_end", "next_seq")
 _NEWER = ("node", "host", "local_rank", "pid", "connected", "closed_at", "bye", "open_bound",
-          "last_open", "counts", "step_source", "last_seen")
+          "last_open", "counts", "step_source", "last_seen", "facts")
 
 
 def seed(state: RunState, base: dict[str, Any]) -> None:
@@ -44,6 +45,7 @@ def seed(state: RunState, base: dict[str, Any]) -> None:
         rs.connected = False
         rs.last_t_end = r.get("last_t_end")
         rs.first_t_end = r.get("first_t_end")
+        rs.facts = RankFacts.from_checkpoint(r.get("facts"))  # later events add to it
     for n in base.get("nodes", []):
         ni = state.node(n["node"])
         for k in ("host", "joined_at", "via", "nproc", "left_at", "bye"):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
-from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, load_checkpoint, write_file
 from ..rundata import RunData
 from .partial import finite, last_resort, render_partial
 from .render_txt import render
+from .goodput.previous import previous_attempts
 from .summary_file import dumps
 from .summary import build_summary
 
@@ -25,8 +27,10 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
     """
     files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
              "html": str(rd.path / SUMMARY_HTML)}
+    previous = previous_attempts(rd.path, rebuild=rebuild_attempt)
     try:
-        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional)
+        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
+                                previous=previous)
         blob = dumps(summary)
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -47,6 +51,13 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
     tpath = write_file(rd, run_name, SUMMARY_TXT, render_text(summary).encode(), sync=not provisional)
     return {"summary_json": str(jpath), "summary_txt": str(tpath),
             "summary_html": None if hpath is None else str(hpath), "summary": summary}
+
+
+def rebuild_attempt(checkpoint: Path) -> dict[str, Any]:
+    """An earlier attempt's summary from its checkpoint (it ended before writing one)."""
+    doc = load_checkpoint(checkpoint)
+    return build_summary(RunData.from_checkpoint(doc["state"]), previous=[], rebuilt={
+        "checkpoint": str(checkpoint), "taken_at": doc["taken_at"], "final_checkpoint": bool(doc.get("final"))})
 
 
 def render_text(summary: dict[str, Any]) -> str:

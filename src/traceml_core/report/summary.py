@@ -25,6 +25,9 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..aggregator.series import series_values
+from .goodput.account import Context, account
+from .goodput.advice import assemble
+from .goodput.ledger import AttemptLedger, Ledger
 from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import DURATION_COLUMNS
 from . import status as S
@@ -57,10 +60,12 @@ def iso(ts: Optional[float]) -> Optional[str]:
 
 def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
                   rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
-                  now: Optional[float] = None) -> dict[str, Any]:
+                  now: Optional[float] = None,
+                  previous: Optional[Sequence[AttemptLedger]] = None) -> dict[str, Any]:
     """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
     from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
-    the launcher reported the exit (a later write replaces it)."""
+    the launcher reported the exit (a later write replaces it); ``previous``: the run's earlier
+    attempts' ledger rows (goodput/attempts.py), in order."""
     s, finish = data.settings, data.finish
     ended = (finish.at if finish else None) or (rebuilt or {}).get("taken_at") or (
         time.time() if now is None else now)
@@ -76,6 +81,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
                                  s.world_size, end.status),
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct))
+    ledger = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -93,7 +99,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         telemetry=telemetry_of(data, rows.ranks, rebuilt),
         compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
         timeline=build_timeline(data, rows.ranks, verdicts[0]),
-        files=files or {}, hang=end.hang, hangs=list(data.hangs),
+        files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
                            _restart_note(data), _refused_note(data)) if n],
     ).to_json()
@@ -489,6 +495,17 @@ def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) 
     if end.stall is not None:
         found = found[:1] + [end.stall] + found[1:]
     return found
+
+
+# --- goodput -------------------------------------------------------------------------------------
+def goodput_of(data: RunData, ranks: Sequence[RankSummary], end: Ending, ended: float, device: str,
+               previous: Sequence[AttemptLedger], rebuilt: Optional[dict[str, Any]]) -> Ledger:
+    """The goodput step: this attempt's allocation divided among the ledger's buckets
+    (goodput/account.py), after the run's earlier attempts, with the advice."""
+    ctx = Context(rows=ranks, status=end.status, reason=end.reason, ended=ended, device=device,
+                  ended_hung=bool(end.hang is not None and not end.hang.resumed), rebuilt=bool(rebuilt))
+    current = account(data, ctx, attempt=len(previous), previous=previous)
+    return assemble(current, previous, data, device)
 
 
 # --- telemetry -------------------------------------------------------------------------------------
