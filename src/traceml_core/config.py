@@ -94,6 +94,12 @@ class LaunchConfig:
     def source(self, key: str) -> str:
         return self.sources.get(key, "default")
 
+    def flag_source(self, key: str) -> str:
+        """Where ``key`` came from as the user wrote it: the flag (``--hang-timeout``) for a
+        command-line value, else the source (``env:TRACEML_HANG_TIMEOUT``, ``slurm:...``)."""
+        src = self.source(key)
+        return "--" + key.replace("_", "-") if src == "cli" else src
+
     def items(self) -> list[tuple[str, Any, str]]:
         keys = [o.key for o in OPTIONS] + list(CONTEXT_KEYS)
         return [(k, getattr(self, k), self.source(k)) for k in keys]
