@@ -193,10 +193,23 @@ def wire_protocol() -> str:
             f"| `SYSTEM_FIELDS` | {', '.join(protocol.SYSTEM_FIELDS)} |",
             f"| `GPU_FIELDS` | {', '.join(protocol.GPU_FIELDS)} |",
             "", "Step record columns (`COLUMNS`, all integers; -1 means not measured this step; the kind "
-            "says how receivers aggregate the column, see `Column`):", "",
-            "| Column | Kind | Meaning |", "| --- | --- | --- |"]
+            "says how receivers aggregate the column, see `Column`; a frame holding a value past the "
+            "column's bound, `traceml_core.wire.frames.COLUMN_LIMITS`, is refused and its records "
+            "counted as lost):", "",
+            "| Column | Kind | Bound | Meaning |", "| --- | --- | --- | --- |"]
+    from traceml_core import limits as L
+    from traceml_core.wire.frames import COLUMN_LIMITS
+
     for col in protocol.COLUMNS:
-        out.append(f"| `{col.name}` | {col.kind} | {_cell(col.doc)} |")
+        out.append(f"| `{col.name}` | {col.kind} | {COLUMN_LIMITS[col.name]:,} | {_cell(col.doc)} |")
+    out += ["", "Physical bounds of measured values (`traceml_core.limits.MEASURED`), one per kind of "
+            "field, applied where a value enters from a peer (`wire/frames.py`). A step column past "
+            "its bound gets its frame refused; a time stamp or system sample value past it (NaN and "
+            "infinity included) becomes null, not measured. Both are counted in the summary "
+            "(`telemetry.wire.values_refused` and a note, or as lost records):", "",
+            "| Kind of value | Range | Why the bound |", "| --- | --- | --- |"]
+    for lim in L.MEASURED:
+        out.append(f"| {lim.name} | {_cell(lim.text())} | {_cell(lim.why)} |")
     out += ["", "Request kinds (`traceml_core.wire.frames.REQUESTS`):", "", "| Kind | Answer |",
             "| --- | --- |"]
     for req in REQUESTS.values():

@@ -18,6 +18,11 @@ from .settings import AggregatorSettings
 from .system import NodeSystem
 
 
+#: the run's counter of values refused where they entered (wire/frames.measured), beside the
+#: framed server's counters
+VALUES_REFUSED = "values_refused"
+
+
 class NodeInfo:
     __slots__ = ("node", "host", "joined_at", "via", "nproc", "connected", "left_at", "bye")
 
@@ -45,7 +50,7 @@ class RunState:
         self.ranks: dict[int, RankState] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.system: dict[int, NodeSystem] = {}
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = dict.fromkeys((*COUNTERS, VALUES_REFUSED), 0)
         self.finish: Optional[dict[str, Any]] = None
         self.run_dir_note: Optional[str] = None
         #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary

@@ -31,7 +31,7 @@ from .lifecycle import LifecycleRecord, Phase
 from .memcg import OomWatch
 from .nodelink import NodeLink
 from .outcome import HANG_EXIT_CODE, Outcome, WorkersEnded, explain_interrupt, judge, status_of
-from .preflight import check_script
+from .preflight import check_master_port, check_script
 from .stacks import StackCollector
 from .starters import STOP_GRACE_S, WorkerStarter, make_starter
 from .supervise import log
@@ -95,7 +95,12 @@ class NodeLaunch:
         an exit status here ends the launch (a signal before training)."""
         self.record.enter(Phase.PREFLIGHT)
         s = self.starter
+        # step 1 (cheap): the script exists and compiles; node 0's master port is free (node 0's
+        # launcher, or rank 0's task, hosts torchrun's rendezvous store); nothing has started yet
         check_script(s.script, module=s.module, no_python=s.no_python)
+        if self.duties.keeps_aggregator:
+            check_master_port(self.config.master_port, self.config.flag_source("master_port"),
+                              self.config.nnodes)
         if self.speaks:
             for warning in self.config.warnings:
                 log(f"warning: {warning}")
