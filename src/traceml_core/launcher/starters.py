@@ -99,6 +99,12 @@ class WorkerStarter(ABC):
         self.torchrun_args = list(torchrun_args)
         self.module = module
         self.no_python = no_python
+        self.duties = self.duties_of(config)
+
+    @staticmethod
+    @abstractmethod
+    def duties_of(config: LaunchConfig) -> Duties:
+        """This process's telemetry duties in the layout."""
 
     # -- pre-flight ----------------------------------------------------------------------------
     def check(self) -> None:
@@ -173,12 +179,11 @@ class TorchrunStarter(WorkerStarter):
     knows_every_worker = True
     waits_for_others = False
     live_view = True
+    agent: Optional[AgentLink] = None
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], script: str,
-                 script_args: Sequence[str], **kwargs: Any) -> None:
-        super().__init__(config, environ, script, script_args, **kwargs)
-        self.duties = Duties(keeps_aggregator=config.node_rank == 0, links_node=True)
-        self.agent: Optional[AgentLink] = None
+    @staticmethod
+    def duties_of(config: LaunchConfig) -> Duties:
+        return Duties(keeps_aggregator=config.node_rank == 0, links_node=True)
 
     def check(self) -> None:
         if not self.no_python:
@@ -287,11 +292,13 @@ class TaskStarter(WorkerStarter):
     waits_for_others = True
     live_view = False
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], script: str,
-                 script_args: Sequence[str], **kwargs: Any) -> None:
-        super().__init__(config, environ, script, script_args, **kwargs)
+    @staticmethod
+    def duties_of(config: LaunchConfig) -> Duties:
+        return Duties(keeps_aggregator=config.task_rank == 0, links_node=config.local_rank == 0)
+
+    def __init__(self, config: LaunchConfig, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
         self.rank, self.local = int(config.task_rank or 0), int(config.local_rank or 0)
-        self.duties = Duties(keeps_aggregator=self.rank == 0, links_node=self.local == 0)
         self.relay_port = relay_port(config)
         self.stack_dir = node_dir(config.run_name, config.node_rank)
 
