@@ -50,7 +50,7 @@ def test_a_task_that_knows_only_its_own_worker_does_not_vouch_for_a_clean_run():
 
 
 def test_the_lifecycle_moves_forward_and_records_when_each_phase_began():
-    rec = LifecycleRecord(node=1, allocation_start=1000.0, restarts=2)
+    rec = LifecycleRecord(allocation_start=1000.0, restarts=2)
     for at, phase in enumerate((Phase.PREFLIGHT, Phase.TELEMETRY_UP, Phase.TRAINING), start=1001):
         rec.enter(phase, at=float(at))
     rec.first_step(at=1003.5)
@@ -61,15 +61,61 @@ def test_the_lifecycle_moves_forward_and_records_when_each_phase_began():
     rec.enter(Phase.DONE, at=1011.0)
     assert rec.began(Phase.TRAINING) == 1003.0 and rec.phase is Phase.DONE
     assert rec.to_wire() == {
-        "node": 1, "first_step": 1003.5, "allocation_start": 1000.0, "restarts": 2,
+        "first_step": 1003.5, "allocation_start": 1000.0, "restarts": 2,
         "phases": [["preflight", 1001.0], ["telemetry_up", 1002.0], ["training", 1003.0],
                    ["finishing", 1010.0], ["done", 1011.0]]}
 
 
 def test_a_launch_refused_in_preflight_goes_straight_to_done():
-    rec = LifecycleRecord(node=0)
+    rec = LifecycleRecord()
     rec.enter(Phase.PREFLIGHT, at=1.0)
     rec.enter(Phase.DONE, at=2.0)
     assert [p for p, _ in rec.to_wire()["phases"]] == ["preflight", "done"]
     with pytest.raises(ValueError):
-        LifecycleRecord(node=0).enter(Phase.TRAINING)   # nothing starts without its pre-flight
+        LifecycleRecord().enter(Phase.TRAINING)   # nothing starts without its pre-flight
+
+
+def test_each_nodes_lifecycle_reaches_the_summary_through_the_real_aggregator(rig):
+    """Node 1's launcher sends its record in its goodbye, node 0's in its finish (as NodeLaunch
+    does); the summary's topology holds both, for the goodput ledger. What does not fit the
+    trust boundary is left out, never the frame: an unknown phase is dropped, a time past 2**32 s
+    is not measured (and counted among the values refused)."""
+    import datetime
+    import json
+
+    from aggpeers import RankPeer
+
+    h = rig(nnodes=2, nproc_per_node=1)
+    for rank in (0, 1):
+        p = RankPeer(h.relay_port(rank), rank, node=rank)
+        p.steps(5)
+        p.bye()
+    t0 = 1_800_000_000.0
+
+    def record(first: float) -> dict:
+        rec = LifecycleRecord(allocation_start=t0, restarts=0)
+        for i, phase in enumerate((Phase.PREFLIGHT, Phase.TELEMETRY_UP, Phase.TRAINING, Phase.FINISHING)):
+            rec.enter(phase, at=t0 + first + i)
+        rec.first_step(at=t0 + first + 2.5)
+        return rec.to_wire()
+
+    node1 = record(10.0)
+    node1["phases"].insert(0, ["rendezvous", t0])      # not a phase of ours
+    node1["first_step"] = 2.0 ** 40                    # not a time
+    h.relays[1].drain(2.0)
+    h.relays[1].close(3.0, bye={"t": "bye", "status": "clean", "exit_code": 0, "lifecycle": node1})
+    h.relays[0].drain(2.0)
+    h.relays[0].run_ended()
+    s = json.loads(h.handle.finish(0, report={"lifecycle": record(5.0)}).summary_json.read_text())
+
+    def seconds(iso: str) -> float:
+        return datetime.datetime.fromisoformat(iso).timestamp() - t0
+
+    got = [(n["node"], {p: seconds(at) for p, at in n["lifecycle"]["phases"].items()},
+            n["lifecycle"]["first_step"] and seconds(n["lifecycle"]["first_step"]),
+            seconds(n["lifecycle"]["allocation_start"]), n["lifecycle"]["restarts"])
+           for n in s["topology"]["nodes"]]
+    assert got == [
+        (0, {"preflight": 5.0, "telemetry_up": 6.0, "training": 7.0, "finishing": 8.0}, 7.5, 0.0, 0),
+        (1, {"preflight": 10.0, "telemetry_up": 11.0, "training": 12.0, "finishing": 13.0}, None, 0.0, 0)]
+    assert s["telemetry"]["wire"]["values_refused"] == 1, s["telemetry"]["wire"]

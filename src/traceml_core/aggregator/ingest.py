@@ -135,6 +135,7 @@ class Ingest:
         if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
                                        "at": time.time(), "workers": msg["workers"], "oom": msg["oom"]}
+            st.node(ident.node).lifecycle = msg["lifecycle"]
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -279,6 +280,7 @@ class Ingest:
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
                              "source": "launcher", "at": time.time(), "workers": msg["workers"],
                              "oom": msg["oom"]}
+        self.state.node(0).lifecycle = msg["lifecycle"]
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

@@ -30,7 +30,10 @@ a signal before training, an exception), which goes straight to ``done``.
 :class:`LifecycleRecord` keeps when each phase began (wall-clock seconds, so node 0 can line up
 every node's record), when this node's relay first received a step record, and two facts from the
 cluster plugin: when the allocation started and how often the job was requeued. It travels to
-node 0 in the launcher's ``finish`` (node 0) or ``bye`` (other nodes): see docs/wire-protocol.md.
+node 0 with the launcher's worker report, in its ``finish`` (node 0) or ``bye`` (other nodes), so
+it holds the phases up to ``finishing``; the launcher's exit follows within the summary's (or the
+goodbye's) own time. See docs/wire-protocol.md; node 0 keeps each node's record in its run data
+(``rundata.LaunchLifecycle``) and the summary's ``topology.nodes[].lifecycle``.
 """
 
 from __future__ import annotations
@@ -40,14 +43,20 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Optional
 
+from ..wire.protocol import LAUNCH_PHASES
+
 
 class Phase(str, Enum):
+    """The phases, in order; their names are the wire's (wire/protocol.LAUNCH_PHASES)."""
+
     PREFLIGHT = "preflight"
     TELEMETRY_UP = "telemetry_up"
     TRAINING = "training"
     FINISHING = "finishing"
     DONE = "done"
 
+
+assert tuple(p.value for p in Phase) == LAUNCH_PHASES
 
 #: the phases each phase may move to: the next one, or straight to the end
 NEXT: dict[Optional[Phase], tuple[Phase, ...]] = {
@@ -71,7 +80,6 @@ class Transition:
 class LifecycleRecord:
     """When this process's launch entered each phase (see the module's docstring)."""
 
-    node: int
     transitions: list[Transition] = field(default_factory=list)
     #: when this node's relay first received a step record from one of its ranks (epoch s); None
     #: when none arrived (or this process runs no relay)
@@ -97,13 +105,13 @@ class LifecycleRecord:
                 return t.at
         return None
 
-    def first_step(self, at: Optional[float] = None) -> None:
+    def first_step(self, at: float) -> None:
         if self.first_step_at is None:
-            self.first_step_at = time.time() if at is None else at
+            self.first_step_at = at
 
     def to_wire(self) -> dict[str, Any]:
         """The ``lifecycle`` field of the launcher's ``finish`` or ``bye`` (checked on node 0 by
-        ``wire.frames.check_lifecycle``)."""
-        return {"node": self.node, "phases": [[t.phase.value, round(t.at, 3)] for t in self.transitions],
+        ``wire.frames.launch_lifecycle``)."""
+        return {"phases": [[t.phase.value, round(t.at, 3)] for t in self.transitions],
                 "first_step": None if self.first_step_at is None else round(self.first_step_at, 3),
                 "allocation_start": self.allocation_start, "restarts": self.restarts}

@@ -193,10 +193,9 @@ class NodeLink:
         relay = self.relay
         return relay.stats().ranks_connected if relay is not None else 0
 
-    def steps_received(self) -> bool:
-        """A step record from one of this node's ranks has reached its relay."""
-        relay = self.relay
-        return relay is not None and relay.stats().records_in > 0
+    def first_step_at(self) -> Optional[float]:
+        """When the first step records of this node's ranks reached its relay (epoch s), or None."""
+        return self.relay.first_steps_at if self.relay is not None else None
 
     # -- the end ---------------------------------------------------------------------------------
     def stop_extras(self) -> None:

@@ -68,7 +68,7 @@ class NodeLaunch:
         self.environ = environ
         self.duties = starter.duties
         self.speaks = starter.duties.speaks_for_node
-        self.record = LifecycleRecord(config.node_rank)
+        self.record = LifecycleRecord(allocation_start=config.job_start_time, restarts=config.restart_count)
         self.token: Optional[Token] = None
         self.keeper: Optional[AggregatorKeeper] = None
         self.link: Optional[NodeLink] = None
@@ -190,22 +190,22 @@ class NodeLaunch:
                 tick()
 
     def _tick(self) -> None:
-        """While the workers train: node 0's aggregator kept alive, the watchdog's round, and
-        when this node's first step arrived (for the lifecycle record)."""
+        """While the workers train: node 0's aggregator kept alive, and the watchdog's round."""
         if self.keeper is not None:
             self.keeper.ensure_alive()
         if self.watchdog is not None:
             self.watchdog.tick()
-        if self.record.first_step_at is None and self.link is not None and self.link.steps_received():
-            self.record.first_step()
 
     # -- finishing -------------------------------------------------------------------------------
     def _finish(self, code: int) -> int:
         s, c = self.starter, self.config
         self.record.enter(Phase.FINISHING)
+        if self.link is not None and self.link.first_step_at() is not None:
+            self.record.first_step(self.link.first_step_at())
         hung = self.watchdog.hung if self.watchdog is not None else False
         ended = WorkersEnded(code, s.interrupted_by, hung)
-        report = {"workers": s.failed_workers(code), "oom": self.oom.report() if self.oom else None}
+        report = {"workers": s.failed_workers(code), "oom": self.oom.report() if self.oom else None,
+                  "lifecycle": self.record.to_wire()}
         wait = s.waits_for_others and ended.signal is None and not hung
         if self.speaks:
             log(s.ended_words(code, time.monotonic() - self._training_at)

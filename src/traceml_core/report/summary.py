@@ -13,7 +13,7 @@ import time
 from typing import Any, Optional, Sequence
 
 from ..aggregator.series import series_values
-from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
+from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import DURATION_COLUMNS
 from .failure import diagnose, did_not_start, failed_by_itself
 from .hang import verdict as hang_verdict
@@ -40,6 +40,14 @@ def iso(ts: Optional[float]) -> Optional[str]:
         return None
     lt = time.localtime(ts)
     return time.strftime("%Y-%m-%dT%H:%M:%S", lt) + f".{int((ts % 1) * 1000):03d}" + time.strftime("%z", lt)
+
+
+def _lifecycle(lc: Optional[LaunchLifecycle]) -> Optional[dict[str, Any]]:
+    """A node's launch lifecycle (rundata.LaunchLifecycle) with local ISO times."""
+    if lc is None:
+        return None
+    return {"phases": {p: iso(at) for p, at in lc.phases.items()}, "first_step": iso(lc.first_step),
+            "allocation_start": iso(lc.allocation_start), "restarts": lc.restarts}
 
 
 def _phase(ph: PhaseData) -> Optional[PhaseSummary]:
@@ -379,6 +387,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
             "left_early": ni.left_at is not None or node in failed_nodes,
             "exit_code": ni.bye.exit_code if ni.bye else None,
             "ranks": by_node.get(node, []),
+            "lifecycle": _lifecycle(ni.lifecycle),
         })
     for rs in ranks:  # fill hostnames of ranks that never joined from the topology
         if not rs.host and 0 <= (rs.node or 0) < nnodes:
