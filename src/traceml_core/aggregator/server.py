@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from ..exporters import LIVE_KINDS
 from ..options import BY_KEY
 from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
@@ -37,7 +38,7 @@ from ..wire.server import Conn, FramedServer, Handler, Limits, listen
 from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
 from .claim import Claim
-from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
+from ..rundir import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
@@ -165,10 +166,16 @@ class Server(Handler):
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self.checkpoint_seconds = 0.0
+        #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
+        self.exports: Optional[Any] = None
+        if any(k in LIVE_KINDS for k in settings.export):
+            from ..exporters.live import live_exports
+
+            self.exports = live_exports(settings, run_dir.path)
 
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
-        from .persist import load_checkpoint
+        from ..rundir import load_checkpoint
         from .resume import seed
 
         try:
@@ -225,6 +232,8 @@ class Server(Handler):
             return
         if now >= self._next_checkpoint:
             self.checkpoint()
+        if self.exports is not None and self.exports.due(now) and not self.finishing:
+            self.exports.tick(self.state)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:

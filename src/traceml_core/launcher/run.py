@@ -204,7 +204,7 @@ class NodeLaunch:
             self.record.first_step(self.link.first_step_at())
         hung = self.watchdog.hung if self.watchdog is not None else False
         ended = WorkersEnded(code, s.interrupted_by, hung)
-        report = {"workers": s.failed_workers(code), "oom": self.oom.report() if self.oom else None,
+        report = {**s.report(code), "oom": self.oom.report() if self.oom else None,
                   "lifecycle": self.record.to_wire()}
         wait = s.waits_for_others and ended.signal is None and not hung
         if self.speaks:

@@ -160,8 +160,9 @@ class WorkerStarter(ABC):
 
     # -- the end -------------------------------------------------------------------------------
     @abstractmethod
-    def failed_workers(self, code: int) -> list[dict[str, Any]]:
-        """The workers that failed, how (rank, pid, exit code, signal), for the summary."""
+    def report(self, code: int) -> dict[str, Any]:
+        """What this process knows of how its workers ended, for the node's report (wire/frames
+        worker_report): ``workers``, those that failed and how (rank, pid, exit code, signal)."""
 
     @abstractmethod
     def ended_words(self, code: int, elapsed: float) -> str:
@@ -254,12 +255,21 @@ class TorchrunStarter(WorkerStarter):
             self.agent.abort()
         super().abort()
 
-    def failed_workers(self, code: int) -> list[dict[str, Any]]:
-        """torchrun's own record of which workers failed how (sent by the agent)."""
-        assert self.agent is not None
+    def report(self, code: int) -> dict[str, Any]:
+        """torchrun's own record of which workers failed how (sent by the agent), and how torchrun
+        itself ended: its exit code, when, and, when a signal killed it that the launcher did not
+        send (the OOM killer, a user, a health check), the signal's name: the summary then names
+        this node's torchrun as the failure its ranks followed (report/failure.py);
+        ``stopped_at``: when a signal to the launcher (scancel, the time limit, srun stopping the
+        step) made it stop torchrun, so a node lost before that is the failure."""
+        assert self.agent is not None and self.sup is not None
         rows = self.agent.collect_failures() if code != 0 else []
         self.agent.close()
-        return rows
+        sup = self.sup
+        ours = sup.interrupted_by is not None or sup.terminated is not None
+        return {"workers": rows, "torchrun": {
+            "exitcode": code, "signal": signal.Signals(-code).name if code < 0 and not ours else None,
+            "at": time.time(), "stopped_at": sup.interrupted_at}}
 
     def ended_words(self, code: int, elapsed: float) -> str:
         return f"workers ended with exit code {code} after {elapsed:.1f} s"
@@ -323,13 +333,13 @@ class TaskStarter(WorkerStarter):
         self.sup = Supervisor(cmd, worker_env(self.config, self.environ, run_env), grace=STOP_GRACE_S)
         self.sup.start()
 
-    def failed_workers(self, code: int) -> list[dict[str, Any]]:
+    def report(self, code: int) -> dict[str, Any]:
         if code == 0:
-            return []
+            return {"workers": []}
         proc = self.sup.proc if self.sup is not None else None
-        return [{"rank": self.rank, "local_rank": self.local, "pid": proc.pid if proc is not None else 0,
+        return {"workers": [{"rank": self.rank, "local_rank": self.local, "pid": proc.pid if proc is not None else 0,
                  "exitcode": code, "signal": signal.Signals(-code).name if code < 0 else None,
-                 "ts": time.time(), "message": ""}]
+                 "ts": time.time(), "message": ""}]}
 
     def ended_words(self, code: int, elapsed: float) -> str:
         return f"rank {self.rank}: worker ended with exit code {code} after {elapsed:.1f} s"

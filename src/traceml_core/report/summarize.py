@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
+from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
 from ..rundata import Finish, LaunchLifecycle, NodeData, RunData
@@ -107,14 +108,9 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
                              f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
                              "another traceml version.") from None
-    if finish is not None and data.finish is None:
-        data.finish = Finish.from_checkpoint({
-            "exit_code": finish.get("exit_code"), "interrupted": bool(finish.get("interrupted")),
-            "reason": str(finish.get("reason") or ""),
-            "failed_nodes": list(finish.get("failed_nodes") or []),
-            "source": "launcher (after the aggregator was gone)",
-            "at": finish.get("at"), "workers": list(finish.get("workers") or []),
-            "oom": finish.get("oom")})
+    if finish is not None and data.finish is None:  # what the launcher knows about the end
+        data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
+                              source="launcher (after the aggregator was gone)")
         if isinstance(finish.get("lifecycle"), dict):   # node 0's launcher's own record
             node0 = next((n for n in data.nodes if n.node == 0), None)
             if node0 is None:

@@ -187,6 +187,9 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         mid = median([fn(r) for r in live if r is not worst])
         assert mid is not None
         excess = fn(worst) - mid
+        pause = one_pause(worst, live, metric)
+        if pause and worst.steady_steps:  # a pause is not a straggler: judge the rest
+            excess = max(0.0, excess - pause / worst.steady_steps)
         frac = excess / step_med
         sev = _severity(frac, excess, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                         T.STRAGGLER_FLOOR_MS)
@@ -217,11 +220,44 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the other ranks' median "
                f"({frac:.0%} of the median step, {step_med:.1f} ms), mostly in "
                f"{_PHASE_WORDS.get(phase, phase)}"
-               + ("; the other ranks wait for it" if metric == "own" else ""))
+               + ("; the other ranks wait for it" if metric == "own" else "")
+               + (f" (not counting one pause of {pause / 1000:.1f} s)" if pause else ""))
         return _verdict("straggler", sev, why, nxt, _culprit(worst), metric=metric,
                         excess_ms=round(excess, 4), excess_fraction=round(frac, 4),
-                        median_step_ms=round(step_med, 4), phase=phase)
+                        median_step_ms=round(step_med, 4), phase=phase,
+                        pause_ms=round(pause, 1) if pause else None)
     return None
+
+
+def _max(r: RankSummary, phase: str) -> Optional[float]:
+    ph = r.phases.get(phase)
+    return ph.max_ms if ph else None
+
+
+def one_pause(worst: RankSummary, live: Sequence[RankSummary], metric: str) -> Optional[float]:
+    """A pause is not a straggler: the length (ms) of one long step that accounts for part of
+    ``worst``'s excess, or None. A rank stopped once (SIGSTOP, a debugger, a save on that rank
+    only) makes every other rank wait once, for the whole pause, in the step's synchronisation
+    (``comm``, else ``backward``: the wait :func:`own_time` takes out), while its own wait there
+    stays short; so the others' longest wait exceeds the rank's own by the pause. A rank slower
+    at every step makes the others wait a little at every step (their longest wait is about one
+    step's excess), and a slow first step on every rank (compilation) is long for the rank too,
+    so neither looks like a pause. For the ``step`` metric the pause is the rank's own longest
+    step beyond the others'. The caller takes the pause out of the rank's excess and judges the
+    rest (report/thresholds.py: PAUSE_MIN_STEPS)."""
+    others = [r for r in live if r is not worst]
+    if metric == "own":
+        def wait_max(r: RankSummary) -> Optional[float]:
+            return _max(r, "comm") if r.phases.get("comm") else _max(r, "backward")
+        theirs = [v for v in map(wait_max, others) if v is not None]
+        mine = wait_max(worst)
+        pause = (median(theirs) or 0.0) - mine if theirs and mine is not None else 0.0
+    else:
+        theirs = [v for v in (_max(r, "step") for r in others) if v is not None]
+        mine = _max(worst, "step")
+        pause = mine - (median(theirs) or 0.0) if theirs and mine is not None else 0.0
+    step = median([v for v in (_m(r, "step") for r in live) if v is not None]) or 0.0
+    return pause if step > 0 and pause >= T.PAUSE_MIN_STEPS * step else None
 
 
 def memory_creep(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
