@@ -91,8 +91,12 @@ class Watchdog:
         if hang and self._check_hang(status, hang):
             return
         if watch:
+            before = self.hangwatch.current
             stall = self.hangwatch.observe(now, int(status.get("records", 0)), bool(status.get("silent")),
                                            status.get("median_step_ms"))
+            if before is not None and before.resolved_after_s is not None:  # the stall is over
+                log(f"the stall is over: steps reach node 0 again after {before.resolved_after_s:.0f} s "
+                    "without one (the summary keeps its length and the hang report)")
             if stall is not None and (self._autopsy is None or not self._autopsy.is_alive()):
                 self._autopsy = threading.Thread(target=self.take_hang_report, args=(stall, now),
                                                  name="traceml-hang-report", daemon=True)
