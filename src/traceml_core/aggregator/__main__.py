@@ -90,6 +90,7 @@ def main() -> int:
         moved = archive_previous(run_dir.path, settings.run_id)
         if moved:
             log(moved)
+    run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:
         listener = open_listener(settings)

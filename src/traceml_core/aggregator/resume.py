@@ -48,7 +48,7 @@ def seed(state: RunState, base: dict[str, Any]) -> None:
         rs.facts = RankFacts.from_checkpoint(r.get("facts"))  # later events add to it
     for n in base.get("nodes", []):
         ni = state.node(n["node"])
-        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye"):
+        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye", "lifecycle"):
             if n.get(k) is not None:
                 setattr(ni, k, n[k])
         ni.connected = False
