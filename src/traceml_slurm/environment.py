@@ -272,6 +272,16 @@ class SlurmEnvironment(ClusterEnvironment):
             f"derived from the job id ({port.value}, {port.source}) so jobs sharing a node do not "
             f"clash. To pin it, pass --master-port or set TRACEML_MASTER_PORT.")
 
+    def allocation_start(self, config: Any) -> Optional[float]:
+        """SLURM_JOB_START_TIME where Slurm gives it (23.02 and later, already in the config), else
+        the controller's StartTime of the job (2 s at most; the current attempt's, after a requeue)."""
+        if config.job_start_time:
+            return float(config.job_start_time)
+        from .interrupts import controller_state
+
+        facts = controller_state(config.job_id)
+        return facts.get("start") if facts else None
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> Optional[str]:
         from .interrupts import explain
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -30,7 +31,8 @@ from .keeper import AggregatorKeeper
 from .lifecycle import LifecycleRecord, Phase
 from .memcg import OomWatch
 from .nodelink import NodeLink
-from .outcome import HANG_EXIT_CODE, Outcome, WorkersEnded, explain_interrupt, judge, status_of
+from .outcome import (HANG_EXIT_CODE, Outcome, WorkersEnded, allocation_start, explain_interrupt, judge,
+                      status_of)
 from .preflight import check_master_port, check_script
 from .stacks import StackCollector
 from .starters import STOP_GRACE_S, WorkerStarter, make_starter
@@ -69,6 +71,9 @@ class NodeLaunch:
         self.duties = starter.duties
         self.speaks = starter.duties.speaks_for_node
         self.record = LifecycleRecord(allocation_start=config.job_start_time, restarts=config.restart_count)
+        if self.duties.keeps_aggregator and config.job_start_time is None and config.job_id:
+            # older Slurm does not give the job its start: ask the scheduler, in the background
+            threading.Thread(target=self._ask_allocation_start, name="traceml-alloc-start", daemon=True).start()
         self.token: Optional[Token] = None
         self.keeper: Optional[AggregatorKeeper] = None
         self.link: Optional[NodeLink] = None
@@ -77,6 +82,11 @@ class NodeLaunch:
         self.view: Any = None
         self._telemetry_at = 0.0
         self._training_at = 0.0
+
+    def _ask_allocation_start(self) -> None:
+        start = allocation_start(self.config)
+        if start is not None and self.record.allocation_start is None:
+            self.record.allocation_start = start
 
     def run(self) -> int:
         try:

@@ -67,7 +67,7 @@ class Context:
 
 
 def _lifecycles(data: RunData) -> list[Any]:
-    return [lc for n in data.nodes for lc in (getattr(n, "lifecycle", None),) if lc is not None]
+    return [n.lifecycle for n in data.nodes if n.lifecycle is not None]
 
 
 def window(data: RunData, ended: float) -> Window:
@@ -82,10 +82,14 @@ def window(data: RunData, ended: float) -> Window:
     else:
         starts = [t for lc in lcs for t in (lc.phases.get("preflight"),) if t]
         start = float(min(starts)) if starts else float(data.settings.started_at)
-        source = "the first launcher's start (the cluster did not say when the allocation began)"
-        note = ("measured from the first `traceml run` launcher's start: what ran before it in the "
-                "allocation (the batch script, srun) is not in the ledger. Slurm 23.02 and later give "
-                "the job's start (SLURM_JOB_START_TIME); on older Slurm the launcher asks the controller")
+        if data.settings.job_id:
+            source = "the first launcher's start (the cluster did not say when the allocation began)"
+            note = ("measured from the first `traceml run` launcher's start: the cluster did not say when "
+                    "the allocation began (SLURM_JOB_START_TIME, Slurm 23.02 and later, or the controller's "
+                    "StartTime, which node 0's launcher asks for), so what ran before the launcher (the "
+                    "batch script, srun) is not in the ledger")
+        else:
+            source = "the first launcher's start (no cluster allocation)"
     ends = [(ended, "the summary")]
     if data.finish is not None and data.finish.at:
         ends.append((float(data.finish.at), "node 0's launcher finish"))
