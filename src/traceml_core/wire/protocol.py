@@ -42,7 +42,14 @@ Rank → relay, after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
-            is not a notable event.
+            is not a notable event. Kinds ``span``, ``progress`` and ``work``: ``text`` is a JSON
+            object of the rank's own facts (:mod:`traceml_core.rankfacts`, checked by
+            :func:`traceml_core.wire.frames.rank_fact`): a timed span (``{"span": "checkpoint",
+            "dur_ns","end","step","gstep","in_step","api"}``: a checkpoint save, when it ended,
+            the rank's step count and the script's global step then), a progress mark
+            (``{"step","gstep","start","end"}``: the rank's step ``step`` is the script's global
+            step ``gstep``, with its start and end), or the work a step is worth
+            (``{"tokens_per_step","flops_per_step","dtype","device"}``); not notable events.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -86,8 +93,18 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
              "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
              it; ``stopped_at`` when the launcher, signalled itself, began stopping it; or null).
-             The last frame of the link: the link closing without it before the
-             run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
+             Optional ``lifecycle``: when the node's launch entered each phase (**lifecycle
+             record**, ``traceml_core.wire.frames.launch_lifecycle``): ``{"phases": [[phase, at],
+             ...], "first_step", "allocation_start", "restarts"}``, phases named from
+             ``LAUNCH_PHASES`` (``preflight``, ``telemetry_up``, ``training``, ``finishing``,
+             ``done``; see [the launch lifecycle](reliability.md#the-launch-lifecycle)), each at
+             most once, times in seconds since 1970; ``first_step`` when the node's relay first
+             received step records, ``allocation_start`` when the cluster started the job,
+             ``restarts`` how often it was requeued (null where not known). A time past its bound
+             is not measured (null, counted in ``values_refused``); anything else malformed drops
+             the record, never the frame. The last frame of the link: the link closing without it
+             before the run's ``finish`` means the node vanished, and ``gone`` for every rank it
+             carried.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
 
@@ -113,7 +130,8 @@ answer, so an answer to a timed-out request is never taken for the next one's):
 ``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom","torchrun"}``: training
             is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
             ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
-            vanish, ``workers``/``oom``/``torchrun`` node 0's report as in the node ``bye``). The
+            vanish, ``workers``/``oom``/``torchrun`` node 0's report and ``lifecycle`` its
+            lifecycle record, as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
