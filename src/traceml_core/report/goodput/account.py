@@ -30,8 +30,12 @@ from .ledger import AttemptLedger, NodeLedger, Progress, Split, apportion
 
 #: phases of a step that are the model's own work
 COMPUTE = ("forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
-#: where time is taken from when a stall, the redone steps or a wait for the saver are carved out
-_CARVE_WAIT = ("straggler", "comm", "no_phase", "between")
+#: where time is taken from when a stall, the wait for the rank that saved a checkpoint or the
+#: redone steps are carved out: a stall is mostly a collective that does not complete; the saver
+#: is waited for in the next collective (beyond the least-waiting rank: the straggler part) or at a
+#: barrier between steps
+_CARVE_STALL = ("straggler", "comm", "no_phase", "between")
+_CARVE_SAVER = ("straggler", "between", "no_phase", "comm")
 _CARVE_REDONE = ("productive", "input", "comm", "straggler", "no_phase", "between")
 #: how the run's statuses read as an attempt's ending (a requeue is told from its words or from a
 #: later attempt of the same job)
@@ -255,10 +259,10 @@ def account_rank(r: Optional[RankData], rank: int, node: int, w: Window, *, fail
     p["checkpoint"] += slot.take(max(0.0, _s(ck.sum_ns - ck.in_step_ns) - ck_tail), ("between", "no_phase"))
     # every rank waits for the rank that saved (DDP's next collective): that wait is checkpointing
     wait = max(0.0, saver_s - _s(ck.sum_ns) + ck_tail)
-    p["checkpoint"] += slot.take(wait, _CARVE_WAIT)
+    p["checkpoint"] += slot.take(wait, _CARVE_SAVER)
     # --- stalls node 0 reported, inside the steps
     for s0, s1 in stalls:
-        p["hang"] += slot.take(_overlap(s0, s1, f, l), _CARVE_WAIT)
+        p["hang"] += slot.take(_overlap(s0, s1, f, l), _CARVE_STALL)
     # --- steps an earlier attempt had done already
     if redone_steps > 0:
         t = time_after(r, min(redone_steps, steps_of(r)), f)
