@@ -93,7 +93,7 @@ def render_ledger(ledger: Ledger) -> list[str]:
     total = ledger.total
     if len(atts) == 1:
         a = atts[0]
-        out = [f"Goodput: {a.slots} {'GPUs' if a.unit.startswith('GPU') else 'ranks'} x {a.wall_s:,.1f} s = "
+        out = [f"Goodput: {a.slots} {'GPU(s)' if a.unit.startswith('GPU') else 'rank(s)'} x {a.wall_s:,.1f} s = "
                f"{total.total_ms / 1000:,.1f} {a.unit}: " + _shares(total)]
         if a.progress.checkpoints or a.progress.source == "step":
             p = a.progress
