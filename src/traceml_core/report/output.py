@@ -27,7 +27,11 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
     """
     files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
              "html": str(rd.path / SUMMARY_HTML)}
-    previous = previous_attempts(rd.path, rebuild=rebuild_attempt)
+    try:  # the run's earlier attempts (a requeue, a chained job): their ledger rows
+        previous = previous_attempts(rd.path, rebuild=rebuild_attempt)
+    except Exception as exc:  # noqa: BLE001 - never lose this attempt's summary over them
+        _warn(f"the run's earlier attempts could not be read ({type(exc).__name__}: {exc})")
+        previous = []
     try:
         summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
                                 previous=previous)

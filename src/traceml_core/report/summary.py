@@ -81,7 +81,11 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
                                  s.world_size, end.status),
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct))
-    ledger = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
+    try:
+        ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
+        ledger_note = ""
+    except Exception as exc:  # noqa: BLE001 - the ledger must never cost the run's summary
+        ledger, ledger_note = None, f"the goodput ledger could not be built ({type(exc).__name__}: {exc})"
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -101,7 +105,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         timeline=build_timeline(data, rows.ranks, verdicts[0]),
         files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
-                           _restart_note(data), _refused_note(data)) if n],
+                           _restart_note(data), _refused_note(data), ledger_note) if n],
     ).to_json()
 
 

@@ -21,6 +21,7 @@ Nothing here reads a clock or a file: the same run data give the same ledger.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import add
 from typing import Any, Optional, Sequence
 
 from ...aggregator.series import series_values
@@ -373,27 +374,44 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     comm_base = _comm_means(ranks)
     progress, redone = progress_of(data, previous)
     saver_s = max((_s(r.facts.span("checkpoint").sum_ns) for r in ranks), default=0.0)
-    slots: list[RankSlot] = []
+    wall_ms = int(round((w.end - w.start) * 1000))
+    not_measured = _not_measured(data, ranks, ctx)
+    hosts = {n.node: n.host for n in data.nodes}
+    # per node: its slots and the milliseconds per bucket (KEYS order), added rank by rank; ranks
+    # that never joined all have the same parts, so their rounding is done once
+    acc: dict[int, list[int]] = {}
+    rounded: dict[tuple[float, ...], list[int]] = {}
     world = max([s.world_size] + [k + 1 for k in by_rank])
     for rank in range(world):
         r = by_rank.get(rank)
         node = r.node if r is not None and r.node is not None else (rank // s.nproc_per_node if s.nproc_per_node else 0)
-        slots.append(account_rank(r, rank, node, w, failed_at=F, comm_base=comm_base, stalls=stalls,
-                                  redone_steps=redone.get(rank, 0), saver_s=saver_s))
-    wall_ms = int(round((w.end - w.start) * 1000))
-    not_measured = _not_measured(data, ranks, ctx)
-    nodes: dict[int, NodeLedger] = {}
-    hosts = {n.node: n.host for n in data.nodes}
-    for sl in slots:
-        ms = apportion(sl.parts, wall_ms)
-        nl = nodes.setdefault(sl.node, NodeLedger(sl.node, hosts.get(sl.node) or _host(s, sl.node), 0, Split()))
-        nl.slots += 1
-        nl.split.add(Split(wall_ms, {k: ms[k] for k in KEYS}))
-    for nl in nodes.values():
+        parts = account_rank(r, rank, node, w, failed_at=F, comm_base=comm_base, stalls=stalls,
+                             redone_steps=redone.get(rank, 0), saver_s=saver_s).parts
+        key = tuple(parts[k] for k in KEYS)
+        ms = rounded.get(key)
+        if ms is None:
+            split = apportion(parts, wall_ms)
+            ms = [split[k] for k in KEYS]
+            if r is None:
+                rounded[key] = ms
+        a = acc.get(node)
+        if a is None:
+            acc[node] = [1, *ms]
+        else:
+            a[0] += 1
+            for i, v in enumerate(ms, 1):
+                a[i] += v
+    node_list = []
+    whole = [0] * (len(KEYS) + 1)
+    for node in sorted(acc):
+        a = acc[node]
+        whole = list(map(add, whole, a))
+        ms = dict(zip(KEYS, a[1:]))
         for k in not_measured:
-            nl.split.ms[k] = None
-    node_list = [nodes[n] for n in sorted(nodes)]
-    total = Split.summed(n.split for n in node_list)
+            ms[k] = None
+        node_list.append(NodeLedger(node, hosts.get(node) or _host(s, node), a[0], Split(a[0] * wall_ms, ms)))
+    slots = whole[0]
+    total = Split(slots * wall_ms, dict(zip(KEYS, whole[1:])))
     for k in not_measured:
         total.ms[k] = None
     notes = {}
@@ -408,7 +426,7 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     return AttemptLedger(
         attempt=attempt, job_id=s.job_id, restart_count=restarts[0] if restarts else public.get("restart_count"),
         run_id=public.get("run_id"), start=round(w.start, 3), start_source=w.start_source,
-        end=round(w.end, 3), end_source=w.end_source, slots=len(slots),
+        end=round(w.end, 3), end_source=w.end_source, slots=slots,
         unit="GPU-seconds" if ctx.device == "cuda" else "rank-seconds",
         ended=ended_as(ctx.status, ctx.reason), reason=ctx.reason, split=total, nodes=node_list,
         not_measured=not_measured, notes=notes, progress=progress, rebuilt=ctx.rebuilt)
@@ -428,6 +446,10 @@ def _not_measured(data: RunData, ranks: Sequence[RankData], ctx: Context) -> dic
         out["input"] = ("no rank timed its input (the batches come from a function, not a DataLoader "
                         "TraceML sees): wrap the loader with traceml.wrap_dataloader, or fetch the batch "
                         "inside trace_step; the wait is in time in no phase")
+    if not any(r.facts.progress.first is not None for r in stepped):
+        # the SDK that times checkpoints also marks each rank's first step: none did
+        out["checkpoint"] = ("the workers' TraceML did not report checkpoint saves (an older traceml in the "
+                             "workers' environment: install this version there); saves are in between-step work")
     if not any(r.phase("comm_ns").count > 0 for r in stepped):
         why = ("a single process: nothing to communicate" if data.settings.world_size <= 1 else
                "no rank timed its collectives (no process group in the traced steps, or a DDP model "

@@ -116,8 +116,9 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
         return (f"{redone:,} step(s){exact} were redone after a requeue: {_dur(per_slot)} x {slots} {word} = {share}"
                 f"{last}",
                 "checkpoint more often (the work since the last checkpoint is what a requeue costs), or save on "
-                "Slurm's early warning: add `#SBATCH --signal=USR1@600` and save a checkpoint in a SIGUSR1 "
-                "handler (TraceML's launcher passes USR1 to your workers and keeps training)")
+                "Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a job has "
+                "one early signal) and a SIGUSR1 handler that saves a checkpoint and ends training (TraceML's "
+                "launcher lets USR1 through to your workers)")
     if key == "startup":
         per = per_slot / max(1, n)
         return (f"start-up (allocation start to the first step) took {share}: {_dur(per)} per attempt",
@@ -157,8 +158,9 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
         ended = ledger.attempts[-1].ended
         if ended in ("time_limit", "requeued", "preempted"):
             return (f"after their last step the attempts held the allocation for {share}",
-                    "stop training on Slurm's early warning with a checkpoint (`#SBATCH --signal=USR1@600` and a "
-                    "SIGUSR1 handler that saves and exits) instead of being stopped mid-step")
+                    "stop training on Slurm's early warning with a checkpoint (`#SBATCH --signal=USR1@600` in "
+                    "place of --signal=TERM@120, and a SIGUSR1 handler that saves and ends training) instead of "
+                    "being stopped mid-step")
         return (f"after the last step (teardown, writing files) the allocation was held for {share}",
                 "end the job right after training: skip final evaluation and uploads inside the allocation, "
                 "or run them in a separate, smaller job")
