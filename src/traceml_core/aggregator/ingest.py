@@ -190,7 +190,9 @@ class Ingest:
             raise ProtocolError(f"rank {rs.rank} joined from node {ident.node} while connected "
                                 f"through node {rs.node}")
         rs.node = ident.node
-        rs.host = msg["host"] or ident.host
+        # the node's host as its relay (its launcher, authenticated for that node) said: a rank
+        # reaches its relay on loopback, so it runs there, whatever its own hello claims
+        rs.host = ident.host or msg["host"] or ""
         rs.pid = msg["pid"]
         rs.local_rank = msg["local_rank"]
         if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
