@@ -262,3 +262,23 @@ def test_an_attempt_without_a_summary_is_rebuilt_from_its_checkpoint(tmp_path):
     prev = previous_attempts(run, rebuild=rebuild)
     assert calls == [run / "attempt-0" / "aggregate.state"]
     assert prev[0].run_id == "dead" and prev[0].rebuilt
+
+
+def test_rank_facts_are_checked_where_they_enter():
+    from traceml_core.wire.frames import check_event
+
+    def fact(kind, payload):
+        text = payload if isinstance(payload, str) else json.dumps(payload)
+        return check_event({"t": "event", "rank": 0, "kind": kind, "text": text, "ts": None})["fact"]
+
+    good = {"span": "checkpoint", "dur_ns": 5, "end": T0, "step": 3, "gstep": 7, "in_step": False, "api": "torch.save"}
+    assert fact("span", good) == good
+    assert fact("span", {**good, "span": "evaluation"}) is None           # one span kind
+    assert fact("span", {**good, "end": 2.0**40}) is None                 # a time past its bound
+    assert fact("span", {**good, "dur_ns": -1}) is None
+    assert fact("span", {**good, "step": -3, "gstep": "x"})["step"] is None  # a bad field: not measured
+    assert fact("progress", {"step": 0, "gstep": 40, "start": T0, "end": float("nan")})["end"] is None
+    assert fact("progress", {"gstep": 40}) is None
+    assert fact("work", {"tokens_per_step": 1e30, "dtype": "bf16"}) == {
+        "tokens_per_step": None, "flops_per_step": None, "dtype": "bf16", "device": None}
+    assert fact("progress", "not json") is None and fact("span", "[1, 2]") is None

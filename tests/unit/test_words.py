@@ -129,7 +129,7 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
     from traceml_slurm.interrupts import controller_state
 
     class _Job:
-        state, start_time, time_limit_s = "RUNNING", 1000.0, 365 * 86400.0
+        state, start_time, time_limit_s, restarts = "RUNNING", 1000.0, 365 * 86400.0, 0
 
     class _Backend:
         def __init__(self, timeout: float) -> None:
@@ -139,4 +139,5 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
             return _Job()
 
     monkeypatch.setattr(controller, "ScontrolBackend", _Backend)
-    assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True}
+    assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True, "restarts": 0,
+                                     "start": 1000.0}

@@ -175,10 +175,8 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
-def step_source(text: str) -> Optional[dict[str, Any]]:
-    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
-    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
-    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+def _json_object(text: str) -> Optional[dict[str, Any]]:
+    """An event's JSON payload (at most 2,000 characters), when it is an object."""
     import json
 
     if len(text) > 2000:
@@ -187,7 +185,15 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
         raw = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+    return raw if isinstance(raw, dict) else None
+
+
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    raw = _json_object(text)
+    if raw is None or raw.get("source") not in STEP_SOURCES:
         return None
     out: dict[str, Any] = {"source": raw["source"]}
     for key in ("accumulation", "backward_per_step"):
@@ -215,17 +221,10 @@ def rank_fact(kind: str, text: str) -> Optional[dict[str, Any]]:
     """The payload of a ``span``, ``progress`` or ``work`` event (traceml_core/rankfacts.py),
     checked: every field within its bound or dropped (a time outside :data:`limits.EPOCH_S`, a
     negative step); None when the text is not such a payload at all (then the event is ignored)."""
-    import json
-
     from ..rankfacts import SPAN_KINDS
 
-    if len(text) > 2000:
-        return None
-    try:
-        raw = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(raw, dict):
+    raw = _json_object(text)
+    if raw is None:
         return None
 
     def count(v: Any) -> Optional[int]:
