@@ -324,7 +324,7 @@ def compare(a: Run, b: Run) -> Comparison:
                            f"{COMPARE_MIN_STEPS} are needed)")
         if s.get("provisional"):
             notes.append(f"{run.label}'s summary is provisional (written at SIGTERM before the end).")
-        if s.get("rebuilt"):
+        if s.get("rebuilt") and not s["rebuilt"].get("final_checkpoint"):
             notes.append(f"{run.label}'s summary was rebuilt from a checkpoint; later steps are missing.")
         st = (s.get("run") or {}).get("status")
         if st not in (None, "completed"):

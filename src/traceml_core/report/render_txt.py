@@ -117,8 +117,12 @@ def render(summary: dict[str, Any]) -> str:
         lines.append("  (provisional: written on SIGTERM before the launcher reported the exit)")
     if summary.get("rebuilt"):
         rb = summary["rebuilt"]
-        lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
-                     "it is missing)")
+        if rb.get("final_checkpoint"):  # the run's end is in it: nothing is missing
+            lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}, after the "
+                         "run's end was recorded: exact)")
+        else:
+            lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
+                         "it is missing)")
     if run.get("reason"):
         lines.append(f"  reason: {run['reason']}")
     nodes = topo["nodes"]

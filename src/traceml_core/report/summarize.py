@@ -3,7 +3,8 @@
 The aggregator checkpoints its whole aggregate to ``<run_dir>/aggregate.state`` every couple of
 seconds, so when it is killed (OOM killer, SIGKILL, node 0 rebooted) no run is lost: this
 rebuilds ``final_summary.{json,txt,html}`` through the same code as the live summary, marked
-``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
+``rebuilt`` with the time the checkpoint was taken (data after that is missing, unless the run's
+end is in it: then the rebuilt summary is exact and says so). The launcher
 calls it itself when its aggregator is gone at the end of a run; users can call it any time.
 
 Usage: ``traceml summarize RUN_DIR`` (or ``python -m traceml_core.report.summarize RUN_DIR``).
@@ -86,6 +87,10 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {exc}. The checkpoint is "
                              "damaged or from another traceml version.") from None
     data = doc["state"]
+    # the run's end is in the checkpoint (the final one, written with the summary, or one taken
+    # after the launcher's end report): everything the run sent is in it, and the rebuilt
+    # summary is exact
+    end_recorded = bool(doc.get("final")) or data.get("finish") is not None
     if finish is not None and data.get("finish") is None:
         data["finish"] = {"exit_code": finish.get("exit_code"),
                           "interrupted": bool(finish.get("interrupted")),
@@ -100,7 +105,7 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
     except OSError as exc:
         raise SummarizeError(f"Cannot write the rebuilt summary for {run_dir}: {exc}") from None
     rebuilt = {"checkpoint": str(path), "taken_at": doc["taken_at"],
-               "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": bool(doc.get("final"))}
+               "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": end_recorded}
     return write_summary(data, rd, run_name, rebuilt=rebuilt)
 
 
