@@ -20,6 +20,7 @@ from traceml_core.aggregator.series import series_phases, series_values
 from traceml_core.aggregator.state import RunState
 from traceml_core.launcher.relayframes import fold_frame, merge_into, steps_frame
 from traceml_core.report.summary import build_summary
+from traceml_core.rundata import RunData
 from traceml_core.wire import fold as layout
 from traceml_core.wire.auth import Identity
 from traceml_core.wire.frames import validate
@@ -141,7 +142,7 @@ def test_folded_and_unfolded_windows_give_the_same_summary(tmp_path, cut):
         for p in series_phases(sa):
             assert series_values(sa, "phase_cnt", p) == series_values(sb, "phase_cnt", p), p
             assert sum(series_values(sa, "phase_sum", p)) == sum(series_values(sb, "phase_sum", p)), p
-    sa, sb = stable(build_summary(a)), stable(build_summary(b))
+    sa, sb = stable(build_summary(RunData.from_checkpoint(a))), stable(build_summary(RunData.from_checkpoint(b)))
     # the summary the user reads: equal, but for per-bucket figures of straddling windows
     # (timeline points: the unfolded path's were proportional shares)
     assert sa["telemetry"] == sb["telemetry"] and sa["telemetry"]["records_received"] == 1200

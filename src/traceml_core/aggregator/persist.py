@@ -107,6 +107,7 @@ class RunDir:
         return self.path != self.wanted
 
     def switch_to_fallback(self, run_name: str, reason: str) -> None:
+        run_name = self.wanted.name  # the run's directory name (a claimed sibling's: claim.py)
         fb, refused = make_fallback(run_name)
         self.note = (f"could not write to {self.wanted} ({reason}); the files are in {fb} instead "
                      "(fix the permissions or free space of --logs-dir, or set it to a writable "
@@ -199,6 +200,19 @@ def pack_checkpoint(data: dict[str, Any], *, final: bool) -> bytes:
     doc = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
            "taken_at": time.time(), "final": final, "state": data}
     return msgpack.packb(doc, use_bin_type=True, default=_pack_big)
+
+
+def foreign_checkpoint(doc: dict[str, Any], settings: Any) -> Optional[str]:
+    """None when the checkpoint ``doc`` is this run's (its settings carry the same run id, job id
+    and run name as ``settings``: AggregatorSettings or their public dict); else whose it is."""
+    theirs = (doc.get("state") or {}).get("settings") or {}
+    ours = settings if isinstance(settings, dict) else settings.public()
+    keys = ("run_id", "job_id", "run_name")
+    if all(theirs.get(k) == ours.get(k) for k in keys):
+        return None
+    job = theirs.get("job_id")
+    return (f"job {job}" if job and job != ours.get("job_id") else "another run") + \
+        f" (run {theirs.get('run_name')!r}, id {theirs.get('run_id') or 'unknown'})"
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

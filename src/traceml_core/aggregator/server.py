@@ -29,12 +29,15 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..options import BY_KEY
+from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
 from ..wire.frames import REFUSED, validate
 from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
-from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
+from .claim import Claim
+from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
@@ -123,9 +126,12 @@ class Server(Handler):
     checkpoints, finalisation)."""
 
     def __init__(self, settings: AggregatorSettings, listener: socket.socket, run_dir: RunDir,
-                 finalize: Callable[["Server", dict[str, Any], bool], dict[str, Any]]) -> None:
+                 finalize: Callable[["Server", RunData, bool], dict[str, Any]],
+                 claim: Optional[Claim] = None) -> None:
         self.settings = settings
         self.run_dir = run_dir
+        #: this run's claim of its directory (aggregator/claim.py): touched while it runs
+        self.claim = claim
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
         if settings.resume_from:
@@ -171,6 +177,11 @@ class Server(Handler):
             log(f"cannot resume from {path} ({exc}); starting from nothing: the summary counts "
                 "every earlier record as lost")
             return
+        other = foreign_checkpoint(doc, self.settings)
+        if other is not None:
+            log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
+                "starting from nothing: the summary counts every earlier record as lost")
+            return
         seed(self.state, doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
@@ -200,6 +211,8 @@ class Server(Handler):
             self._tick(now)
 
     def _tick(self, now: float) -> None:
+        if self.claim is not None:
+            self.claim.refresh(now)
         if now >= self._next_flush:
             self.state.flush()
             self._next_flush = now + FLUSH_S
@@ -314,8 +327,8 @@ class Server(Handler):
             reply = self.ingest.status(self.checkpoint_seconds)
             reply["id"] = msg.get("id")
             self.net.send(conn, reply)
-        elif t == "snapshot":  # live views (views/snapshot.py; never raises)
-            from ..views.snapshot import snapshot_frame
+        elif t == "snapshot":  # live views (aggregator/snapshot.py; never raises)
+            from .snapshot import snapshot_frame
             self.net.send(conn, snapshot_frame(self.state, checked))
         elif t == "system":
             self.ingest.system(i, checked)
@@ -400,7 +413,7 @@ class Server(Handler):
             self.state.flush()
         blob = b""
         try:
-            blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
+            blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
             self.state.run_dir_note = self.run_dir.note
             self.state.dirty = False
@@ -420,10 +433,11 @@ class Server(Handler):
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
         self.state.flush()
-        data = self.state.to_data()
+        data = checkpoint_data(self.state)
         self.checkpoint(final=not provisional, data=data)
-        data["run_dir_note"] = self.run_dir.note
-        return self._finalize_cb(self, data, provisional)
+        run = run_data(self.state, plain=data)
+        run.run_dir_note = self.run_dir.note
+        return self._finalize_cb(self, run, provisional)
 
     def finalize(self) -> None:
         try:
@@ -433,6 +447,8 @@ class Server(Handler):
             result = {"summary_json": None, "summary_txt": None,
                       "error": f"{type(exc).__name__}: {exc}"}
         self.result = result
+        if self.claim is not None:
+            self.claim.end()
         reply = {"t": "finished", "summary_json": result.get("summary_json"),
                  "summary_txt": result.get("summary_txt"), "rebuilt": False}
         if result.get("error"):

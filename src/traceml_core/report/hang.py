@@ -33,6 +33,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..rundata import HangReport
+
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])? \(most recent call first\):")
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _LIB = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
@@ -318,25 +320,25 @@ def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, th
             "groups": d["groups"], "ranks": [a.to_data() for a in autopsies]}
 
 
-def verdict(report: dict[str, Any], *, ended_hung: bool) -> dict[str, Any]:
+def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
     """The summary's verdict for a hang: critical when the run ended while hung."""
     culprit = None
-    if report["culprits"]:
-        a = next(x for x in report["ranks"] if x["rank"] == report["culprits"][0])
+    a = report.culprit_row()
+    if a is not None:
         culprit = {"rank": a["rank"], "node": a["node"], "host": a["host"] or None}
     if ended_hung:
-        why = (f"training hung: no rank completed a step for {report['silent_s']:.0f} s or more; "
-               + report["finding"])
+        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more; "
+               + report.finding)
         nxt = ("look at the stacks in final_summary.json (hang.ranks[].stack): the rank that never "
                "arrived is stuck in its own code (a deadlock, an uneven loop, a rank-dependent "
                "branch around a collective); if every rank waits in the same collective, check the "
                "network and NCCL (NCCL_DEBUG=INFO)")
         sev = "critical"
     else:
-        why = (f"training stalled for {report['silent_s']:.0f} s or more (no rank completed a step), "
-               f"then went on; while stalled: {report['finding']}")
+        why = (f"training stalled for {report.silent_s:.0f} s or more (no rank completed a step), "
+               f"then went on; while stalled: {report.finding}")
         nxt = "if the stall was not an evaluation or checkpoint, the stacks show where every rank waited"
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,
-            "evidence": {"silent_s": report["silent_s"], "threshold_s": report["threshold_s"],
-                         "culprits": report["culprits"], "groups": report["groups"]}}
+            "evidence": {"silent_s": report.silent_s, "threshold_s": report.threshold_s,
+                         "culprits": report.culprits, "groups": report.groups}}

@@ -8,6 +8,7 @@ import sys
 from typing import Any, Optional
 
 from ..aggregator.persist import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundata import RunData
 from .partial import finite, last_resort, render_partial
 from .render_txt import render
 from .summary import build_summary
@@ -16,7 +17,7 @@ from .summary import build_summary
 _NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
 
 
-def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
+def write_summary(data: RunData, rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
                   provisional: bool = False) -> dict[str, Any]:
     """Build, render and write the files; returns ``{"summary_json", "summary_txt",
@@ -34,7 +35,8 @@ def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
               "writing what is known")
-        summary = finite(last_resort(data, exc, files=files, rebuilt=rebuilt, provisional=provisional))[0]
+        summary = finite(last_resort(data.to_checkpoint(), exc, files=files, rebuilt=rebuilt,
+                                     provisional=provisional))[0]
         blob = dumps(summary)
     jpath = write_file(rd, run_name, SUMMARY_JSON, blob, sync=not provisional)
     if str(jpath) != files["json"]:  # moved to the fallback: say so in both files

@@ -8,7 +8,10 @@ from optimizer steps, or a framework's hooks. A rank that never said (a process 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+from ..rundata import RankData, StepSource
+from .model import RankSummary
 
 #: the two lines a script needs for exact phases (shown where steps were inferred or missing)
 TWO_LINES = ("import traceml_core as traceml",
@@ -26,14 +29,14 @@ def _most_common(values: list[Any]) -> Any:
     return Counter(vals).most_common(1)[0][0] if vals else None
 
 
-def steps_block(ranks_data: list[dict[str, Any]], ranks_summary: list[dict[str, Any]]) -> dict[str, Any]:
-    """``ranks_data``: the aggregator's per-rank data (with ``step_source``); ``ranks_summary``:
-    the summary's rank rows (for step counts)."""
+def steps_block(ranks_data: Sequence[RankData], ranks_summary: Sequence[RankSummary]) -> dict[str, Any]:
+    """``ranks_data``: the run's ranks (with their step source); ``ranks_summary``: the summary's
+    rank rows (for step counts)."""
     by_source: dict[str, list[int]] = {}
-    infos: list[dict[str, Any]] = []
+    infos: list[StepSource] = []
     for r in ranks_data:
-        src = r.get("step_source") or {"source": "trace_step"}
-        by_source.setdefault(src["source"], []).append(r["rank"])
+        src = r.step_source or StepSource()
+        by_source.setdefault(src.source, []).append(r.rank)
         infos.append(src)
     source: Optional[str]
     if not by_source:
@@ -42,19 +45,19 @@ def steps_block(ranks_data: list[dict[str, Any]], ranks_summary: list[dict[str, 
         source = next(iter(by_source))
     else:
         source = "mixed"
-    recorded = sum(r["steps"] for r in ranks_summary)
-    accumulation = _most_common([i.get("accumulation") for i in infos])
-    bwd = _most_common([i.get("backward_per_step") for i in infos])
-    forward_known = [i["forward"] for i in infos if "forward" in i]
+    recorded = sum(r.steps for r in ranks_summary)
+    accumulation = _most_common([i.accumulation for i in infos])
+    bwd = _most_common([i.backward_per_step for i in infos])
+    forward_known = [i.forward for i in infos if i.forward is not None]
     out: dict[str, Any] = {
         "source": source,
         "by_source": {k: sorted(v) for k, v in sorted(by_source.items())},
-        "framework": _most_common([i.get("framework") for i in infos]),
+        "framework": _most_common([i.framework for i in infos]),
         "accumulation": accumulation,
         "backward_per_step": bwd,
         "forward_measured": (all(forward_known) if forward_known else None),
         "recorded": recorded,
-        "notes": sorted({i["note"] for i in infos if i.get("note")}),
+        "notes": sorted({i.note for i in infos if i.note}),
     }
     out["explain"] = explain(out)
     return out

@@ -50,6 +50,9 @@ def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="S", default=str(DEFAULT_TIMEOUT_S),
                    help=f"seconds any one wait may take: agents starting, a node answering, torch importing "
                         f"(default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--controller", choices=("auto", "pyslurm", "scontrol"), default="auto",
+                   help="how the ctl.* and time.* checks ask the Slurm controller: pyslurm when it imports, else "
+                        "scontrol (auto, the default), or only one of them")
     p.add_argument("-v", "--verbose", action="store_true", help="show every node's values, sources, and what runs")
     p.add_argument("--list", action="store_true", help="list the checks (id and title) and exit")
     return p
@@ -71,7 +74,8 @@ def parse_options(ns: argparse.Namespace) -> "Options":
         raise UsageError(str(exc)) from None
     if ns.full and ns.local:
         raise UsageError("--full adds cross-node bandwidth tests and --local checks one node only: use one of them.")
-    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose)
+    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose,
+                   controller=ns.controller)
 
 
 def _results(outcomes: Mapping[str, object], specs, host: str, options: "Options") -> list[CheckResult]:  # type: ignore[no-untyped-def]

@@ -39,15 +39,18 @@ class Options:
     script: Optional[str] = None
     ignore: frozenset[str] = frozenset()
     verbose: bool = False
+    #: the controller backend: "auto" (pyslurm when it imports, else scontrol), "pyslurm" or "scontrol"
+    controller: str = "auto"
 
     def to_wire(self) -> dict[str, Any]:
         return {"local": self.local, "full": self.full, "timeout": self.timeout, "script": self.script,
-                "ignore": sorted(self.ignore), "verbose": self.verbose}
+                "ignore": sorted(self.ignore), "verbose": self.verbose, "controller": self.controller}
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "Options":
         return cls(bool(d.get("local")), bool(d.get("full")), float(d.get("timeout") or DEFAULT_TIMEOUT_S),
-                   d.get("script"), frozenset(d.get("ignore") or ()), bool(d.get("verbose")))
+                   d.get("script"), frozenset(d.get("ignore") or ()), bool(d.get("verbose")),
+                   str(d.get("controller") or "auto"))
 
 
 @dataclass
@@ -253,9 +256,10 @@ class NodeContext:
     def controller(self) -> Any:
         """The controller-facts backend (pyslurm or scontrol); raises ControllerError."""
         if self._controller is None:
-            from .controller import select_backend
+            from ..controller import select_backend
 
-            self._controller = select_backend(timeout=min(5.0, self.options.timeout))
+            prefer = None if self.options.controller == "auto" else self.options.controller
+            self._controller = select_backend(timeout=min(5.0, self.options.timeout), prefer=prefer)
         return self._controller
 
 
