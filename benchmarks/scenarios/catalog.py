@@ -15,7 +15,7 @@ shared with ten other jobs, and each is far from every threshold, never tuned to
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 #: verdict kind -> class of the matrix (its column)
@@ -85,7 +85,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     # --- one slow rank, the extra work in each phase -------------------------------------------
     _s("slow-forward", "rank 1 twice as slow, the extra in forward", "straggler",
        "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "forward", "--slow-factor", TWICE,
-       culprit=1, phase="forward", ci=True),
+       culprit=1, phase="forward"),
     _s("slow-backward", "rank 1 twice as slow, the extra in backward", "straggler",
        "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "backward", "--slow-factor", TWICE,
        culprit=1, phase="backward"),
@@ -116,7 +116,7 @@ SCENARIOS: tuple[Scenario, ...] = (
        "--steps", STEPS, "--every", "10", "--every-factor", "1", ci=True),
     # --- CPU ------------------------------------------------------------------------------------
     _s("oversubscribed", "4 torch threads per rank, 2 ranks, 2 cores", "cpu_oversubscribed",
-       "--steps", STEPS, "--threads", "4", ci=True),
+       "--steps", STEPS, "--threads", "4"),
     # --- compound: the cause first, its effect as `also` ---------------------------------------
     _s("creep-slows", "rank 1 keeps 2 MiB per step and scans it (slows its rank)", "memory_creep",
        "--steps", "100", "--leak-rank", "1", "--leak-kib", MiB_KIB, "--leak-touch",
@@ -135,6 +135,23 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 
 def ci_subset() -> list[Scenario]:
     return [s for s in SCENARIOS if s.ci]
+
+
+def shortened(sc: Scenario, steps: int) -> Scenario:
+    """The scenario with at most ``steps`` steps (the CI subset's budget), its other
+    step counts (a plateau's end) scaled with it."""
+    args = list(sc.args)
+    if "--steps" not in args:
+        return sc
+    i = args.index("--steps")
+    old = int(args[i + 1])
+    if old <= steps:
+        return sc
+    args[i + 1] = str(steps)
+    if "--leak-until" in args:
+        j = args.index("--leak-until")
+        args[j + 1] = str(max(1, int(args[j + 1]) * steps // old))
+    return replace(sc, args=tuple(args))
 
 
 @dataclass

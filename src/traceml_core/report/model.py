@@ -25,11 +25,13 @@ class PhaseSummary:
     p90_ms: Optional[float] = None
     p99_ms: Optional[float] = None
     max_ms: Optional[float] = None
+    #: the 10th percentile: for ``comm``, what even the last rank to arrive waits (the verdicts)
+    p10_ms: Optional[float] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "mean_ms": self.mean_ms, "steady_mean_ms": self.steady_mean_ms,
-                "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
-                "max_ms": self.max_ms}
+                "p10_ms": self.p10_ms, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "p99_ms": self.p99_ms, "max_ms": self.max_ms}
 
 
 @dataclass
@@ -56,20 +58,35 @@ class CommSummary:
 
 @dataclass
 class MemTrend:
-    """Peak memory early, in the middle and late in a rank's run (bytes); ``rising`` when
-    early < middle < late."""
+    """A rank's peak-memory trend over its run (report/trend.py): the robust (Theil-Sen) line
+    through its windows of steps, the growth it fits from the first steady window to the last,
+    whether it was still rising at the end, and the smallest growth it could tell from the
+    samples' own scatter."""
 
-    early_bytes: int
-    middle_bytes: int
-    late_bytes: int
+    method: str
+    #: windows of steps with a memory sample that the line was fit to, and the steps they span
+    windows: int
+    steps: int
+    start_bytes: int
+    end_bytes: int
     growth_bytes: int
     growth_pct: Optional[float]
+    slope_bytes_per_step: float
+    #: the slope over the last half of the windows (a plateau's is ~0)
+    late_slope_bytes_per_step: float
     rising: bool
+    #: the scatter of the samples about the line (robust standard deviation)
+    noise_bytes: int
+    #: a growth over the run below this cannot be told from that scatter (or is under the floor)
+    min_detectable_bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"early_bytes": self.early_bytes, "middle_bytes": self.middle_bytes,
-                "late_bytes": self.late_bytes, "growth_bytes": self.growth_bytes,
-                "growth_pct": self.growth_pct, "rising": self.rising}
+        return {"method": self.method, "windows": self.windows, "steps": self.steps,
+                "start_bytes": self.start_bytes, "end_bytes": self.end_bytes,
+                "growth_bytes": self.growth_bytes, "growth_pct": self.growth_pct,
+                "slope_bytes_per_step": self.slope_bytes_per_step,
+                "late_slope_bytes_per_step": self.late_slope_bytes_per_step, "rising": self.rising,
+                "noise_bytes": self.noise_bytes, "min_detectable_bytes": self.min_detectable_bytes}
 
 
 @dataclass
@@ -77,10 +94,12 @@ class MemPeak:
     max_bytes: int
     mean_bytes: int
     trend: Optional[MemTrend]
+    #: why there is no trend (too few windows, and how many it needs); None when there is one
+    trend_why: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"max_bytes": self.max_bytes, "mean_bytes": self.mean_bytes,
-                "trend": self.trend.to_json() if self.trend else None}
+                "trend": self.trend.to_json() if self.trend else None, "trend_why": self.trend_why}
 
 
 @dataclass
@@ -272,3 +291,5 @@ class VerdictContext:
     communication: Optional[Communication] = None
     #: the verdicts found so far, by kind (a later detector may defer to an earlier one)
     found: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: each rank's run in windows of steps (report/windows.py), by rank: when things happened
+    windows: dict[int, Any] = field(default_factory=dict)

@@ -168,7 +168,7 @@ def render(summary: dict[str, Any]) -> str:
             if name != "step":
                 unmeasured.append(name)
             continue
-        label = "between" if name == "outside" else name
+        label = {"outside": "between", "nophase": "no phase"}.get(name, name)
         lines.append(f"  {label:<10}                         {_f(a['median_ms'], '', 2):>9} "
                      f"{_f(a['worst_ms'], '', 2):>9} ({a['worst_rank']:>4})  {_f(a['skew'], 'x', 2):>6}")
     if unmeasured and ac.get("step"):
@@ -184,7 +184,12 @@ def render(summary: dict[str, Any]) -> str:
     if mems:
         mx, r = max(mems, key=lambda x: x[0])
         tr = r["mem_peak"].get("trend")
-        trend = "" if not tr or tr.get("growth_pct") is None else f", trend {tr['growth_pct']:+.1f}% over the run"
+        if tr and tr.get("growth_pct") is not None:
+            trend = f", trend {tr['growth_pct']:+.1f}% over the run"
+        elif r["mem_peak"].get("trend_why"):
+            trend = f"; {r['mem_peak']['trend_why']}"
+        else:
+            trend = ""
         lines.append(f"Memory peak: {_bytes(mx)} (rank {r['rank']}){trend}")
     sysd = summary["system"]
     sys_parts = []

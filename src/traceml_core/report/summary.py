@@ -12,21 +12,22 @@ import math
 import time
 from typing import Any, Optional, Sequence
 
-from ..aggregator.series import series_values
 from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import DURATION_COLUMNS
 from .failure import diagnose, did_not_start, failed_by_itself
 from .hang import verdict as hang_verdict
 from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
+from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
+from .trend import memory_trend
+from .windows import memory_points, run_windows
 from .steps import no_steps_reason, steps_block
 from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
-from .verdicts import judge
+from .verdicts import judge, no_phase
 
 SCHEMA_VERSION = 1
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
 #: how each rank ended; "never_joined" is summary-only (the rank never completed a hello)
 RANK_ENDINGS = ("clean", "error", "crashed", "vanished", "interrupted", "running", "never_joined")
 
@@ -45,9 +46,10 @@ def iso(ts: Optional[float]) -> Optional[str]:
 def _phase(ph: PhaseData) -> Optional[PhaseSummary]:
     if ph.count <= 0:
         return None
-    p50, p90, p99 = phase_quantiles(ph, QUANTILES)
+    p10, p50, p90, p99 = phase_quantiles(ph, QUANTILES)
     return PhaseSummary(count=ph.count, mean_ms=ms(ph.mean_ns), steady_mean_ms=ms(ph.steady_mean_ns),
-                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max))
+                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max),
+                        p10_ms=ms(p10))
 
 
 def _rank_status(r: RankData, finish: Optional[Finish], nodes: dict[int, NodeData],
@@ -181,8 +183,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord] = None,
         phases=phases,
         outside_ms=ms(r.outside.mean_ns),
         comm=_comm(r, phases),
-        mem_peak=(MemPeak(max_bytes=mem.max, mean_bytes=int(mem.sum / mem.count),
-                          trend=mem_trend(series_values(r.series, "mem_max"))) if mem.count else None),
+        mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(
             received=r.received, expected=expected, lost=max(0, expected - r.received),
             unsent_max=_unsent_bound(r, ended if ended is not None else time.time()),
@@ -192,6 +193,13 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord] = None,
         events=r.event_count,
         last_events=r.events[-3:],
     )
+
+
+def _mem_peak(r: RankData) -> MemPeak:
+    """The rank's memory peak and its trend over the run (report/trend.py), or why there is none."""
+    trend, why = memory_trend(memory_points(r))
+    return MemPeak(max_bytes=r.mem.max, mean_bytes=int(r.mem.sum / r.mem.count), trend=trend,
+                   trend_why=why)
 
 
 def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> RankSummary:
@@ -204,11 +212,11 @@ def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> R
 
 def _across(ranks: Sequence[RankSummary]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for c in DURATION_COLUMNS + ("outside",):
+    for c in DURATION_COLUMNS + ("nophase", "outside"):
         name = phase_name(c)
         vals = []
         for r in ranks:
-            v = r.steady_ms(name)
+            v = no_phase(r.steady_ms("step"), r.steady_ms) if name == "nophase" else r.steady_ms(name)
             if v is not None:
                 vals.append((v, r.rank, r.node))
         if not vals:
@@ -401,7 +409,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         step_source=step_src["source"],
         no_steps=no_steps_reason(step_src, joined_n, world, run_status),
         device=device, communication=communication, world=world, nnodes=nnodes,
-        cpu_busy_pct=max(cpu) if cpu else None))
+        cpu_busy_pct=max(cpu) if cpu else None, windows=run_windows(live_ranks)))
     hang_report, ended_hung = _last_hang(data)
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = finish.reason if finish else ""
@@ -452,7 +460,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         "steps": step_src,
         "verdict": verdicts[0],
         "other_verdicts": verdicts[1:],
-        "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
+        "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["nophase", "outside"],
         "warmup_steps": WARMUP_STEPS,
         "step_time": steps,
         "across_ranks": _across(joined),
