@@ -2,8 +2,9 @@
 a correct classifier must give it (its ground truth).
 
 A verdict kind belongs to one *class* of the matrix: the cause it names, or ``none`` for the
-verdicts that describe a healthy run (``compute_bound``, ``no_clear_bottleneck``: information, not
-a problem). A scenario is judged right when the primary verdict's class is its ``expect``, the
+verdicts that describe a healthy run (``compute_bound``, ``no_clear_bottleneck``, and
+``cpu_contention``, other processes holding the node's cores: information about the machine, not
+a cause in the job). A scenario is judged right when the primary verdict's class is its ``expect``, the
 primary names the ``culprit`` rank and (for a straggler) puts the excess in ``phase`` where the
 scenario says so, and every kind in ``also`` follows among the other verdicts. Controls (``expect``
 ``none``) must have no ``warning`` or ``critical`` verdict at all, primary or not.
@@ -20,7 +21,7 @@ from typing import Any, Optional
 
 #: verdict kind -> class of the matrix (its column)
 CLASS_OF = {
-    "compute_bound": "none", "no_clear_bottleneck": "none",
+    "compute_bound": "none", "no_clear_bottleneck": "none", "cpu_contention": "none",
     "straggler": "straggler", "input_bound": "input_bound", "memory_creep": "memory_creep",
     "communication_bound": "communication_bound", "periodic_work": "periodic_work",
     "cpu_oversubscribed": "cpu_oversubscribed", "host_sync": "host_sync",
@@ -116,7 +117,7 @@ SCENARIOS: tuple[Scenario, ...] = (
        "--steps", STEPS, "--every", "10", "--every-factor", "1", ci=True),
     # --- CPU ------------------------------------------------------------------------------------
     _s("oversubscribed", "4 torch threads per rank, 2 ranks, 2 cores", "cpu_oversubscribed",
-       "--steps", STEPS, "--threads", "4"),
+       "--steps", STEPS, "--threads", "4", ci=True),
     # --- compound: the cause first, its effect as `also` ---------------------------------------
     _s("creep-slows", "rank 1 keeps 2 MiB per step and scans it (slows its rank)", "memory_creep",
        "--steps", "100", "--leak-rank", "1", "--leak-kib", MiB_KIB, "--leak-touch",

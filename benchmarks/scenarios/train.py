@@ -5,8 +5,9 @@ The verdict matrix (``benchmarks/verdict_matrix.py``) and its CI subset run this
 ground truth. Each cause is real work of the kind it stands for, placed where a user's script
 would have it.
 
-**Magnitudes are relative to the rank's own compute** (``--*-factor``: times this rank's
-compute per step, a running mean of 3 x its forward's wall time, measured here), plus an
+**Magnitudes are relative to the machine's compute** (``--*-factor``: times the compute per
+step, 3 x the forward's wall time measured before the first step and averaged over the
+ranks, so every rank injects the same amount), plus an
 optional fixed part (``--*-ms``). A cause is then the same share of a step whether the machine
 is idle or shared with ten other jobs: "rank 1's work takes twice as long", not "12 ms more",
 which a loaded machine would shrink to noise and an idle one would blow up. The extra work is a
@@ -55,6 +56,8 @@ from torch.utils.data.distributed import DistributedSampler
 import traceml_core as traceml
 
 PHASES = ("forward", "backward", "optimizer", "nophase", "input")
+#: untraced forward passes measured for the pace
+CALIBRATION_PASSES = 7
 
 
 def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
@@ -89,29 +92,24 @@ def parse(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 
 class Pace:
-    """This rank's compute per step (estimated as 3 x its forward's wall time, the injected
-    sleeps left out), a running mean in ms, shared with DataLoader workers (forked: they read
-    it)."""
+    """The run's compute per step in ms (:func:`calibrate`), shared with DataLoader workers
+    (forked: they read it)."""
 
     def __init__(self) -> None:
         self.shared = multiprocessing.Value("d", 0.0, lock=False)
-        self.injected = 0.0  # seconds slept for injected causes in the current step
 
     @property
     def ms(self) -> float:
         return float(self.shared.value)
 
-    def update(self, ms: float) -> None:
-        old = self.shared.value
-        self.shared.value = ms if old <= 0 else 0.8 * old + 0.2 * ms
+    def set(self, ms: float) -> None:
+        self.shared.value = ms
 
-    def sleep(self, fixed_ms: float, factor: float, count: bool = True) -> None:
-        """Sleep ``fixed_ms + factor x compute``; counted as injected unless said otherwise."""
+    def sleep(self, fixed_ms: float, factor: float) -> None:
+        """Sleep ``fixed_ms + factor x compute``."""
         s = (fixed_ms + factor * self.ms) / 1000.0
         if s > 0:
             time.sleep(s)
-            if count:
-                self.injected += s
 
 
 PACE = Pace()
@@ -177,7 +175,7 @@ class Records(Dataset):
         return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        PACE.sleep(self.item_ms / self.per_batch, self.item_factor / self.per_batch, count=False)
+        PACE.sleep(self.item_ms / self.per_batch, self.item_factor / self.per_batch)
         j = i % self.distinct  # a few distinct records, repeated: their cost is what matters
         s = slice(j * self.chunk, (j + 1) * self.chunk)
         return self.x[s].clone(), self.y[s].clone()
@@ -195,7 +193,7 @@ def batches(args: argparse.Namespace, rank: int, world: int, slow_input: float) 
         loader = DataLoader(ds, batch_size=per_batch, sampler=sampler, num_workers=args.workers,
                             persistent_workers=args.workers > 0)
         for x, y in loader:
-            PACE.sleep(0.0, slow_input, count=False)
+            PACE.sleep(0.0, slow_input)
             yield x.reshape(-1, args.features), y.reshape(-1, 1)
         return
     pool = [(torch.randn(args.batch, args.features, generator=gen), torch.randn(args.batch, 1, generator=gen))
@@ -203,10 +201,33 @@ def batches(args: argparse.Namespace, rank: int, world: int, slow_input: float) 
     i = 0
     while True:
         if args.input == "get_batch":
-            PACE.sleep(args.fetch_ms, args.fetch_factor, count=False)
-        PACE.sleep(0.0, slow_input, count=False)
+            PACE.sleep(args.fetch_ms, args.fetch_factor)
+        PACE.sleep(0.0, slow_input)
         yield pool[i % len(pool)]
         i += 1
+
+
+def calibrate(model: nn.Module, net: "Net", args: argparse.Namespace, device: torch.device, world: int) -> None:
+    """The pace every injected magnitude is a multiple of: this machine's compute per step now,
+    measured before the first traced step (a few untraced forward passes; the slow rank's extra
+    work is off meanwhile) and averaged over the ranks, so every rank injects the same amount
+    (a rank's own pace would make a slower rank's loader slower too)."""
+    extra, net.extra = net.extra, None
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(args.batch, args.features, generator=gen).to(device)
+    times = []
+    with torch.no_grad():
+        for _ in range(CALIBRATION_PASSES):
+            t0 = time.perf_counter()
+            net(x)
+            times.append(time.perf_counter() - t0)
+    net.extra = extra
+    # 3 x the forward's wall time: backward is about twice the forward
+    pace = torch.tensor([3.0 * sorted(times)[len(times) // 2] * 1000.0])
+    if world > 1:
+        dist.all_reduce(pace)
+        pace /= world
+    PACE.set(float(pace.item()))
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -245,17 +266,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     leak_floats = int(args.leak_kib * 1024 // 4)
     kept: list[torch.Tensor] = []
 
+    calibrate(model, net, args, device, world)
     source = batches(args, rank, world, slow_input)
     for step in range(args.steps):
         x, y = next(source)
         with traceml.trace_step(model):
-            PACE.injected = 0.0
-            t0 = time.perf_counter()
             x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
             loss = F.mse_loss(model(x), y)
-            # the compute estimate: 3 x the forward's wall time (backward is about twice the
-            # forward), which the wait for the other ranks in backward's all-reduce cannot inflate
-            PACE.update(3.0 * (time.perf_counter() - t0 - PACE.injected) * 1000.0)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -269,7 +286,7 @@ def main(argv: Optional[list[str]] = None) -> None:
                 for t in kept:
                     t.sum()
         if args.every and step % args.every == args.every - 1:
-            PACE.sleep(args.every_ms, args.every_factor * args.every, count=False)
+            PACE.sleep(args.every_ms, args.every_factor * args.every)
     if world > 1:
         dist.barrier()
         dist.destroy_process_group()

@@ -34,14 +34,23 @@ COLS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d
         "comm_busy_ns")
 
 
-def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], batch: int = 10) -> dict[str, Any]:
+def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], batch: int = 10,
+         threads: Optional[Callable[[int], tuple[int, list[list[int]]]]] = None) -> dict[str, Any]:
     """A run of ``nproc`` ranks on one node; ``step(rank, i)`` gives step i of a rank: phase
     times in ms (``step``, ``input``, ``forward``, ...; None = not measured), ``gap`` (ms between
-    the previous step's end and this step's start) and ``mem`` (bytes)."""
+    the previous step's end and this step's start) and ``mem`` (bytes); ``threads(rank)``: the
+    ``cpu_threads`` event it sends (its torch threads and its cores as ranges)."""
     st = RunState(make_settings(Path("/nonexistent"), nnodes=1, nproc_per_node=nproc))
     for rank in range(nproc):
         rs = st.rank(rank)
         rs.node, rs.host = 0, "node-a"
+        if threads is not None:
+            n, cpuset, *wait = threads(rank)
+            fact: dict[str, Any] = {"threads": n, "cpus": sum(b - a + 1 for a, b in cpuset), "cpuset": cpuset}
+            if wait:  # the training thread's wait for a core, ms per steady step
+                fact.update(steps=steps, steps0=5, run0_ns=0, run_ns=0, wait0_ns=0,
+                            wait_ns=int(wait[0] * MS * (steps - 5)))
+            rs.note_event("cpu_threads", json.dumps(fact), 1.0)
         rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
         t = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
@@ -305,3 +314,48 @@ def test_the_text_has_a_no_phase_row():
     row = next(ln for ln in txt.splitlines() if ln.strip().startswith("no phase"))
     assert "5.0" in row, row
     assert s["across_ranks"]["nophase"]["median_ms"] >= 4.9
+
+
+# --- CPU threads -------------------------------------------------------------------------------
+def test_more_threads_than_cores_is_cpu_oversubscribed_and_explains_a_straggler():
+    """Two ranks with 4 torch threads each on a node's 2 cores: critical (4 threads per core),
+    and the straggler it makes at random is listed after it, saying so."""
+    def step(rank, i):
+        return _ddp(fwd=25.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=15.4)
+    s = _run(2, 200, step, threads=lambda rank: (4, [[0, 1]]))
+    assert _kinds(s)[:2] == ["cpu_oversubscribed", "straggler"], _kinds(s)
+    v = s["verdict"]
+    assert v["severity"] == "critical" and v["evidence"]["ratio"] == 4.0, v
+    assert "4 torch threads each, 8 in all, on 2 usable core(s)" in v["why"]
+    assert "torch.set_num_threads(1)" in v["next_step"]
+    assert _get(s, "straggler")["evidence"]["explained_by"] == "cpu_oversubscribed"
+
+
+def test_one_thread_per_core_is_not_oversubscribed():
+    assert "cpu_oversubscribed" not in _kinds(_run(2, 100, lambda rank, i: _ddp(),
+                                                   threads=lambda rank: (1, [[0, 1]])))
+    # ranks bound to cores of their own: 2 threads each on 2 cores each
+    assert "cpu_oversubscribed" not in _kinds(_run(2, 100, lambda rank, i: _ddp(),
+                                                   threads=lambda rank: (2, [[2 * rank, 2 * rank + 1]])))
+
+
+def test_a_rank_slower_because_it_waited_for_a_core_is_not_a_straggler():
+    """Rank 1 is 15 ms per step slower, 14 ms of it runnable but waiting for a core (another
+    process on its node): not its own work, so no straggler; an information note says why."""
+    def step(rank, i):
+        return _ddp(fwd=25.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=15.4)
+    s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 20.0 if rank == 1 else 6.0))
+    assert "straggler" not in _kinds(s), s["verdict"]
+    v = _get(s, "cpu_contention")
+    assert v["severity"] == "info" and v["evidence"]["excused_rank"] == 1, v
+    assert "14.0 ms of it waiting for a core, so it is not called a straggler" in v["why"], v["why"]
+    assert not [x for x in _all(s) if x["severity"] in ("warning", "critical")], _kinds(s)
+
+
+def test_a_straggler_that_also_waited_for_a_core_says_how_much():
+    def step(rank, i):
+        return _ddp(fwd=40.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=30.4)
+    s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 8.0 if rank == 1 else 3.0))
+    v = s["verdict"]
+    assert v["kind"] == "straggler" and v["evidence"]["cpu_wait_ms"] == 5.0, v
+    assert "5.0 ms of it waiting for a CPU core" in v["why"]

@@ -269,6 +269,43 @@ class GpuSummary:
                 "power_w_mean": self.power_w_mean, "power_w_max": self.power_w_max}
 
 
+@dataclass(frozen=True)
+class CpuThreads:
+    """What a rank said about its CPU (sdk/threads.py): torch's intra-op threads, the cores it may
+    run on, and how long per steady step its training thread waited for a core (the run queue;
+    None where not measured: a rank that never shut down cleanly, a kernel without schedstat)."""
+
+    threads: int
+    cpus: frozenset[int]
+    wait_ms: Optional[float] = None
+    run_ms: Optional[float] = None
+
+    @classmethod
+    def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
+        """The ``cpu_threads`` event's text (sdk/threads.py), or None when it is not one."""
+        import json
+
+        try:
+            raw = json.loads(text)
+            threads = int(raw["threads"])
+            cpus: set[int] = set()
+            for lo, hi in raw.get("cpuset") or []:
+                if 0 <= int(lo) <= int(hi) < 1 << 16:
+                    cpus.update(range(int(lo), int(hi) + 1))
+            if not cpus:  # only a count: cores 0..n-1 (shared with the node's other ranks)
+                cpus = set(range(max(1, min(int(raw.get("cpus") or 1), 1 << 16))))
+            wait = run = None
+            steps = int(raw.get("steps") or 0) - int(raw.get("steps0") or 0)
+            if steps > 0 and all(type(raw.get(k)) is int for k in ("wait_ns", "wait0_ns", "run_ns", "run0_ns")):
+                wait = max(0.0, (raw["wait_ns"] - raw["wait0_ns"]) / steps / 1e6)
+                run = max(0.0, (raw["run_ns"] - raw["run0_ns"]) / steps / 1e6)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not 0 < threads < 1 << 16:
+            return None
+        return cls(threads, frozenset(cpus), wait, run)
+
+
 @dataclass
 class VerdictContext:
     """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
@@ -293,3 +330,9 @@ class VerdictContext:
     found: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: each rank's run in windows of steps (report/windows.py), by rank: when things happened
     windows: dict[int, Any] = field(default_factory=dict)
+    #: each rank's compute threads and the cores it may use, by rank (sdk/threads.py; ranks
+    #: that never said are missing)
+    cpu_threads: dict[int, "CpuThreads"] = field(default_factory=dict)
+    #: what a detector found and left out, and why (the straggler: an excess that waiting for a
+    #: core explains), for the detectors after it
+    excused: dict[str, Any] = field(default_factory=dict)

@@ -13,10 +13,10 @@ import time
 from typing import Any, Optional, Sequence
 
 from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
-from ..wire.protocol import DURATION_COLUMNS
+from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from .failure import diagnose, did_not_start, failed_by_itself
 from .hang import verdict as hang_verdict
-from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
+from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
 from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
 from .trend import memory_trend
@@ -193,6 +193,19 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord] = None,
         events=r.event_count,
         last_events=r.events[-3:],
     )
+
+
+def _cpu_threads(ranks: Sequence[RankData]) -> dict[int, CpuThreads]:
+    """Each rank's last ``cpu_threads`` event (sdk/threads.py): its threads and cores."""
+    out: dict[int, CpuThreads] = {}
+    for r in ranks:
+        for e in reversed(r.events):
+            if e.kind == THREADS_EVENT:
+                fact = CpuThreads.from_event_text(e.text)
+                if fact is not None:
+                    out[r.rank] = fact
+                break
+    return out
 
 
 def _mem_peak(r: RankData) -> MemPeak:
@@ -409,7 +422,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         step_source=step_src["source"],
         no_steps=no_steps_reason(step_src, joined_n, world, run_status),
         device=device, communication=communication, world=world, nnodes=nnodes,
-        cpu_busy_pct=max(cpu) if cpu else None, windows=run_windows(live_ranks)))
+        cpu_busy_pct=max(cpu) if cpu else None, windows=run_windows(live_ranks),
+        cpu_threads=_cpu_threads(live_ranks)))
     hang_report, ended_hung = _last_hang(data)
     failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
     reason = finish.reason if finish else ""

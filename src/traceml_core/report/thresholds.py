@@ -105,6 +105,19 @@ PERIODIC_FRACTION_CRIT = 0.30
 PERIODIC_FLOOR_MS = 1.0
 PERIODIC_CRIT_FLOOR_MS = 5.0
 
+# --- CPU threads -----------------------------------------------------------------------------------
+#: A CPU run is oversubscribed when the ranks of a node ask, together, for more torch intra-op
+#: threads than the cores they may run on (their affinity masks' union): more than one thread per
+#: core, some always wait; OpenMP's threads spin while they wait, which makes it worse than the
+#: ratio suggests. Critical from two threads per core.
+CPU_OVERSUBSCRIBED = 1.0
+CPU_OVERSUBSCRIBED_CRIT = 2.0
+#: Waiting for a core a tenth of the wall clock per step (the training thread runnable, not
+#: running) is worth a note: the step times include it. Information only, never a warning: it
+#: comes from outside the job's work (other processes, or the job's own threads, which the
+#: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
+CPU_CONTENTION_NOTE = 0.10
+
 # --- GPU utilisation -----------------------------------------------------------------------------
 #: NVML utilisation is the fraction of time any kernel ran; under 50 % on average the GPUs are idle
 #: half the time, which is worth explaining even when no phase stands out.

@@ -38,7 +38,8 @@ from .model import RankSummary, VerdictContext
 from .stats import median
 
 KINDS = ("hang", "did_not_start", "run_failed", "no_steps", "straggler", "input_bound", "periodic_work",
-         "communication_bound", "memory_creep", "low_gpu_util", "compute_bound", "no_clear_bottleneck")
+         "communication_bound", "memory_creep", "cpu_oversubscribed", "low_gpu_util", "cpu_contention",
+         "compute_bound", "no_clear_bottleneck")
 #: a secondary verdict is dropped when the primary (or another verdict found) says the opposite:
 #: "the time goes into the model's own work" cannot stand beside "ranks wait for one rank",
 #: "ranks wait for data", "ranks wait for the network", "the ranks pause between steps" or "the
@@ -47,10 +48,15 @@ KINDS = ("hang", "did_not_start", "run_failed", "no_steps", "straggler", "input_
 CONTRADICTS: dict[str, tuple[str, ...]] = {
     "compute_bound": ("straggler", "input_bound", "communication_bound", "low_gpu_util", "periodic_work"),
 }
-#: effect -> the causes that, found on the same rank, explain it: the cause is listed first and
-#: the effect says so (a rank whose memory grows is slowed by it: allocation, a scan of a growing
-#: cache, swapping)
-CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep",)}
+#: effect -> the causes that, found where the effect is (the same rank; for a node-wide cause,
+#: the effect's rank on that node or a run-wide effect), explain it: the cause is listed first
+#: and the effect says so. A rank whose memory grows is slowed by it (allocation, a scan of a
+#: growing cache, swapping); ranks that ask for more threads than their node has cores slow each
+#: other down at random, and starve gloo's communication threads
+CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversubscribed"),
+                                      "communication_bound": ("cpu_oversubscribed",),
+                                      "compute_bound": ("cpu_oversubscribed",),
+                                      "cpu_contention": ("cpu_oversubscribed",)}
 SEVERITIES = ("critical", "warning", "info")
 #: the phases a rank's own time is made of, besides backward (own work where communication is
 #: measured): ``nophase`` is inside the traced step but outside every measured phase, ``outside``
@@ -333,9 +339,21 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         excess = fn(worst) - mid
         persistent, windows, slower = _persistent_excess(worst, others, metric, ctx)
         judged = excess if persistent is None else min(excess, persistent)
-        sev = _severity(judged / step_med, judged, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
+        # the part of it the rank spent waiting for a core (runnable, but other processes held
+        # the node's cores): not its own work
+        waits = {r.rank: f.wait_ms for r in live for f in [ctx.cpu_threads.get(r.rank)]
+                 if f is not None and f.wait_ms is not None}
+        cpu_wait = None
+        if len(waits) == len(live):
+            cpu_wait = waits[worst.rank] - (median([waits[r.rank] for r in others]) or 0.0)
+        own_work = judged - max(0.0, cpu_wait or 0.0)
+        sev = _severity(own_work / step_med, own_work, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
+            if cpu_wait is not None and _severity(judged / step_med, judged, T.STRAGGLER_EXCESS_WARN,
+                                                  T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS):
+                ctx.excused["straggler"] = {"rank": worst.rank, "excess_ms": round(excess, 2),
+                                            "cpu_wait_ms": round(cpu_wait, 2)}
             continue
         phases = OWN_PHASES + (("backward",) if metric == "step" or comm_measured else ())
         deltas: dict[str, float] = {}
@@ -352,7 +370,7 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
                         persistent_ms=_r(persistent), windows=windows,
                         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=_r(slower, 4),
                         phase=phase, phase_ms=deltas, phase_share=round(share, 4),
-                        explained_by=None, device=ctx.device)
+                        cpu_wait_ms=_r(cpu_wait), explained_by=None, device=ctx.device)
     return None
 
 
@@ -366,6 +384,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
     else:
         why += (f" (whether through the whole run was not checked: {ev['windows']} stretches of steps, "
                 f"{ev['windows_needed']} needed)")
+    if ev["cpu_wait_ms"] is not None and ev["cpu_wait_ms"] >= 0.05:
+        why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core"
     deltas, phase = ev["phase_ms"], ev["phase"]
     if phase in deltas and ev["phase_share"] >= T.ATTRIBUTION_MOSTLY:
         why += f", mostly {_IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
@@ -377,6 +397,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         why += "; the other ranks wait for it"
     if ev["explained_by"] == "memory_creep":
         why += "; its memory also keeps growing (see the memory verdict), which may be what slows it"
+    elif ev["explained_by"] == "cpu_oversubscribed":
+        why += "; its node's ranks ask for more threads than it has cores (see the CPU verdict), which may be what slows it"
     if phase == "input":
         nxt = (f"rank {r}'s data loading is slower: check its data shard and DataLoader workers, "
                "and the CPU and disk of its node")
@@ -398,6 +420,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
                "torch.get_num_threads())")
     if ev["explained_by"] == "memory_creep":
         nxt = f"first find what keeps memory on rank {r} (see the memory verdict); then " + nxt
+    elif ev["explained_by"] == "cpu_oversubscribed":
+        nxt = "first give the ranks no more threads than cores (see the CPU verdict); then " + nxt
     return why, nxt
 
 
@@ -436,6 +460,92 @@ def _say_memory_creep(ev: dict[str, Any]) -> tuple[str, str]:
         tool = "tracemalloc (or gc.get_objects() counts of tensors between steps) shows who holds it"
     return why, ("look for tensors kept across steps (a loss summed without .item() or .detach(), "
                  f"growing lists or caches); {tool}")
+
+
+# --- CPU threads ------------------------------------------------------------------------------------
+def cpu_oversubscribed(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
+    """A CPU run whose ranks on one node compute with more threads, together, than the cores
+    they may run on (each rank's torch intra-op threads and its cores: sdk/threads.py). Threads
+    then wait for a core, OpenMP's spinning threads slow each other down, and a rank or gloo's
+    communication threads fall behind at random: slower steps, stragglers that change from run to
+    run, long all-reduce waits."""
+    if ctx.device != "cpu" or not ctx.cpu_threads:
+        return None
+    by_node: dict[Any, list[tuple[RankSummary, Any]]] = {}
+    for r in live:
+        fact = ctx.cpu_threads.get(r.rank)
+        if fact is not None:
+            by_node.setdefault(r.node, []).append((r, fact))
+    worst = None
+    for node, rows in by_node.items():
+        cores = frozenset().union(*(f.cpus for _, f in rows))
+        threads = sum(f.threads for _, f in rows)
+        ratio = threads / max(1, len(cores))
+        if ratio > T.CPU_OVERSUBSCRIBED and (worst is None or ratio > worst[0]):
+            worst = (ratio, node, rows, threads, len(cores))
+    if worst is None:
+        return None
+    ratio, node, rows, threads, cores = worst
+    per = sorted({f.threads for _, f in rows})
+    sev = "critical" if ratio >= T.CPU_OVERSUBSCRIBED_CRIT else "warning"
+    host = rows[0][0].host
+    return _verdict("cpu_oversubscribed", sev, {"rank": None, "node": node, "host": host or None},
+                    node=node, host=host or None, ranks=len(rows), threads=threads,
+                    threads_per_rank=per, cores=cores, ratio=round(ratio, 2),
+                    fair_threads=max(1, cores // len(rows)))
+
+
+def _say_cpu_oversubscribed(ev: dict[str, Any]) -> tuple[str, str]:
+    host = f", {ev['host']}" if ev["host"] else ""
+    each = (f"{ev['threads_per_rank'][0]} torch threads each" if len(ev["threads_per_rank"]) == 1
+            else "torch threads " + "/".join(map(str, ev["threads_per_rank"])))
+    return ((f"the {ev['ranks']} rank(s) on node {ev['node']}{host} compute with {each}, {ev['threads']} in "
+             f"all, on {ev['cores']} usable core(s) ({ev['ratio']:.1f} threads per core): threads wait for a "
+             "core and slow each other down, so steps are slower and vary, and ranks fall behind at random"),
+            f"give each rank at most {ev['fair_threads']} thread(s) (torch.set_num_threads({ev['fair_threads']}) "
+            "or OMP_NUM_THREADS, which torchrun sets to 1 unless you set it), or run fewer ranks per node")
+
+
+def cpu_contention(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
+    """Information: the ranks' training threads were runnable but waited for a core (the
+    scheduler's run queue, sdk/threads.py) a tenth of the wall clock or more, or a rank's excess
+    over the others was its wait for a core (so it was not called a straggler). The step times
+    then include that wait; it comes from outside the job's own work (other processes on the
+    node), or from its own threads when the CPU verdict says the ranks ask for too many."""
+    facts = [ctx.cpu_threads.get(r.rank) for r in live]
+    if not facts or any(f is None or f.wait_ms is None for f in facts):
+        return None
+    waits = [(f.wait_ms or 0.0, r.rank) for f, r in zip(facts, live)]
+    wait = median([w for w, _ in waits]) or 0.0
+    iteration = median([it for it in (_iteration(r) for r in live) if it]) or 0.0
+    frac = wait / iteration if iteration else 0.0
+    ex = ctx.excused.get("straggler")
+    if frac < T.CPU_CONTENTION_NOTE and ex is None:
+        return None
+    most = max(waits)
+    return _verdict("cpu_contention", "info", None, wait_ms=round(wait, 2), fraction=round(frac, 4),
+                    iteration_ms=round(iteration, 2), max_wait_ms=round(most[0], 2), max_rank=most[1],
+                    excused_rank=ex["rank"] if ex else None,
+                    excused_excess_ms=ex["excess_ms"] if ex else None,
+                    excused_wait_ms=ex["cpu_wait_ms"] if ex else None,
+                    own_threads="cpu_oversubscribed" in ctx.found, explained_by=None)
+
+
+def _say_cpu_contention(ev: dict[str, Any]) -> tuple[str, str]:
+    who = ("more threads than cores (see the CPU verdict)" if ev["own_threads"]
+           else "other processes on the node")
+    why = (f"the ranks' training threads waited for a CPU core {ev['wait_ms']:.1f} ms per step (median rank, "
+           f"{ev['fraction']:.0%} of the wall clock per step; most: rank {ev['max_rank']}, "
+           f"{ev['max_wait_ms']:.1f} ms): runnable, but {who} held the cores")
+    if ev["excused_rank"] is not None:
+        why += (f"; rank {ev['excused_rank']} is {ev['excused_excess_ms']:.1f} ms per step slower than the "
+                f"others, {ev['excused_wait_ms']:.1f} ms of it waiting for a core, so it is not called a "
+                "straggler")
+    if ev["own_threads"]:
+        return why, "give the ranks no more threads than cores (see the CPU verdict)"
+    return why, ("the step times include that wait: measure on a node the job has to itself, or ask "
+                 "the scheduler for whole cores (Slurm: --exclusive, or --cpus-per-task with "
+                 "--cpu-bind=cores)")
 
 
 # --- GPUs ------------------------------------------------------------------------------------------
@@ -506,7 +616,7 @@ def communication_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Opt
         small_messages=per_call is not None and per_call < T.COMM_SMALL_BYTES,
         slow_node=slow["node"] if slow else None, probe_slow=slow or None,
         probe_link=probe.get("slow_link") or None, nnodes=ctx.nnodes or 1,
-        cpu_busy_pct=_r(ctx.cpu_busy_pct, 1), device=ctx.device)
+        cpu_busy_pct=_r(ctx.cpu_busy_pct, 1), device=ctx.device, explained_by=None)
 
 
 def _mb(nbytes: Optional[float]) -> str:
@@ -528,6 +638,9 @@ def _say_communication_bound(ev: dict[str, Any]) -> tuple[str, str]:
             why += " - small messages, so latency rather than bandwidth sets their time"
     slow, link = ev["probe_slow"], ev["probe_link"]
     advice = []
+    if ev.get("explained_by") == "cpu_oversubscribed":
+        why += "; the ranks ask for more threads than their node has cores (see the CPU verdict), so gloo's threads wait for a core too"
+        advice.append("first give the ranks no more threads than cores (see the CPU verdict)")
     if slow:
         verb = "sending" if slow.get("direction") == "send" else "receiving"
         why += (f"; the link probe measured node {slow['node']} ({slow.get('host') or '?'}) {verb} at "
@@ -597,7 +710,7 @@ def compute_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[
     comm = "measured" if _comm_measured(live) else "in_backward" if (ctx.world or 1) > 1 else "none"
     return _verdict("compute_bound", "info", None, compute_fraction=round(frac, 4),
                     median_step_ms=round(step, 2), gpu_util_pct=_r(util, 1), comm=comm,
-                    device=ctx.device)
+                    device=ctx.device, explained_by=None)
 
 
 def _say_compute_bound(ev: dict[str, Any]) -> tuple[str, str]:
@@ -667,6 +780,7 @@ SAY: dict[str, Callable[[dict[str, Any]], tuple[str, str]]] = {
     "straggler": _say_straggler, "memory_creep": _say_memory_creep,
     "low_gpu_util": _say_low_gpu_util, "communication_bound": _say_communication_bound,
     "compute_bound": _say_compute_bound, "no_clear_bottleneck": _say_no_clear_bottleneck,
+    "cpu_oversubscribed": _say_cpu_oversubscribed, "cpu_contention": _say_cpu_contention,
     "no_steps": _say_no_steps,
 }
 
@@ -678,18 +792,29 @@ def say(kind: str, evidence: dict[str, Any]) -> tuple[str, str]:
 
 
 DETECTORS: tuple[Callable[[Sequence[RankSummary], VerdictContext], Optional[Verdict]], ...] = (
-    straggler, periodic_work, input_bound, communication_bound, memory_creep, low_gpu_util,
-    compute_bound)
+    straggler, periodic_work, input_bound, communication_bound, memory_creep, cpu_oversubscribed,
+    cpu_contention, low_gpu_util, compute_bound)
 
 
-def _order(found: list[Verdict]) -> list[Verdict]:
-    """Sorted by severity, then kind; a cause found on the same rank as its effect
-    (:data:`CAUSES`) comes right before it, and the effect says so."""
+def _explains(cause: Verdict, effect: Verdict, node_of: dict[int, Any]) -> bool:
+    """Whether ``cause`` is found where ``effect`` is: the same rank, or (a node-wide cause) the
+    effect's rank on the cause's node, or an effect of the whole run."""
+    if cause["kind"] not in CAUSES.get(effect["kind"], ()):
+        return False
+    c, e = cause.get("culprit") or {}, effect.get("culprit") or {}
+    if c.get("rank") is not None:
+        return c["rank"] == e.get("rank")
+    if e.get("rank") is not None:
+        return node_of.get(e["rank"]) == c.get("node")
+    return True
+
+
+def _order(found: list[Verdict], node_of: dict[int, Any]) -> list[Verdict]:
+    """Sorted by severity, then kind; a cause found where its effect is (:data:`CAUSES`) comes
+    right before it, and the effect says so (``evidence.explained_by``)."""
     found.sort(key=lambda v: (SEVERITIES.index(v["severity"]), KINDS.index(v["kind"])))
     for effect in [v for v in found if v["kind"] in CAUSES]:
-        rank = (effect.get("culprit") or {}).get("rank")
-        cause = next((c for c in found if c["kind"] in CAUSES[effect["kind"]]
-                      and (c.get("culprit") or {}).get("rank") == rank and rank is not None), None)
+        cause = next((c for c in found if c is not effect and _explains(c, effect, node_of)), None)
         if cause is None:
             continue
         effect["evidence"]["explained_by"] = cause["kind"]
@@ -714,7 +839,7 @@ def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
                 else "steps inside trace_step")
         return [_verdict("no_clear_bottleneck", "info", None, too_few_steps=True, most=most,
                          min_steps=T.MIN_STEPS, warmup=T.WARMUP_STEPS, unit=unit)]
-    ctx = replace(ctx, found=dict(ctx.found))
+    ctx = replace(ctx, found=dict(ctx.found), excused=dict(ctx.excused))
     found: list[Verdict] = []
     for detect in DETECTORS:
         v = detect(live, ctx)
@@ -724,4 +849,4 @@ def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
     found = [v for v in found if not set(CONTRADICTS.get(v["kind"], ())) & set(ctx.found)]
     if not found:
         found.append(_verdict("no_clear_bottleneck", "info", None, shares=_breakdown(live)))
-    return _order(found)
+    return _order(found, {r.rank: r.node for r in live})

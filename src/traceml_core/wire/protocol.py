@@ -42,7 +42,9 @@ Rank → relay, after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
-            is not a notable event.
+            is not a notable event. Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
+            is ``{"threads", "cpus", "cpuset"}``, the rank's intra-op threads and the cores it
+            may use (traceml_core/sdk/threads.py), sent once training settled.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -205,6 +207,8 @@ BYE_STATUSES = ("clean", "error", "interrupted")
 #: how a rank's steps are found: the script's trace_step, inferred from optimizer steps (no
 #: trace_step), or a framework's own hooks (traceml_core.integrations)
 STEP_SOURCES = ("trace_step", "inferred", "lightning", "huggingface", "accelerate")
+#: the event a rank sends with its compute threads and usable cores (sdk/threads.py)
+CPU_THREADS_EVENT = "cpu_threads"
 
 
 class ProtocolError(Exception):
