@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import TraceMLError
+from .helpformat import ParagraphFormatter
 from .options import EXPORT_KINDS, OPTIONS
 
 RUN_EPILOG = """\
@@ -51,8 +52,8 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "Checks first that the script (or -m module) and torch are there "
                                    "for the workers; a launch that cannot work exits 2 with the "
                                    "reason, before anything starts.",
-                       usage="traceml run [flags] SCRIPT [script args]  |  traceml run [flags] -m MODULE [args]",
-                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       usage="traceml run [flags] SCRIPT [args] | traceml run [flags] -m MODULE [args]",
+                       epilog=RUN_EPILOG, formatter_class=ParagraphFormatter)
     for o in OPTIONS:
         default = o.default_doc or o.default
         p.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None,
@@ -96,12 +97,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
-def cmd_run(run: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+def cmd_run(argv: Sequence[str]) -> int:
     from . import runargs
 
     args = runargs.parse(argv)
-    if args.help:
-        run.print_help()
+    if args.help:  # the parser exists for this page only: runargs.py parses the command line
+        build_parser()[1].print_help()
         return 0
     cli = dict(args.cli)
     if args.standalone:
@@ -197,9 +198,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name, loader in command_registrars():
                 if argv[0] == name:
                     return int(loader()(argv[1:]) or 0)
-        parser, run = build_parser()
         if argv and argv[0] == "run":
-            return cmd_run(run, argv[1:])
+            return cmd_run(argv[1:])
+        parser, _run = build_parser()
         ns = parser.parse_args(argv)
         if ns.command == "summarize":
             from .report.summarize import summarize_cli

@@ -117,7 +117,7 @@ PATH_CHARS = Limit("path length", 1, 4_096, "PATH_MAX on Linux", "characters")
 # field); docs/wire-protocol.md lists them (generated). A value outside is not a measurement (a bug
 # or an attack): a step column past its bound gets its frame refused, a float sample past it (NaN
 # and infinity included) becomes "not measured", and both are counted in the summary. The bounds
-# also keep every sum node 0 keeps far from what a checkpoint can hold (aggregator/persist.py
+# also keep every sum node 0 keeps far from what a checkpoint can hold (rundir.py
 # stores an integer of any size anyway).
 #: one phase of one step, in nanoseconds: 2**52 ns is 52 days
 STEP_NS = Limit("duration of a step phase", 0, 2**52, "52 days: no training step lasts that long", "ns")

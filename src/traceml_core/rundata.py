@@ -373,6 +373,28 @@ def _workers(v: Any) -> list[WorkerExit]:
 
 
 @dataclass
+class TorchrunEnd:
+    """How a node's torchrun ended, as its launcher reported it (launcher/run.py)."""
+
+    exitcode: Optional[int] = None
+    #: the signal that killed it, only when its launcher did not send it (the OOM killer, a user)
+    signal: Optional[str] = None
+    #: when it ended (epoch seconds)
+    at: Optional[float] = None
+    #: when its launcher, signalled itself (scancel, srun stopping the step), began stopping it
+    stopped_at: Optional[float] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["TorchrunEnd"]:
+        if not d:
+            return None
+        return cls(d.get("exitcode"), d.get("signal"), d.get("at"), d.get("stopped_at"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"exitcode": self.exitcode, "signal": self.signal, "at": self.at, "stopped_at": self.stopped_at}
+
+
+@dataclass
 class NodeBye:
     """A node launcher's own end (nodes other than 0): its status, exit code and worker report."""
 
@@ -383,19 +405,24 @@ class NodeBye:
     #: its OOM report; ``has_oom`` False when the launcher sent none
     oom: Optional[OomReport] = None
     has_oom: bool = False
+    #: how its torchrun ended (None: not said)
+    torchrun: Optional[TorchrunEnd] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["NodeBye"]:
         if d is None:
             return None
         return cls(d.get("status"), d.get("exit_code"), d.get("at"), _workers(d.get("workers")),
-                   OomReport.from_checkpoint(d.get("oom")), "oom" in d)
+                   OomReport.from_checkpoint(d.get("oom")), "oom" in d,
+                   TorchrunEnd.from_checkpoint(d.get("torchrun")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status, "exit_code": self.exit_code, "at": self.at,
                                "workers": [w.to_checkpoint() for w in self.workers]}
         if self.has_oom:
             out["oom"] = self.oom.to_checkpoint() if self.oom else None
+        if self.torchrun is not None:
+            out["torchrun"] = self.torchrun.to_checkpoint()
         return out
 
 
@@ -443,6 +470,8 @@ class Finish:
     #: node 0's OOM report; ``has_oom`` False when the launcher sent none
     oom: Optional[OomReport] = None
     has_oom: bool = False
+    #: how node 0's torchrun ended (None: not said)
+    torchrun: Optional[TorchrunEnd] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Finish"]:
@@ -450,7 +479,8 @@ class Finish:
             return None
         return cls(d.get("exit_code"), bool(d.get("interrupted")), str(d.get("reason") or ""),
                    [n for n in d.get("failed_nodes") or []], d.get("source"), d.get("at"),
-                   _workers(d.get("workers")), OomReport.from_checkpoint(d.get("oom")), "oom" in d)
+                   _workers(d.get("workers")), OomReport.from_checkpoint(d.get("oom")), "oom" in d,
+                   TorchrunEnd.from_checkpoint(d.get("torchrun")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"exit_code": self.exit_code, "interrupted": self.interrupted,
@@ -459,6 +489,8 @@ class Finish:
                                "workers": [w.to_checkpoint() for w in self.workers]}
         if self.has_oom:
             out["oom"] = self.oom.to_checkpoint() if self.oom else None
+        if self.torchrun is not None:
+            out["torchrun"] = self.torchrun.to_checkpoint()
         return out
 
 

@@ -168,7 +168,7 @@ def test_time_left():
 def test_short_killwait_warns_unless_a_term_signal_comes_early_enough():
     nosig = R.replay("short-nogres")
     o = W.check_signal(ctx_with(nosig, "short-nogres"))
-    assert o.status is Status.WARN and "KillWait=5 s" in o.observed and "#SBATCH --signal=TERM@50" in o.fix
+    assert o.status is Status.WARN and "KillWait=5 s" in o.observed and "`#SBATCH --signal=TERM@120`" in o.fix
     ok = W.check_signal(ctx_with(R.replay("short-nogres", batch_script="#!/bin/bash\n#SBATCH --signal=TERM@120\nsrun x\n"),
                                  "short-nogres"))
     assert ok.status is Status.PASS and "SIGTERM 120 s before" in ok.observed
@@ -181,13 +181,14 @@ def test_short_killwait_warns_unless_a_term_signal_comes_early_enough():
                           ).status is Status.PASS
 
 
-def test_a_generated_job_forwarding_its_batch_signal_passes():
-    """`traceml slurm template` jobs use --signal=B:TERM@N and a trap that passes SIGTERM on to the
-    steps with scancel: the doctor must not warn on our own template."""
+def test_a_generated_job_passes_and_so_does_the_older_forwarding_trap():
+    """`traceml slurm template` jobs carry the one time-limit recipe (--signal=TERM@N): the doctor
+    must not warn on our own template. Jobs generated before it signalled the batch shell
+    (--signal=B:TERM@N) and passed SIGTERM on to the steps with scancel from a trap: still fine."""
     from pathlib import Path
 
     golden = Path(__file__).resolve().parents[1] / "golden" / "template"
-    jobs = [j for j in sorted(golden.glob("*/*.sbatch")) if "#SBATCH --signal=B:TERM@" in j.read_text()]
+    jobs = [j for j in sorted(golden.glob("*/*.sbatch")) if "#SBATCH --signal=TERM@" in j.read_text()]
     assert len(jobs) >= 5   # every golden job but the one generated with --signal-margin 0
 
     def signal_check(script):
@@ -195,8 +196,11 @@ def test_a_generated_job_forwarding_its_batch_signal_passes():
 
     for job in jobs:
         o = signal_check(job.read_text())
-        assert o.status is Status.PASS, (job, o.observed)
-        assert "trap passes SIGTERM on to the steps" in o.observed
+        assert o.status is Status.PASS and "every step gets SIGTERM" in o.observed, (job, o.observed)
+    older = ("#SBATCH --signal=B:TERM@120\nf() { scancel --signal=TERM \"$SLURM_JOB_ID\"; }\ntrap f TERM\n"
+             "srun x &\nwait\n")
+    o = signal_check(older)
+    assert o.status is Status.PASS and "trap passes SIGTERM on to the steps" in o.observed
     trap_only = "#SBATCH --signal=B:TERM@120\ntrap 'echo bye' TERM\nsrun x &\nwait\n"
     o = signal_check(trap_only)
     assert o.status is Status.WARN and "batch shell only" in o.observed  # a trap that forwards nothing

@@ -56,7 +56,7 @@ def claim_run_dir(run_dir: Any, settings: Any) -> Any:
 
 
 def main() -> int:
-    from .persist import fallback_dir, prepare_run_dir
+    from ..rundir import fallback_dir, prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
     from .settings import AggregatorSettings
 

@@ -37,7 +37,7 @@ from ..wire.server import Conn, FramedServer, Handler, Limits, listen
 from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
 from .claim import Claim
-from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
+from ..rundir import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
@@ -168,7 +168,7 @@ class Server(Handler):
 
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
-        from .persist import load_checkpoint
+        from ..rundir import load_checkpoint
         from .resume import seed
 
         try:

@@ -91,8 +91,8 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
         s = rs.series
         per = rank_series(RankData(rs.rank, node=rs.node, host=rs.host, series=s.to_data()),
                           s.width, s.used, 0.0)
-        out["series"] = {"width": s.width, "step_ms": per["step_ms"], "own_ms": per["own_ms"],
-                         "phases_ms": per["phases_ms"], "mem_max": per["mem_max_bytes"] or [None] * s.used}
+        out["series"] = {"width": s.width, "step_ms": per.step_ms, "own_ms": per.own_ms,
+                         "phases_ms": per.phases_ms, "mem_max": per.mem_max_bytes or [None] * s.used}
     return out
 
 

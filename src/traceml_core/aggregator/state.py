@@ -1,9 +1,9 @@
 """The whole aggregate of one run: ranks, nodes, system evidence, counters and the launcher's finish.
 
 :meth:`RunState.to_data` turns it into plain data (dicts, lists, ints, bytes). That one shape is
-what checkpoints store and what :func:`traceml_core.report.summary.build_summary` reads, so a
-summary rebuilt from a checkpoint after the aggregator died goes through exactly the same code as
-the live one.
+what checkpoints store, and the report reads it as typed run data (``RunData.from_checkpoint``,
+through ``aggregator/adapter.py``), so a summary rebuilt from a checkpoint after the aggregator
+died goes through exactly the same code as the live one.
 """
 
 from __future__ import annotations

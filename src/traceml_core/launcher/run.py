@@ -54,6 +54,17 @@ def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
     return f"{words}: {why}" if why else words
 
 
+def torchrun_record(code: int, sup: Supervisor) -> dict:
+    """How this node's torchrun ended, for the node's report: its exit code, when, and, when a
+    signal killed it that the launcher did not send (the OOM killer, a user, a health check), the
+    signal's name: the summary then names this node's torchrun as the failure its ranks followed
+    (report/failure.py); ``stopped_at``: when a signal to the launcher (scancel, the time limit,
+    srun stopping the step) made it stop torchrun, so a node lost before that is the failure."""
+    ours = sup.interrupted_by is not None or sup.terminated is not None
+    return {"exitcode": code, "signal": signal.Signals(-code).name if code < 0 and not ours else None,
+            "at": time.time(), "stopped_at": sup.interrupted_at}
+
+
 def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
@@ -172,7 +183,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         if view:
             view.stop()  # the final picture stays on screen; the summary prints below it
     # which workers failed how (torchrun's own record) and whether the OOM killer took any
-    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report()}
+    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report(),
+              "torchrun": torchrun_record(code, sup)}
     agent.close()
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None

@@ -113,7 +113,7 @@ class NodeTelemetry:
         h = self.handle
         if h is None or self._restarts >= MAX_RESTARTS or self._restart_failed:
             return
-        from ..aggregator.persist import CHECKPOINT_NAME
+        from ..rundir import CHECKPOINT_NAME
         from ..aggregator.process import _describe_exit
 
         code = h.proc.poll()

@@ -29,83 +29,17 @@ earliest of all of them, and the verdict says so.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional, Sequence
 
 from ..rundata import OomReport
 from .model import RankSummary
+from .ranklist import ranks_phrase
+from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS, NodeFailure
+from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised_an_exception, raised_where,
+                         recorded_error, split_exception, traceback_of)
 
-#: what a surviving rank's error looks like when a peer died or a link broke: the backend's own
-#: words (gloo, NCCL, the c10d TCP store, DDP). Each entry: (pattern, what it means for the user)
-CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"Connection closed by peer", "gloo lost the connection to a peer"),
-    (r"Connection reset by peer", "a peer's connection was reset"),
-    (r"Broken pipe", "a peer's connection broke"),
-    (r"gloo/transport", "gloo transport error"),
-    (r"Timed out waiting|[Tt]imeout.*(recv|send|collective|store)|Socket Timeout|timed out after",
-     "a collective or the store timed out waiting for a peer"),
-    (r"NCCL communicator was aborted|ncclRemoteError|remote process exited|Watchdog caught collective",
-     "NCCL lost a peer"),
-    (r"DistBackendError|DistNetworkError|DistStoreError", "the process group lost a peer"),
-    (r"TCPStore|Connection refused", "the rendezvous store went away"),
-    (r"ProcessGroup.*(abort|shut ?down)", "the process group was aborted"),
-    (r"SIGTERMException|killed by signal: Terminated", "it was stopped with SIGTERM"),
-)
-_CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
-#: signals a worker gets when torchrun (or the user, or Slurm) stops it, not the cause of a failure
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-#: statuses that are a failure of the rank
-FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
-#: torchrun's own words for a worker with no error file that a signal ended
-_SIGNAL_RECORD_RE = re.compile(r"Signal \d+ \(")
-_SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
-
-
-def failed_by_itself(rank: RankSummary) -> bool:
-    """Whether a rank (a summary rank) raised an exception of its own: not one a peer's loss or
-    the run's stop explains. (A non-zero ``sys.exit`` does not count: scripts also exit that way
-    from a SIGTERM handler.)"""
-    if rank.status != "error":
-        return False
-    c = classify(rank, None)
-    return c["cause"] == "exception" and not c["consequence"]
-
-
-def consequence_of(text: str) -> Optional[str]:
-    """What a surviving rank's error text says happened to its peers, or None."""
-    for rx, what in _CONSEQUENCE_RE:
-        if rx.search(text):
-            return what
-    return None
-
-
-def _traceback(rank: RankSummary) -> str:
-    for ev in reversed(rank.last_events):
-        if ev.kind == "exception":
-            return ev.text
-    return ""
-
-
-def raised_where(traceback_text: str) -> Optional[str]:
-    """``file.py:LINE in func`` of the innermost frame in the user's own code (not Python's, a
-    library's or TraceML's), else of the innermost frame at all."""
-    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines()) if m]
-    if not frames:
-        return None
-    own = [m for m in frames if not any(p in m.group("file") for p in _LIB_PARTS)]
-    m = (own or frames)[-1]
-    name = m.group("file").rsplit("/", 1)[-1]
-    return f"{name}:{m.group('line')} in {m.group('func').strip()}"
-
-
-def split_exception(line: str) -> tuple[Optional[str], str]:
-    """``"RuntimeError: boom"`` -> ("RuntimeError", "boom"); a dotted type name is kept whole."""
-    head, sep, rest = line.partition(":")
-    if sep and re.fullmatch(r"[A-Za-z_][\w.]*", head.strip()):
-        return head.strip(), rest.strip()
-    return None, line.strip()
+__all__ = ["classify", "describe", "diagnose", "did_not_start", "consequence_of", "raised_where",
+           "split_exception"]
 
 
 def _step_words(rank: RankSummary) -> tuple[Optional[int], str]:
@@ -127,31 +61,28 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     status = rank.status
     signal = rank.exit.signal if rank.exit else None
     exitcode = rank.exit.exitcode if rank.exit else None
-    error = (rank.error or "").strip()
-    last = error.splitlines()[-1] if error else ""
     step, words = _step_words(rank)
     short = words.split(" (", 1)[0]
     out: dict[str, Any] = {"cause": "unknown", "type": None, "message": None, "where": None,
                            "signal": signal, "exitcode": exitcode, "oom_killed": None,
                            "consequence": None, "step": step, "step_words": words, "step_short": short,
                            "at": rank.failed_at}
-    m = _SYS_EXIT_RE.match(last)
-    record = str((rank.exit.message if rank.exit else None) or "").strip()
-    if status != "error" and record and not _SIGNAL_RECORD_RE.match(record):
+    record = recorded_error(rank)
+    if status != "error" and record is not None:
         # the worker never told TraceML (it failed before init(), or its connection was gone),
         # but torchrun's record of it carries Python's own error (the worker bootstrap writes
         # it: sdk/bootstrap.py), with the traceback. It raised, whatever ended the process
         # after that (torchrun's SIGTERM can overtake a worker that is already exiting)
-        etype, msg = split_exception(record.splitlines()[-1])
-        tb = str((rank.exit.traceback if rank.exit else None) or "")
+        text, tb = record
+        etype, msg = split_exception(text.splitlines()[-1])
         out.update(cause="exception", type=etype, message=msg, where=raised_where(tb),
-                   consequence=consequence_of(record + "\n" + tb))
-    elif status == "error" and last and not m:
-        etype, msg = split_exception(last)
-        out.update(cause="exception", type=etype, message=msg, where=raised_where(_traceback(rank)))
-        out["consequence"] = consequence_of(error + "\n" + _traceback(rank))
-    elif status == "error" and m:
-        out.update(cause="exit", message=f"{m.group(1)}({m.group('code')})")
+                   consequence=consequence_of(text + "\n" + tb))
+    elif raised_an_exception(rank):
+        etype, msg = split_exception(last_line(rank))
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(traceback_of(rank)),
+                   consequence=peer_loss(rank))
+    elif status == "error" and exit_call(last_line(rank)):
+        out.update(cause="exit", message=exit_call(last_line(rank)))
     elif status == "interrupted":
         # its own goodbye (steps_produced) says KeyboardInterrupt; without one, the run was
         # interrupted and its launcher stopped it (srun, scancel, the time limit, Ctrl-C)
@@ -160,7 +91,7 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
             else "it was stopped when the run was interrupted"))
     elif signal:
         out["cause"] = "signal"
-        if signal in STOP_SIGNALS:
+        if signal in INTERRUPT_SIGNALS:
             out["consequence"] = f"it was stopped with {signal}"
         elif signal == "SIGKILL" and oom is not None:
             out["oom_killed"] = oom.kills > 0
@@ -208,13 +139,6 @@ def _align_silent_steps(ranks: Sequence[RankSummary], causes: dict[int, dict[str
             c["step_at_least"] = True
 
 
-def _ranks_list(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def _mib(n: Optional[int]) -> str:
     if not n:
         return "?"
@@ -260,22 +184,37 @@ def describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) -> 
 
 
 def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomReport]],
-             run_status: str) -> Optional[dict[str, Any]]:
+             run_status: str, nodes: Sequence[NodeFailure] = ()) -> Optional[dict[str, Any]]:
     """The failure verdict of a failed run (None otherwise). Annotates each failed rank in place
     with ``failure``: ``{"role": "first"|"consequence"|"independent", ...cause}``.
+
+    ``nodes`` (status.node_failures): a node whose torchrun was killed or whose launcher vanished
+    is the first failure unless a rank failed by itself before it; its ranks that left no
+    evidence of their own died with it (consequences).
 
     An interrupted run (SIGTERM from scancel, the time limit, or ``srun --kill-on-bad-exit`` after
     another node failed) gets it too when a rank failed by itself, not by the interruption."""
     if run_status not in ("failed", "interrupted"):
         return None
-    failed = [r for r in ranks if r.status in FAILED]
-    if not failed:
+    failed = [r for r in ranks if r.status in FAILED_ENDINGS]
+    node_fail = {nf.node: nf for nf in nodes} if run_status == "failed" else {}
+    if not failed and not node_fail:
         return None
     causes = {r.rank: classify(r, oom_by_node.get(r.node) if r.node is not None else None) for r in failed}
     _align_silent_steps(ranks, causes)
+    for r in failed:  # no evidence of its own on a node that failed: it died with its node
+        nf, c = node_fail.get(r.node) if r.node is not None else None, causes[r.rank]
+        if nf is not None and c["cause"] == "unknown":
+            c["consequence"] = ("its node's torchrun was killed" if nf.cause == "torchrun_killed"
+                                else "its node's launcher vanished")
     real = [r for r in failed if not causes[r.rank]["consequence"]
             and causes[r.rank]["cause"] not in ("unknown", "never_joined")]
-    if run_status == "interrupted" and not real:
+    if node_fail:
+        nf = min(node_fail.values(), key=lambda x: (x.at is None, x.at or 0.0, x.node))
+        if not real or (nf.at is not None and all(causes[r.rank]["at"] is not None and nf.at <= causes[r.rank]["at"]
+                                                 for r in real)):
+            return _node_verdict(nf, failed, causes, real)
+    if not failed or (run_status == "interrupted" and not real):
         return None
     pool = real or [r for r in failed if causes[r.rank]["cause"] != "never_joined"] or failed
     first = min(pool, key=lambda r: (causes[r.rank]["at"] is None, causes[r.rank]["at"] or 0.0, r.rank))
@@ -300,12 +239,12 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
     text, reason = describe(first, c, oom)
     parts = [text]
     if independent:
-        parts.append(f"{_ranks_list([r.rank for r in independent])} also failed with an error of "
+        parts.append(f"{ranks_phrase([r.rank for r in independent])} also failed with an error of "
                      + ("its own" if len(independent) == 1 else "their own"))
     if consequences:
         kinds = sorted({causes[r.rank]["consequence"] or "stopped after the first failure"
                         for r in consequences})
-        parts.append(f"{_ranks_list([r.rank for r in consequences])} failed as a consequence ("
+        parts.append(f"{ranks_phrase([r.rank for r in consequences])} failed as a consequence ("
                      + "; ".join(kinds[:3]) + ")")
     if not real:
         parts.append("every failure looks like a lost peer or connection: check the node and "
@@ -322,6 +261,50 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
             "evidence": evidence, "reason": reason}
 
 
+def _node_verdict(nf: NodeFailure, failed: Sequence[RankSummary], causes: dict[int, dict[str, Any]],
+                  real: Sequence[RankSummary]) -> dict[str, Any]:
+    """The failure verdict when a node's launcher or torchrun failed first (status.node_failures)."""
+    if nf.cause == "torchrun_killed":
+        code = f" (its launcher exited with exit code {nf.exit_code})" if nf.exit_code is not None else ""
+        what = f"torchrun was killed by {nf.signal}{code}"
+        reason = (f"node {nf.node}'s torchrun was killed by {nf.signal}"
+                  + (f" (exit code {nf.exit_code})" if nf.exit_code is not None else ""))
+        nxt = (f"find who killed torchrun on {nf.name}: the node's kernel log (dmesg) for the OOM killer, "
+               "the scheduler's log (sacct -j JOB -o State,ExitCode,MaxRSS), a health check or a user; "
+               "the other ranks' errors followed from it")
+    else:
+        what = ("its TraceML launcher vanished: its connection closed without a goodbye (the launcher was "
+                "killed, or the node was lost)")
+        reason = f"node {nf.node}'s launcher vanished"
+        nxt = (f"check {nf.name}: whether its `traceml run` was killed (a user, the OOM killer: dmesg) or "
+               "the node failed (sinfo -R, scontrol show node); the other ranks' errors followed from it")
+    own = [r for r in failed if r.node == nf.node and r not in real]
+    independent = [r for r in failed if r not in own and r in real]
+    consequences = [r for r in failed if r not in own and r not in real]
+    steps = [causes[r.rank]["step"] for r in failed if causes[r.rank]["step"] is not None]
+    parts = [f"{nf.name}: {what}" + (f", around step {max(steps)}" if steps else "")]
+    if own:
+        parts.append(f"its {ranks_phrase([r.rank for r in own])} ended with it")
+    if independent:
+        parts.append(f"{ranks_phrase([r.rank for r in independent])} also failed with an error of "
+                     + ("its own" if len(independent) == 1 else "their own"))
+    if consequences:
+        kinds = sorted({causes[r.rank]["consequence"] or "stopped after the first failure" for r in consequences})
+        parts.append(f"{ranks_phrase([r.rank for r in consequences])} failed as a consequence ("
+                     + "; ".join(kinds[:3]) + ")")
+    for r in failed:
+        r.failure = {"role": "independent" if r in real else "consequence",
+                     **{k: v for k, v in causes[r.rank].items() if k not in ("step_words", "step_short", "step_at_least")}}
+    evidence = {"first_rank": None, "node": nf.node, "host": nf.host, "step": max(steps) if steps else None,
+                "step_at_least": False, "cause": nf.cause, "exception_type": None, "message": None,
+                "where": None, "signal": nf.signal, "oom_killed": None, "exitcode": nf.exit_code,
+                "consequence_ranks": sorted(r.rank for r in own + consequences),
+                "independent_ranks": sorted(r.rank for r in independent)}
+    return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
+            "culprit": {"rank": None, "node": nf.node, "host": nf.host}, "evidence": evidence,
+            "reason": reason}
+
+
 def _reached_a_step(r: RankSummary) -> bool:
     return bool(r.steps or r.steps_produced or (type(r.fail_step) is int and r.fail_step > 0))
 
@@ -333,9 +316,9 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
     failed before TraceML started in it), and nothing about steps, peers or performance: no
     worker trained, so "failed as a consequence", "too few steps" and "add trace_step" would
     all mislead. None when some rank completed a step (then it is a failure during training)."""
-    if any(_reached_a_step(r) for r in ranks):
-        return None
     ev = failure["evidence"]
+    if ev.get("first_rank") is None or any(_reached_a_step(r) for r in ranks):
+        return None  # (or a node's launcher or torchrun failed first: its verdict says so)
     first = next(r for r in ranks if r.rank == ev["first_rank"])
     c = first.failure or {}
     failed = [r for r in ranks if r.failure]
@@ -361,7 +344,7 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
     if same and not others:
         why += f"; {'the other rank' if len(same) == 1 else f'all {len(same)} other ranks'} failed the same way"
     elif same or others:
-        why += f"; {_ranks_list([r.rank for r in same + others])} failed too (see each rank below)"
+        why += f"; {ranks_phrase([r.rank for r in same + others])} failed too (see each rank below)"
     etype = ev.get("exception_type") or ""
     if ev["cause"] == "exception" and etype in ("ModuleNotFoundError", "ImportError"):
         nxt = ("install the missing module into the environment the workers run in (the Python that "

@@ -14,6 +14,10 @@ from typing import Any, Optional
 from ..rundata import RankEvent
 
 
+def _d(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
 @dataclass
 class PhaseSummary:
     """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
@@ -32,6 +36,13 @@ class PhaseSummary:
         return {"count": self.count, "mean_ms": self.mean_ms, "steady_mean_ms": self.steady_mean_ms,
                 "p10_ms": self.p10_ms, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
                 "p99_ms": self.p99_ms, "max_ms": self.max_ms}
+
+    @classmethod
+    def from_json(cls, p: Any) -> Optional["PhaseSummary"]:
+        if not isinstance(p, dict):
+            return None
+        return cls(p.get("count") or 0, p.get("mean_ms"), p.get("steady_mean_ms"), p.get("p50_ms"),
+                   p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"), p.get("p10_ms"))
 
 
 @dataclass
@@ -54,6 +65,12 @@ class CommSummary:
 
     def to_json(self) -> dict[str, Any]:
         return {"steps": self.steps, **{k: getattr(self, k) for k in self.FIGURES}}
+
+    @classmethod
+    def from_json(cls, c: Any) -> Optional["CommSummary"]:
+        if not isinstance(c, dict):
+            return None
+        return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
 
 
 @dataclass
@@ -88,6 +105,20 @@ class MemTrend:
                 "late_slope_bytes_per_step": self.late_slope_bytes_per_step, "rising": self.rising,
                 "noise_bytes": self.noise_bytes, "min_detectable_bytes": self.min_detectable_bytes}
 
+    @classmethod
+    def from_json(cls, t: Any) -> Optional["MemTrend"]:
+        if not isinstance(t, dict):
+            return None
+        if "start_bytes" not in t:  # an older summary's early/middle/late trend
+            early, late = t.get("early_bytes") or 0, t.get("late_bytes") or 0
+            return cls("early-late", 0, 0, early, late, t.get("growth_bytes") or 0, t.get("growth_pct"),
+                       0.0, 0.0, bool(t.get("rising")), 0, 0)
+        return cls(str(t.get("method") or ""), t.get("windows") or 0, t.get("steps") or 0,
+                   t.get("start_bytes") or 0, t.get("end_bytes") or 0, t.get("growth_bytes") or 0,
+                   t.get("growth_pct"), t.get("slope_bytes_per_step") or 0.0,
+                   t.get("late_slope_bytes_per_step") or 0.0, bool(t.get("rising")),
+                   t.get("noise_bytes") or 0, t.get("min_detectable_bytes") or 0)
+
 
 @dataclass
 class MemPeak:
@@ -100,6 +131,13 @@ class MemPeak:
     def to_json(self) -> dict[str, Any]:
         return {"max_bytes": self.max_bytes, "mean_bytes": self.mean_bytes,
                 "trend": self.trend.to_json() if self.trend else None, "trend_why": self.trend_why}
+
+    @classmethod
+    def from_json(cls, m: Any) -> Optional["MemPeak"]:
+        if not isinstance(m, dict):
+            return None
+        return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")),
+                   m.get("trend_why"))
 
 
 @dataclass
@@ -126,6 +164,14 @@ class RankTelemetry:
                 "client_dropped": self.client_dropped, "relay_dropped": self.relay_dropped,
                 "rejected": self.rejected, "reconnects": self.reconnects, "sketched": self.sketched}
 
+    @classmethod
+    def from_json(cls, t: Any) -> "RankTelemetry":
+        t = _d(t)
+        return cls(t.get("received") or 0, t.get("expected"), t.get("lost"), t.get("unsent_max"),
+                   t.get("gaps") or 0, t.get("duplicates") or 0, t.get("client_dropped") or 0,
+                   t.get("relay_dropped") or 0, t.get("rejected") or 0, t.get("reconnects") or 0,
+                   t.get("sketched") or 0)
+
 
 @dataclass
 class ExitRecord:
@@ -140,6 +186,12 @@ class ExitRecord:
     def to_json(self) -> dict[str, Any]:
         return {"exitcode": self.exitcode, "signal": self.signal, "message": self.message,
                 "traceback": self.traceback}
+
+    @classmethod
+    def from_json(cls, e: Any) -> Optional["ExitRecord"]:
+        if not isinstance(e, dict):
+            return None
+        return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
 
 
 @dataclass
@@ -208,6 +260,24 @@ class RankSummary:
             out["failure"] = self.failure
         return out
 
+    @classmethod
+    def from_json(cls, r: Any) -> "RankSummary":
+        """A rank row of a summary (a partial summary's too: it has fewer fields)."""
+        r = _d(r)
+        return cls(
+            rank=r.get("rank", -1), node=r.get("node"), host=r.get("host") or "",
+            local_rank=r.get("local_rank"), status=r.get("status") or "unknown", error=r.get("error"),
+            steps=r.get("steps") or r.get("received") or 0, steady_steps=r.get("steady_steps") or 0,
+            last_step=r.get("last_step", -1), steps_produced=r.get("steps_produced"),
+            fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
+            failed_at=r.get("failed_at"), exit=ExitRecord.from_json(r.get("exit")),
+            phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
+            outside_ms=r.get("outside_ms"), comm=CommSummary.from_json(r.get("comm")),
+            mem_peak=MemPeak.from_json(r.get("mem_peak")),
+            telemetry=RankTelemetry.from_json(r.get("telemetry")), events=r.get("events") or 0,
+            last_events=[RankEvent.from_checkpoint(e) for e in r.get("last_events") or [] if isinstance(e, dict)],
+            failure=r.get("failure"))
+
 
 @dataclass
 class Spread:
@@ -222,6 +292,13 @@ class Spread:
     def to_json(self) -> dict[str, Any]:
         return {"median": self.median, "min": self.min, "min_rank": self.min_rank,
                 "max": self.max, "max_rank": self.max_rank}
+
+    @classmethod
+    def from_json(cls, s: Any) -> Optional["Spread"]:
+        if not isinstance(s, dict):
+            return None
+        return cls(s.get("median") or 0.0, s.get("min"), s.get("min_rank", -1), s.get("max"),
+                   s.get("max_rank", -1))
 
 
 @dataclass
@@ -245,6 +322,12 @@ class Communication:
                 **{k: (s.to_json() if s else None) for k, s in self.spreads.items()},
                 "probe": self.probe}
 
+    @classmethod
+    def from_json(cls, c: Any) -> "Communication":
+        c = _d(c)
+        return cls(bool(c.get("measured")), c.get("ranks_measured") or 0, c.get("not_measured_why"),
+                   {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
+
 
 @dataclass
 class GpuSummary:
@@ -267,6 +350,14 @@ class GpuSummary:
                 "util_pct_max": self.util_pct_max, "mem_used_max": self.mem_used_max,
                 "mem_total": self.mem_total, "temp_c_max": self.temp_c_max,
                 "power_w_mean": self.power_w_mean, "power_w_max": self.power_w_max}
+
+    @classmethod
+    def from_json(cls, g: Any, node: int) -> "GpuSummary":
+        """A GPU of node ``node``'s row."""
+        g = _d(g)
+        return cls(node, g.get("index", 0), g.get("samples") or 0, g.get("util_pct_mean"),
+                   g.get("util_pct_max"), g.get("mem_used_max"), g.get("mem_total"), g.get("temp_c_max"),
+                   g.get("power_w_mean"), g.get("power_w_max"))
 
 
 @dataclass(frozen=True)

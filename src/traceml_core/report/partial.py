@@ -58,7 +58,7 @@ def last_resort(data: dict[str, Any], exc: BaseException, *, files: dict[str, An
     summary of the data without its non-finite values when that can be built, else the partial
     one. Never raises."""
     from ..rundata import RunData
-    from .output import dumps
+    from .summary_file import dumps
     from .summary import build_summary
 
     clean, bad = finite(data)
@@ -143,10 +143,10 @@ def _status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provi
     """The run's status by the summary's own rule, from the ranks' goodbyes."""
     from ..rundata import Finish
     from .model import RankSummary
-    from .summary import _run_status
+    from .status import run_status
 
     try:
-        return _run_status(Finish.from_checkpoint(finish),
+        return run_status(Finish.from_checkpoint(finish),
                            [RankSummary(rank=r["rank"], node=r["node"], host=r["host"], local_rank=None,
                                         status=r["status"] or "vanished") for r in ranks], provisional)
     except Exception:  # noqa: BLE001

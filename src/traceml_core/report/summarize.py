@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
+from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
 from ..rundata import Finish, RunData
@@ -112,14 +113,9 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
     # after the launcher's end report): everything the run sent is in it, and the rebuilt
     # summary is exact
     end_recorded = bool(doc.get("final")) or data.finish is not None
-    if finish is not None and data.finish is None:
-        data.finish = Finish.from_checkpoint({
-            "exit_code": finish.get("exit_code"), "interrupted": bool(finish.get("interrupted")),
-            "reason": str(finish.get("reason") or ""),
-            "failed_nodes": list(finish.get("failed_nodes") or []),
-            "source": "launcher (after the aggregator was gone)",
-            "at": finish.get("at"), "workers": list(finish.get("workers") or []),
-            "oom": finish.get("oom")})
+    if finish is not None and data.finish is None:  # what the launcher knows about the end
+        data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
+                              source="launcher (after the aggregator was gone)")
     run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)

@@ -64,6 +64,12 @@ STRAGGLER_MIN_WINDOWS = 4
 #: the excess is "spread over" every phase holding at least a fifth of it.
 ATTRIBUTION_MOSTLY = 0.5
 ATTRIBUTION_LIST = 0.2
+#: A pause is not a straggler (verdicts.one_pause): one wait of the other ranks longer than 50
+#: median steps is one event (a rank stopped, a debugger, a save on one rank), not slowness at
+#: every step; it is taken out of that rank's excess before the rest is judged. 50 steps: a
+#: straggler's own longest step rarely exceeds a few of its slow steps, while the pauses this is
+#: for last seconds to minutes.
+PAUSE_MIN_STEPS = 50.0
 
 # --- memory creep --------------------------------------------------------------------------------
 #: The early window starts after this fraction of the run (allocator caches and optimizer state

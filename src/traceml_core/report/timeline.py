@@ -19,11 +19,13 @@ its own time, never in its step time.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
+from .document import Envelope, GpuSeries, NodeSeries, RankSeries, Timeline, Verdict
 from .model import RankSummary
+from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
 from .windows import means, phase_col, regroup
 
@@ -38,7 +40,7 @@ def _means(sums: list, cnts: list, n: int) -> list[Optional[float]]:
     return means(sums, cnts, n, digits=4)
 
 
-def rank_series(r: RankData, width: int, n: int, started_at: float) -> dict[str, Any]:
+def rank_series(r: RankData, width: int, n: int, started_at: float) -> RankSeries:
     """One rank's series at bucket width ``width`` (a multiple of its own), ``n`` buckets long."""
     s = r.series
     f = max(1, width // max(1, int(s["width"])))
@@ -60,10 +62,10 @@ def rank_series(r: RankData, width: int, n: int, started_at: float) -> dict[str,
         v = own_time(st, lambda p: phases[p][i] if p in phases else None)
         own.append(None if v is None else round(v, 4))
     pad = [None] * max(0, n - len(smax))
-    return {"rank": r.rank, "node": r.node, "host": r.host or "",
-            "step_ms": step, "step_max_ms": smax + pad, "own_ms": own,
-            "phases_ms": phases, "mem_max_bytes": mem + pad if any(m is not None for m in mem) else None,
-            "t_s": t_end + pad}
+    return RankSeries(rank=r.rank, node=r.node, host=r.host or "", step_ms=step,
+                      step_max_ms=smax + pad, own_ms=own, phases_ms=phases,
+                      mem_max_bytes=mem + pad if any(m is not None for m in mem) else None,
+                      t_s=t_end + pad)
 
 
 def _step_and_own(r: RankData, width: int, n: int) -> tuple[list, list]:
@@ -91,7 +93,7 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
 
 
 def _featured(ranks: list[RankData], summary_ranks: Sequence[RankSummary],
-              verdict: Optional[dict[str, Any]], own_mean: dict[int, Optional[float]]) -> list[int]:
+              verdict: Optional[Verdict], own_mean: dict[int, Optional[float]]) -> list[int]:
     """The ranks worth a line of their own in a large run, most interesting first."""
     picked: list[int] = []
 
@@ -99,9 +101,9 @@ def _featured(ranks: list[RankData], summary_ranks: Sequence[RankSummary],
         if rank is not None and rank in own_mean and rank not in picked:
             picked.append(rank)
 
-    take(((verdict or {}).get("culprit") or {}).get("rank"))
+    take(((verdict.culprit if verdict else None) or {}).get("rank"))
     for r in summary_ranks:
-        if r.status not in ("clean", "running", "never_joined"):
+        if r.status not in OK_ENDINGS and r.status != "never_joined":
             take(r.rank)
     by_own = sorted((v, k) for k, v in own_mean.items() if v is not None)
     for _v, k in reversed(by_own[-6:]):
@@ -117,6 +119,7 @@ def _featured(ranks: list[RankData], summary_ranks: Sequence[RankSummary],
 
 
 def _envelope(series: list[list[Optional[float]]], n: int) -> dict[str, list[Optional[float]]]:
+    """Per bucket, the least, median and most of the ranks' values."""
     lo, mid, hi = [], [], []
     for i in range(n):
         col = sorted(v[i] for v in series if v[i] is not None)
@@ -130,27 +133,24 @@ def _envelope(series: list[list[Optional[float]]], n: int) -> dict[str, list[Opt
     return {"min": lo, "median": mid, "max": hi}
 
 
-def _node(ns: SystemData, started_at: float) -> Optional[dict[str, Any]]:
+def _node(ns: SystemData, started_at: float) -> Optional[NodeSeries]:
     ot = ns.over_time
     u = ot.used
     if not u or ot.t0 is None:
         return None
     w = ot.width_s
     mean, mx = ot.mean, ot.max
-    gpus = []
-    for g in ns.gpus:
-        i = g.index
-        gpus.append({"index": i, "util_pct": mean.get(f"gpu{i}.util_pct"),
-                     "mem_used_bytes": mx.get(f"gpu{i}.mem_used"),
-                     "mem_total_bytes": g.mem_total.max})
-    return {"node": ns.node, "host": ns.host or "", "seconds_per_bucket": w,
-            "t_s": [round(ot.t0 + (i + 0.5) * w - started_at, 2) for i in range(u)],
-            "cpu_pct": mean.get("cpu_pct"), "ram_used_bytes": mx.get("ram_used"),
-            "ram_total_bytes": ns.ram_total.max, "gpus": gpus}
+    gpus = [GpuSeries(index=g.index, util_pct=mean.get(f"gpu{g.index}.util_pct"),
+                      mem_used_bytes=mx.get(f"gpu{g.index}.mem_used"), mem_total_bytes=g.mem_total.max)
+            for g in ns.gpus]
+    return NodeSeries(node=ns.node, host=ns.host or "", seconds_per_bucket=w,
+                      t_s=[round(ot.t0 + (i + 0.5) * w - started_at, 2) for i in range(u)],
+                      cpu_pct=mean.get("cpu_pct"), ram_used_bytes=mx.get("ram_used"),
+                      ram_total_bytes=ns.ram_total.max, gpus=gpus)
 
 
 def build_timeline(data: RunData, summary_ranks: Sequence[RankSummary],
-                   verdict: Optional[dict[str, Any]], *, rank_lines: int = RANK_LINES) -> dict[str, Any]:
+                   verdict: Optional[Verdict], *, rank_lines: int = RANK_LINES) -> Timeline:
     """The ``timeline`` section from the run's typed data."""
     started = float(data.settings.started_at)
     ranks = [r for r in data.ranks if r.series.get("used")]
@@ -165,24 +165,22 @@ def build_timeline(data: RunData, summary_ranks: Sequence[RankSummary],
         light = {r.rank: _step_and_own(r, width, n) for r in ranks}
         own_mean = {k: _mean(v[1]) for k, v in light.items()}
         keep = set(_featured(ranks, summary_ranks, verdict, own_mean))
-        envelope = {"ranks": len(light),
-                    "step_ms": _envelope([v[0] for v in light.values()], n),
-                    "own_ms": _envelope([v[1] for v in light.values()], n)}
+        envelope = Envelope(ranks=len(light), step_ms=_envelope([v[0] for v in light.values()], n),
+                            own_ms=_envelope([v[1] for v in light.values()], n))
         ranks = [r for r in ranks if r.rank in keep]
     per = {r.rank: rank_series(r, width, n, started) for r in ranks}
     shown = sorted(per)
     phases = []
     for v in per.values():
-        for p in v["phases_ms"]:
+        for p in v.phases_ms:
             if p not in phases:
                 phases.append(p)
     order = [p for p in ("input", "forward", "backward", "optimizer", "h2d", OUTSIDE) if p in phases]
     nodes = [x for x in (_node(ns, started) for ns in data.system) if x is not None]
-    return {"steps_per_bucket": width, "buckets": n, "bucket_limit": BUCKETS,
-            "rank_limit": rank_lines, "ranks_total": total,
-            "ranks_shown": "all" if envelope is None else "selected",
-            "phases": order + [p for p in phases if p not in order],
-            "ranks": [per[k] for k in shown], "envelope": envelope, "nodes": nodes}
+    return Timeline(steps_per_bucket=width, buckets=n, bucket_limit=BUCKETS, rank_limit=rank_lines,
+                    ranks_total=total, ranks_shown="all" if envelope is None else "selected",
+                    phases=order + [p for p in phases if p not in order],
+                    ranks=[per[k] for k in shown], envelope=envelope, nodes=nodes)
 
 
 __all__ = ["build_timeline", "rank_series", "RANK_LINES", "FEATURED_RANKS"]

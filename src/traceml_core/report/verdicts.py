@@ -337,6 +337,9 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         mid = median([fn(r) for r in others])
         assert mid is not None
         excess = fn(worst) - mid
+        pause = one_pause(worst, live, metric)
+        if pause and worst.steady_steps:  # a pause is not a straggler: judge the rest
+            excess = max(0.0, excess - pause / worst.steady_steps)
         persistent, windows, slower = _persistent_excess(worst, others, metric, ctx)
         judged = excess if persistent is None else min(excess, persistent)
         # the part of it the rank spent waiting for a core (runnable, but other processes held
@@ -370,7 +373,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
                         persistent_ms=_r(persistent), windows=windows,
                         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=_r(slower, 4),
                         phase=phase, phase_ms=deltas, phase_share=round(share, 4),
-                        cpu_wait_ms=_r(cpu_wait), explained_by=None, device=ctx.device)
+                        cpu_wait_ms=_r(cpu_wait), pause_ms=round(pause, 1) if pause else None,
+                        explained_by=None, device=ctx.device)
     return None
 
 
@@ -395,6 +399,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         why += ", spread over " + ", ".join(f"{_IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
     if ev["metric"] == "own":
         why += "; the other ranks wait for it"
+    if ev.get("pause_ms"):
+        why += f" (not counting one pause of {ev['pause_ms'] / 1000:.1f} s)"
     if ev["explained_by"] == "memory_creep":
         why += "; its memory also keeps growing (see the memory verdict), which may be what slows it"
     elif ev["explained_by"] == "cpu_oversubscribed":
@@ -423,6 +429,37 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
     elif ev["explained_by"] == "cpu_oversubscribed":
         nxt = "first give the ranks no more threads than cores (see the CPU verdict); then " + nxt
     return why, nxt
+
+
+def _max(r: RankSummary, phase: str) -> Optional[float]:
+    ph = r.phases.get(phase)
+    return ph.max_ms if ph else None
+
+
+def one_pause(worst: RankSummary, live: Sequence[RankSummary], metric: str) -> Optional[float]:
+    """A pause is not a straggler: the length (ms) of one long step that accounts for part of
+    ``worst``'s excess, or None. A rank stopped once (SIGSTOP, a debugger, a save on that rank
+    only) makes every other rank wait once, for the whole pause, in the step's synchronisation
+    (``comm``, else ``backward``: the wait :func:`own_time` takes out), while its own wait there
+    stays short; so the others' longest wait exceeds the rank's own by the pause. A rank slower
+    at every step makes the others wait a little at every step (their longest wait is about one
+    step's excess), and a slow first step on every rank (compilation) is long for the rank too,
+    so neither looks like a pause. For the ``step`` metric the pause is the rank's own longest
+    step beyond the others'. The caller takes the pause out of the rank's excess and judges the
+    rest (report/thresholds.py: PAUSE_MIN_STEPS)."""
+    others = [r for r in live if r is not worst]
+    if metric == "own":
+        def wait_max(r: RankSummary) -> Optional[float]:
+            return _max(r, "comm") if r.phases.get("comm") else _max(r, "backward")
+        theirs = [v for v in map(wait_max, others) if v is not None]
+        mine = wait_max(worst)
+        pause = (median(theirs) or 0.0) - mine if theirs and mine is not None else 0.0
+    else:
+        theirs = [v for v in (_max(r, "step") for r in others) if v is not None]
+        mine = _max(worst, "step")
+        pause = mine - (median(theirs) or 0.0) if theirs and mine is not None else 0.0
+    step = median([v for v in (_m(r, "step") for r in live) if v is not None]) or 0.0
+    return pause if step > 0 and pause >= T.PAUSE_MIN_STEPS * step else None
 
 
 # --- memory --------------------------------------------------------------------------------------

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..aggregator.snapshot import PHASES
+from ..report.document import Verdict
 
-__all__ = ["PHASES", "LiveState", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
+__all__ = ["PHASES", "LiveState", "LiveSeries", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
 
 #: a connected rank is stale after max(STALE_MIN_S, STALE_STEPS x its recent step time) without
 #: data: clients ship every 50 ms, so 3 s of silence is never batching, and a 10 s step may
@@ -51,7 +52,8 @@ class RankLive:
     spark_ms: list[float]
     bye: Optional[str] = None
     error: Optional[str] = None
-    series: Optional[dict[str, Any]] = None
+    #: the whole run so far per step bucket (dashboard only), None when not asked for
+    series: Optional["LiveSeries"] = None
     #: steps/s over the last poll (from received counts), None before two snapshots
     rate: Optional[float] = None
 
@@ -66,6 +68,24 @@ class RankLive:
     @property
     def stale(self) -> bool:
         return self.state in ("stale", "gone") or (self.state == "waiting" and bool(self.note))
+
+
+@dataclass
+class LiveSeries:
+    """A rank's run so far, per bucket of ``width`` steps (the report's series, up to now)."""
+
+    width: int
+    step_ms: list[Optional[float]]
+    own_ms: list[Optional[float]]
+    phases_ms: dict[str, list[Optional[float]]]
+    mem_max: list[Optional[int]]
+
+    @classmethod
+    def from_frame(cls, s: Any) -> Optional["LiveSeries"]:
+        if not isinstance(s, dict):
+            return None
+        return cls(int(s.get("width") or 1), list(s.get("step_ms") or []), list(s.get("own_ms") or []),
+                   dict(s.get("phases_ms") or {}), list(s.get("mem_max") or []))
 
 
 @dataclass
@@ -98,7 +118,8 @@ class LiveState:
     records: int
     ranks: list[RankLive]
     nodes: list[NodeLive]
-    verdict: Optional[dict[str, Any]]
+    #: the verdict so far (the aggregator's provisional summary), None before one was asked for
+    verdict: Optional[Verdict]
     finishing: bool
     #: monotonic time this state was read (for :meth:`aged`)
     read_at: float = field(default_factory=time.monotonic)
@@ -216,7 +237,8 @@ def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
             state=state, age_s=age, note=note, last_step=int(r.get("last_step", -1)),
             received=int(r.get("received", 0)), steps_per_s=rec.get("steps_per_s"), ms=ms,
             mem_peak=rec.get("mem_peak"), spark_ms=list(rec.get("spark_ms") or []),
-            bye=r.get("bye"), error=r.get("error"), series=r.get("series"), rate=rate)
+            bye=r.get("bye"), error=r.get("error"), series=LiveSeries.from_frame(r.get("series")),
+            rate=rate)
     started = float(frame.get("started_at") or server_time)
     since_start = max(0.0, server_time - started)
     for rank in range(world):
@@ -250,7 +272,8 @@ def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
                   old.ram_used if old else None),
             (n.get("ram_total") or {}).get("max"), gpus,
             max(0.0, server_time - last_ts) if last_ts else None))
-    verdict = frame.get("verdict") or (prev_state.verdict if prev_state else None)
+    verdict = (Verdict.from_json(frame["verdict"]) if isinstance(frame.get("verdict"), dict)
+               else prev_state.verdict if prev_state else None)
     return LiveState(
         run_name=str(frame.get("run_name") or ""), world_size=world,
         nnodes=int(frame.get("nnodes") or 1), elapsed_s=since_start,

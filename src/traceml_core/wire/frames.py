@@ -258,7 +258,16 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
         src = oom.get("source")
         oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
                "source": src[:200] if isinstance(src, str) else None}
-    return {"workers": workers, "oom": oom}
+    tr = msg.get("torchrun")
+    if tr is not None:  # how the node's torchrun ended (launcher/run.py: torchrun_record)
+        if type(tr) is not dict:
+            raise ProtocolError("torchrun must be a map")
+        sig, code = tr.get("signal"), tr.get("exitcode")
+        tr = {"exitcode": code if type(code) is int else None,
+              "signal": sig[:32] if isinstance(sig, str) else None,
+              **{k: measured(msg, tr.get(k), limits.EPOCH_S, f"torchrun {k}") if type(tr.get(k)) in _NUM else None
+                 for k in ("at", "stopped_at")}}
+    return {"workers": workers, "oom": oom, **({"torchrun": tr} if tr is not None else {})}
 
 
 def check_bye(msg: dict[str, Any]) -> dict[str, Any]:

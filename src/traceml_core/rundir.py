@@ -1,4 +1,8 @@
-"""Files the aggregator writes: the run directory (with a fallback), atomic writes, checkpoints.
+"""A run's directory and its files: the directory (with a fallback), atomic writes, checkpoints.
+
+The aggregator writes them (checkpoints, the summary at the end), the report reads and rewrites
+them (``traceml summarize``, ``traceml report``, exports), the launcher finds them; all through
+this one module, which depends on neither.
 
 Nothing here may lose a run: every write goes to a temporary file in the same directory and is
 renamed over the target (readers see the old or the new file, never half of one), and when the
