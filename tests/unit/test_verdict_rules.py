@@ -319,10 +319,11 @@ def test_the_text_has_a_no_phase_row():
 # --- CPU threads -------------------------------------------------------------------------------
 def test_more_threads_than_cores_is_cpu_oversubscribed_and_explains_a_straggler():
     """Two ranks with 4 torch threads each on a node's 2 cores: critical (4 threads per core),
-    and the straggler it makes at random is listed after it, saying so."""
+    and the straggler it makes (rank 1, 30 ms slower, 16 ms of it waiting for a core) is listed
+    after it, saying so."""
     def step(rank, i):
-        return _ddp(fwd=25.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=15.4)
-    s = _run(2, 200, step, threads=lambda rank: (4, [[0, 1]]))
+        return _ddp(fwd=40.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=30.4)
+    s = _run(2, 200, step, threads=lambda rank: (4, [[0, 1]], 18.0 if rank == 1 else 2.0))
     assert _kinds(s)[:2] == ["cpu_oversubscribed", "straggler"], _kinds(s)
     v = s["verdict"]
     assert v["severity"] == "critical" and v["evidence"]["ratio"] == 4.0, v
@@ -359,3 +360,13 @@ def test_a_straggler_that_also_waited_for_a_core_says_how_much():
     v = s["verdict"]
     assert v["kind"] == "straggler" and v["evidence"]["cpu_wait_ms"] == 5.0, v
     assert "5.0 ms of it waiting for a CPU core" in v["why"]
+
+
+def test_a_straggler_of_its_own_is_not_blamed_on_oversubscription():
+    """Three ranks on two cores (oversubscribed), and rank 2 does 30 ms of extra work of its own
+    (not waiting for a core): the straggler stays first, and is not said to come from the threads."""
+    def step(rank, i):
+        return _ddp(fwd=40.0, comm=0.4) if rank == 2 else _ddp(fwd=10.0, comm=30.4)
+    s = _run(3, 200, step, threads=lambda rank: (1, [[0, 1]], 1.0))
+    assert _kinds(s)[:2] == ["straggler", "cpu_oversubscribed"], _kinds(s)
+    assert s["verdict"]["evidence"]["explained_by"] is None

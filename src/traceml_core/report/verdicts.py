@@ -57,6 +57,9 @@ CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversub
                                       "communication_bound": ("cpu_oversubscribed",),
                                       "compute_bound": ("cpu_oversubscribed",),
                                       "cpu_contention": ("cpu_oversubscribed",)}
+#: a straggler comes from its node's oversubscription when at least this share of its excess was
+#: its extra wait for a core (measured: sdk/threads.py)
+CAUSE_SHARE = 0.5
 SEVERITIES = ("critical", "warning", "info")
 #: the phases a rank's own time is made of, besides backward (own work where communication is
 #: measured): ``nophase`` is inside the traced step but outside every measured phase, ``outside``
@@ -838,6 +841,11 @@ def _explains(cause: Verdict, effect: Verdict, node_of: dict[int, Any]) -> bool:
     effect's rank on the cause's node, or an effect of the whole run."""
     if cause["kind"] not in CAUSES.get(effect["kind"], ()):
         return False
+    if cause["kind"] == "cpu_oversubscribed" and effect["kind"] == "straggler":
+        # only a straggler whose excess is mostly its wait for a core (measured) comes from it
+        ev = effect["evidence"]
+        if ev.get("cpu_wait_ms") is None or ev["cpu_wait_ms"] < CAUSE_SHARE * ev["excess_ms"]:
+            return False
     c, e = cause.get("culprit") or {}, effect.get("culprit") or {}
     if c.get("rank") is not None:
         return c["rank"] == e.get("rank")

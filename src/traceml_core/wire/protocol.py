@@ -43,8 +43,10 @@ Rank → relay, after ``welcome``:
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
             is not a notable event. Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
-            is ``{"threads", "cpus", "cpuset"}``, the rank's intra-op threads and the cores it
-            may use (traceml_core/sdk/threads.py), sent once training settled.
+            is a JSON object with the rank's intra-op threads and the cores it may use, and its
+            training thread's time on a CPU and waiting for one (``threads``, ``cpus``,
+            ``cpuset``, ``steps``, ``run_ns``, ``wait_ns`` and the same at the settled start;
+            traceml_core/sdk/threads.py), sent once training settled and at shutdown.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
