@@ -47,8 +47,9 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
         if threads is not None:
             n, cpuset, *wait = threads(rank)
             fact: dict[str, Any] = {"threads": n, "cpus": sum(b - a + 1 for a, b in cpuset), "cpuset": cpuset}
-            if wait:  # the training thread's wait for a core, ms per steady step
-                fact.update(steps=steps, steps0=5, run0_ns=0, run_ns=0, wait0_ns=0,
+            if wait:  # the training thread's wait for a core and its time on one, ms per steady step
+                run = wait[1] if len(wait) > 1 else 20.0
+                fact.update(steps=steps, steps0=5, run0_ns=0, run_ns=int(run * MS * (steps - 5)), wait0_ns=0,
                             wait_ns=int(wait[0] * MS * (steps - 5)))
             rs.note_event("cpu_threads", json.dumps(fact), 1.0)
         rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
@@ -349,7 +350,7 @@ def test_a_rank_slower_because_it_waited_for_a_core_is_not_a_straggler():
     assert "straggler" not in _kinds(s), s["verdict"]
     v = _get(s, "cpu_contention")
     assert v["severity"] == "info" and v["evidence"]["excused_rank"] == 1, v
-    assert "14.0 ms of it waiting for a core, so it is not called a straggler" in v["why"], v["why"]
+    assert "14.0 ms of it waiting for a core longer than the others, so it is not called a straggler" in v["why"], v["why"]
     assert not [x for x in _all(s) if x["severity"] in ("warning", "critical")], _kinds(s)
 
 
@@ -359,7 +360,7 @@ def test_a_straggler_that_also_waited_for_a_core_says_how_much():
     s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 8.0 if rank == 1 else 3.0))
     v = s["verdict"]
     assert v["kind"] == "straggler" and v["evidence"]["cpu_wait_ms"] == 5.0, v
-    assert "5.0 ms of it waiting for a CPU core" in v["why"]
+    assert "5.0 ms of it waiting for a CPU core longer than the others" in v["why"]
 
 
 def test_a_straggler_of_its_own_is_not_blamed_on_oversubscription():
@@ -370,3 +371,16 @@ def test_a_straggler_of_its_own_is_not_blamed_on_oversubscription():
     s = _run(3, 200, step, threads=lambda rank: (1, [[0, 1]], 1.0))
     assert _kinds(s)[:2] == ["straggler", "cpu_oversubscribed"], _kinds(s)
     assert s["verdict"]["evidence"]["explained_by"] is None
+
+
+def test_more_work_on_a_busy_cpu_is_still_a_straggler():
+    """A shared CPU: every rank waits for a core in proportion to the CPU time it asks for (here
+    1 ms of wait per ms on a core). Rank 1 does 15 ms more CPU work per step and so also waits 15
+    ms more: that wait comes with its work, at the others' rate, so it is still the straggler."""
+    def step(rank, i):
+        return _ddp(fwd=40.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=30.4)
+    s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 30.0 if rank == 1 else 15.0,
+                                                  30.0 if rank == 1 else 15.0))
+    v = s["verdict"]
+    assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1, _kinds(s)
+    assert abs(v["evidence"]["cpu_wait_ms"]) < 0.01, v["evidence"]

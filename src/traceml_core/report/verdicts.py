@@ -319,6 +319,25 @@ def _persistent_excess(worst: RankSummary, others: Sequence[RankSummary], metric
             sum(1 for d in diffs if d > 0) / len(diffs))
 
 
+def _starved(worst: RankSummary, others: Sequence[RankSummary], ctx: VerdictContext) -> Optional[float]:
+    """How much longer per step ``worst`` waited for a CPU core than its own CPU time explains
+    (ms; None when not measured on every rank). On a shared CPU every rank waits in proportion to
+    the CPU time it asks for; at the other ranks' rate (their median wait per ms on a CPU), the
+    wait beyond what its own CPU time would have cost is the rank being starved more than the
+    others (another process on its cores), not work of its own: that part of its excess is
+    taken out. A rank that does more work waits more too, but at the same rate: none of that is
+    taken out."""
+    facts = {r.rank: ctx.cpu_threads.get(r.rank) for r in [worst, *others]}
+    if any(f is None or f.wait_ms is None or f.run_ms is None for f in facts.values()):
+        return None
+    rates = [f.wait_ms / f.run_ms for r in others for f in [facts[r.rank]] if f.run_ms]  # type: ignore[union-attr, operator]
+    if not rates:
+        return None
+    mine = facts[worst.rank]
+    assert mine is not None and mine.wait_ms is not None and mine.run_ms is not None
+    return mine.wait_ms - mine.run_ms * (median(rates) or 0.0)
+
+
 def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     if len(live) < 2:
         return None
@@ -345,13 +364,7 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
             excess = max(0.0, excess - pause / worst.steady_steps)
         persistent, windows, slower = _persistent_excess(worst, others, metric, ctx)
         judged = excess if persistent is None else min(excess, persistent)
-        # the part of it the rank spent waiting for a core (runnable, but other processes held
-        # the node's cores): not its own work
-        waits = {r.rank: f.wait_ms for r in live for f in [ctx.cpu_threads.get(r.rank)]
-                 if f is not None and f.wait_ms is not None}
-        cpu_wait = None
-        if len(waits) == len(live):
-            cpu_wait = waits[worst.rank] - (median([waits[r.rank] for r in others]) or 0.0)
+        cpu_wait = _starved(worst, others, ctx)
         own_work = judged - max(0.0, cpu_wait or 0.0)
         sev = _severity(own_work / step_med, own_work, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                         T.STRAGGLER_FLOOR_MS)
@@ -392,7 +405,7 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         why += (f" (whether through the whole run was not checked: {ev['windows']} stretches of steps, "
                 f"{ev['windows_needed']} needed)")
     if ev["cpu_wait_ms"] is not None and ev["cpu_wait_ms"] >= 0.05:
-        why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core"
+        why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core longer than the others"
     deltas, phase = ev["phase_ms"], ev["phase"]
     if phase in deltas and ev["phase_share"] >= T.ATTRIBUTION_MOSTLY:
         why += f", mostly {_IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
@@ -579,8 +592,8 @@ def _say_cpu_contention(ev: dict[str, Any]) -> tuple[str, str]:
            f"{ev['max_wait_ms']:.1f} ms): runnable, but {who} held the cores")
     if ev["excused_rank"] is not None:
         why += (f"; rank {ev['excused_rank']} is {ev['excused_excess_ms']:.1f} ms per step slower than the "
-                f"others, {ev['excused_wait_ms']:.1f} ms of it waiting for a core, so it is not called a "
-                "straggler")
+                f"others, {ev['excused_wait_ms']:.1f} ms of it waiting for a core longer than the others, so "
+                "it is not called a straggler")
     if ev["own_threads"]:
         return why, "give the ranks no more threads than cores (see the CPU verdict)"
     return why, ("the step times include that wait: measure on a node the job has to itself, or ask "
