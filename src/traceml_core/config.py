@@ -64,6 +64,7 @@ class LaunchConfig:
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 0
     export: str = "none"
+    export_interval: float = 10.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     #: when the cluster will stop the job (its time limit), epoch seconds, if the cluster says

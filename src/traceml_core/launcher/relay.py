@@ -533,7 +533,8 @@ class Relay(Handler):
         for rank, d in sorted(dumps.items()):
             self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
                          "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
-                                  "text": d.get("text") or "", "error": d.get("error")}})
+                                  "text": d.get("text") or "", "error": d.get("error"),
+                                  "stopped": bool(d.get("stopped"))}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _steps_bytes(self, msg: dict[str, Any], raw: Optional[bytes]) -> bytes:

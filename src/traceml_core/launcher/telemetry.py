@@ -98,7 +98,8 @@ class NodeTelemetry:
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node),
-            script=script, script_args=list(script_args), export=export_kinds(c.export))
+            script=script, script_args=list(script_args), export=export_kinds(c.export),
+            export_interval_s=c.export_interval)
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -312,8 +313,12 @@ class NodeTelemetry:
         if hang and self._check_hang(status, hang):
             return
         if watch:
+            before = self.hangwatch.current
             stall = self.hangwatch.observe(now, int(status.get("records", 0)), bool(status.get("silent")),
                                            status.get("median_step_ms"))
+            if before is not None and before.resolved_after_s is not None:  # the stall is over
+                log(f"the stall is over: steps reach node 0 again after {before.resolved_after_s:.0f} s "
+                    "without one (the summary keeps its length and the hang report)")
             if stall is not None and (self._autopsy is None or not self._autopsy.is_alive()):
                 self._autopsy = threading.Thread(target=self.take_hang_report, args=(stall, now),
                                                  name="traceml-hang-report", daemon=True)

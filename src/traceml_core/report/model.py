@@ -18,7 +18,7 @@ def _d(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-@dataclass
+@dataclass(slots=True)
 class PhaseSummary:
     """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
 
@@ -45,7 +45,7 @@ class PhaseSummary:
                    p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"), p.get("p10_ms"))
 
 
-@dataclass
+@dataclass(slots=True)
 class CommSummary:
     """One rank's communication per steady step (nccl-tests' algbw / busbw)."""
 
@@ -73,7 +73,7 @@ class CommSummary:
         return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
 
 
-@dataclass
+@dataclass(slots=True)
 class MemTrend:
     """A rank's peak-memory trend over its run (report/trend.py): the robust (Theil-Sen) line
     through its windows of steps, the growth it fits from the first steady window to the last,
@@ -120,7 +120,7 @@ class MemTrend:
                    t.get("noise_bytes") or 0, t.get("min_detectable_bytes") or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class MemPeak:
     max_bytes: int
     mean_bytes: int
@@ -140,7 +140,7 @@ class MemPeak:
                    m.get("trend_why"))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankTelemetry:
     """One rank's record accounting: what arrived, what it produced, what may be unsent."""
 
@@ -173,7 +173,7 @@ class RankTelemetry:
                    t.get("sketched") or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class ExitRecord:
     """torchrun's record of a worker that failed: its exit code or the signal that ended it, and
     Python's error when the worker wrote one (its last line, and the traceback)."""
@@ -194,7 +194,7 @@ class ExitRecord:
         return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankSummary:
     """One rank in the summary (``ranks[]``): how it ended, its phases and its telemetry."""
 
@@ -279,7 +279,7 @@ class RankSummary:
             failure=r.get("failure"))
 
 
-@dataclass
+@dataclass(slots=True)
 class Spread:
     """A figure across ranks: the median, and the least and most with their ranks."""
 
@@ -301,7 +301,7 @@ class Spread:
                    s.get("max_rank", -1))
 
 
-@dataclass
+@dataclass(slots=True)
 class Communication:
     """The run's communication: each rank's figures side by side, and the link probe."""
 
@@ -329,7 +329,7 @@ class Communication:
                    {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSummary:
     """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node."""
 
@@ -360,7 +360,7 @@ class GpuSummary:
                    g.get("power_w_mean"), g.get("power_w_max"))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CpuThreads:
     """What a rank said about its CPU (sdk/threads.py): torch's intra-op threads, the cores it may
     run on, and how long per steady step its training thread waited for a core (the run queue;
@@ -397,7 +397,7 @@ class CpuThreads:
         return cls(threads, frozenset(cpus), wait, run)
 
 
-@dataclass
+@dataclass(slots=True)
 class VerdictContext:
     """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
 

@@ -469,6 +469,8 @@ def _stacks_data(data: Any) -> None:
                                 "characters and ok a bool")
         if err is not None and (not isinstance(err, str) or len(err) > MAX_TEXT):
             raise ProtocolError("resp stacks: error must be a short string or null")
+        if data.get("stopped") is not None and type(data["stopped"]) is not bool:
+            raise ProtocolError("resp stacks: stopped must be a bool or null")
         return
     if src != "sdk":
         raise ProtocolError("resp stacks: source must be faulthandler or sdk")

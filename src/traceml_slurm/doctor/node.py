@@ -102,6 +102,8 @@ class NodeContext:
         self.progress = progress or Quiet()
         self._config: Optional[ConfigOutcome] = None
         self._controller = controller
+        #: the controller's answers for this run (doctor/controller.py: asked once, in the background)
+        self.controller_answers: Any = None
         self.python = sys.executable
         self.python_version = ".".join(str(p) for p in sys.version_info[:3])
 
