@@ -384,3 +384,27 @@ def test_more_work_on_a_busy_cpu_is_still_a_straggler():
     v = s["verdict"]
     assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1, _kinds(s)
     assert abs(v["evidence"]["cpu_wait_ms"]) < 0.01, v["evidence"]
+
+
+# --- input: every rank, or one rank ---------------------------------------------------------------
+def test_every_rank_waiting_for_data_is_input_bound_and_the_slowest_loader_follows():
+    """Both ranks wait for their DataLoader (20 and 35 ms per step): the input pipeline is the
+    cause; rank 1, whose data comes slowest, is the straggler after it, saying so."""
+    def step(rank, i):
+        return _ddp(input=35.0 if rank == 1 else 20.0, comm=0.4 if rank == 1 else 15.4)
+    s = _run(2, 200, step)
+    assert _kinds(s)[:2] == ["input_bound", "straggler"], _kinds(s)
+    assert s["verdict"]["evidence"]["input_ms"] == 20.0
+    assert "the one that waits least waits for the next batch" in s["verdict"]["why"]
+    st = _get(s, "straggler")
+    assert st["evidence"]["explained_by"] == "input_bound" and st["culprit"]["rank"] == 1
+
+
+def test_one_rank_waiting_for_its_data_is_a_straggler_not_input_bound():
+    """Rank 1's data shard is slow (30 ms per batch), rank 0's is not: a straggler in its input;
+    not input-bound, which is every rank waiting for data."""
+    def step(rank, i):
+        return _ddp(input=30.0 if rank == 1 else 0.3, comm=0.4 if rank == 1 else 30.1)
+    s = _run(2, 200, step)
+    assert s["verdict"]["kind"] == "straggler" and s["verdict"]["evidence"]["phase"] == "input", _kinds(s)
+    assert "input_bound" not in _kinds(s)

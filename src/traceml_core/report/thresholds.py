@@ -55,6 +55,11 @@ STRAGGLER_FLOOR_MS = 2.0
 #: lower quantile: on a machine shared with other jobs, two ranks' stretches differ by tens of
 #: milliseconds either way, and a lower quantile would hide a real straggler under that noise.
 STRAGGLER_PERSISTENT_QUANTILE = 0.5
+#: ...and beyond the run's own noise: the mean excess over the stretches less this many standard
+#: errors (the stretches' robust scatter about their trend), about 97.5 % one-sided confidence.
+#: On a machine shared with other jobs two ranks' stretches differ by tens of milliseconds either
+#: way, and persist for a while; an excess that noise can explain is not a straggler.
+STRAGGLER_CONFIDENCE_SE = 2.0
 #: A stretch is at least this many steps (whole windows of the run's series).
 STRAGGLER_STRETCH_STEPS = 8
 #: ...judged on at least this many stretches of steady steps; with fewer, the mean excess is

@@ -52,8 +52,9 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
 #: the effect's rank on that node or a run-wide effect), explain it: the cause is listed first
 #: and the effect says so. A rank whose memory grows is slowed by it (allocation, a scan of a
 #: growing cache, swapping); ranks that ask for more threads than their node has cores slow each
-#: other down at random, and starve gloo's communication threads
-CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversubscribed"),
+#: other down at random, and starve gloo's communication threads; when every rank waits for
+#: data, the rank whose data comes slowest is the straggler, in its input
+CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversubscribed", "input_bound"),
                                       "communication_bound": ("cpu_oversubscribed",),
                                       "compute_bound": ("cpu_oversubscribed",),
                                       "cpu_contention": ("cpu_oversubscribed",)}
@@ -182,10 +183,10 @@ def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Ve
         return None
     between = sum(1 for w in waits if w[2] == "between") > len(waits) / 2
     waits = [w for w in waits if (w[2] == "between") == between]
-    frac = median([i / s for i, s, _ in waits])
-    wait = median([i for i, _, _ in waits])
-    of = median([s for _, s, _ in waits])
-    assert frac is not None and wait is not None and of is not None
+    # judged on the rank that waits least (its share of the step): input-bound is every rank
+    # waiting for data; one rank waiting while the others do not is a straggler in its input
+    wait, of, _ = min(waits, key=lambda w: w[0] / w[1])
+    frac = wait / of
     sev = _severity(frac, wait, T.INPUT_FRACTION_WARN, T.INPUT_FRACTION_CRIT, T.INPUT_FLOOR_MS,
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
@@ -198,7 +199,7 @@ def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Ve
 def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
     gpu = ev["device"] == "cuda"
     if ev["source"] == "between_steps":
-        why = (f"input is not measured (no DataLoader or wrap_dataloader), and the median rank spends "
+        why = (f"input is not measured (no DataLoader or wrap_dataloader), and every rank spends at least "
                f"{ev['input_ms']:.1f} ms between steps for each {ev['of_ms']:.1f} ms of wall clock per step "
                f"({ev['input_fraction']:.0%})")
         why += ("; of the time between steps, only the part spread over every step, not the periodic "
@@ -217,8 +218,9 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
     else:
         nxt = ("load batches faster: raise DataLoader num_workers (the node's spare cores permitting), "
                "set persistent_workers=True, or move per-sample preprocessing out of __getitem__")
-    return (f"the median rank waits for the next batch {ev['input_fraction']:.0%} of its step time "
-            f"({ev['input_ms']:.1f} ms of {ev['of_ms']:.1f} ms per step on average)"), nxt
+    return (f"every rank waits for data; the one that waits least waits for the next batch "
+            f"{ev['input_fraction']:.0%} of its step time ({ev['input_ms']:.1f} ms of {ev['of_ms']:.1f} ms per "
+            "step on average)"), nxt
 
 
 # --- periodic work between steps -------------------------------------------------------------------
@@ -278,16 +280,17 @@ def _say_periodic_work(ev: dict[str, Any]) -> tuple[str, str]:
 
 # --- straggler -------------------------------------------------------------------------------------
 def _persistent_excess(worst: RankSummary, others: Sequence[RankSummary], metric: str,
-                       ctx: VerdictContext) -> tuple[Optional[float], int, Optional[float]]:
+                       ctx: VerdictContext) -> tuple[Optional[float], Optional[float], int, Optional[float]]:
     """(the excess the worst rank shows in at least half of the run's stretches of steps, the
-    stretches judged, the share of stretches in which it is slower): its excess per window of
+    lower confidence bound of its mean excess over them, the stretches judged, the share of
+    stretches in which it is slower): its excess per window of
     steady steps over the other ranks' median, windows joined into stretches of at least
     ``STRAGGLER_STRETCH_STEPS`` steps (one step's scheduling noise on a busy machine is tens of
     milliseconds; a stretch's mean is steadier)."""
     ww = ctx.windows.get(worst.rank)
     ow = [ctx.windows[r.rank] for r in others if r.rank in ctx.windows]
     if ww is None or not ow:
-        return None, 0, None
+        return None, None, 0, None
 
     def value(w: Any, i: int) -> Optional[float]:
         step = w.step_ms[i] if i < len(w.step_ms) else None
@@ -314,9 +317,27 @@ def _persistent_excess(worst: RankSummary, others: Sequence[RankSummary], metric
     if steps >= ww.width * per / 2:  # a last stretch of at least half the length counts
         diffs.append(acc / steps)
     if len(diffs) < T.STRAGGLER_MIN_WINDOWS:
-        return None, len(diffs), None
-    return (_quantile(diffs, T.STRAGGLER_PERSISTENT_QUANTILE), len(diffs),
+        return None, None, len(diffs), None
+    return (_quantile(diffs, T.STRAGGLER_PERSISTENT_QUANTILE), _lower_bound(diffs), len(diffs),
             sum(1 for d in diffs if d > 0) / len(diffs))
+
+
+def _lower_bound(diffs: Sequence[float]) -> float:
+    """The lower confidence bound of a rank's mean excess over its stretches of steps: the mean
+    less ``STRAGGLER_CONFIDENCE_SE`` standard errors, the noise taken as the robust scatter of
+    the stretches about their own trend (a Theil-Sen line over the run: a rank whose excess grows,
+    as with memory that it scans, is not noisy, it is trending). Two ranks of a machine shared with
+    other jobs differ from stretch to stretch by tens of milliseconds either way: an excess that
+    noise can explain is not judged a straggler."""
+    from .trend import theil_sen
+
+    n = len(diffs)
+    fit = theil_sen([float(i) for i in range(n)], list(diffs))
+    slope, icpt = fit if fit is not None else (0.0, median(diffs) or 0.0)
+    resid = [d - (icpt + slope * i) for i, d in enumerate(diffs)]
+    mid = median(resid) or 0.0
+    spread = 1.4826 * (median([abs(r - mid) for r in resid]) or 0.0)
+    return sum(diffs) / n - T.STRAGGLER_CONFIDENCE_SE * spread / n ** 0.5
 
 
 def _starved(worst: RankSummary, others: Sequence[RankSummary], ctx: VerdictContext) -> Optional[float]:
@@ -362,8 +383,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         pause = one_pause(worst, live, metric)
         if pause and worst.steady_steps:  # a pause is not a straggler: judge the rest
             excess = max(0.0, excess - pause / worst.steady_steps)
-        persistent, windows, slower = _persistent_excess(worst, others, metric, ctx)
-        judged = excess if persistent is None else min(excess, persistent)
+        persistent, lower, windows, slower = _persistent_excess(worst, others, metric, ctx)
+        judged = excess if persistent is None or lower is None else min(excess, persistent, lower)
         cpu_wait = _starved(worst, others, ctx)
         own_work = judged - max(0.0, cpu_wait or 0.0)
         sev = _severity(own_work / step_med, own_work, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
@@ -386,7 +407,7 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         return _verdict("straggler", sev, worst.culprit(), rank=worst.rank, who=worst.name,
                         metric=metric, excess_ms=round(excess, 2),
                         excess_fraction=round(excess / step_med, 4), median_step_ms=round(step_med, 2),
-                        persistent_ms=_r(persistent), windows=windows,
+                        persistent_ms=_r(persistent), lower_ms=_r(lower), windows=windows,
                         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=_r(slower, 4),
                         phase=phase, phase_ms=deltas, phase_share=round(share, 4),
                         cpu_wait_ms=_r(cpu_wait), pause_ms=round(pause, 1) if pause else None,
@@ -400,7 +421,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
            f"({ev['excess_fraction']:.0%} of the median step, {ev['median_step_ms']:.1f} ms)")
     if ev["persistent_ms"] is not None:
         why += (f", {ev['persistent_ms']:.1f} ms or more in at least half of the run's "
-                f"{ev['windows']} stretches of steps")
+                f"{ev['windows']} stretches of steps and at least {ev['lower_ms']:.1f} ms on average "
+                "beyond their noise")
     else:
         why += (f" (whether through the whole run was not checked: {ev['windows']} stretches of steps, "
                 f"{ev['windows_needed']} needed)")
@@ -421,6 +443,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         why += "; its memory also keeps growing (see the memory verdict), which may be what slows it"
     elif ev["explained_by"] == "cpu_oversubscribed":
         why += "; its node's ranks ask for more threads than it has cores (see the CPU verdict), which may be what slows it"
+    elif ev["explained_by"] == "input_bound":
+        why += "; every rank waits for data (see the input verdict), and its data comes slowest"
     if phase == "input":
         nxt = (f"rank {r}'s data loading is slower: check its data shard and DataLoader workers, "
                "and the CPU and disk of its node")
@@ -444,6 +468,8 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         nxt = f"first find what keeps memory on rank {r} (see the memory verdict); then " + nxt
     elif ev["explained_by"] == "cpu_oversubscribed":
         nxt = "first give the ranks no more threads than cores (see the CPU verdict); then " + nxt
+    elif ev["explained_by"] == "input_bound":
+        nxt = "first load batches faster on every rank (see the input verdict); then " + nxt
     return why, nxt
 
 
@@ -854,6 +880,11 @@ def _explains(cause: Verdict, effect: Verdict, node_of: dict[int, Any]) -> bool:
     effect's rank on the cause's node, or an effect of the whole run."""
     if cause["kind"] not in CAUSES.get(effect["kind"], ()):
         return False
+    if cause["kind"] == "input_bound":
+        # every rank waits for data, and the straggler is the one whose data comes slowest: the
+        # input pipeline is the cause (its excess is in its input)
+        ev = effect["evidence"]
+        return ev.get("phase") == ("outside" if cause["evidence"]["source"] == "between_steps" else "input")
     if cause["kind"] == "cpu_oversubscribed" and effect["kind"] == "straggler":
         # only a straggler whose excess is mostly its wait for a core (measured) comes from it
         ev = effect["evidence"]
