@@ -51,7 +51,8 @@ class Scenario:
     also: tuple[str, ...] = ()
     #: clear-cut: one cause, well above every threshold; must be stable across runs and modes
     clear_cut: bool = True
-    #: the cheapest scenario of its cause: in the CI subset
+    #: the cheapest scenario of its cause: in the CI subset (get_batch input is there already, in
+    #: tests/launcher/test_input_headline.py)
     ci: bool = False
     #: what the machine needs: "cpu" (any), "cuda"
     needs: str = "cpu"
@@ -82,7 +83,7 @@ SCENARIOS: tuple[Scenario, ...] = (
     _s("loader-0w", "DataLoader: a batch costs 1x the compute to load, no workers", "input_bound",
        "--steps", STEPS, "--input", "loader", "--item-factor", "1", "--workers", "0"),
     _s("get-batch", "get_batch() costing 1x the compute before each step, no DataLoader", "input_bound",
-       "--steps", STEPS, "--input", "get_batch", "--fetch-factor", "1", ci=True),
+       "--steps", STEPS, "--input", "get_batch", "--fetch-factor", "1"),
     # --- one slow rank, the extra work in each phase -------------------------------------------
     _s("slow-forward", "rank 1 twice as slow, the extra in forward", "straggler",
        "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "forward", "--slow-factor", TWICE,
