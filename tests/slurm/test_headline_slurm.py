@@ -72,7 +72,7 @@ def test_torchrun_killed_on_node_2_is_the_first_failure(slurm_cluster, tmp_path)
     import time
     from pathlib import Path
 
-    from traceml_core.aggregator.persist import load_checkpoint
+    from traceml_core.rundir import load_checkpoint
 
     progress = tmp_path / "progress"
     progress.mkdir()

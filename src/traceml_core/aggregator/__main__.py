@@ -84,6 +84,7 @@ def main() -> int:
         run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
+    run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:
         listener = open_listener(settings)

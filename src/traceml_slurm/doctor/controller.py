@@ -154,7 +154,7 @@ def check_gres(ctx: NodeContext) -> Outcome:
     j = _facts(ctx, "job")
     if isinstance(j, ControllerError):
         return unavailable(j)
-    if not j.gres_per_node:
+    if not any(j.gres_per_node.values()):  # a job without GRES has a node list of empty strings
         return passed(f"no GRES allocated (job TresPerNode={j.tres_per_node or 'none'})", gres={})
     counts = {host: gpu_count(g) for host, g in j.gres_per_node.items()}
     line = ", ".join(f"{h}: {g}" for h, g in j.gres_per_node.items())

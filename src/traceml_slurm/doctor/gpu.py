@@ -14,9 +14,7 @@ starts CPU workers) or, for a CPU script on purpose, ``--ignore gpu``.
 from __future__ import annotations
 
 import os
-from typing import Optional
-
-from traceml_core.selftest import GpuDevice
+from typing import TYPE_CHECKING, Optional
 
 from ..context import Context
 from ..controller import ControllerError
@@ -24,6 +22,9 @@ from .controller import _facts
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from .thresholds import GPU_FOREIGN_MEMORY_BYTES
+
+if TYPE_CHECKING:
+    from traceml_core.selftest import GpuDevice
 
 NO_GPU = "no GPU"
 NO_REAL_GPU_FIX = ("This node has no usable NVIDIA GPU. If the partition has none (a test cluster whose GRES are "
