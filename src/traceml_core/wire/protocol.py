@@ -90,7 +90,16 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
              "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
              it; ``stopped_at`` when the launcher, signalled itself, began stopping it; or null).
-             The last frame of the link: the link closing without it before the
+             Optional ``lifecycle``: when the node's launch entered each phase (**lifecycle
+             record**, :func:`traceml_core.wire.frames.launch_lifecycle`): ``{"phases": [[phase,
+             at], ...], "first_step", "allocation_start", "restarts"}``, phases named from
+             :data:`LAUNCH_PHASES` (``preflight``, ``telemetry_up``, ``training``, ``finishing``,
+             ``done``; see [the launch lifecycle](reliability.md#the-launch-lifecycle)), each at
+             most once, times in seconds since 1970; ``first_step`` when the node's relay first
+             received step records, ``allocation_start`` when the cluster started the job,
+             ``restarts`` how often it was requeued (null where not known). A time past its bound
+             is not measured (null, counted in ``values_refused``); anything else malformed drops
+             the record, never the frame. The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
@@ -117,7 +126,8 @@ answer, so an answer to a timed-out request is never taken for the next one's):
 ``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom","torchrun"}``: training
             is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
             ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
-            vanish, ``workers``/``oom``/``torchrun`` node 0's report as in the node ``bye``). The
+            vanish, ``workers``/``oom``/``torchrun`` node 0's report and ``lifecycle`` its
+            lifecycle record, as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
