@@ -36,10 +36,11 @@ class Row:
 
 
 def rank_data(rank, node, steps, *, gstep0=None, checkpoints=(), compute_ms=80.0, input_ms=10.0,
-              comm_ms=5.0, no_phase_ms=5.0):
+              comm_ms=5.0, no_phase_ms=5.0, facts=True):
     """A rank that ran ``steps`` (a list of step start times): each step is input, forward
     (``compute_ms``), exposed communication and time in no phase; ``checkpoints``: (end, dur_s,
-    step) saves between steps; ``gstep0``: the script's global step of the first step."""
+    step) saves between steps; ``gstep0``: the script's global step of the first step;
+    ``facts=False``: workers that report no progress marks or spans (step records only)."""
     rs = RankState(rank)
     rs.node = node
     cols = {c: [] for c in STEP_COLUMNS}
@@ -55,7 +56,7 @@ def rank_data(rank, node, steps, *, gstep0=None, checkpoints=(), compute_ms=80.0
             cols[c].append(row[c])
     rs.ingest_steps({"t": "steps", "rank": rank, "seq": 0, "n": len(steps), "cols": cols, "dropped": 0})
     rs.flush()
-    if steps:
+    if steps and facts:
         rs.facts.apply("progress", {"step": 0, "gstep": gstep0, "start": steps[0], "end": steps[0] + step_ms / 1e3})
         if gstep0 is not None:
             rs.facts.apply("progress", {"step": len(steps) - 1, "gstep": gstep0 + len(steps) - 1,
@@ -282,3 +283,36 @@ def test_rank_facts_are_checked_where_they_enter():
     assert fact("work", {"tokens_per_step": 1e30, "dtype": "bf16"}) == {
         "tokens_per_step": None, "flops_per_step": None, "dtype": "bf16", "device": None}
     assert fact("progress", "not json") is None and fact("span", "[1, 2]") is None
+
+
+def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured():
+    """Workers that send step records only: a requeued job's checkpoints and redone steps cannot be
+    told apart from other work, so both buckets are null with why (never 0) and every split still
+    sums exactly; the saves' time is in between-step work."""
+    s0 = [T0 + 10.0 + 0.12 * i for i in range(51)]
+    s0 = s0[:40] + [s + 0.5 for s in s0[40:]]          # a 0.5 s save after step 39, unseen
+    end0 = s0[-1] + 0.1 + 3.0
+    d0 = run_data([rank_data(r, r, s0, facts=False) for r in (0, 1)], end=end0)
+    a0 = account(d0, ctx(d0, end0, status="interrupted", reason="interrupted by SIGTERM: the job was requeued"),
+                 attempt=0, previous=[])
+    t1 = end0 + 20.0
+    s1 = [t1 + 8.0 + 0.12 * i for i in range(40)]
+    end1 = s1[-1] + 0.1 + 2.0
+    d1 = run_data([rank_data(r, r, s1, facts=False) for r in (0, 1)], end=end1, restarts=1)
+    for n in d1.nodes:
+        n.lifecycle.allocation_start = t1
+    a1 = account(d1, ctx(d1, end1), attempt=1, previous=[a0])
+    ledger = assemble(a1, [a0], d1, "cpu")
+    every_split_sums(ledger)
+    a0, a1 = ledger.attempts
+    for a in (a0, a1):
+        assert a.split.ms["checkpoint"] is None and "do not time torch.save" in a.not_measured["checkpoint"]
+    assert a0.split.ms["redone"] == 0 and a0.progress.first_position == 0     # the first attempt starts at 0
+    assert a1.split.ms["redone"] is None and a1.progress.redone_steps is None
+    assert a1.progress.source == "unknown" and "where this attempt resumed is not known" in a1.not_measured["redone"]
+    assert ledger.total.ms["checkpoint"] is None and ledger.total.ms["redone"] is None   # not a silent 0
+    # the unseen save is between-step work of attempt 0: 0.5 s more than the 20 ms gaps, per rank
+    assert a0.split.ms["between"] / 1000 == pytest.approx(2 * (50 * 0.02 + 0.5), abs=0.02)
+    doc = ledger.to_json()
+    assert doc["attempts"][1]["buckets"]["redone"] is None and doc["attempts"][1]["progress"]["redone_steps"] is None
+    assert ledger.advice is None or ledger.advice.bucket not in ("redone", "checkpoint")

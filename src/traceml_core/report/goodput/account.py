@@ -301,6 +301,10 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progr
     before_end = max((a.progress.end_position for a in previous if a.progress.end_position is not None),
                      default=None)
     prev = previous[-1].progress if previous else None
+    if not given and prev is not None and prev.checkpoint_position is None:
+        # neither the script's global step nor a checkpoint of the attempt before: where this
+        # attempt resumed is not known, so neither is what it redid (not measured, never 0)
+        return Progress(source="unknown", steps=max(steps_of(r) for r in stepped), redone_steps=None), {}
     resume = (prev.checkpoint_position if prev is not None and prev.checkpoint_position is not None
               else (prev.first_position if prev is not None else None)) or 0
     redone: dict[int, int] = {}
@@ -376,6 +380,11 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     saver_s = max((_s(r.facts.span("checkpoint").sum_ns) for r in ranks), default=0.0)
     wall_ms = int(round((w.end - w.start) * 1000))
     not_measured = _not_measured(data, ranks, ctx)
+    if progress.source == "unknown":
+        not_measured["redone"] = (
+            "where this attempt resumed is not known: the script does not give TraceML its global step "
+            "and no checkpoint of the attempt before was seen, so the steps it redid are in productive "
+            "step time and the other step buckets (see docs/goodput.md, redone work)")
     hosts = {n.node: n.host for n in data.nodes}
     # per node: its slots and the milliseconds per bucket (KEYS order), added rank by rank; ranks
     # that never joined all have the same parts, so their rounding is done once
@@ -448,8 +457,9 @@ def _not_measured(data: RunData, ranks: Sequence[RankData], ctx: Context) -> dic
                         "inside trace_step; the wait is in time in no phase")
     if not any(r.facts.progress.first is not None for r in stepped):
         # the SDK that times checkpoints also marks each rank's first step: none did
-        out["checkpoint"] = ("the workers' TraceML did not report checkpoint saves (an older traceml in the "
-                             "workers' environment: install this version there); saves are in between-step work")
+        out["checkpoint"] = ("no worker reported its checkpoint saves (TraceML's workers do not time torch.save "
+                             "or torch.distributed.checkpoint.save in this version); a save between steps is in "
+                             "between-step work, one inside trace_step in time in no phase")
     if not any(r.phase("comm_ns").count > 0 for r in stepped):
         why = ("a single process: nothing to communicate" if data.settings.world_size <= 1 else
                "no rank timed its collectives (no process group in the traced steps, or a DDP model "

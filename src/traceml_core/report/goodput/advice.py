@@ -60,7 +60,10 @@ def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Op
                 before.ended = "requeued"
     total = Split.summed(a.split for a in attempts)
     for k in {k for a in attempts for k, v in a.split.ms.items() if v is None}:
-        if all(a.split.ms.get(k) is None for a in attempts):
+        # not measured in some attempt and nothing measured in the others: not measured for the
+        # run (never a 0 that hides it); else the sum of what was measured (the attempts' rows
+        # say which one did not)
+        if all(not a.split.ms.get(k) for a in attempts):
             total.ms[k] = None
     ledger = Ledger(unit=current.unit, attempts=attempts, total=total,
                     queued_s=sum(a.queued_before_s or 0.0 for a in attempts))
@@ -107,7 +110,7 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
     word = _slots_word(ledger)
     per_slot = secs / slots
     if key == "redone":
-        redone = sum(a.progress.redone_steps for a in ledger.attempts)
+        redone = sum(a.progress.redone_steps or 0 for a in ledger.attempts)
         gaps = [(a.attempt, ledger.attempts[a.attempt - 1]) for a in ledger.attempts[1:] if a.progress.redone_steps]
         before = gaps[-1][1] if gaps else None
         last = (f"; the last checkpoint before attempt {before.attempt} ended was "
@@ -173,12 +176,12 @@ def throughput(data: RunData, current: AttemptLedger, device: str) -> Throughput
     out = Throughput()
     works = {r.rank: r.facts.work for r in data.ranks if r.facts.work is not None}
     if not works:
-        why = ("the script does not declare what a step is worth: call traceml.declare_work("
-               "tokens_per_step=..., flops_per_step=...) once after init")
+        why = ("no rank declared what a step is worth (tokens or FLOPs per step), so TraceML cannot count "
+               "tokens or model FLOPs")
         out.not_measured = {"tokens_per_s": why, "mfu": why}
         return out
     wall = current.wall_s or 0.0
-    redone = current.progress.redone_steps
+    redone = current.progress.redone_steps or 0
     per_node: dict[int, float] = {}
     flops = step_s = 0.0
     peaks: set[Optional[float]] = set()

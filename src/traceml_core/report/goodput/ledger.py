@@ -113,7 +113,8 @@ class Progress:
     ``source`` is ``"step"`` when the script gives its global step (``trace_step(step=...)`` or a
     framework's), so positions and ``redone_steps`` are exact; ``"inferred"`` when they are
     inferred from the attempt's own step count and its checkpoints (an attempt resumes from the
-    last checkpoint before it); ``"none"`` when no rank stepped."""
+    last checkpoint before it); ``"unknown"`` when a later attempt has neither (its positions and
+    ``redone_steps`` are None: not measured); ``"none"`` when no rank stepped."""
 
     source: str = "none"
     steps: int = 0
@@ -124,7 +125,7 @@ class Progress:
     #: the last checkpoint's end (epoch s) and how long the attempt trained after it (wall s)
     last_checkpoint_at: Optional[float] = None
     unsaved_s: Optional[float] = None
-    redone_steps: int = 0
+    redone_steps: Optional[int] = 0
 
     @property
     def exact(self) -> bool:
@@ -135,7 +136,7 @@ class Progress:
         d = _d(d)
         return cls(str(d.get("source") or "none"), d.get("steps") or 0, d.get("first_position"),
                    d.get("end_position"), d.get("checkpoint_position"), d.get("checkpoints") or 0,
-                   d.get("last_checkpoint_at"), d.get("unsaved_s"), d.get("redone_steps") or 0)
+                   d.get("last_checkpoint_at"), d.get("unsaved_s"), d.get("redone_steps"))
 
     def to_json(self) -> J:
         return {"source": self.source, "exact": self.exact, "steps": self.steps,

@@ -35,7 +35,9 @@ def _attempt_line(a: AttemptLedger) -> str:
     if a.queued_before_s:
         line += f"; queued {a.queued_before_s:,.1f} s before it"
     p = a.progress
-    if p.source != "none":
+    if p.source == "unknown":
+        line += f"; {p.steps:,} steps, where in training not known"
+    elif p.source != "none":
         span = (f"steps {p.first_position:,}-{(p.end_position or 1) - 1:,}" if p.first_position is not None
                 and p.end_position is not None else f"{p.steps:,} steps")
         line += f"; {span}" + ("" if p.exact else " (inferred)")
@@ -111,8 +113,8 @@ def render_ledger(ledger: Ledger) -> list[str]:
     splits = [total] + [a.split for a in atts]
     for b in BUCKETS:
         vals = [s.ms.get(b.key) for s in splits]
-        if not any(vals) and b.key != "productive":
-            continue
+        if all(v == 0 for v in vals) and b.key != "productive":
+            continue   # a bucket no attempt measured stays, as "not measured"
         cells = [f"{_sec(v)} {_pct(v, s.total_ms)}" if v is not None else "not measured" for v, s in zip(vals, splits)]
         out.append(f"  {b.label:<30}" + "".join(f"{c:>18}" for c in cells))
     out.append(f"  {'total':<30}" + "".join(f"{_sec(s.total_ms) + ' 100%':>18}" for s in splits))
