@@ -218,7 +218,9 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
     g = data["goodput"]
     assert [a["restart_count"] for a in g["attempts"]] == [0, 1], g["attempts"]
     a0, a1 = g["attempts"]
-    assert a0["ended"] == "requeued" and "the job was requeued" in a0["reason"], a0["reason"]
+    assert a0["ended"] == "requeued" and "requeue" in a0["reason"], a0["reason"]
+    if not a0["rebuilt"]:   # its own summary, written on the requeue's SIGTERM, names it
+        assert "the job was requeued" in a0["reason"], a0["reason"]
     assert a1["ended"] == "completed" and data["run"]["status"] == "completed"
     assert a0["job_id"] == a1["job_id"] == job.id
     for a, i in ((a0, 0), (a1, 1)):  # the allocation's start: the controller's StartTime
@@ -241,8 +243,11 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
     check_advice(g, truths)
     # one run directory: the first attempt's files under attempt-0/, the ledger heads the text
     run_dir = job.logs / data["run"]["name"]
-    first = json.loads((run_dir / "attempt-0" / "final_summary.json").read_text())
-    assert first["goodput"]["attempts"][-1]["run_id"] == a0["run_id"]
+    if a0["rebuilt"]:   # node 0 was killed (KillWait) before it wrote the summary: its checkpoint
+        assert (run_dir / "attempt-0" / "aggregate.state").exists()
+    else:
+        first = json.loads((run_dir / "attempt-0" / "final_summary.json").read_text())
+        assert first["goodput"]["attempts"][-1]["run_id"] == a0["run_id"]
     assert text.startswith("Goodput of run over 2 attempts (1 requeue(s))"), text[:400]
     assert "attempt 1 (job" in text and "not measured" in text
     print(text[:3000])

@@ -293,8 +293,8 @@ def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured(
     s0 = s0[:40] + [s + 0.5 for s in s0[40:]]          # a 0.5 s save after step 39, unseen
     end0 = s0[-1] + 0.1 + 3.0
     d0 = run_data([rank_data(r, r, s0, facts=False) for r in (0, 1)], end=end0)
-    a0 = account(d0, ctx(d0, end0, status="interrupted", reason="interrupted by SIGTERM: the job was requeued"),
-                 attempt=0, previous=[])
+    # its summary rebuilt from its checkpoint (its node 0 killed before it wrote one): no reason
+    a0 = account(d0, ctx(d0, end0, status="unknown", reason=""), attempt=0, previous=[])
     t1 = end0 + 20.0
     s1 = [t1 + 8.0 + 0.12 * i for i in range(40)]
     end1 = s1[-1] + 0.1 + 2.0
@@ -308,6 +308,7 @@ def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured(
     for a in (a0, a1):
         assert a.split.ms["checkpoint"] is None and "do not time torch.save" in a.not_measured["checkpoint"]
     assert a0.split.ms["redone"] == 0 and a0.progress.first_position == 0     # the first attempt starts at 0
+    assert a0.ended == "requeued" and "requeued: restart 1 of job 17 followed it" in a0.reason
     assert a1.split.ms["redone"] is None and a1.progress.redone_steps is None
     assert a1.progress.source == "unknown" and "where this attempt resumed is not known" in a1.not_measured["redone"]
     assert ledger.total.ms["checkpoint"] is None and ledger.total.ms["redone"] is None   # not a silent 0

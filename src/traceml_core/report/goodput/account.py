@@ -81,6 +81,8 @@ def window(data: RunData, ended: float) -> Window:
     finish, a node's goodbye or loss), else when the summary was made."""
     lcs = _lifecycles(data)
     alloc = [lc.allocation_start for lc in lcs if lc.allocation_start]
+    if not alloc and (data.settings.public or {}).get("job_start_time"):
+        alloc = [float(data.settings.public["job_start_time"])]   # the launch config's, at start
     note = None
     if alloc:
         start, source = float(min(alloc)), "the allocation's start (the cluster's job start time)"

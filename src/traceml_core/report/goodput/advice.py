@@ -58,6 +58,10 @@ def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Op
             same_job = a.job_id is not None and a.job_id == before.job_id
             if same_job and before.ended in ("interrupted", "failed", "unknown", "running", "cancelled"):
                 before.ended = "requeued"
+                if "requeue" not in before.reason:   # its own summary could not say (killed first)
+                    nth = f"restart {a.restart_count}" if a.restart_count else "a later attempt"
+                    before.reason = "; ".join(x for x in (before.reason, f"requeued: {nth} of job {a.job_id} "
+                                                          "followed it") if x)
     total = Split.summed(a.split for a in attempts)
     for k in {k for a in attempts for k, v in a.split.ms.items() if v is None}:
         # not measured in some attempt and nothing measured in the others: not measured for the
