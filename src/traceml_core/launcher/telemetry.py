@@ -99,7 +99,7 @@ class NodeTelemetry:
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node),
             script=script, script_args=list(script_args), export=export_kinds(c.export),
-            export_interval_s=c.export_interval)
+            export_interval_s=c.export_interval, cluster=c.cluster or "")
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
