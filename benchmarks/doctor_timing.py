@@ -79,8 +79,10 @@ def cluster(nodes: int) -> None:
     print("  cross-node phases: " + ", ".join(f"{k[6:]} {v:.2f} s" for k, v in phases.items() if v > 0))
 
 
-def in_job(runs: int, busy: int, srcs: list[str], out: str) -> None:
+def in_job(runs: int, busy: int, srcs: list[str], out: str, renice: int) -> None:
     """Inside the job's batch shell: the runs, each version in turn, with the busy loops beside them."""
+    if renice:
+        os.nice(renice)  # the doctor, its children and the busy loops alike (see --renice)
     loops = [subprocess.Popen([sys.executable, "-c", "while 1: pass"]) for _ in range(busy)]
     rows = []
     try:
@@ -107,7 +109,7 @@ def in_job(runs: int, busy: int, srcs: list[str], out: str) -> None:
     Path(out).write_text(json.dumps(rows))
 
 
-def allocation(runs: int, busy: int, against: str) -> None:
+def allocation(runs: int, busy: int, against: str, renice: int) -> None:
     base = Path(os.environ.get("TRACEML_CLUSTER_DIR", "/tmp")) / "jobs"
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="doctor-bench-", dir=base))
@@ -116,14 +118,15 @@ def allocation(runs: int, busy: int, against: str) -> None:
     script = work / "job.sh"
     script.write_text("\n".join([
         "#!/bin/bash", "#SBATCH --signal=TERM@120", f"cd {work}",
-        f"{sys.executable} {Path(__file__).resolve()} --in-job {out} --runs {runs} --busy {busy} "
+        f"{sys.executable} {Path(__file__).resolve()} --in-job {out} --runs {runs} --busy {busy} --renice {renice} "
         + " ".join(f"--src {s}" for s in srcs)]) + "\n")
     subprocess.run(["sbatch", "--wait", "-N2", "--ntasks-per-node=1", "--gres=gpu:2", "--time=30",
                     f"--output={work}/out.txt", str(script)], capture_output=True, text=True, env=env(), cwd=work,
                    check=True)
     rows = json.loads(out.read_text())
     print(f"--local in the batch shell of a 2-node job with GPUs, {busy} busy loop(s) beside it, {runs} runs each "
-          f"({os.cpu_count()} CPUs; load average {min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f}):")
+          f"({os.cpu_count()} CPUs; load average {min(r['load'] for r in rows):.1f}-{max(r['load'] for r in rows):.1f}"
+          + (f"; everything at nice {renice}" if renice else "") + "):")
     medians = {}
     for src in srcs:
         mine = [r for r in rows if r["src"] == src]
@@ -146,14 +149,17 @@ def main() -> None:
     ap.add_argument("--allocation", action="store_true", help="--local in the batch shell of a real 2-node job")
     ap.add_argument("--busy", type=int, default=0, help="busy loops beside it (--allocation)")
     ap.add_argument("--against", default="", help="another checkout, timed side by side (--allocation)")
+    ap.add_argument("--renice", type=int, default=0,
+                    help="run the doctor and the busy loops at this niceness (root: -20 approximates a quiet machine "
+                         "on one that other work loads; --allocation)")
     ap.add_argument("--in-job", default="", help=argparse.SUPPRESS)
     ap.add_argument("--src", action="append", default=[], help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.in_job:
-        in_job(ns.runs, ns.busy, ns.src, ns.in_job)
+        in_job(ns.runs, ns.busy, ns.src, ns.in_job, ns.renice)
         return
     if ns.allocation:
-        allocation(ns.runs, ns.busy, ns.against)
+        allocation(ns.runs, ns.busy, ns.against, ns.renice)
         return
     local(ns.runs)
     if ns.cluster:

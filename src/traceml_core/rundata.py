@@ -435,6 +435,33 @@ class NodeBye:
 
 
 @dataclass(slots=True)
+class LaunchLifecycle:
+    """When one node's launch entered each phase (traceml_core/launcher/lifecycle.py), epoch
+    seconds, as its launcher reported it at the end (node 0 in its finish, the others in their
+    goodbye): what the goodput ledger divides the allocation's time by."""
+
+    #: phase name (wire/protocol.LAUNCH_PHASES) -> when it began, in the order they came
+    phases: dict[str, float] = field(default_factory=dict)
+    #: when the node's relay first received a step record; None when none did
+    first_step: Optional[float] = None
+    #: when the cluster started the job (its allocation); None when it did not say
+    allocation_start: Optional[float] = None
+    #: how often the cluster requeued the job before this run; None when it did not say
+    restarts: Optional[int] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["LaunchLifecycle"]:
+        if d is None:
+            return None
+        return cls({str(p): float(at) for p, at in d.get("phases") or []}, d.get("first_step"),
+                   d.get("allocation_start"), d.get("restarts"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"phases": [[p, at] for p, at in self.phases.items()], "first_step": self.first_step,
+                "allocation_start": self.allocation_start, "restarts": self.restarts}
+
+
+@dataclass(slots=True)
 class NodeData:
     """One node as node 0 saw it: who joined when, through what, and how its launcher ended."""
 
@@ -448,17 +475,19 @@ class NodeData:
     #: its launcher's connection closed without a goodbye at this time
     left_at: Optional[float] = None
     bye: Optional[NodeBye] = None
+    lifecycle: Optional[LaunchLifecycle] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "NodeData":
         return cls(d["node"], str(d.get("host") or ""), d.get("joined_at"), str(d.get("via") or ""),
                    d.get("nproc"), bool(d.get("connected")), d.get("left_at"),
-                   NodeBye.from_checkpoint(d.get("bye")))
+                   NodeBye.from_checkpoint(d.get("bye")), LaunchLifecycle.from_checkpoint(d.get("lifecycle")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"node": self.node, "host": self.host, "joined_at": self.joined_at, "via": self.via,
                 "nproc": self.nproc, "connected": self.connected, "left_at": self.left_at,
-                "bye": self.bye.to_checkpoint() if self.bye else None}
+                "bye": self.bye.to_checkpoint() if self.bye else None,
+                "lifecycle": self.lifecycle.to_checkpoint() if self.lifecycle else None}
 
 
 @dataclass(slots=True)

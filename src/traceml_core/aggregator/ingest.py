@@ -141,6 +141,7 @@ class Ingest:
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
                                        "at": time.time(), "workers": msg["workers"], "oom": msg["oom"],
                                        **_torchrun(msg)}
+            st.node(ident.node).lifecycle = msg["lifecycle"]
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -287,6 +288,7 @@ class Ingest:
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
                              "source": "launcher", "at": time.time(), "workers": msg["workers"],
                              "oom": msg["oom"], **_torchrun(msg)}
+        self.state.node(0).lifecycle = msg["lifecycle"]
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

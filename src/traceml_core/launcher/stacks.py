@@ -29,7 +29,7 @@ from ..wire.frames import MAX_STACK_TEXT as MAX_DUMP_BYTES  # noqa: E402
 
 
 def node_dir(run_name: str, node: int) -> Path:
-    """The stack directory of one node in the task layout (launcher/task.py): there, each rank is
+    """The stack directory of one node in the task layout (launcher/starters.py): there, each rank is
     started by the cluster, not by this node's launcher, so every task of the node computes the
     same path without talking; it lies in this user's private ``traceml-<uid>`` directory (made
     0700, refused when someone else planted it)."""

@@ -94,6 +94,29 @@ class RunSection:
 
 
 @dataclass(slots=True)
+class NodeLifecycle:
+    """When one node's launch entered each phase, as its launcher reported it
+    (``topology.nodes[].lifecycle``; local ISO times; rundata.LaunchLifecycle)."""
+
+    phases: dict[str, Optional[str]] = field(default_factory=dict)
+    first_step: Optional[str] = None
+    allocation_start: Optional[str] = None
+    restarts: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, n: Any) -> Optional["NodeLifecycle"]:
+        if n is None:
+            return None
+        n = _d(n)
+        return cls(dict(n.get("phases") or {}), n.get("first_step"), n.get("allocation_start"),
+                   n.get("restarts"))
+
+    def to_json(self) -> J:
+        return {"phases": self.phases, "first_step": self.first_step,
+                "allocation_start": self.allocation_start, "restarts": self.restarts}
+
+
+@dataclass(slots=True)
 class TopoNode:
     """One node of the topology: who joined when, and how its launcher left."""
 
@@ -106,18 +129,20 @@ class TopoNode:
     left_early: bool = False
     exit_code: Optional[int] = None
     ranks: list[int] = field(default_factory=list)
+    lifecycle: Optional[NodeLifecycle] = None
 
     @classmethod
     def from_json(cls, n: Any) -> "TopoNode":
         n = _d(n)
         return cls(n.get("node", 0), n.get("hostname"), bool(n.get("joined")), n.get("joined_at"),
                    n.get("join_delay_s"), bool(n.get("late")), bool(n.get("left_early")),
-                   n.get("exit_code"), list(n.get("ranks") or []))
+                   n.get("exit_code"), list(n.get("ranks") or []), NodeLifecycle.from_json(n.get("lifecycle")))
 
     def to_json(self) -> J:
         return {"node": self.node, "hostname": self.hostname, "joined": self.joined,
                 "joined_at": self.joined_at, "join_delay_s": self.join_delay_s, "late": self.late,
-                "left_early": self.left_early, "exit_code": self.exit_code, "ranks": self.ranks}
+                "left_early": self.left_early, "exit_code": self.exit_code, "ranks": self.ranks,
+                "lifecycle": self.lifecycle.to_json() if self.lifecycle else None}
 
 
 @dataclass(slots=True)

@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from .. import limits
 from ..limits import Limit
 from . import fold
-from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
                        SYSTEM_FIELDS, ProtocolError)
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
@@ -270,6 +270,32 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
     return {"workers": workers, "oom": oom, **({"torchrun": tr} if tr is not None else {})}
 
 
+def launch_lifecycle(msg: dict[str, Any]) -> None:
+    """The launcher's ``lifecycle`` record in a ``finish`` or a node ``bye`` (optional;
+    launcher/lifecycle.py), normalised in place: ``{"phases": [[phase, at], ...], "first_step",
+    "allocation_start", "restarts"}``, each phase of :data:`LAUNCH_PHASES` at most once; a time
+    outside :data:`limits.EPOCH_S` or a count outside :data:`limits.RESTARTS` is not measured
+    (None, counted). Anything else is dropped (None): the record never costs its frame."""
+    raw = msg.get("lifecycle")
+    if type(raw) is not dict or type(raw.get("phases")) is not list:
+        msg["lifecycle"] = None
+        return
+
+    def when(v: Any) -> Optional[float]:
+        return measured(msg, v, limits.EPOCH_S, "lifecycle time") if type(v) in _NUM else None
+
+    phases: list[list[Any]] = []
+    for entry in raw["phases"][:len(LAUNCH_PHASES)]:
+        if type(entry) is list and len(entry) == 2 and entry[0] in LAUNCH_PHASES \
+                and all(p[0] != entry[0] for p in phases) and when(entry[1]) is not None:
+            phases.append([entry[0], float(entry[1])])
+    restarts = raw.get("restarts")
+    msg["lifecycle"] = {
+        "phases": phases, "first_step": when(raw.get("first_step")),
+        "allocation_start": when(raw.get("allocation_start")),
+        "restarts": measured(msg, restarts, limits.RESTARTS, "restarts") if type(restarts) is int else None}
+
+
 def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
     """A rank's ``bye`` (it has ``rank``), or a node launcher's (no ``rank``: with its worker
     report, checked and normalised in place)."""
@@ -280,6 +306,7 @@ def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
         if code is not None and type(code) is not int:
             raise ProtocolError("bye: exit_code must be an integer")
         msg.update(worker_report(msg))
+        launch_lifecycle(msg)
         return msg
     _int(msg, "rank")
     if msg.get("status") not in BYE_STATUSES:
@@ -360,6 +387,7 @@ def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
     msg["interrupted"] = bool(msg.get("interrupted"))
     msg["reason"] = str(msg.get("reason") or "")[:500]
     msg.update(worker_report(msg))
+    launch_lifecycle(msg)
     return msg
 
 

@@ -140,6 +140,9 @@ import msgpack
 
 #: 3: the ``fold`` frame's series rows are sent row by row (node 0 copies them as bytes)
 PROTOCOL_VERSION = 3
+#: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
+#: ``lifecycle`` record names them
+LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer
