@@ -20,6 +20,7 @@ never an exception: node health must never cost a summary or a doctor.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sqlite3
 import time
@@ -99,13 +100,14 @@ class NodeStore:
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
 
-    def open(self, *, create: bool) -> Opened:
+    def open(self, *, create: bool, _retry: bool = True) -> Opened:
         if not create and not self.path.exists():
             return Opened(None)
         try:
             if create:
                 self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             conn = self._connect()
+            opened_ino = _inode(self.path)
         except (OSError, sqlite3.Error) as exc:
             return Opened(None, [f"the node store {self.path} cannot be opened ({_why(exc)}); node "
                                  "health is not recorded this time"])
@@ -121,7 +123,10 @@ class NodeStore:
                                  "health is not recorded this time"])
         except (sqlite3.DatabaseError, _NotOurs) as exc:
             conn.close()
-            return self._set_aside(exc, create)
+            if _retry and _inode(self.path) != opened_ino:
+                # another job moved the bad file aside meanwhile and started a new store: use it
+                return self.open(create=create, _retry=False)
+            return self._set_aside(exc, create, opened_ino)
 
     def _check(self, conn: sqlite3.Connection, create: bool) -> None:
         """A store of ours, made or checked; ``_NotOurs`` for another schema, DatabaseError for a
@@ -150,22 +155,26 @@ class NodeStore:
             raise _NotOurs(f"schema {row[0] if row else 'unknown'}, this TraceML reads {SCHEMA_VERSION}")
         conn.execute("SELECT count(*) FROM records").fetchone()  # reads a page: corruption shows here
 
-    def _set_aside(self, exc: BaseException, create: bool) -> Opened:
-        aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}")
+    def _set_aside(self, exc: BaseException, create: bool, seen: Optional[tuple[int, int]]) -> Opened:
+        aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         what = f"the node store {self.path} is not a TraceML node store ({_why(exc)})"
         if not create:
             return Opened(None, [f"{what}; the next run moves it aside and starts a new one"])
-        try:
-            os.replace(self.path, aside)
+        try:  # one job at a time moves it, and only the file it found bad (not another's new store)
+            with open(f"{self.path}.lock", "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if _inode(self.path) != seen:
+                    return self.open(create=True, _retry=False)
+                os.replace(self.path, aside)
+                for suffix in ("-journal", "-wal", "-shm"):  # what belonged to the old file
+                    try:
+                        os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
+                    except OSError:
+                        pass
         except OSError as err:
             return Opened(None, [f"{what} and cannot be moved aside ({_why(err)}); remove it to record "
                                  "node health again"])
-        for suffix in ("-journal", "-wal", "-shm"):  # what belonged to the old file
-            try:
-                os.replace(f"{self.path}{suffix}", f"{aside}{suffix}")
-            except OSError:
-                pass
-        opened = self.open(create=True)
+        opened = self.open(create=True, _retry=False)
         opened.notes.insert(0, f"{what}: moved it to {aside} and started a new one; node health "
                                "starts from this run")
         return opened
@@ -258,6 +267,14 @@ def _in(conn: sqlite3.Connection, select: str, ids: Sequence[int]) -> Iterable[t
     for i in range(0, len(ids), 500):
         chunk = ids[i:i + 500]
         yield from conn.execute(f"{select} WHERE record IN ({','.join('?' * len(chunk))})", chunk)
+
+
+def _inode(path: Path) -> Optional[tuple[int, int]]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def _why(exc: BaseException) -> str:
