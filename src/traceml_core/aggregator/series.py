@@ -1,28 +1,8 @@
-"""Per-rank series over the whole run, in a fixed number of buckets of consecutive steps.
+"""The per-rank series as node 0 fed it before the statistics value (interim).
 
-Bucket ``i`` covers record indices (``seq``) ``[i*width, (i+1)*width)``. When a record lands past the
-last bucket, neighbouring buckets are merged pairwise and ``width`` doubles, so memory stays at
-:data:`BUCKETS` entries per metric however long the run is, and the series always spans it all.
-Per bucket: step-time sum, count and max (mean and worst for live views and ``compare``), the
-maximum peak memory (its trend is the memory-creep evidence), the last step's wall-clock end
-(to put steps on a time axis), and sum + count of every other phase and of the time outside
-``trace_step`` (each phase over the run, per rank, for the HTML report, the dashboard and the
-exports). Per rank that is ``256 x 8 x 19`` bytes (18 fields and the outside sum): 38 KB, 7 KB
-more than separate arrays with 32-bit counts, for the copy below (115 MB at 16,384 ranks).
-
-Storage: one int64 array, bucket after bucket, each bucket the fields of a ``fold`` frame's series
-row in their order (wire/fold.py: ``ROW``), plus the outside-step sums apart (signed). Why
-bucket-major: at the start of a run the buckets are narrower than a relay's window, so a folded
-window carries several rows, and the rows that land in buckets not touched yet are copied into the
-array as bytes (one C call) instead of being added field by field (about 20 Python operations a
-row: most of node 0's cost at 16,384 ranks early in a run). Sums are int64 nanoseconds (292 years);
-values are checked below 2**62 at the trust boundary, so only absurd data can overflow a bucket:
-that update is dropped and counted (``overflowed``), never raised.
-
-A batch of records usually falls into one bucket, so the caller passes the batch totals it already
-computed; only a batch straddling buckets is sliced (C-level ``sum``/``max`` per slice), and the
-width also doubles until a batch spans at most :data:`SPAN` buckets, so a rank with very fast steps
-never costs a Python loop per record.
+The series itself (buckets, layout, serialised form, merge) is :mod:`traceml_core.stats.series`;
+what is left here is node 0's own ingest of records and folded rows into it, which the window
+value (:mod:`traceml_core.stats.window`) replaces.
 """
 
 from __future__ import annotations
@@ -31,36 +11,24 @@ from array import array
 from operator import add
 from typing import Any, Optional, Sequence
 
+from ..stats.series import (  # noqa: F401  (re-exported for the importers that move next)
+    BUCKETS, FIELDS, LAYOUT, OUTSIDE, SPAN, series_phases, series_values, series_width,
+)
+from ..stats import series as _layout
 from ..wire import fold
-from ..wire.fold import BUCKETS, SPAN, series_width
 
-#: BUCKETS per series; a batch may straddle at most SPAN buckets (else the width doubles): at the
-#: start of a run with fast steps the series is a little coarser, and a batch costs at most SPAN
-#: slices. Both are defined with the ``fold`` frame, whose rows follow the same rule.
 __all__ = ["BUCKETS", "SPAN", "OUTSIDE", "Series", "series_phases", "series_values"]
-#: the extra "phase" for time between traced steps (``outside`` in the summary)
-OUTSIDE = "outside"
 
-#: fields per bucket, and where a phase's count and sum are (wire/fold.py: ROW)
 R = len(fold.ROW)
 _MAX0 = fold.R_MAX0
 _CNT_AT = {p: fold.R_PHASE_CNT + i for i, p in enumerate(fold.SERIES_PHASES)}
 _SUM_AT = {p: fold.R_PHASE_SUM + i for i, p in enumerate(fold.SERIES_PHASES)}
 _CNT_AT[OUTSIDE] = fold.R_OUT_CNT
 _QMAX = (1 << 63) - 1
-#: an empty bucket: sums and counts 0, maxima -1 (none)
-_EMPTY = array("q", [0] * _MAX0 + [-1] * (R - _MAX0))
+_EMPTY = _layout.EMPTY_ROW
 _FRESH = _EMPTY * BUCKETS
 _ZEROS = array("q", bytes(8 * BUCKETS))
-
-
-def _pairs(a: array, b: array, fn: Any) -> array:
-    """``fn`` over two int64 arrays in C; saturated at int64's limit (absurd data only)."""
-    try:
-        return array("q", map(fn, a, b))
-    except OverflowError:
-        return array("q", (min(fn(x, y), _QMAX) for x, y in zip(a, b)))
-
+_pairs = _layout._pairs
 
 #: one measured column of a batch, as the rank state computes it: (stats, measured values,
 #: sketched count, sum, max, min, column name, all values with -1 = not measured); only the
@@ -305,48 +273,3 @@ class Series:
         return out
 
 
-#: what a serialised series' ``cells`` hold: fields per bucket in wire/fold.ROW's order
-LAYOUT = f"rows-v3:{','.join(fold.ROW)}"
-#: (metric, phase) -> the field of a bucket that holds it
-FIELDS: dict[tuple[str, Optional[str]], int] = {
-    ("step_sum", None): fold.R_STEP_SUM, ("step_cnt", None): fold.R_STEP_CNT,
-    ("step_max", None): fold.R_STEP_MAX, ("mem_max", None): fold.R_MEM_MAX, ("t_end", None): fold.R_T_END,
-    **{("phase_sum", p): at for p, at in _SUM_AT.items()},
-    **{("phase_cnt", p): at for p, at in _CNT_AT.items()},
-}
-#: how a series serialised before protocol version 3 stored its metrics (one array each; the
-#: rest int64)
-_OLD_CODES = {"step_sum": "d", "phase_sum": "d", "phase_cnt": "i"}
-
-
-def series_phases(data: dict[str, Any]) -> list[str]:
-    """The phases (``phase_sum``/``phase_cnt`` keys) a serialised series holds."""
-    if "cells" in data:
-        return [*fold.SERIES_PHASES, OUTSIDE] if data.get("layout") == LAYOUT else []
-    return list(data.get("phase_cnt") or {})
-
-
-def series_values(data: dict[str, Any], key: str, phase: Optional[str] = None) -> list:
-    """One metric of a serialised series as a list of numbers (``phase`` for ``phase_sum`` /
-    ``phase_cnt``); ``[]`` when the series does not hold it (an older checkpoint, an unknown
-    layout)."""
-    cells = data.get("cells")
-    arr = array("q")
-    if cells is not None:
-        if data.get("layout") != LAYOUT:
-            return []
-        if key == "phase_sum" and phase == OUTSIDE:
-            arr.frombytes(data["out_sum"])
-            return arr.tolist()
-        f = FIELDS.get((key, phase))
-        if f is None:
-            return []
-        return memoryview(cells).cast("q")[f::R].tolist()  # no copy of the other fields
-    raw = data.get(key)
-    if phase is not None:
-        raw = (raw or {}).get(phase)
-    if raw is None:
-        return []
-    arr = array(_OLD_CODES.get(key, "q"))
-    arr.frombytes(raw)
-    return arr.tolist()

@@ -36,18 +36,12 @@ window's outside time).
 
 from __future__ import annotations
 
-import sys
-from array import array
-from typing import Sequence
-
+from ..stats.series import (  # noqa: F401  (the series rows' layout is the series')
+    BUCKETS, MAX_ROWS, R_MAX0, R_MEM_MAX, R_OUT_CNT, R_PHASE_CNT, R_PHASE_SUM, R_STEP_CNT, R_STEP_MAX,
+    R_STEP_SUM, R_T_END, ROW, ROW_COUNTS, SERIES_PHASES, SPAN, series_width,
+)
+from ..stats.window import MAX_RECORDS, MAX_VALUE, SKETCH_CAP, in_range, pack, unpack  # noqa: F401
 from .protocol import DURATION_COLUMNS, SUM_COLUMNS
-
-#: values of ``v`` (and magnitudes in ``o``) are at most this (wire/frames.MAX_VALUE)
-MAX_VALUE = 1 << 62
-
-#: fold frames carry at most this many sketch keys per phase and window (the rest of a large
-#: window is sampled systematically, each key standing for ``stride`` records: node 0's rule)
-SKETCH_CAP = 16
 
 # --- the layout of "v" ---------------------------------------------------------------------------
 #: last_step, first t_end, last t_end, the first record's step_ns (-1: not measured), the sketch
@@ -71,84 +65,8 @@ SERIES_HEAD = ("g", "b0", "k")
 S_G, S_B0, S_K = range(SUM0 + len(SUMS) * len(SUM_COLUMNS),
                        SUM0 + len(SUMS) * len(SUM_COLUMNS) + len(SERIES_HEAD))
 ROWS0 = S_K + 1
-#: the other duration columns whose sums the series keeps per bucket (step_ns has its own fields)
-SERIES_PHASES = tuple(p for p in DURATION_COLUMNS if p != "step_ns")
-#: the fields of a series row, in the order node 0's series stores a bucket (aggregator/series.py):
-#: first those that count records (step_ns, each of SERIES_PHASES, outside-step intervals; each at
-#: most the window's records), then the other fields that are summed (step sum, the sum of each of
-#: SERIES_PHASES), then those that are maxima (step max, memory max, last t_end); outside-step sums
-#: are in ``o`` (signed). The rows are stored row by row: field ``f`` of row ``i`` is
-#: ``v[ROWS0 + i * len(ROW) + f]``, so node 0 copies the rows of fresh buckets as bytes.
-ROW_COUNTS = ("step_cnt", *(f"{p}_cnt" for p in SERIES_PHASES), "out_cnt")
-ROW = (*ROW_COUNTS, "step_sum", *(f"{p}_sum" for p in SERIES_PHASES), "step_max", "mem_max", "t_end")
-R_STEP_CNT = 0
-R_PHASE_CNT = 1          # + index in SERIES_PHASES
-R_OUT_CNT = len(ROW_COUNTS) - 1
-R_STEP_SUM = len(ROW_COUNTS)
-R_PHASE_SUM = R_STEP_SUM + 1  # + index in SERIES_PHASES
-#: fields from here on are maxima (-1: none), the ones before are summed
-R_MAX0 = R_PHASE_SUM + len(SERIES_PHASES)
-R_STEP_MAX, R_MEM_MAX, R_T_END = range(R_MAX0, R_MAX0 + 3)
-assert ROW[R_MAX0:] == ("step_max", "mem_max", "t_end") and len(ROW) == R_MAX0 + 3
-#: records one window may hold (the relay merges at most 32,768)
-MAX_RECORDS = 1 << 20
-#: the per-rank series' buckets, and the most buckets one batch may straddle (else the width
-#: doubles); aggregator/series.py keeps its series by these rules, the relay folds by them
-BUCKETS = 256
-SPAN = 8
-#: so a window has at most this many rows
-MAX_ROWS = SPAN + 1
-
-
-def series_width(seq: int, n: int, width: int = 1) -> int:
-    """The smallest power of two, at least ``width``, whose buckets hold records ``seq..seq+n-1``
-    in at most :data:`SPAN` buckets, the last one below :data:`BUCKETS`."""
-    last = seq + n - 1
-    while last // width >= BUCKETS or n > SPAN * width:
-        width *= 2
-    return width
 
 
 def fold_len(k: int) -> int:
     """Length of ``v`` with ``k`` series rows."""
     return ROWS0 + k * len(ROW)
-
-
-_SWAP = sys.byteorder != "little"
-
-
-def pack(values: Sequence[int], code: str = "q") -> bytes:
-    """``values`` as a packed little-endian array (``q``: int64, ``H``: uint16)."""
-    a = array(code, values)
-    if _SWAP:
-        a.byteswap()
-    return a.tobytes()
-
-
-#: top bytes (the last of each little-endian int64) of values certainly in 0..MAX_VALUE - 1, and
-#: of -1; deleted by :func:`in_range`, which then decides the rest exactly
-_FAST_TOPS = bytes(range(MAX_VALUE >> 56)) + b"\xff"
-
-
-def in_range(data: bytes, values: list[int]) -> bool:
-    """Whether every value is in -1..:data:`MAX_VALUE`; ``values`` is ``unpack(data).tolist()``.
-
-    Why not ``min``/``max``: they compare each (large) Python int twice, which was a third of the
-    validation of a fold frame with series rows. Here the common case is C-level passes over the
-    wire bytes: every top byte below ``MAX_VALUE``'s (so 0 <= value < MAX_VALUE) or 0xff (a
-    negative value of at least -2**56), and as many 0xff top bytes as values equal to -1 (so
-    every such negative value is -1). Anything else (e.g. a value of exactly MAX_VALUE) is
-    decided by ``min``/``max``, so the answer is always theirs."""
-    tops = data[7::8]
-    if not tops.translate(None, _FAST_TOPS) and tops.count(0xFF) == values.count(-1):
-        return True
-    return not values or (max(values) <= MAX_VALUE and min(values) >= -1)
-
-
-def unpack(data: bytes, code: str = "q") -> array:
-    """The array :func:`pack` made (raises ValueError when ``data`` is not whole items)."""
-    a = array(code)
-    a.frombytes(data)
-    if _SWAP:
-        a.byteswap()
-    return a
