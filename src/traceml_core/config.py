@@ -18,7 +18,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 from .limits import WORLD_SIZE
@@ -142,11 +142,15 @@ def resolve(
     clusters: Optional[Sequence[type[ClusterEnvironment]]] = None,
     *,
     script: Optional[str] = None,
+    free_port: Optional[Callable[[Collection[int]], int]] = None,
 ) -> LaunchConfig:
     """Merge flags, ``TRACEML_*`` variables, the cluster plugin and defaults into a LaunchConfig.
 
     ``cli`` maps option keys to the raw strings given on the command line (absent = not given).
-    ``clusters`` defaults to the installed plugins. Pure apart from plugin discovery.
+    ``clusters`` defaults to the installed plugins. ``free_port`` (``ports.free_port`` when
+    launching): a run on one node outside any cluster takes free ports instead of the fixed
+    defaults for the ports nobody gave (source ``free``). Pure apart from plugin discovery and
+    ``free_port``.
     """
     if clusters is None:
         from .plugins import cluster_environments
@@ -189,6 +193,13 @@ def resolve(
         if option.key in chosen or option.default is None:
             continue
         chosen[option.key] = Setting(option.default, "default")
+    if free_port is not None and plugin is None and chosen["nnodes"].value == 1:
+        from .ports import FREE_SOURCE
+
+        for key in ("master_port", "aggregator_port"):
+            if chosen[key].source == "default":
+                taken = {s.value for k, s in chosen.items() if k.endswith("_port") and k != key}
+                chosen[key] = Setting(free_port(taken), FREE_SOURCE)
     cluster_source = chosen["cluster"].source
     if cluster_name == "auto":
         cluster_source = f"detected:{plugin.name}" if plugin else "default"

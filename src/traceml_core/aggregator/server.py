@@ -68,6 +68,9 @@ def port_clash_hint(settings: AggregatorSettings) -> str:
         return ("probably by another job on this node whose job id is a multiple of 1,024 away "
                 "(job-derived ports repeat every 1,024 jobs), or a previous run still shutting down. "
                 f"Pass a free port with --aggregator-port PORT (or TRACEML_AGGREGATOR_PORT){same}.")
+    if src == "free":  # ports.FREE_SOURCE: picked free a moment ago, taken since
+        return ("taken by another process since it was picked as a free port. Run again (a new "
+                "free port is picked), or pass one with --aggregator-port PORT.")
     if src == "default":
         fix = "--standalone (free local ports) or " if not multi else ""
         return ("probably by another `traceml run` on this machine using the same default port, or a "

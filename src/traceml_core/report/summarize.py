@@ -2,7 +2,7 @@
 
 The aggregator checkpoints its whole aggregate to ``<run_dir>/aggregate.state`` every couple of
 seconds, so when it is killed (OOM killer, SIGKILL, node 0 rebooted) no run is lost: this
-rebuilds ``final_summary.{json,txt}`` through the same code as the live summary, marked
+rebuilds ``final_summary.{json,txt,html}`` through the same code as the live summary, marked
 ``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
 calls it itself when its aggregator is gone at the end of a run; users can call it any time.
 

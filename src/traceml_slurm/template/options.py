@@ -252,7 +252,7 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    "(pyxis --container-mounts, apptainer --bind). Repeatable.", "SPEC", group="container"),
     TemplateOption("mode", "value", _choice(MODES), "summary", "TraceML mode; multi-node runs use summary.",
                    "MODE", group="run", choices=MODES),
-    TemplateOption("logs_dir", "value", _nonempty, None, "Where node 0 writes <run-name>/final_summary.{json,txt}.",
+    TemplateOption("logs_dir", "value", _nonempty, None, "Where node 0 writes <run-name>/final_summary.{json,txt,html}.",
                    "DIR", group="run", default_doc="$SLURM_SUBMIT_DIR/logs"),
 )
 
