@@ -45,12 +45,19 @@ from traceml_core.aggregator.ingest import Ingest  # noqa: E402
 from traceml_core.aggregator.persist import pack_checkpoint  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
-from traceml_core.launcher.relayframes import fold_frame  # noqa: E402
+from traceml_core.stats.window import WindowStats  # noqa: E402
+from traceml_core.wire.fold import fold_frame as _fold_frame  # noqa: E402
 from traceml_core.wire.auth import Identity  # noqa: E402
 from traceml_core.wire.frames import validate  # noqa: E402
 from traceml_core.wire.protocol import FrameBuffer, encode  # noqa: E402
 
 STEPS_PER_S = 10
+
+
+def fold_frame(msg: dict) -> dict:
+    """What a node's relay sends for a merged ``steps`` frame: its window's statistics."""
+    value = WindowStats.of_columns(msg["seq"], msg["cols"])
+    return _fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open"))
 
 
 def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0,
@@ -77,7 +84,7 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0,
         links.append(link)
         idents.append(ident)
     for rs in state.ranks.values():
-        rs.next_seq = rs._proc_next = at_step
+        rs.next_seq = at_step
     # the bytes of each second, per link, built before the clock starts (the relays' work)
     wire: list[list[bytes]] = []
     fold_cpu = 0.0  # the relays' folding, all of them together (spread over the nodes)
@@ -102,7 +109,6 @@ def run(ranks: int, per_relay: int, seconds: int, tmp: Path, at_step: int = 0,
             link, ident = links[node], idents[node]
             for msg in bufs[node].feed(sec[node]):
                 ingest.node_frame(link, ident, validate("node", msg))
-        state.flush()
     cpu = time.process_time() - cpu0
     wall = time.perf_counter() - wall0
     records = ranks * STEPS_PER_S * seconds
@@ -130,7 +136,7 @@ def sketch_fold_us(sample: int = 64, windows: int = 410) -> float:
     phase), through the real validation and ``RankState.ingest_fold``, and only the folds are
     timed (the first fold of each sketch, which grows its dense store, included)."""
     from traceml_core.aggregator.rankstate import RankState
-    from traceml_core.aggregator.sketch import QuantileSketch
+    from traceml_core.stats.sketch import QuantileSketch
 
     spent = [0.0]
     real = QuantileSketch.fold
@@ -166,7 +172,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=10, help="seconds of the run replayed per size")
     ap.add_argument("--at-steps", default="0,36000",
                     help="where in the run the replayed seconds start, in steps (36,000: an hour in)")
-    ap.add_argument("--kinds", default="steps,fold",
+    ap.add_argument("--kinds", default="fold",
                     help="what the relays send: steps (the records: before folding, and live modes), "
                          "fold (partial statistics per rank and window: summary mode)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tests): 2 s")

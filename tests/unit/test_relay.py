@@ -170,9 +170,10 @@ def test_slow_upstream_relay_drops_counts_and_reports_exactly(aggregator):
     per rank, the ranks never wait and drop nothing; once it reads again the summary's loss is
     exactly what the relay dropped."""
     h = aggregator(nnodes=1, nproc_per_node=2)
-    # unfolded (the live modes' relay): folded windows are a few hundred bytes whatever they hold,
-    # so two ranks would need minutes to fill the budget
-    relay = make_relay(h.port, 0, nnodes=1, budget_bytes=200_000, flush_s=0.02, sndbuf=8192, fold=False)
+    # the live modes' relay (each window's last records go up beside its statistics): a window's
+    # statistics alone are a few hundred bytes whatever it holds, so two ranks would need minutes
+    # to fill the budget
+    relay = make_relay(h.port, 0, nnodes=1, budget_bytes=200_000, flush_s=0.02, sndbuf=8192, tail=True)
     recs = {r: StepRecorder(rank=r, batch_size=256, seal_interval_s=0.005) for r in (0, 1)}
     clients = {r: rank_client(relay.port, r, 0, recs[r]) for r in (0, 1)}
     for c in clients.values():
@@ -219,8 +220,9 @@ def test_upstream_killed_relay_counts_then_reports_to_a_new_aggregator(tmp_path)
     settings = make_settings(tmp_path, nnodes=1, nproc_per_node=1, port=0)
     h = start_aggregator(settings)
     port = h.port
-    # unfolded: folded windows are too small to fill the budget in seconds (see above)
-    relay = make_relay(port, 0, nnodes=1, nproc=1, budget_bytes=100_000, flush_s=0.02, fold=False)
+    # with the windows' last records: statistics alone are too small to fill the budget in
+    # seconds (see above)
+    relay = make_relay(port, 0, nnodes=1, nproc=1, budget_bytes=100_000, flush_s=0.02, tail=True)
     rec = StepRecorder(rank=0, batch_size=128, seal_interval_s=0.005)
     client = rank_client(relay.port, 0, 0, rec)
     client.start()

@@ -333,28 +333,3 @@ def test_series_merge_of_two_runs_aligns_widths():
         assert series_values(ad, key) == series_values(wd, key)
     assert series_phases(ad) == [*SERIES_PHASES, OUTSIDE]
 
-
-def test_the_value_gives_what_node_0_computed_from_the_records():
-    """The same recorded records through node 0's record path (aggregator/rankstate.py) and as
-    windows merged into one value: identical counts, sums, maxima, warm-up split, outside time
-    and series (minima: node 0 took them over its sketched sample, the value over every record,
-    which is at most as large)."""
-    from traceml_core.aggregator.rankstate import RankState
-
-    for rank in (0, 1):
-        cols = recorded(rank)
-        rs = RankState(rank)
-        wins = cut(cols, [random.Random(rank).randint(1, 14) for _ in range(300)])
-        for seq, c in wins:
-            rs.ingest_steps({"seq": seq, "n": len(c["step"]), "cols": c, "dropped": 0})
-            rs.flush()  # each window's statistics apart, as the value's (so the same sample)
-        a, b = rs.to_data(), merged(wins).to_data()
-        for c in DURATION_COLUMNS:
-            pa, pb = dict(a["phases"][c]), dict(b["phases"][c])
-            assert pb.pop("min") <= pa.pop("min") or pa["count"] == 0
-            assert pa == pb, c
-        for key in ("sums", "mem", "outside", "sketched", "last_step", "first_t_end", "last_t_end"):
-            assert a[key] == b[key], key
-        assert a["series"]["width"] == b["series"]["width"]
-        for key in ("step_cnt", "step_max", "mem_max", "t_end"):
-            assert series_values(a["series"], key) == series_values(b["series"], key), key

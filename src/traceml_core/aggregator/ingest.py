@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..stats.sketch import merged_quantiles
 from ..wire.auth import Identity
 from ..wire.protocol import ProtocolError
 from .rankstate import RankState
@@ -151,17 +152,10 @@ class Ingest:
         if t == "fold":
             if msg.get("open") is not None:
                 rs.last_open = msg["open"]
-            if rs.pending:  # one rank's records are applied in order
-                st.flush_rank(rs)
             st.records += rs.ingest_fold(msg)
             rs.last_seen = time.time()
-        elif t == "steps":
-            if msg.get("open") is not None:
-                rs.last_open = msg["open"]
-            st.records += rs.ingest_steps(msg)
-            if rs.pending:
-                st.unflushed.add(rs)
-            rs.last_seen = time.time()
+        elif t == "tail":
+            rs.note_tail(msg)
         elif t == "gone" or t == "dropped":
             self._loss(rs, msg)
             if t == "gone" and self.route.get(rank) is link:
@@ -212,7 +206,6 @@ class Ingest:
         rs = st.ranks.get(rank)
         if rs is None:
             return
-        st.flush_rank(rs)
         rs.connected = False
         rs.closed_at = now
         st.dirty = True
@@ -230,7 +223,6 @@ class Ingest:
         dropped = msg.get("dropped")
         if dropped is not None and dropped > rs.client_dropped:
             rs.client_dropped = dropped
-        self.state.flush_rank(rs)
         rs.bye = {"status": msg["status"], "steps": msg.get("steps"), "error": msg.get("error"),
                   "at": time.time(), "fail_step": msg["fail_step"], "fail_in_step": msg["fail_in_step"]}
 
@@ -242,18 +234,15 @@ class Ingest:
             self.autopsy.add(rs.rank, msg["data"])
 
     def median_step_ms(self, every_s: float = 30.0) -> Optional[float]:
-        """The run's median step (report/stats.step_time: every step of every rank), refreshed at
-        most every ``every_s`` (it merges every rank's histogram)."""
+        """The run's median step (every step of every rank: the ranks' step-time sketches merged,
+        as the summary's ``steps.median_ms``), refreshed at most every ``every_s``."""
         at, value = self._median_step
         now = time.monotonic()
         if value is None or now - at >= every_s:
-            from ..report.stats import merge_sketches, step_time
-
-            self.state.flush()  # frames not yet folded into the histograms count too
             ranks = list(self.state.ranks.values())
             if ranks:
-                value = step_time(merge_sketches(rs.phases["step_ns"].sketch.to_data()
-                                                 for rs in ranks))["median_ms"]
+                p50 = merged_quantiles((rs.stats.sketch("step_ns") for rs in ranks), (0.5,))[0]
+                value = None if p50 is None else round(p50 / 1e6, 4)
             self._median_step = (now, value)
         return value
 

@@ -39,8 +39,6 @@ from .settings import AggregatorSettings
 from .state import RunState
 
 TICK_S = 0.2
-#: pending step records are turned into statistics at least this often
-FLUSH_S = 1.0
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
 #: the most checkpoint bytes written per second on average (the interval stretches): the logs
@@ -143,7 +141,6 @@ class Server(Handler):
                           max_buffered=settings.max_buffered_bytes))
         self.port = self.net.port
         self._finalize_cb = finalize
-        self._next_flush = 0.0
         self._req_id = 0
         #: (connection, request id) to answer when the autopsy in progress is done
         self._autopsy_for: Optional[tuple[Conn, Any]] = None
@@ -163,7 +160,6 @@ class Server(Handler):
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
         from .persist import load_checkpoint
-        from .resume import seed
 
         try:
             doc = load_checkpoint(Path(path))
@@ -171,7 +167,7 @@ class Server(Handler):
             log(f"cannot resume from {path} ({exc}); starting from nothing: the summary counts "
                 "every earlier record as lost")
             return
-        seed(self.state, doc["state"])
+        self.state.go_on_from(doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
             "aggregator received after it are counted as lost")
@@ -200,9 +196,6 @@ class Server(Handler):
             self._tick(now)
 
     def _tick(self, now: float) -> None:
-        if now >= self._next_flush:
-            self.state.flush()
-            self._next_flush = now + FLUSH_S
         if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
             self._autopsy_done()
         if self.signals:
@@ -383,8 +376,6 @@ class Server(Handler):
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
-        if data is None:
-            self.state.flush()
         blob = b""
         try:
             blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
@@ -406,7 +397,6 @@ class Server(Handler):
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
-        self.state.flush()
         data = self.state.to_data()
         self.checkpoint(final=not provisional, data=data)
         data["run_dir_note"] = self.run_dir.note

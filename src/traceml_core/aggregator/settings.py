@@ -82,9 +82,6 @@ class AggregatorSettings(BaseModel):
     handshake_timeout_s: bounded(limits.WAIT_S) = 10.0  # type: ignore[valid-type]
     #: at most this many connections may be waiting for their hello; the oldest is dropped beyond
     max_pending_handshakes: int = Field(1024, ge=1, le=1 << 20)
-    #: at most this many records of one batch feed the quantile sketches (systematic sample,
-    #: weighted); counts, sums and maxima always use every record
-    sketch_sample_cap: int = Field(16, ge=1, le=1 << 20)
     #: upper bound on bytes buffered across all connections before the biggest is cut
     max_buffered_bytes: int = Field(512 * 1024 * 1024, ge=1 << 16, le=1 << 40)
 

@@ -43,12 +43,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from ..stats.window import WindowStats
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello, relay_aud
 from ..wire.client import TelemetryClient
+from ..wire.fold import fold_frame, tail_frame
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
-from .relayframes import fold_frame, merge_into, steps_frame
+from .relayframes import merge_into, steps_frame
 
 log = logging.getLogger("traceml.relay")
 
@@ -67,6 +69,19 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_PENDING = 256
 
 _STEPS, _RAW, _JOIN, _GONE = range(4)
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One encoded frame in the relay's queue to node 0 (what its client sends, in order)."""
+
+    data: bytes
+    #: the rank whose records or losses it carries (-1: none)
+    rank: int = -1
+    #: step records it carries (a window's statistics)
+    records: int = 0
+    #: a loss frame: the lane's drop count it tells node 0 of (None: not a loss frame)
+    told: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -158,11 +173,11 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0, fold: bool = True) -> None:
+                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False) -> None:
         self.node = node
-        #: send each merged window as a ``fold`` frame (partial statistics; summary mode) rather
-        #: than the records (live views read the last records themselves)
-        self.fold = fold
+        #: besides each window's statistics (``fold``), send its last records (``tail``): the
+        #: live views (one node) show them
+        self.tail = tail
         #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
         self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
@@ -188,7 +203,7 @@ class Relay(Handler):
         self._node_items: deque[dict[str, Any]] = deque()   # from other threads (system frames)
         self._down: deque[dict[str, Any]] = deque()         # req frames from the client thread
         self._retell: deque[_Lane] = deque()                 # lanes whose drops node 0 may not know
-        self._outq: deque[list[Any]] = deque()               # [bytes, rank, records]
+        self._outq: deque[Outgoing] = deque()
         self._pending_bytes = 0   # raw bytes of frames waiting in lanes (relay thread)
         self._bytes_queued = 0    # encoded bytes put in _outq (relay thread)
         self._bytes_gone = 0      # ... taken out of it: sent or discarded (client thread)
@@ -315,35 +330,35 @@ class Relay(Handler):
     def ready(self) -> int:
         return len(self._outq)
 
-    def pop(self) -> Optional[list[Any]]:
+    def pop(self) -> Optional[Outgoing]:
         try:
             return self._outq.popleft()
         except IndexError:
             return None
 
-    def unpop(self, item: list[Any]) -> None:
+    def unpop(self, item: Outgoing) -> None:
         self._outq.appendleft(item)
 
-    def frame(self, item: list[Any]) -> bytes:
-        return item[0]
+    def frame(self, item: Outgoing) -> bytes:
+        return item.data
 
-    def records(self, item: list[Any]) -> int:
-        return item[2]
+    def records(self, item: Outgoing) -> int:
+        return item.records
 
-    def recycle(self, item: list[Any]) -> None:
-        self._bytes_gone += len(item[0])
-        if len(item) > 3:  # a loss frame: node 0 now knows this lane's drops up to item[3]
-            lane = self._lanes.get(item[1])
-            if lane is not None and item[3] > lane.told:
-                lane.told = item[3]
+    def recycle(self, item: Outgoing) -> None:
+        self._bytes_gone += len(item.data)
+        if item.told is not None:  # a loss frame: node 0 now knows this lane's drops up to it
+            lane = self._lanes.get(item.rank)
+            if lane is not None and item.told > lane.told:
+                lane.told = item.told
             return
-        if item[2]:
-            self._records_forwarded += item[2]
+        if item.records:
+            self._records_forwarded += item.records
             self._frames_forwarded += 1
 
-    def discard(self, item: list[Any]) -> None:
-        self._bytes_gone += len(item[0])
-        self._records_unsent += item[2]
+    def discard(self, item: Outgoing) -> None:
+        self._bytes_gone += len(item.data)
+        self._records_unsent += item.records
 
     @property
     def lost(self) -> int:
@@ -489,7 +504,7 @@ class Relay(Handler):
                 self._records_dropped += n
                 self._dirty[lane] = None
                 return
-            lane.items.append((_STEPS, checked, bytes(data[off:end]), size))
+            lane.items.append((_STEPS, checked, None, size))
         elif t == "event":
             if self._pending_bytes + self._queued() + size > self.budget:
                 self._events_dropped += 1
@@ -536,15 +551,19 @@ class Relay(Handler):
                                   "text": d.get("text") or "", "error": d.get("error")}})
 
     # ---- merging ----------------------------------------------------------------------------
-    def _steps_bytes(self, msg: dict[str, Any], raw: Optional[bytes]) -> bytes:
-        """What goes upstream for one merged run of a rank's records: its ``fold`` frame, or the
-        ``steps`` frame itself (its received bytes when nothing was merged into it)."""
-        if self.fold:
-            try:
-                return encode(fold_frame(msg))
-            except ValueError:  # sums too large for a fold frame (values near the limit)
-                pass
-        return raw if raw is not None else encode(msg)
+    def _window(self, out: deque, msg: dict[str, Any]) -> int:
+        """Queue one merged run of a rank's records: its statistics (``fold``), and in the live
+        modes its last records (``tail``). Returns the bytes queued."""
+        if not msg["n"]:
+            return 0
+        value = WindowStats.of_columns(msg["seq"], msg["cols"])
+        data = encode(fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open")))
+        out.append(Outgoing(data, msg["rank"], msg["n"]))
+        if not self.tail:
+            return len(data)
+        more = encode(tail_frame(msg["rank"], msg["seq"], msg["n"], msg["cols"]))
+        out.append(Outgoing(more))
+        return len(data) + len(more)
 
     def _flush(self, now: float) -> None:
         self._next_flush = now + self.flush_s
@@ -555,31 +574,23 @@ class Relay(Handler):
                 data = encode(self._node_items.popleft())
             except Exception:  # an unencodable or oversized sample: skip it
                 continue
-            out.append([data, -1, 0])
+            out.append(Outgoing(data))
             added += len(data)
         for lane in self._dirty:
-            cur: Optional[dict[str, Any]] = None  # steps frame being merged
-            cur_raw: Optional[bytes] = None       # its bytes while nothing was merged into it
+            cur: Optional[dict[str, Any]] = None  # the steps frame being merged (ours)
             gone = False
             for kind, msg, raw, size in lane.items:
                 self._pending_bytes -= size
                 if kind == _STEPS:
+                    if cur is not None and merge_into(cur, msg):
+                        continue
                     if cur is not None:
-                        if cur_raw is not None:
-                            cur = steps_frame(cur)
-                        if merge_into(cur, msg):
-                            cur_raw = None
-                            continue
-                        data = self._steps_bytes(cur, cur_raw)
-                        out.append([data, lane.rank, cur["n"]])
-                        added += len(data)
-                    cur, cur_raw = msg, raw
+                        added += self._window(out, cur)
+                    cur = steps_frame(msg)
                     continue
                 if cur is not None:
-                    data = self._steps_bytes(cur, cur_raw)
-                    out.append([data, lane.rank, cur["n"]])
-                    added += len(data)
-                    cur = cur_raw = None
+                    added += self._window(out, cur)
+                    cur = None
                 if kind == _RAW:
                     data = raw  # type: ignore[assignment]
                 elif kind == _JOIN:
@@ -587,19 +598,17 @@ class Relay(Handler):
                 else:
                     data = encode(lane.loss_frame("gone"))
                     gone = True
-                    out.append([data, lane.rank, 0, lane.dropped])
+                    out.append(Outgoing(data, lane.rank, 0, lane.dropped))
                     added += len(data)
                     continue
-                out.append([data, -1, 0])
+                out.append(Outgoing(data))
                 added += len(data)
             if cur is not None:
-                data = self._steps_bytes(cur, cur_raw)
-                out.append([data, lane.rank, cur["n"]])
-                added += len(data)
+                added += self._window(out, cur)
             lane.items = []
             if not gone and lane.dropped > lane.reported:
                 data = encode(lane.loss_frame("dropped"))
-                out.append([data, lane.rank, 0, lane.dropped])
+                out.append(Outgoing(data, lane.rank, 0, lane.dropped))
                 added += len(data)
         self._dirty = {}
         if added:

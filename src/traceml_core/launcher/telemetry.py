@@ -151,7 +151,7 @@ class NodeTelemetry:
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
                                upstream=up, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
-                               fold=c.mode == "summary",
+                               tail=c.mode != "summary",
                                warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
             log(f"warning: cannot start this node's relay ({exc}); no telemetry from this node")

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from array import array
 from operator import add
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from ..aggregator.series import series_values
-from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
+from ..stats.series import series_values
+from ..stats.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
+from ..stats.sketch import quantiles_of
 from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
 
 NS_PER_MS = 1_000_000.0
@@ -42,16 +43,6 @@ def phase_quantiles(ph: dict[str, Any], qs: Sequence[float]) -> list[Optional[fl
     est = quantiles_of(sk["lo"], sketch_counts(sk), sk["zero"], qs)
     mx = ph["max"]
     return [None if v is None else float(min(v, mx)) if mx >= 0 else v for v in est]
-
-
-def merge_sketches(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """One sketch for all ranks of a phase, compact (trimmed list of counts) for the JSON."""
-    lo, counts, zero = 0, [], 0
-    for sk in sketches:
-        zero += sk["zero"]
-        lo, counts = merge_dense(lo, counts, sk["lo"], sketch_counts(sk))
-    lo, counts = trimmed(lo, counts)
-    return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}
 
 
 def step_time(merged_step: dict[str, Any]) -> dict[str, Any]:

@@ -26,7 +26,7 @@ Storage: one int64 array, bucket after bucket, each bucket the fields of :data:`
 touched yet are copied as bytes (one C call), and rows landing in a touched bucket are added with
 two C-level passes (sums, maxima), never a Python statement per field. Sums are int64
 nanoseconds (292 years); values are bounded at the trust boundary, so only absurd data can
-overflow a bucket: that update is dropped and counted (``overflowed``), never raised.
+overflow a bucket: that sum is held at int64's limit and counted (``overflowed``), never raised.
 """
 
 from __future__ import annotations
@@ -94,11 +94,13 @@ def run_buckets(ranks: int) -> int:
 
 
 def _pairs(a: array, b: array, fn: Any) -> array:
-    """``fn`` over two int64 arrays in C; saturated at int64's limit (absurd data only)."""
-    try:
-        return array("q", map(fn, a, b))
-    except OverflowError:
-        return array("q", (min(fn(x, y), _QMAX) for x, y in zip(a, b)))
+    """``fn`` over two int64 arrays in C (raises OverflowError past int64: absurd data only)."""
+    return array("q", map(fn, a, b))
+
+
+def _held(a: array, b: array, fn: Any) -> array:
+    """``fn`` over two int64 arrays, held at int64's limit."""
+    return array("q", (max(min(fn(x, y), _QMAX), -_QMAX) for x, y in zip(a, b)))
 
 
 class Series:
@@ -154,9 +156,9 @@ class Series:
             half = self.used // 2
             new = array("q", EMPTY_ROW * half)
             for f in range(R):
-                new[f::R] = _pairs(c[f::2 * R], c[f + R::2 * R], add if f < R_MAX0 else max)
+                new[f::R] = self._pairs(c[f::2 * R], c[f + R::2 * R], add if f < R_MAX0 else max)
             self.cells = new
-            self.out_sum = _pairs(self.out_sum[0::2], self.out_sum[1::2], add)
+            self.out_sum = self._pairs(self.out_sum[0::2], self.out_sum[1::2], add)
             self.used = half
         self.base //= 2
         self.width *= 2
@@ -171,16 +173,29 @@ class Series:
             self._double()
 
     # --- the merge -----------------------------------------------------------------------------
+    def _pairs(self, a: array, b: array, fn: Any) -> array:
+        """``fn`` over two int64 arrays in C; a sum past int64 (only absurd data: every value is
+        bounded at the trust boundary) is held at int64's limit and counted (``overflowed``)."""
+        try:
+            return array("q", map(fn, a, b))
+        except OverflowError:
+            self.overflowed += 1
+            return _held(a, b, fn)
+
+    def _add_out(self, b: int, x: int) -> None:
+        try:
+            self.out_sum[b] += x
+        except OverflowError:
+            self.overflowed += 1
+            self.out_sum[b] = max(min(self.out_sum[b] + x, _QMAX), -_QMAX)
+
     def merge(self, other: "Series", width: Optional[int] = None, extra: Optional[int] = None,
               extra_at: int = 0) -> None:
         """Add ``other`` (records after or beside this series') at ``width`` (default: the wider
         of the two, doubled while a bucket would pass :attr:`limit`). ``extra``: an outside-step
         interval counted in the bucket of record ``extra_at`` (the interval joining two windows).
         ``other`` is left alone."""
-        try:
-            self._merge(other, width, extra, extra_at)
-        except OverflowError:
-            self.overflowed += 1
+        self._merge(other, width, extra, extra_at)
 
     def _merge(self, other: "Series", width: Optional[int], extra: Optional[int], extra_at: int) -> None:
         self.overflowed += other.overflowed
@@ -226,9 +241,9 @@ class Series:
                     self._grow(b + 1)
                     c = self.cells
                 a, o = b * R, i * R
-                c[a:a + R_MAX0] = _pairs(c[a:a + R_MAX0], oc[o:o + R_MAX0], add)
+                c[a:a + R_MAX0] = self._pairs(c[a:a + R_MAX0], oc[o:o + R_MAX0], add)
                 c[a + R_MAX0:a + R] = _pairs(c[a + R_MAX0:a + R], oc[o + R_MAX0:o + R], max)
-                self.out_sum[b] += outs[i]
+                self._add_out(b, outs[i])
                 i += 1
         if extra is not None:
             b = extra_at // self.width - self.base
@@ -236,7 +251,7 @@ class Series:
                 if not self.used:
                     self.base, b = extra_at // self.width, 0
                 self._grow(b + 1)
-            self.out_sum[b] += extra
+            self._add_out(b, extra)
             self.cells[b * R + R_OUT_CNT] += 1
 
     def copy(self) -> "Series":

@@ -221,3 +221,28 @@ def trimmed(lo: int, counts: Sequence[int]) -> tuple[int, list[int]]:
     while end > start and counts[end - 1] == 0:
         end -= 1
     return lo + start, counts[start:end]
+
+
+# --- merging many (a run's ranks) ------------------------------------------------------------------
+def merged_quantiles(sketches: Iterable[QuantileSketch], qs: Sequence[float]) -> list[Optional[float]]:
+    """Quantiles of the union of ``sketches`` (every rank's step times: the run's median step)."""
+    lo, counts, zero = 0, [], 0
+    for sk in sketches:
+        sk.fold()
+        zero += sk.zero
+        lo, counts = merge_dense(lo, counts, sk.lo, sk.counts)
+    return quantiles_of(lo, counts, zero, qs)
+
+
+def merge_serialised(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One sketch for many serialised ones (:meth:`QuantileSketch.to_data`: a phase of every rank,
+    from a checkpoint or the live state), compact (a trimmed list of counts) for the summary's
+    JSON, which ``traceml compare`` reads back."""
+    lo, counts, zero = 0, [], 0
+    for sk in sketches:
+        zero += sk["zero"]
+        dense = array("Q")
+        dense.frombytes(sk["counts"])
+        lo, counts = merge_dense(lo, counts, sk["lo"], dense)
+    lo, counts = trimmed(lo, counts)
+    return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}

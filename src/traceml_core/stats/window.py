@@ -178,6 +178,12 @@ class WindowStats:
     def field(self, name: str) -> int:
         return self.v[AT[name]]
 
+    def sketch(self, column: str) -> QuantileSketch:
+        """The quantile sketch of a duration column (a running value's)."""
+        self._counted()
+        assert self.sketches is not None
+        return self.sketches[_D.index(column)]
+
     # --- from records ----------------------------------------------------------------------------
     @classmethod
     def of_columns(cls, seq: int, cols: dict[str, Sequence[int]], cap: int = SKETCH_CAP) -> "WindowStats":

@@ -1,4 +1,4 @@
-"""TraceML wire protocol, version 3. Both ends import this module; nothing else defines frames.
+"""TraceML wire protocol, version 4. Both ends import this module; nothing else defines frames.
 
 Transport: TCP. Each frame is a 4-byte big-endian unsigned length followed by that many bytes of
 one msgpack map. A frame longer than :data:`MAX_FRAME` (:data:`MAX_HELLO` before the hello is
@@ -50,21 +50,24 @@ Rank → relay, after ``welcome``:
             not recorded) or, raised between steps, of the step that would have come next.
 ``resp``    ``{"t","id","rank","kind","data"}``: a rank's answer to a ``req`` (below).
 
-Relay → aggregator (kind ``node``), every frame about a rank carrying its ``rank``: the ranks'
-``steps`` (contiguous frames of one rank merged: ``seq`` of the first, ``n`` the sum, ``dropped``
-the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as received, plus:
+Relay → aggregator (kind ``node``), every frame about a rank carrying its ``rank``: each window
+of a rank's records as its statistics (``fold``; contiguous ``steps`` frames of one rank merged
+into one window, never over a gap), the ranks' ``event``, ``bye`` and ``resp`` frames as
+received, plus:
 
-``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}`` (summary mode, instead
-             of ``steps``): one merged window of a rank's records folded into partial
-             statistics, so node 0 adds partials instead of computing from every record.
-             ``seq``, ``n``, ``dropped``, ``open`` are the window's, as in ``steps`` (gaps,
-             duplicates and losses are counted the same way). ``v`` is a packed little-endian
-             int64 array whose layout is defined once in ``traceml_core.wire.fold`` (per
-             duration column: count, sum, max, min, warm-up count and sum, sketch keys; peak
-             memory; per sum column; the per-step-bucket series rows, row by row, when the
-             window straddles buckets), ``o`` the signed outside-step times, ``keys`` packed
-             uint16 sketch keys.
-             Checked at node 0 by ``wire/frames.check_fold``.
+``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}``: the statistics of one
+             window of a rank's records (counts, sums, extremes, the warm-up split, the time
+             outside the steps, sampled sketch keys, the per-step-bucket series rows): one
+             ``traceml_core.stats.window.WindowStats``, which node 0 merges into the rank's.
+             ``seq``, ``n``, ``dropped``, ``open`` are the window's records', as in ``steps``
+             (gaps, duplicates and losses are counted the same way). ``v`` (packed little-endian
+             int64s), ``o`` (int64s, the signed outside-step times) and ``keys`` (uint16s) follow
+             the value's own field list (``traceml_core.wire.fold``), and are checked at node 0
+             by the value's rules (``wire/frames.check_fold``). Node 0 takes step records in no
+             other form.
+``tail``     ``{"t","rank","seq","n","cols"}`` (live modes ``cli``/``dashboard`` only): the
+             window's last ``n`` (at most 64) records, columns as in ``steps``, beside its
+             ``fold``: the live views show them; no statistics are computed from them.
 ``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
              hello; ``new`` is false when the relay only re-announces its ranks after
              re-establishing its own connection (not a reconnect of the rank), and then carries
@@ -141,8 +144,9 @@ from ..stats.columns import (  # noqa: F401
     Column,
 )
 
-#: 3: the ``fold`` frame's series rows are sent row by row (node 0 copies them as bytes)
-PROTOCOL_VERSION = 3
+#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields (stats/window.py),
+#: in every mode; the live modes add ``tail`` frames (3: the ``fold`` frame's series rows row by row)
+PROTOCOL_VERSION = 4
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer
