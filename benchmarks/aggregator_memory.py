@@ -28,7 +28,7 @@ from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
-from traceml_core.stats.window import WindowStats  # noqa: E402
+from traceml_core.statistics.window import WindowStats  # noqa: E402
 
 
 def rss_mb() -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_core.aggregator.settings import AggregatorSettings
-from traceml_core.stats.window import WindowStats
+from traceml_core.statistics.window import WindowStats
 from traceml_core.wire.auth import AGGREGATOR, make_hello, relay_aud
 from traceml_core.wire.fold import fold_frame
 from traceml_core.wire.frames import validate

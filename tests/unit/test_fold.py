@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,11 +20,12 @@ from aggpeers import folded, make_settings
 from test_stats_window import check_against_reference
 from traceml_core.aggregator.ingest import Ingest
 from traceml_core.aggregator.state import RunState
+from traceml_core.launcher.outqueue import OutQueue
 from traceml_core.launcher.relayframes import merge_into, steps_frame
 from traceml_core.report.summary import build_summary
-from traceml_core.stats import window as layout
-from traceml_core.stats.series import R_STEP_CNT, SERIES_PHASES, OUTSIDE, Series, series_phases, series_values
-from traceml_core.stats.window import MAX_VALUE, WindowStats, pack, unpack
+from traceml_core.statistics import window as layout
+from traceml_core.statistics.series import R_STEP_CNT, SERIES_PHASES, OUTSIDE, Series, series_phases, series_values
+from traceml_core.statistics.window import MAX_VALUE, WindowStats, pack, unpack
 from traceml_core.wire.auth import Identity
 from traceml_core.wire.fold import fold_frame, tail_frame
 from traceml_core.wire.frames import validate
@@ -259,10 +259,11 @@ def test_a_window_whose_sums_do_not_fit_is_held_at_the_limit(tmp_path):
     w["cols"]["forward_ns"] = [big] * w["n"]
     relay = Relay.__new__(Relay)  # only the frames of one window are exercised here
     relay.tail = False
-    out: deque = deque()
+    out = OutQueue()
     relay._window(out, w)
-    msg = decode_body(out[0].data[HEADER.size:])
-    assert msg["t"] == "fold" and out[0].records == w["n"]
+    item = out.pop()
+    msg = decode_body(item.data[HEADER.size:])
+    assert msg["t"] == "fold" and item.records == w["n"]
     state = RunState(make_settings(tmp_path, nnodes=1, nproc_per_node=2))
     ingest = Ingest(state, lambda _m: None)
     link, ident = object(), Identity("node", 0, -1, "host0", None, nproc=2)

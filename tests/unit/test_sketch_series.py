@@ -9,9 +9,9 @@ from hypothesis import given, settings, strategies as st
 import pytest
 
 from traceml_core.launcher.relayframes import merge_into, steps_frame
-from traceml_core.stats.series import BUCKETS, series_values
-from traceml_core.stats.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
-from traceml_core.stats.window import WindowStats
+from traceml_core.statistics.series import BUCKETS, series_values
+from traceml_core.statistics.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
+from traceml_core.statistics.window import WindowStats
 from traceml_core.wire.frames import validate
 from traceml_core.wire.protocol import STEP_COLUMNS, ProtocolError
 

@@ -1,4 +1,4 @@
-"""The window statistics value (traceml_core/stats/window.py): one mergeable value that relays
+"""The window statistics value (traceml_core/statistics/window.py): one mergeable value that relays
 build from records and everything else only merges. Checked against the statistics computed by
 definition from the raw records, whatever the cut into windows and the order of merging, through
 the wire and through a checkpoint."""
@@ -13,15 +13,15 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from traceml_core.stats.columns import DURATION_COLUMNS, STEP_COLUMNS, SUM_COLUMNS
-from traceml_core.stats.series import (
+from traceml_core.statistics.columns import DURATION_COLUMNS, STEP_COLUMNS, SUM_COLUMNS
+from traceml_core.statistics.series import (
     BUCKETS, OUTSIDE, SERIES_PHASES, SPAN, Series, run_buckets, series_phases, series_values,
 )
-from traceml_core.stats.sketch import QuantileSketch
-from traceml_core.stats.window import (
+from traceml_core.statistics.sketch import QuantileSketch
+from traceml_core.statistics.window import (
     MAX_VALUE, SKETCH_CAP, WARMUP_STEPS, WindowStats, fold_len, pack, unpack,
 )
-from traceml_core.stats import window as layout
+from traceml_core.statistics import window as layout
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "frames" / "ddp_minimal_2ranks.msgpack"
 
@@ -206,8 +206,10 @@ def test_merging_is_associative(sizes, salt):
     sent = 0
 
     def send(g: WindowStats) -> None:
-        v, o, keys = g.to_wire()  # through the wire, as a group relay forwards it
-        grouped.merge(WindowStats.from_wire(g.seq, g.records, v, o, keys))
+        if rnd.random() < 0.5:
+            g.count_sketches()  # as a group relay forwards them (else as a node relay does)
+        # through the wire
+        grouped.merge(WindowStats.from_wire(g.seq, g.records, g.to_wire()))
 
     for w in wins:
         if pending is not None and pending.joins(w) and rnd.random() < 0.7:
@@ -230,11 +232,13 @@ def test_a_window_through_the_wire_is_the_same_value():
     cols = synthetic(300, rnd)
     for seq, c in cut(cols, [1, 3, 8, 9, 17, 64, 198]):
         w = WindowStats.of_columns(seq, c)
-        v, o, keys = w.to_wire()
-        back = WindowStats.from_wire(seq, len(c["step"]), v, o, keys)
+        fields = w.to_wire()
+        back = WindowStats.from_wire(seq, len(c["step"]), fields)
         assert back.to_data() == w.to_data()
-        k = unpack(v)[layout.S_K]
-        assert len(unpack(v)) == fold_len(k) and k != 1 and k <= SPAN + 1
+        k = unpack(fields["v"])[layout.S_K]
+        assert len(unpack(fields["v"])) == fold_len(k) and k != 1 and k <= SPAN + 1
+        w.count_sketches()  # counted, as a group relay sends them: the same value
+        assert WindowStats.from_wire(seq, len(c["step"]), w.to_wire()).to_data() == back.to_data()
 
 
 def test_a_checkpoint_round_trip_and_a_restart_merge_equal_one_value():
@@ -271,16 +275,16 @@ def test_sums_are_held_at_the_limit_and_counted_never_past_a_checkpoint():
     assert d["phases"]["forward_ns"]["sum"] == MAX_VALUE and d["saturated"] >= 5
     assert d["phases"]["forward_ns"]["count"] == 100
     msgpack.unpackb(msgpack.packb(d))  # fits msgpack's integers
-    v, o, keys = w.to_wire()
-    assert WindowStats.from_wire(0, 20, v, o, keys).field("forward_ns.sum") == MAX_VALUE
+    assert WindowStats.from_wire(0, 20, w.to_wire()).field("forward_ns.sum") == MAX_VALUE
 
 
 def test_malformed_windows_are_refused():
     c = {k: v[:24] for k, v in recorded().items()}
     w = WindowStats.of_columns(1, {k: v[1:24] for k, v in c.items()})  # records 1..23: rows of 8
-    v, o, keys = w.to_wire()
+    fields = w.to_wire()
+    v, o, keys = fields["v"], fields["o"], fields["keys"]
     n = 23
-    WindowStats.from_wire(1, n, v, o, keys)
+    WindowStats.from_wire(1, n, fields)
     v0, o0 = list(unpack(v)), list(unpack(o))
     assert v0[layout.S_K] > 1
     bad = [
@@ -299,12 +303,22 @@ def test_malformed_windows_are_refused():
         vv[at] = value
         bad.append(dict(v=pack(vv)))
     for change in bad:
-        args = dict(seq=1, n=n, v=v, o=o, keys=keys) | change
+        args = dict(v=v, o=o, keys=keys) | change
         with pytest.raises(ValueError):
-            WindowStats.from_wire(**args)
+            WindowStats.from_wire(1, args.pop("n", n), args)
     edge = list(v0)
     edge[layout.H_T_FIRST] = MAX_VALUE  # the limit itself is valid
-    assert WindowStats.from_wire(1, n, pack(edge), o, keys).field("t_first") == MAX_VALUE
+    assert WindowStats.from_wire(1, n, dict(fields, v=pack(edge))).field("t_first") == MAX_VALUE
+    # counted sketches (a group relay's): buckets out of range, more counts than records
+    w.count_sketches()
+    counted = w.to_wire()
+    WindowStats.from_wire(1, n, counted)
+    heads = list(unpack(counted["sk"]))
+    for at, value in ((0, 1 << 15), (2, 10 * n), (1, heads[1] + 1)):
+        hh = list(heads)
+        hh[at] = value
+        with pytest.raises(ValueError):
+            WindowStats.from_wire(1, n, dict(counted, sk=pack(hh)))
 
 
 def test_series_of_very_large_runs_keep_fewer_buckets_and_merge_wider():
@@ -333,3 +347,16 @@ def test_series_merge_of_two_runs_aligns_widths():
         assert series_values(ad, key) == series_values(wd, key)
     assert series_phases(ad) == [*SERIES_PHASES, OUTSIDE]
 
+
+
+def test_the_statistics_package_never_shadows_the_sdks_names():
+    """``traceml.stats()`` is the SDK's (traceml_core/__init__.py); a subpackage of the same name
+    would replace it once imported (the wire protocol imports the statistics' columns)."""
+    import traceml_core
+    import traceml_core.statistics.window  # noqa: F401
+    import traceml_core.wire.protocol  # noqa: F401
+
+    pkg = Path(traceml_core.__file__).parent
+    for name in traceml_core._SDK_NAMES:
+        assert not (pkg / name).exists() and not (pkg / f"{name}.py").exists(), name
+    assert callable(traceml_core.stats) and traceml_core.stats.__module__ == "traceml_core.sdk.api"

@@ -1,6 +1,6 @@
 """Everything the aggregator keeps about one rank: identity, loss accounting, ending, statistics.
 
-The statistics are one running :class:`~traceml_core.stats.window.WindowStats`: each ``fold``
+The statistics are one running :class:`~traceml_core.statistics.window.WindowStats`: each ``fold``
 frame's window (already checked where it entered, wire/frames.check_fold) is merged into it, a
 fixed number of C-level passes however many records the window holds. Memory is bounded by the
 number of phases and series buckets, never by the run's length. In the live modes a raw tail of
@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Optional
 
-from ..stats.series import BUCKETS, Series
-from ..stats.window import WindowStats
+from ..statistics.series import BUCKETS, Series
+from ..statistics.window import WindowStats
 
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256

@@ -8,7 +8,7 @@ go on from the checkpoint's (:func:`seed`), so a record that never made it into 
 a gap.
 
 Each rank's statistics go on from the checkpoint's: its running value
-(:class:`~traceml_core.stats.window.WindowStats`) is the checkpoint's, and every window received
+(:class:`~traceml_core.statistics.window.WindowStats`) is the checkpoint's, and every window received
 after the restart is merged into it, as before the restart (the interval between the last step
 before and the first after included). The rest of the checkpoint is kept as a frozen base, and
 :func:`combine` adds what this process counted on top into the one plain-data shape of
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..stats.window import WindowStats
+from ..statistics.window import WindowStats
 from .nodeinfo import NodeInfo
 from .rankstate import RankState
 

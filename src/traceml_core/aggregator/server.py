@@ -131,8 +131,8 @@ class Server(Handler):
         self.ingest = Ingest(self.state, log)
         self.endpoint = Endpoint(
             aud=AGGREGATOR, run=settings.run_name, job=settings.job_id,
-            keys={"node": settings.token, "control": settings.control_token},
-            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node)
+            keys={"node": settings.token, "group": settings.token, "control": settings.control_token},
+            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node, fan_in=settings.relay_fan_in)
         self.nonces = NonceCache()
         self.net = FramedServer(
             listener, self, counters=self.state.counters, log=log, name="",
@@ -268,6 +268,9 @@ class Server(Handler):
         i = conn.ident
         assert i is not None
         now = time.time()
+        if i.kind == "group":
+            self.ingest.group_joined(conn, i)
+            return
         if i.kind == "node":
             old = self.ingest.node_joined(conn, i, now)
         else:
@@ -279,12 +282,15 @@ class Server(Handler):
     def on_frame(self, conn: Conn, msg: dict[str, Any], data: Any, off: int, end: int) -> None:
         i = conn.ident
         assert i is not None
-        if i.kind == "node":
+        if i.kind in ("node", "group"):
             # the link carries the node's other ranks: a bad frame is counted and skipped
             try:
-                checked = validate("node", msg)
+                checked = validate(i.kind, msg)
                 if checked is None:
                     self.state.counters["ignored_frames"] += 1
+                    return
+                if i.kind == "group":
+                    self.ingest.group_frame(conn, i, checked, time.time(), finishing=self.finishing)
                     return
                 self.ingest.node_frame(conn, i, checked)
             except ProtocolError as exc:
@@ -348,6 +354,9 @@ class Server(Handler):
     def on_close(self, conn: Conn) -> None:
         i = conn.ident
         assert i is not None
+        if i.kind == "group":
+            self.ingest.group_closed(conn, time.time(), finishing=self.finishing)
+            return
         if self.ingest.link_closed(conn, i, time.time(), finishing=self.finishing) \
                 and self.state.finish is None and self.drain_until is None and self.term_until is None:
             self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
@@ -362,9 +371,8 @@ class Server(Handler):
         self._req_id += 1
         frame = {"t": "req", "id": self._req_id, "kind": kind, "ranks": ranks, "args": args or {}}
         validate("down", dict(frame))  # the same rule the receiving end applies
-        for links in self.ingest.node_links.values():
-            for c in links:
-                self.net.send(c, frame)
+        for c in self.ingest.links():
+            self.net.send(c, frame)
         return self._req_id
 
     # --- persistence and the end ----------------------------------------------------------------
@@ -421,7 +429,7 @@ class Server(Handler):
             self.net.send(target, reply)
             self.net.drain_writes(target, 2.0)
         # the relays hear that this close is the end of the run, not a failure to report
-        links = [c for cs in ing.node_links.values() for c in cs]
+        links = ing.links()
         for c in links:
             self.net.send(c, {"t": "end"})
         for c in links:

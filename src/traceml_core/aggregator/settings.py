@@ -65,6 +65,10 @@ class AggregatorSettings(BaseModel):
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
     control_token: str = Field(default_factory=lambda: secrets.token_hex(16))
+    #: nodes per group relay (launcher/grouprelay.py; 0: every node's relay connects here): from
+    #: hundreds of nodes on, the nodes' relays report through group relays on every
+    #: ``relay_fan_in``-th node, which connect here
+    relay_fan_in: int = Field(0, ge=0, le=limits.NODES.hi)
     #: a restarted aggregator: the checkpoint of the one that died, to go on from
     #: (aggregator/resume.py); empty for a fresh run
     resume_from: str = ""

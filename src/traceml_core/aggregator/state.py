@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
-from ..stats.series import run_buckets
+from ..statistics.series import run_buckets
 from ..wire.protocol import DURATION_COLUMNS
 from ..wire.server import SERVER_COUNTERS as COUNTERS
 from .nodeinfo import NodeInfo
@@ -38,7 +38,7 @@ class RunState:
         self.probe: Optional[dict[str, Any]] = None
         self.records = 0
         self.dirty = True
-        #: buckets per rank's series (fewer for very large runs: stats/series.run_buckets)
+        #: buckets per rank's series (fewer for very large runs: statistics/series.run_buckets)
         self.buckets = run_buckets(settings.world_size)
         #: a restarted aggregator: the checkpoint it went on from (aggregator/resume.py)
         self.base: Optional[dict[str, Any]] = None

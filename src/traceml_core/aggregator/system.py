@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
-from ..stats.series import BUCKETS
+from ..statistics.series import BUCKETS
 
 from ..wire.protocol import ProtocolError
 

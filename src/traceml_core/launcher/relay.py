@@ -43,13 +43,14 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
-from ..stats.window import WindowStats
+from ..statistics.window import WindowStats
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello, relay_aud
 from ..wire.client import TelemetryClient
 from ..wire.fold import fold_frame, tail_frame
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from .outqueue import OutQueue, Outgoing
 from .relayframes import merge_into, steps_frame
 
 log = logging.getLogger("traceml.relay")
@@ -69,19 +70,6 @@ HANDSHAKE_TIMEOUT_S = 10.0
 MAX_PENDING = 256
 
 _STEPS, _RAW, _JOIN, _GONE = range(4)
-
-
-@dataclass(slots=True)
-class Outgoing:
-    """One encoded frame in the relay's queue to node 0 (what its client sends, in order)."""
-
-    data: bytes
-    #: the rank whose records or losses it carries (-1: none)
-    rank: int = -1
-    #: step records it carries (a window's statistics)
-    records: int = 0
-    #: a loss frame: the lane's drop count it tells node 0 of (None: not a loss frame)
-    told: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -173,7 +161,8 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False) -> None:
+                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False,
+                 upstream_aud: str = AGGREGATOR) -> None:
         self.node = node
         #: besides each window's statistics (``fold``), send its last records (``tail``): the
         #: live views (one node) show them
@@ -203,10 +192,8 @@ class Relay(Handler):
         self._node_items: deque[dict[str, Any]] = deque()   # from other threads (system frames)
         self._down: deque[dict[str, Any]] = deque()         # req frames from the client thread
         self._retell: deque[_Lane] = deque()                 # lanes whose drops node 0 may not know
-        self._outq: deque[Outgoing] = deque()
+        self.out = OutQueue(on_told=self._told)
         self._pending_bytes = 0   # raw bytes of frames waiting in lanes (relay thread)
-        self._bytes_queued = 0    # encoded bytes put in _outq (relay thread)
-        self._bytes_gone = 0      # ... taken out of it: sent or discarded (client thread)
         self._next_flush = 0.0
 
         self._thread: Optional[threading.Thread] = None
@@ -220,11 +207,7 @@ class Relay(Handler):
 
         # counters
         self._records_in = 0
-        self._records_forwarded = 0
         self._frames_in = 0
-        self._frames_forwarded = 0
-        self._records_dropped = 0
-        self._records_unsent = 0
         self._events_dropped = 0
         self._peak = 0
 
@@ -232,9 +215,9 @@ class Relay(Handler):
         opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
         opts.update(client_options or {})
         self.client = TelemetryClient(
-            host, port, token, aud=AGGREGATOR, run=run_name, job=job_id, node=node, rank=-1,
+            host, port, token, aud=upstream_aud, run=run_name, job=job_id, node=node, rank=-1,
             kind="node", hostname=hostname or socket.gethostname(), extra={"nproc": nproc_per_node},
-            source=self, on_connect=self._reannounce, on_frame=self._from_upstream,
+            source=self.out, on_connect=self._reannounce, on_frame=self._from_upstream,
             peer="node 0's aggregator", name=f"traceml-relay-up-{node}", **opts)
 
     # ---- other threads ----------------------------------------------------------------------
@@ -295,13 +278,13 @@ class Relay(Handler):
         return RelayStats(
             ranks_connected=sum(1 for ln in self._lanes.values() if ln.conn is not None),
             ranks_seen=len(self._lanes),
-            records_in=self._records_in, records_forwarded=self._records_forwarded,
-            frames_in=self._frames_in, frames_forwarded=self._frames_forwarded,
-            records_dropped=self._records_dropped, records_unsent=self._records_unsent,
+            records_in=self._records_in, records_forwarded=self.out.records_forwarded,
+            frames_in=self._frames_in, frames_forwarded=self.out.frames_forwarded,
+            records_dropped=self.out.records_dropped, records_unsent=self.out.records_unsent,
             dropped_untold=self.dropped_untold(), events_dropped=self._events_dropped, malformed=self.counters.get("malformed", 0),
             refused=self.counters.get("refused", 0), upstream_connects=cs.connects,
             upstream_connected=cs.connected, upstream_refused=cs.refused,
-            queued_bytes=self._pending_bytes + self._queued(), peak_queued_bytes=self._peak)
+            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak)
 
     def dropped_by_rank(self) -> dict[int, int]:
         return {r: ln.dropped for r, ln in self._lanes.items() if ln.dropped}
@@ -309,9 +292,6 @@ class Relay(Handler):
     def dropped_untold(self) -> int:
         """Records this relay dropped that node 0 was never told of (its link was gone)."""
         return sum(ln.dropped - ln.told for ln in self._lanes.values())
-
-    def _queued(self) -> int:
-        return self._bytes_queued - self._bytes_gone
 
     def _wake(self) -> None:
         try:
@@ -326,43 +306,16 @@ class Relay(Handler):
         except OSError:
             pass
 
-    # ---- RecordSource: the client thread takes frames from _outq -----------------------------
-    def ready(self) -> int:
-        return len(self._outq)
-
-    def pop(self) -> Optional[Outgoing]:
-        try:
-            return self._outq.popleft()
-        except IndexError:
-            return None
-
-    def unpop(self, item: Outgoing) -> None:
-        self._outq.appendleft(item)
-
-    def frame(self, item: Outgoing) -> bytes:
-        return item.data
-
-    def records(self, item: Outgoing) -> int:
-        return item.records
-
-    def recycle(self, item: Outgoing) -> None:
-        self._bytes_gone += len(item.data)
-        if item.told is not None:  # a loss frame: node 0 now knows this lane's drops up to it
-            lane = self._lanes.get(item.rank)
-            if lane is not None and item.told > lane.told:
-                lane.told = item.told
-            return
-        if item.records:
-            self._records_forwarded += item.records
-            self._frames_forwarded += 1
-
-    def discard(self, item: Outgoing) -> None:
-        self._bytes_gone += len(item.data)
-        self._records_unsent += item.records
+    def _told(self, rank: int, count: int) -> None:
+        """(client thread) A loss frame reached the upstream socket: node 0 knows this lane's
+        drops up to ``count``."""
+        lane = self._lanes.get(rank)
+        if lane is not None and count > lane.told:
+            lane.told = count
 
     @property
     def lost(self) -> int:
-        return self._records_dropped + self._records_unsent
+        return self.out.lost
 
     def _reannounce(self) -> list[Union[dict[str, Any], bytes]]:
         """Client thread, after each welcome: the connected ranks first (node 0 forgot them when
@@ -406,7 +359,7 @@ class Relay(Handler):
                 if urgent or now >= self._next_flush or self._pending_bytes >= FLUSH_BYTES:
                     self._flush(now)
                 if self._draining and not self.net.conns and not self.net.pending \
-                        and not self._dirty and not self._outq:
+                        and not self._dirty and not len(self.out):
                     self._drained.set()
                 if self._closing and self._close_done(now):
                     return
@@ -440,10 +393,10 @@ class Relay(Handler):
         """After the client stopped: what it could not send was discarded (counted unsent);
         records never merged (the loop died) are unsent too."""
         for ln in self._lanes.values():
-            self._records_unsent += sum(msg["n"] for kind, msg, _raw, _size in ln.items
-                                        if kind == _STEPS)
+            self.out.records_unsent += sum(msg["n"] for kind, msg, _raw, _size in ln.items
+                                           if kind == _STEPS)
             ln.items = []
-        unsent = self._records_unsent
+        unsent = self.out.records_unsent
         if unsent:
             why = ("node 0 had already written the summary" if self._run_ended
                    else "node 0's aggregator was unreachable at the end")
@@ -499,14 +452,14 @@ class Relay(Handler):
             lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
             self._records_in += n
             self._frames_in += 1
-            if self._pending_bytes + self._queued() + size > self.budget:
+            if self._pending_bytes + self.out.queued + size > self.budget:
                 lane.dropped += n
-                self._records_dropped += n
+                self.out.records_dropped += n
                 self._dirty[lane] = None
                 return
             lane.items.append((_STEPS, checked, None, size))
         elif t == "event":
-            if self._pending_bytes + self._queued() + size > self.budget:
+            if self._pending_bytes + self.out.queued + size > self.budget:
                 self._events_dropped += 1
                 return
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
@@ -517,7 +470,7 @@ class Relay(Handler):
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
         self._pending_bytes += size
         self._dirty[lane] = None
-        q = self._pending_bytes + self._queued()
+        q = self._pending_bytes + self.out.queued
         if q > self._peak:
             self._peak = q
 
@@ -551,31 +504,28 @@ class Relay(Handler):
                                   "text": d.get("text") or "", "error": d.get("error")}})
 
     # ---- merging ----------------------------------------------------------------------------
-    def _window(self, out: deque, msg: dict[str, Any]) -> int:
+    def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:
         """Queue one merged run of a rank's records: its statistics (``fold``), and in the live
         modes its last records (``tail``). Returns the bytes queued."""
         if not msg["n"]:
             return 0
         value = WindowStats.of_columns(msg["seq"], msg["cols"])
         data = encode(fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open")))
-        out.append(Outgoing(data, msg["rank"], msg["n"]))
-        if not self.tail:
-            return len(data)
-        more = encode(tail_frame(msg["rank"], msg["seq"], msg["n"], msg["cols"]))
-        out.append(Outgoing(more))
-        return len(data) + len(more)
+        size = out.put(Outgoing(data, msg["rank"], msg["n"]))
+        if self.tail:
+            size += out.put(Outgoing(encode(tail_frame(msg["rank"], msg["seq"], msg["n"], msg["cols"]))))
+        return size
 
     def _flush(self, now: float) -> None:
         self._next_flush = now + self.flush_s
-        out = self._outq
+        out = self.out
         added = 0
         while self._node_items:
             try:
                 data = encode(self._node_items.popleft())
             except Exception:  # an unencodable or oversized sample: skip it
                 continue
-            out.append(Outgoing(data))
-            added += len(data)
+            added += out.put(Outgoing(data))
         for lane in self._dirty:
             cur: Optional[dict[str, Any]] = None  # the steps frame being merged (ours)
             gone = False
@@ -598,21 +548,16 @@ class Relay(Handler):
                 else:
                     data = encode(lane.loss_frame("gone"))
                     gone = True
-                    out.append(Outgoing(data, lane.rank, 0, lane.dropped))
-                    added += len(data)
+                    added += out.put(Outgoing(data, lane.rank, 0, lane.dropped))
                     continue
-                out.append(Outgoing(data))
-                added += len(data)
+                added += out.put(Outgoing(data))
             if cur is not None:
                 added += self._window(out, cur)
             lane.items = []
             if not gone and lane.dropped > lane.reported:
-                data = encode(lane.loss_frame("dropped"))
-                out.append(Outgoing(data, lane.rank, 0, lane.dropped))
-                added += len(data)
+                added += out.put(Outgoing(encode(lane.loss_frame("dropped")), lane.rank, 0, lane.dropped))
         self._dirty = {}
         if added:
-            self._bytes_queued += added
             self.client.wake()
 
 

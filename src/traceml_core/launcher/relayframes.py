@@ -7,7 +7,7 @@ batch. Frames that do not touch (the client dropped records in between) are neve
 aggregator still sees the gap exactly where it was.
 
 Each merged frame then goes up as its statistics (a ``fold`` frame, wire/fold.py, of one
-:class:`~traceml_core.stats.window.WindowStats`), so node 0 merges values per rank and window
+:class:`~traceml_core.statistics.window.WindowStats`), so node 0 merges values per rank and window
 instead of computing statistics from every record.
 """
 

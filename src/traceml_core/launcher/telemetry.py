@@ -24,6 +24,8 @@ from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
 from ..options import export_kinds, link_probe_bytes
 from ..wire.client import Link, LinkError
+from ..wire.auth import AGGREGATOR, group_aud
+from .grouprelay import GroupRelay, group_flush_s, relay_fan_in
 from .hangwatch import HangWatch, Stall
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .stacks import StackCollector
@@ -38,6 +40,8 @@ JOIN_SLICE_S = 1.0
 MAX_RESTARTS = 2
 #: seconds between two system samples of a node
 SYSTEM_INTERVAL_S = 1.0
+#: a group relay waits this long at its node's end for its group's other nodes' last frames
+GROUP_DRAIN_S = 10.0
 
 
 #: the most node 0 waits for the other nodes' probe servers (they start as each node joins)
@@ -68,6 +72,8 @@ class NodeTelemetry:
         self.handle: Optional[AggregatorHandle] = None
         self.link: Optional[Link] = None
         self.relay: Optional[Relay] = None
+        #: this node's group relay, when it is the first node of a group (the tree: grouprelay.py)
+        self.group_relay: Optional[GroupRelay] = None
         self.join_refused = False
         self._lock = threading.Lock()
         self._reporter: Any = None
@@ -97,7 +103,7 @@ class NodeTelemetry:
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
-            hostnames=list(c.hosts_by_node),
+            hostnames=list(c.hosts_by_node), relay_fan_in=self.fan_in,
             script=script, script_args=list(script_args), export=export_kinds(c.export))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
@@ -146,12 +152,20 @@ class NodeTelemetry:
             up = (self.handle.connect_host, self.handle.port)
         else:
             up = (c.aggregator_host, c.aggregator_port)
+        aud = AGGREGATOR
+        fan = self.fan_in
+        group = c.node_rank // fan if fan else 0
+        if group:  # the tree: report to the relay of this group's first node (grouprelay.py)
+            head = group * fan
+            if head == c.node_rank:
+                self._start_group_relay(group, fan, up)
+            up, aud = (c.hosts_by_node[head], c.aggregator_port), group_aud(group)
         try:
             self.relay = Relay(token=self.token, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
                                upstream=up, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
-                               tail=c.mode != "summary",
+                               tail=c.mode != "summary", upstream_aud=aud,
                                warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
             log(f"warning: cannot start this node's relay ({exc}); no telemetry from this node")
@@ -251,6 +265,31 @@ class NodeTelemetry:
             if time.monotonic() >= deadline or interrupted():
                 return None
             time.sleep(0.5)
+
+    @property
+    def fan_in(self) -> int:
+        """Nodes per group relay (0: every node's relay reports to node 0 directly); none when
+        the nodes' hostnames are unknown (a node could not find its group's first node)."""
+        c = self.config
+        if c.mode != "summary" or len(c.hosts_by_node) != c.nnodes:
+            return 0
+        return relay_fan_in(c.relay_fan_in, c.nnodes)
+
+    def _start_group_relay(self, group: int, fan: int, up: tuple[str, int]) -> None:
+        """This node is its group's first: serve the group's node relays on the aggregator's port
+        (free here: the aggregator runs on node 0) and report to node 0. Never raises: without
+        it, the group's nodes' relays count what they could not send."""
+        c = self.config
+        try:
+            self.group_relay = GroupRelay(
+                token=self.token, run_name=c.run_name, job_id=c.job_id, group=group, fan=fan,
+                nnodes=c.nnodes, nproc_per_node=c.nproc_per_node, upstream=up, hostname=self.hostname,
+                bind_host=c.aggregator_bind_host, port=c.aggregator_port,
+                flush_s=group_flush_s(c.world_size, FLUSH_S),
+                warn=lambda msg: log(f"warning: {msg}")).start()
+        except OSError as exc:
+            log(f"warning: cannot start the relay of nodes {group * fan}..{min(c.nnodes, group * fan + fan) - 1} "
+                f"on port {c.aggregator_port} ({exc}); their telemetry is lost and counted by their relays")
 
     def _start_sampler(self) -> None:
         """This node's system samples (CPU, RAM, GPUs) go up the relay's link once a second."""
@@ -479,6 +518,8 @@ class NodeTelemetry:
         if relay is not None:
             self._relay_report(relay.close(3.0, bye={"t": "bye", "status": status, "exit_code": exit_code,
                                                      **(report or {})}))
+        if self.group_relay is not None:  # the group's other nodes end about now: their last frames
+            self.group_relay.close(GROUP_DRAIN_S)
         return None
 
     @staticmethod

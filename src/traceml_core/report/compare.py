@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..stats.sketch import ENCODING, bucket_value
+from ..statistics.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
 from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,

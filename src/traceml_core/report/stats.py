@@ -11,9 +11,9 @@ from array import array
 from operator import add
 from typing import Any, Optional, Sequence
 
-from ..stats.series import series_values
-from ..stats.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
-from ..stats.sketch import quantiles_of
+from ..statistics.series import series_values
+from ..statistics.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
+from ..statistics.sketch import quantiles_of
 from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
 
 NS_PER_MS = 1_000_000.0

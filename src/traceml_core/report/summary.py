@@ -12,7 +12,7 @@ import time
 from typing import Any, Optional
 
 from ..wire.protocol import DURATION_COLUMNS
-from ..stats.series import series_values
+from ..statistics.series import series_values
 from .steps import no_steps_reason, steps_block
 from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
 from .thresholds import WARMUP_STEPS

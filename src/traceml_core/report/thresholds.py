@@ -13,7 +13,7 @@ from __future__ import annotations
 
 # the warm-up steps left out of the "steady" means: split off where the statistics are computed
 # (its reason is there); re-exported, as every verdict reads it here
-from ..stats.window import WARMUP_STEPS  # noqa: F401
+from ..statistics.window import WARMUP_STEPS  # noqa: F401
 
 MiB = 1024 * 1024
 

@@ -2,20 +2,20 @@
 
 Why: node 0's cost must grow with nodes, not with steps x ranks. A node's relay merges a rank's
 ``steps`` frames per window (launcher/relayframes.py) and sends the window's statistics, one
-:class:`~traceml_core.stats.window.WindowStats`, instead of the records: node 0 only merges
+:class:`~traceml_core.statistics.window.WindowStats`, instead of the records: node 0 only merges
 values, a fixed number of C-level passes per rank and window whatever the window holds. It is
 node 0's one way in for step statistics, in every mode.
 
 Shape (all integers)::
 
     {"t": "fold", "rank", "seq", "n", "dropped", "open"?,   # the window's records, as in ``steps``
-     "v": int64s,     # the value's fixed fields (stats/window.FIELDS), the series head g, b0, k
-                      # and its k rows (stats/series.ROW each), row by row
+     "v": int64s,     # the value's fixed fields (statistics/window.FIELDS), the series head g, b0, k
+                      # and its k rows (statistics/series.ROW each), row by row
      "o": int64s,     # the time outside the steps (signed), then each row's
-     "keys": uint16s} # sketch keys, phase after phase (stats/sketch.column_keys)
+     "keys": uint16s} # sketch keys, phase after phase (statistics/sketch.column_keys)
 
 The layout is the value's own field list, and so is the check: :func:`value_of` is
-:meth:`WindowStats.from_wire <traceml_core.stats.window.WindowStats.from_wire>`, which checks
+:meth:`WindowStats.from_wire <traceml_core.statistics.window.WindowStats.from_wire>`, which checks
 every rule of the value. ``seq``/``n``/``dropped``/``open`` are those of the merged ``steps``
 frame, so node 0's sequence, gap and loss accounting is that of the records.
 
@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from ..stats.window import WindowStats
+from ..statistics.window import WindowStats
 
 #: records a ``tail`` frame carries at most (what the live views read per rank: its last 64)
 TAIL_MAX = 64
@@ -40,9 +40,8 @@ TAIL_MAX = 64
 
 def fold_frame(rank: int, value: WindowStats, dropped: int = 0, open_: Optional[int] = None) -> dict[str, Any]:
     """The ``fold`` frame of one window of ``rank``'s records."""
-    v, o, keys = value.to_wire()
     frame = {"t": "fold", "rank": rank, "seq": value.seq, "n": value.records, "dropped": dropped,
-             "v": v, "o": o, "keys": keys}
+             **value.to_wire()}
     if open_ is not None:
         frame["open"] = open_
     return frame
@@ -50,7 +49,7 @@ def fold_frame(rank: int, value: WindowStats, dropped: int = 0, open_: Optional[
 
 def value_of(msg: dict[str, Any]) -> WindowStats:
     """The value a ``fold`` frame carries, checked (raises ValueError naming the broken rule)."""
-    return WindowStats.from_wire(msg["seq"], msg["n"], msg.get("v"), msg.get("o"), msg.get("keys"))  # type: ignore[arg-type]
+    return WindowStats.from_wire(msg["seq"], msg["n"], msg)
 
 
 def tail_frame(rank: int, seq: int, n: int, cols: dict[str, list[int]]) -> dict[str, Any]:

@@ -18,12 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from ..stats.window import MAX_VALUE
+from ..statistics.window import MAX_VALUE
 from . import fold
 from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
 
 # MAX_VALUE: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB),
-# the statistics' bound (stats/window.py), so no sum of them can overflow a checkpoint
+# the statistics' bound (statistics/window.py), so no sum of them can overflow a checkpoint
 MAX_TEXT = 4000
 MAX_RANKS_IN_REQ = 1 << 20
 
@@ -79,7 +79,7 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then the
-    window's value, checked by the value's own rules (stats/window.WindowStats.from_wire) and kept
+    window's value, checked by the value's own rules (statistics/window.WindowStats.from_wire) and kept
     in ``msg["value"]``; after this node 0 merges it without another check."""
     _int(msg, "rank")
     _int(msg, "seq")
@@ -225,6 +225,20 @@ def check_loss(msg: dict[str, Any]) -> dict[str, Any]:
     _int(msg, "relay_dropped")
     _int(msg, "seq_end")
     _int(msg, "open", optional=True)
+    return msg
+
+
+def check_node(msg: dict[str, Any]) -> dict[str, Any]:
+    """A group relay's ``node`` frame: a node relay of its group connected (``host``, ``nproc``)
+    or, with ``gone`` true, its link closed."""
+    _int(msg, "node")
+    msg["gone"] = msg.get("gone") is True
+    if msg["gone"]:
+        return msg
+    _str(msg, "host", 255, optional=True)
+    msg["host"] = msg.get("host") or ""
+    if type(msg.get("nproc")) is not int:
+        msg["nproc"] = None
     return msg
 
 
@@ -413,6 +427,7 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
     "probe": check_probe,
     "autopsy": check_autopsy,
+    "node": check_node,
     "end": check_plain,
 }
 
@@ -420,6 +435,9 @@ VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
     "node": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    #: a group relay (launcher/grouprelay.py): its nodes' frames, and which nodes it carries
+    "group": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system",
+                        "node")),
     "control": frozenset(("finish", "query", "snapshot", "system", "probe", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),

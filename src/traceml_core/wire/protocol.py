@@ -58,7 +58,7 @@ received, plus:
 ``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}``: the statistics of one
              window of a rank's records (counts, sums, extremes, the warm-up split, the time
              outside the steps, sampled sketch keys, the per-step-bucket series rows): one
-             ``traceml_core.stats.window.WindowStats``, which node 0 merges into the rank's.
+             ``traceml_core.statistics.window.WindowStats``, which node 0 merges into the rank's.
              ``seq``, ``n``, ``dropped``, ``open`` are the window's records', as in ``steps``
              (gaps, duplicates and losses are counted the same way). ``v`` (packed little-endian
              int64s), ``o`` (int64s, the signed outside-step times) and ``keys`` (uint16s) follow
@@ -139,12 +139,12 @@ import msgpack
 
 # the step record's columns, and how each is aggregated, live with the statistics; every end reads
 # them here (re-exported)
-from ..stats.columns import (  # noqa: F401
+from ..statistics.columns import (  # noqa: F401
     COLUMN_KINDS, COLUMNS, COMM_COLUMNS, DURATION_COLUMNS, PEAK_COLUMNS, STEP_COLUMNS, SUM_COLUMNS,
     Column,
 )
 
-#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields (stats/window.py),
+#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields (statistics/window.py),
 #: in every mode; the live modes add ``tail`` frames (3: the ``fold`` frame's series rows row by row)
 PROTOCOL_VERSION = 4
 HEADER = struct.Struct(">I")

@@ -149,15 +149,21 @@ class WindowStats:
     standing for ``weight`` records), as they travel; merged into a rank's running value they are
     counted into one :class:`~.sketch.QuantileSketch` per duration column (``sketches``)."""
 
-    __slots__ = ("seq", "end", "v", "outside", "keys", "sketches", "series")
+    __slots__ = ("seq", "end", "v", "outside", "keys", "dense", "sketches", "series", "travels")
 
     def __init__(self, seq: int = 0) -> None:
         self.seq = seq
         self.end = seq
+        #: a window that travels (a relay's): its series rows stay within what a fold frame
+        #: carries; a rank's running value (node 0's) is not one
+        self.travels = True
         self.v = array("q", _EMPTY)
         #: time outside trace_step over the records (signed: a clock step can make it negative)
         self.outside = 0
         self.keys: Optional[array] = array("H")
+        #: a window's counted sketches as they came from the wire: per phase (lo, buckets, zeros,
+        #: negatives), and the buckets' counts (a group relay's windows)
+        self.dense: Optional[tuple[array, array]] = None
         self.sketches: Optional[list[QuantileSketch]] = None
         self.series = Series()
 
@@ -168,6 +174,7 @@ class WindowStats:
         st = cls()
         st.keys, st.sketches = None, [QuantileSketch() for _ in _D]
         st.series.limit = buckets
+        st.travels = False
         return st
 
     # --- reading -------------------------------------------------------------------------------
@@ -180,7 +187,7 @@ class WindowStats:
 
     def sketch(self, column: str) -> QuantileSketch:
         """The quantile sketch of a duration column (a running value's)."""
-        self._counted()
+        self.count_sketches()
         assert self.sketches is not None
         return self.sketches[_D.index(column)]
 
@@ -303,14 +310,16 @@ class WindowStats:
         the value a restarted aggregator built after its checkpoint's); returns self. ``other``
         is left alone (its arrays may be shared until it is dropped).
 
-        A window stays a window (its keys travel) when ``other`` is one of the same sketch weight;
-        see :meth:`joins`. Otherwise the keys are counted into sketches."""
+        Keys in flight stay keys when both sides hold keys of the same weight (a group relay
+        merging a rank's windows); otherwise they are counted into the sketches."""
         ov = other.v
         if not ov[RECORDS]:
             return self
         v = self.v
-        window = self.sketches is None and other.sketches is None and (
+        window = self.keys is not None and other.keys is not None and (
             not v[RECORDS] or v[H_WEIGHT] == ov[H_WEIGHT])
+        if not window:
+            self.count_sketches()  # (before the key counts below change)
         if not v[RECORDS]:
             self.seq, self.end = other.seq, other.end
             self.v = array("q", ov)
@@ -318,7 +327,7 @@ class WindowStats:
             if window:
                 self.keys = other.keys
             else:
-                self._counted()
+                self.v[H_WEIGHT] = 0
                 self._add_sketches(other)
             self.series.merge(other.series)
             return self
@@ -346,13 +355,12 @@ class WindowStats:
         if extra is not None:
             v[OUT_CNT] += 1
         width = None
+        if self.travels:  # a window's rows stay few: at most SPAN buckets (what the wire allows)
+            width = series_width(self.seq, other.end - self.seq, max(self.series.width, other.series.width))
         if window:
             self.keys = keys
-            # a window's rows stay few: at most SPAN buckets of records (what the wire allows)
-            width = series_width(self.seq, other.end - self.seq, max(self.series.width, other.series.width))
         else:
             v[H_WEIGHT] = 0
-            self._counted()
             self._add_sketches(other)
         if self.end < other.end:
             self.end = other.end
@@ -361,69 +369,87 @@ class WindowStats:
 
     def joins(self, other: "WindowStats") -> bool:
         """Whether ``other`` continues this window as one window (what a group relay merges
-        before forwarding): the next records, with keys of the same weight, the whole within
-        one window's bounds."""
-        return (self.sketches is None and other.sketches is None and other.seq == self.end
-                and self.v[H_WEIGHT] == other.v[H_WEIGHT]
-                and other.end - self.seq <= MAX_RECORDS)
+        before forwarding): its next records, the whole within one window's bounds."""
+        return self.travels and other.seq == self.end and other.end - self.seq <= MAX_RECORDS
 
-    def _counted(self) -> None:
-        """From keys in flight to counted sketches (when merged with a value of another weight,
-        or into a rank's running value)."""
+    def count_sketches(self) -> None:
+        """From keys in flight (or a window's counted buckets) to sketches (when merged with a
+        value of another weight, into a rank's running value, or before a group relay forwards
+        the window)."""
         if self.sketches is not None:
             return
-        sks = [QuantileSketch() for _ in _D]
-        keys, weight, pos = self.keys, self.v[H_WEIGHT] or 1, 0
-        for sk, m in zip(sks, _nkeys_of(self.v)):
-            if m:
-                sk.add_keys(keys[pos:pos + m], weight)  # type: ignore[index]
-                pos += m
-        self.sketches = sks
-        self.keys = None
+        self.sketches = [QuantileSketch() for _ in _D]
+        self._add_sketches(self)
+        self.keys = self.dense = None
 
     def _add_sketches(self, other: "WindowStats") -> None:
-        assert self.sketches is not None
-        if other.sketches is not None:
-            for a, b in zip(self.sketches, other.sketches):
+        sks = self.sketches
+        assert sks is not None
+        if other.sketches is not None and other is not self:
+            for a, b in zip(sks, other.sketches):
                 a.merge(b)
             return
-        keys, weight, pos = other.keys, other.v[H_WEIGHT], 0
+        if other.dense is not None:
+            heads, counts = other.dense
+            pos = 0
+            for p, sk in enumerate(sks):
+                lo, k, zero, neg = heads[4 * p:4 * p + 4]
+                if k or zero or neg:
+                    sk.add_dense(lo, counts[pos:pos + k], zero, neg)
+                    pos += k
+            return
+        keys, weight, pos = other.keys, other.v[H_WEIGHT] or 1, 0
         for sk, m in zip(self.sketches, _nkeys_of(other.v)):
             if m:
                 sk.add_keys(keys[pos:pos + m], weight)  # type: ignore[index]
                 pos += m
 
     # --- the wire (the ``fold`` frame) -----------------------------------------------------------
-    def to_wire(self) -> tuple[bytes, bytes, bytes]:
-        """``(v, o, keys)`` of a window: packed little-endian int64 (the fixed fields, the series
-        head and rows), int64 (the outside time, then each row's) and uint16 (sketch keys)."""
+    def to_wire(self) -> dict[str, bytes]:
+        """A window's fields of a ``fold`` frame: ``v`` (packed little-endian int64s: the fixed
+        fields, the series head and rows), ``o`` (int64s: the outside time, then each row's),
+        and its sketches: ``keys`` (uint16s, phase after phase, ``nkeys`` each) while they are
+        keys in flight, else counted (a group relay's merged windows): ``sk`` (int64s: per phase
+        the first bucket, the number of buckets, zeros, negatives) and ``sc`` (uint32s: the
+        buckets' counts, phase after phase)."""
         s = self.series
         k = s.used
-        rows = s.cells
-        outs = s.out_sum
         v = array("q", self.v)
         v.extend((s.width, s.base, 0 if k == 1 else k))
-        if k != 1:
-            v.extend(rows)
         o = array("q", [self.outside])
         if k != 1:
-            o.extend(outs)
-        keys = self.keys if self.keys is not None else array("H")
-        if _SWAP:
-            v, o, keys = array("q", v), array("q", o), array("H", keys)
-            v.byteswap(), o.byteswap(), keys.byteswap()
-        return v.tobytes(), o.tobytes(), keys.tobytes()
+            v.extend(s.cells)
+            o.extend(s.out_sum)
+        out = {"v": _bytes(v), "o": _bytes(o)}
+        if self.keys is not None:
+            out["keys"] = _bytes(self.keys)
+            return out
+        if self.dense is not None:
+            out["sk"], out["sc"] = _bytes(self.dense[0]), _bytes(self.dense[1])
+            return out
+        assert self.sketches is not None
+        heads = array("q")
+        counts = array("I")
+        for sk in self.sketches:
+            sk.fold()
+            heads.extend((sk.lo, len(sk.counts), sk.zero, sk.negative))
+            counts.fromlist(sk.counts.tolist())
+        out["sk"], out["sc"] = _bytes(heads), _bytes(counts)
+        return out
 
     @classmethod
-    def from_wire(cls, seq: int, n: int, v: bytes, o: bytes, keys: bytes) -> "WindowStats":
+    def from_wire(cls, seq: int, n: int, fields: dict[str, Any]) -> "WindowStats":
         """The window a ``fold`` frame carries for records ``seq..seq+n-1``, checked against every
         rule of the value (raises ValueError naming the first one broken): lengths, every field in
         -1..MAX_VALUE, counts within the ``n`` records (each phase's measured and unmeasured
         records making ``n``), sketch keys as counted, the series rows aligned sub-buckets of
         the records. After this node 0 merges it without another check."""
+        v, o = fields.get("v"), fields.get("o")
+        counted = "sk" in fields
+        keys = fields.get("sc" if counted else "keys")
         if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
-                or len(v) % 8 or len(o) % 8 or len(keys) % 2:
-            raise ValueError("v, o and keys must be packed arrays (bytes)")
+                or len(v) % 8 or len(o) % 8 or len(keys) % (4 if counted else 2):
+            raise ValueError("v, o and the sketches must be packed arrays (bytes)")
         if not 1 <= n <= MAX_RECORDS:
             raise ValueError(f"a window holds 1..{MAX_RECORDS} records")
         va = unpack(v, "q")
@@ -437,19 +463,27 @@ class WindowStats:
                 or n > SPAN * g or k == 1:
             raise ValueError("the series rows are not aligned sub-buckets of the records")
         counts, nkeys = _counts_of(va), _nkeys_of(va)
-        ka = unpack(keys, "H")
         if va[RECORDS] != n or max(va[COUNT0:SUM0]) > n or set(map(add, counts, _unmeasured_of(va))) != {n} \
-                or min(map(sub, counts, nkeys)) < 0 or len(ka) != sum(nkeys) \
-                or not 1 <= va[H_WEIGHT] <= n or va[SKETCHED] != nkeys[0] * va[H_WEIGHT] \
-                or va[OUT_CNT] >= n:
-            raise ValueError("counts and sketch keys do not fit the records")
+                or min(map(sub, counts, nkeys)) < 0 or va[OUT_CNT] >= n:
+            raise ValueError("counts do not fit the records")
+        dense = None
+        if counted:
+            dense = _counted_of(fields.get("sk"), unpack(keys, "I"), counts)
+            ka = None
+            if not 0 <= va[H_WEIGHT] <= n or va[SKETCHED] > 2 * n:
+                raise ValueError("the sketches do not fit the records")
+        else:
+            ka = unpack(keys, "H")
+            if len(ka) != sum(nkeys) or not 1 <= va[H_WEIGHT] <= n or va[SKETCHED] != nkeys[0] * va[H_WEIGHT]:
+                raise ValueError("sketch keys do not fit the records")
         if k and max(max(va[a:a + len(ROW_COUNTS)]) for a in range(ROWS0, ROWS0 + k * R, R)) > n:
             raise ValueError("a series row counts more records than the window holds")
         st = cls.__new__(cls)
         st.seq, st.end = seq, seq + n
         st.v = va[:FIXED]
         st.outside = oa[0]
-        st.keys, st.sketches = ka, None
+        st.keys, st.dense, st.sketches = ka, dense, None
+        st.travels = True
         if k:
             st.series = Series.of_rows(g, b0, va[ROWS0:], oa[1:])
         else:  # the one row is the window's totals
@@ -459,7 +493,7 @@ class WindowStats:
     # --- plain data (checkpoints, the summary) ----------------------------------------------
     def to_data(self) -> dict[str, Any]:
         """The plain-data shape of a rank's statistics in ``RunState.to_data`` / checkpoints."""
-        self._counted()
+        self.count_sketches()
         v = self.v
         assert self.sketches is not None
         phases = {}
@@ -492,6 +526,7 @@ class WindowStats:
         ``received`` records up to ``next_seq``); an older checkpoint's missing fields are
         empty."""
         st = cls(int(d.get("first_seq") or 0))
+        st.travels = False
         st.end = int(d.get("next_seq") or st.seq)
         v = st.v
         v[RECORDS] = int(d.get("received") or 0)
@@ -541,6 +576,37 @@ def _interleave(first: WindowStats, second: WindowStats) -> array:
         pa += ma
         pb += mb
     return out
+
+
+def _counted_of(heads: Any, counts: array, measured: Sequence[int]) -> tuple[array, array]:
+    """A window's counted sketches from the wire (``sk``, ``sc``), checked: buckets within the
+    sketch's range, counts within what the phase's measured records can stand for."""
+    if type(heads) is not bytes or len(heads) != 32 * len(_D):
+        raise ValueError("sk must hold lo, buckets, zeros and negatives per phase")
+    ha = unpack(heads, "q")
+    if min(ha) < 0 or sum(ha[1::4]) != len(counts):
+        raise ValueError("the sketches' buckets do not fit their counts")
+    pos = 0
+    for p, m in enumerate(measured):
+        lo, k, zero, neg = ha[4 * p:4 * p + 4]
+        if k and (lo < 1 or lo + k > _KEY6_END or sum(counts[pos:pos + k]) + zero + neg > 2 * m):
+            raise ValueError("a sketch holds more than its phase's records, or buckets out of range")
+        if zero + neg > 2 * m:
+            raise ValueError("a sketch holds more than its phase's records")
+        pos += k
+    return ha, counts
+
+
+#: bucket indices of a sketch are below this (the float32's top 15 bits, sign excluded)
+_KEY6_END = 1 << 15
+
+
+def _bytes(a: array) -> bytes:
+    """``a`` as packed little-endian bytes."""
+    if _SWAP:
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
 
 
 # --- packed arrays ---------------------------------------------------------------------------------

@@ -42,6 +42,8 @@ MAX_BUCKETS = 2048
 FOLD_VALUES = 2048
 #: ... or when they hold more distinct keys than this (bounds their memory)
 HOT_MAX = 512
+#: empty buckets kept on each side when a store grows for a window's counts
+_ROOM = 8
 #: index of the top 16 bits of each float32 when viewed as uint16 pairs
 _TOP = 1 if sys.byteorder == "little" else 0
 _NEG = 0x8000  # sign bit of a top-16 key: a negative value ("not measured")
@@ -99,6 +101,8 @@ class QuantileSketch:
 
     def fold(self) -> None:
         """Move the uncompacted counts into the dense store (work per distinct key, not value)."""
+        if not self.hot_n:
+            return
         counts = self.counts
         for weight, hot in [(1, self.hot), *self._hot.items()]:
             for key, count in hot.items():
@@ -154,18 +158,81 @@ class QuantileSketch:
         return quantiles_of(self.lo, self.counts, self.zero, qs)
 
     def merge(self, other: "QuantileSketch") -> None:
+        """Add ``other``'s counts (a window's, a checkpoint's): one C-level pass when its buckets
+        lie within this sketch's, as they do once a rank's values have been seen for a while."""
         other.fold()
         self.fold()
         self.zero += other.zero
         self.negative += other.negative
-        lo, counts = merge_dense(self.lo, self.counts, other.lo, other.counts)
+        oc, c = other.counts, self.counts
+        if not oc:
+            return
+        pos = other.lo - self.lo
+        if c and pos >= 0 and pos + len(oc) <= len(c):
+            c[pos:pos + len(oc)] = array("Q", map(add, c[pos:pos + len(oc)], oc))
+            return
+        lo, counts = merge_dense(self.lo, c, other.lo, oc)
+        if len(counts) > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
+            cut = len(counts) - MAX_BUCKETS
+            counts = [sum(counts[:cut + 1])] + counts[cut + 1:]
+            lo += cut
         self.lo, self.counts = lo, array("Q", counts)
+
+    def add_dense(self, lo: int, counts: Sequence[int], zero: int = 0, negative: int = 0) -> None:
+        """Add counts of the buckets from ``lo`` (a window's counted sketch, as a group relay
+        sends it): one C-level pass when they lie within this sketch's buckets; else the store
+        grows to hold them, with room on both sides for the next windows' (the rank's values
+        wander a little), at most :data:`MAX_BUCKETS`."""
+        self.zero += zero
+        self.negative += negative
+        k = len(counts)
+        if not k:
+            return
+        c = self.counts
+        pos = lo - self.lo
+        if c and pos >= 0 and pos + k <= len(c):
+            c[pos:pos + k] = array("Q", map(add, c[pos:pos + k], counts))
+            return
+        self.fold()
+        c = self.counts
+        new_lo = max(1, min(lo, self.lo if c else lo) - _ROOM)
+        new_hi = max(lo + k, self.lo + len(c) if c else lo + k) + _ROOM
+        grown = array("Q", bytes(8 * (new_hi - new_lo)))
+        if c:
+            grown[self.lo - new_lo:self.lo - new_lo + len(c)] = c
+        pos = lo - new_lo
+        grown[pos:pos + k] = array("Q", map(add, grown[pos:pos + k], counts))
+        if len(grown) > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
+            cut = len(grown) - MAX_BUCKETS
+            low = sum(grown[:cut + 1])
+            del grown[:cut]
+            grown[0] = low
+            new_lo += cut
+        self.lo, self.counts = new_lo, grown
+
+    @classmethod
+    def of_dense(cls, lo: int, counts: array, zero: int = 0, negative: int = 0) -> "QuantileSketch":
+        """A sketch holding ``counts`` (array 'Q') for the buckets from ``lo`` (a window's
+        counted sketch, as it travels from a group relay)."""
+        sk = cls()
+        sk.lo, sk.counts, sk.zero, sk.negative = lo, counts, zero, negative
+        return sk
 
     # --- plain data (checkpoints, summaries) ---------------------------------------------
     def to_data(self) -> dict[str, Any]:
+        """Plain data: the counts without empty buckets at either end (one form however the
+        counts came: keys, or a window's counted buckets)."""
         self.fold()
-        return {"lo": self.lo, "zero": self.zero, "negative": self.negative,
-                "counts": self.counts.tobytes()}
+        c = self.counts
+        i, j = 0, len(c)
+        while i < j and not c[i]:
+            i += 1
+        while j > i and not c[j - 1]:
+            j -= 1
+        if i or j < len(c):
+            c = c[i:j]
+        return {"lo": self.lo + i if len(c) else 0, "zero": self.zero, "negative": self.negative,
+                "counts": c.tobytes()}
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> "QuantileSketch":
