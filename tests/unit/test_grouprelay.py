@@ -7,12 +7,12 @@ be coarser: a group relay's windows are longer)."""
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
 
 from aggpeers import RankPeer, end_node, make_settings
+from test_relay import wait_until
 from traceml_core.aggregator.process import start_aggregator
 from traceml_core.launcher.grouprelay import GroupRelay, fan_in, group_flush_s, relay_fan_in
 from traceml_core.launcher.relay import Relay
@@ -20,15 +20,6 @@ from traceml_core.wire.auth import AGGREGATOR, group_aud
 
 NNODES, NPROC, FAN = 4, 2, 2
 OPTS = {"backoff_initial": 0.02, "backoff_max": 0.2}
-
-
-def wait_until(pred, timeout=15.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def run(tmp_path, tree: bool, steps: int = 120) -> dict[str, Any]:

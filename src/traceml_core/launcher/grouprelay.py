@@ -42,7 +42,7 @@ from ..wire.client import TelemetryClient
 from ..wire.fold import fold_frame
 from ..wire.frames import validate
 from ..wire.protocol import ProtocolError, encode
-from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from ..wire.server import Conn, FramedServer, Handler, Limits, Waker, listen
 from .outqueue import OutQueue, Outgoing
 
 log = logging.getLogger("traceml.grouprelay")
@@ -137,10 +137,7 @@ class GroupRelay(Handler):
                                 limits=Limits(hello_timeout_s=handshake_timeout_s, max_pending=4 * fan + 16,
                                               max_buffered=self.budget, max_out=1 << 20))
         self.host, self.port = self.net.listener.getsockname()[:2]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.net.add_fd(self._wake_r.fileno(), self._drain_wake)
+        self._waker = Waker(self.net)
         self.out = OutQueue(on_told=self._told)
         self.merge = GroupMerge(self.out, nproc_per_node, self.budget)
         self._nodes: dict[int, _NodeLink] = {}
@@ -185,17 +182,7 @@ class GroupRelay(Handler):
         self.client.close(max(0.1, self._close_deadline - time.monotonic()))
 
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-
-    def _drain_wake(self, _r: bool, _w: bool) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except OSError:
-            pass
+        self._waker.wake()
 
     def _told(self, rank: int, count: int) -> None:  # the client thread
         lane = self.merge.ranks.get(rank)
@@ -252,11 +239,7 @@ class GroupRelay(Handler):
         finally:
             self.net.close_all()
             self.net.poller.close()
-            for s in (self._wake_r, self._wake_w):
-                try:
-                    s.close()
-                except OSError:
-                    pass
+            self._waker.close()
 
     # ---- node relays (the handler) -----------------------------------------------------------
     def on_hello(self, conn: Conn, msg: dict[str, Any]) -> Union[Identity, str]:

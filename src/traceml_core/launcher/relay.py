@@ -49,7 +49,7 @@ from ..wire.client import TelemetryClient
 from ..wire.fold import fold_frame, tail_frame
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
-from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from ..wire.server import Conn, FramedServer, Handler, Limits, Waker, listen
 from .outqueue import OutQueue, Outgoing
 from .relayframes import merge_into, steps_frame
 
@@ -182,10 +182,7 @@ class Relay(Handler):
                                               max_pending=MAX_PENDING,
                                               max_buffered=self.budget, max_out=1 << 20))
         self.host, self.port = self.net.listener.getsockname()[:2]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.net.add_fd(self._wake_r.fileno(), self._drain_wake)
+        self._waker = Waker(self.net)
 
         self._lanes: dict[int, _Lane] = {}
         self._dirty: dict[_Lane, None] = {}
@@ -294,17 +291,7 @@ class Relay(Handler):
         return sum(ln.dropped - ln.told for ln in self._lanes.values())
 
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
-
-    def _drain_wake(self, _r: bool, _w: bool) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except OSError:
-            pass
+        self._waker.wake()
 
     def _told(self, rank: int, count: int) -> None:
         """(client thread) A loss frame reached the upstream socket: node 0 knows this lane's
@@ -381,11 +368,7 @@ class Relay(Handler):
     def _shutdown(self) -> None:
         self.net.close_all()
         self.net.poller.close()
-        for s in (self._wake_r, self._wake_w):
-            try:
-                s.close()
-            except OSError:
-                pass
+        self._waker.close()
         self._stopped.set()
         self._drained.set()
 
