@@ -61,7 +61,7 @@ RELAY_SAMPLE = 1024
 def node0(conn: Any, ranks: int, per_node: int, fan: int, at_step: int, tmp: str) -> None:
     """Node 0's aggregator state fed what the links send, second by second, from ``conn``."""
     from traceml_core.aggregator.ingest import Ingest
-    from traceml_core.aggregator.persist import pack_checkpoint
+    from traceml_core.rundir import pack_checkpoint
     from traceml_core.aggregator.settings import AggregatorSettings
     from traceml_core.aggregator.state import RunState
     from traceml_core.wire.auth import Identity

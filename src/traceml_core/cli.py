@@ -15,7 +15,12 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import TraceMLError
+from .helpformat import ParagraphFormatter
+from .exporters import LIVE_KINDS
 from .options import EXPORT_KINDS, OPTIONS
+
+#: what `traceml report --export` writes from a finished run (the live ones go out during it)
+END_EXPORTS = tuple(k for k in EXPORT_KINDS if k not in LIVE_KINDS)
 
 RUN_EPILOG = """\
 The grammar is torchrun's: flags, then SCRIPT, then the script's arguments.
@@ -51,12 +56,12 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "Checks first that the script (or -m module) and torch are there "
                                    "for the workers; a launch that cannot work exits 2 with the "
                                    "reason, before anything starts.",
-                       usage="traceml run [flags] SCRIPT [script args]  |  traceml run [flags] -m MODULE [args]",
-                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       usage="traceml run [flags] SCRIPT [args] | traceml run [flags] -m MODULE [args]",
+                       epilog=RUN_EPILOG, formatter_class=ParagraphFormatter)
     for o in OPTIONS:
         default = o.default_doc or o.default
         p.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None,
-                       help=f"{o.help} [{o.env}; default: {default}]")
+                       help=f"{o.help} [{o.env}; default: {default}]".replace("%", "%%"))
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved launch config with the source of each value, then exit")
     p.add_argument("--json", action="store_true", help="with --print-config: print JSON only")
@@ -80,7 +85,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     r.add_argument("run_dir", help="the run directory <logs-dir>/<run-name>, or its final_summary.json")
     r.add_argument("--output", "-o", metavar="PATH", default=None,
                    help="where to write the page (default: final_summary.html beside the JSON)")
-    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=EXPORT_KINDS,
+    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=END_EXPORTS,
                    help="also write the run's series for another tool: tensorboard or jsonl (repeatable)")
     c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
     c.add_argument("a")
@@ -96,12 +101,12 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
-def cmd_run(run: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+def cmd_run(argv: Sequence[str]) -> int:
     from . import runargs
 
     args = runargs.parse(argv)
-    if args.help:
-        run.print_help()
+    if args.help:  # the parser exists for this page only: runargs.py parses the command line
+        build_parser()[1].print_help()
         return 0
     cli = dict(args.cli)
     if args.standalone:
@@ -197,9 +202,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name, loader in command_registrars():
                 if argv[0] == name:
                     return int(loader()(argv[1:]) or 0)
-        parser, run = build_parser()
         if argv and argv[0] == "run":
-            return cmd_run(run, argv[1:])
+            return cmd_run(argv[1:])
+        parser, _run = build_parser()
         ns = parser.parse_args(argv)
         if ns.command == "summarize":
             from .report.summarize import summarize_cli

@@ -22,7 +22,7 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 from .limits import WORLD_SIZE
-from .options import BY_KEY, OPTIONS, launch_vars
+from .options import OPTIONS, read_given
 from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
@@ -65,6 +65,7 @@ class LaunchConfig:
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 0
     export: str = "none"
+    export_interval: float = 10.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
     #: when the cluster will stop the job (its time limit), epoch seconds, if the cluster says
@@ -160,14 +161,10 @@ def resolve(
 
     chosen: dict[str, Setting] = {}
 
-    # flags and TRACEML_* variables: one pydantic-settings model (prefix TRACEML_) validates both;
-    # a variable whose flag was given is not read at all (the flag wins, even over a bad value)
-    given = {k: v for k, v in cli.items() if v is not None}
-    shadowed = {BY_KEY[k].env for k in given if k in BY_KEY}
-    explicit = launch_vars().from_environ({k: v for k, v in environ.items() if k not in shadowed}, **given)
-    for key in explicit.model_fields_set:
-        source = "cli" if key in given else f"env:{BY_KEY[key].env}"
-        chosen[key] = Setting(getattr(explicit, key), source)
+    # flags and TRACEML_* variables, each checked by its option's type; a variable whose flag was
+    # given is not read at all (the flag wins, even over a bad value)
+    for key, (value, source) in read_given(cli, environ).items():
+        chosen[key] = Setting(value, source)
 
     cluster_name = chosen["cluster"].value if "cluster" in chosen else "auto"
     plugin = select_cluster(cluster_name, environ, clusters)
@@ -229,7 +226,34 @@ def resolve(
             raise ConfigError(refusal.message, variable=refusal.variable)
         warnings.append(refusal.message + " (continuing: every value it concerns was set explicitly)")
 
+    gpus = _task_gpu_warning(config, environ)
+    if gpus:
+        warnings.append(gpus)
     return LaunchConfig(**values, sources=sources, warnings=tuple(warnings))
+
+
+def _task_gpu_warning(c: LaunchConfig, environ: Mapping[str, str]) -> Optional[str]:
+    """Task layout: this task sees fewer GPUs than its local rank needs.
+
+    With ``srun --gpus-per-task=1`` (or ``--gpu-bind``) each task sees only its own GPU, so
+    ``CUDA_VISIBLE_DEVICES`` holds one device and a script's ``torch.cuda.set_device(LOCAL_RANK)``
+    fails with "invalid device ordinal" on every local rank but 0. Said once per node: by the
+    first local rank that cannot select its GPU by number (torchrun's layout never has this: its
+    workers share the node's devices)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if c.layout != TASK_LAYOUT or c.local_rank is None or visible is None:
+        return None
+    devices = [d for d in visible.split(",") if d.strip()]
+    if not devices or c.local_rank != len(devices):  # none: a CPU run; fewer: this rank is fine
+        return None
+    n = len(devices)
+    return (f"local rank {c.local_rank} (rank {c.task_rank}, node {c.node_rank}) sees {n} GPU"
+            f"{'s' if n > 1 else ''} (CUDA_VISIBLE_DEVICES={visible}): this step gives each task only its own "
+            f"GPUs (srun --gpus-per-task or --gpu-bind), so a script that selects its GPU by local rank "
+            f"(torch.cuda.set_device(LOCAL_RANK), cuda:LOCAL_RANK) fails with 'invalid device ordinal' on "
+            f"local ranks {n} and up. Either select cuda:0 .. cuda:{n - 1} in the script "
+            f"(LOCAL_RANK % torch.cuda.device_count()), or request the node's GPUs for the step "
+            f"(--gpus-per-node or --gres=gpu:N, without --gpus-per-task) so every task sees all of them.")
 
 
 def _core_checks(c: LaunchConfig) -> list[Refusal]:

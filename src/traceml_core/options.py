@@ -1,27 +1,30 @@
 """The one table of launch options.
 
-The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the settings model
-that reads them (:func:`launch_vars`, pydantic-settings with the ``TRACEML_`` prefix) and the
-documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
+The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the reading and
+checking of both (:func:`read_given`: each option's pydantic type, :meth:`Option.annotation`) and
+the documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
 torchrun's spelling. Numbers are bounded by :mod:`.limits`; strings by a check function.
 
-Nothing here imports pydantic: ``traceml --help`` builds its parser from this table alone.
+Nothing here imports pydantic at import time: ``traceml --help`` builds its parser from this
+table alone, and a value's validator is built only when that option is actually given.
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Mapping, Optional
 
 from . import limits
+from .errors import ConfigError, show
 from .limits import Limit
+from .valuetypes import Kind
 
 MODES = ("summary", "cli", "dashboard")
-#: what --export can write besides the summary (traceml_core/report/export.py)
-EXPORT_KINDS = ("tensorboard", "jsonl")
+#: what --export can write besides the summary: at the end (traceml_core/report/export.py), and
+#: during the run (traceml_core/exporters, exporters.LIVE_KINDS)
+EXPORT_KINDS = ("tensorboard", "jsonl", "wandb", "mlflow", "prometheus")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
@@ -170,8 +173,6 @@ def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
 
-#: what a value is: a bounded number (a Limit), a checked string (a function), or on/off (bool)
-Kind = Union[Limit, Callable[[str], Any], type]
 
 
 @dataclass(frozen=True)
@@ -201,33 +202,12 @@ class Option:
     def describe_default(self) -> str:
         return str(self.default_doc or self.default)
 
-    def annotation(self) -> Any:
-        """The pydantic type of this option's value (imports pydantic)."""
-        from .settings import bounded, checked
-
-        if isinstance(self.kind, Limit):
-            return bounded(self.kind)
-        if self.kind is bool:
-            return bool
-        return checked(self.kind)  # type: ignore[arg-type]
-
     def parse(self, text: str) -> Any:
-        """Validate one raw value as the settings model does; ValueError says what is wrong."""
-        from pydantic import ValidationError
+        """Validate one raw value (a flag's or a variable's); ValueError says what is wrong.
+        The rule is the kind's (:mod:`.valuetypes`); it needs pydantic-core, not pydantic."""
+        from .valuetypes import validate
 
-        from .settings import problem
-
-        try:
-            return _adapter(self.key).validate_python(text)
-        except ValidationError as exc:
-            raise ValueError(problem(exc.errors()[0], self.limit)) from None
-
-
-@functools.lru_cache(maxsize=None)
-def _adapter(key: str) -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(BY_KEY[key].annotation())
+        return validate(self.kind, text)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -264,10 +244,15 @@ OPTIONS: tuple[Option, ...] = (
            "goes on (--hang-timeout decides whether to stop it).", "S|auto|off",
            default_doc="auto"),
     Option("export", _exports, "none",
-           "Also write the run's per-step series for other tools, from node 0's aggregator at the "
-           "end of the run: tensorboard (event files in <run-dir>/tensorboard; needs the "
-           "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
-           "comma-separated. Never fails training.", "KINDS"),
+           "Also send the run's per-step series to other tools, from node 0's aggregator; "
+           "comma-separated. During the run (every --export-interval): wandb, mlflow, prometheus "
+           "(node_exporter textfiles); at the end: tensorboard (<run-dir>/tensorboard), jsonl "
+           "(<run-dir>/steps.jsonl). Each needs its extra (pip install traceml-slurm[wandb]); a "
+           "slow or failing one never slows training or costs the summary (docs/exports.md).",
+           "KINDS"),
+    Option("export_interval", limits.EXPORT_INTERVAL_S, 10.0,
+           "Seconds between live exports (wandb, mlflow, prometheus); longer on large runs, where "
+           "building one takes longer (at most 5 % of the time).", "S"),
     Option("link_probe", _link_probe, str(LINK_PROBE_MB),
            "Multi-node: before training, node 0 measures the TCP bandwidth between the nodes' "
            "launchers (each node sends up to this many MB, for at most 1 s, to each of two other "
@@ -306,27 +291,28 @@ OPTIONS: tuple[Option, ...] = (
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
 
 
-@functools.lru_cache(maxsize=None)
-def launch_vars() -> Any:
-    """The pydantic-settings model of every option: field ``nnodes`` reads ``TRACEML_NNODES`` (the
-    prefix), bounded and checked as the table says. Built on first use (imports pydantic)."""
-    from typing import Optional as Opt
+def read_given(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """The options set by a flag (``given``: raw values by key) or a ``TRACEML_<KEY>`` variable,
+    each parsed by :meth:`Option.parse`: key -> (value, source), source ``cli`` or
+    ``env:TRACEML_<KEY>``. A flag shadows its variable, which is then not read at all (even a bad
+    one); a blank variable counts as unset. A bad value is one ConfigError naming the flag or
+    variable, the value and the fix.
 
-    from pydantic import create_model
-
-    from .settings import EnvSettings
-
-    class LaunchVarsBase(EnvSettings):
-        model_config = {**EnvSettings.model_config, "env_prefix": "TRACEML_"}  # type: ignore[misc]
-
-        @classmethod
-        def flag(cls, field: str) -> str:
-            return BY_KEY[field].flag
-
-        @classmethod
-        def fix(cls, field: str) -> str:
-            o = BY_KEY.get(field)
-            return f"Fix the value, or unset it to use the default ({o.describe_default()})." if o else ""
-
-    fields: dict[str, Any] = {o.key: (Opt[o.annotation()], None) for o in OPTIONS}
-    return create_model("LaunchVars", __base__=LaunchVarsBase, **fields)
+    Only what was given is parsed, and each option's validator is built on first use: a launch
+    with nothing set never imports pydantic (``--print-config`` stays fast)."""
+    out: dict[str, tuple[Any, str]] = {}
+    for o in OPTIONS:
+        if given.get(o.key) is not None:
+            raw, name, source = given[o.key], o.flag, "cli"
+        else:
+            raw = environ.get(o.env)
+            if not isinstance(raw, str) or raw == "":
+                continue
+            name, source = o.env, f"env:{o.env}"
+        try:
+            value = o.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={show(raw)} {exc}. Fix the value, or unset it to use the "
+                              f"default ({o.describe_default()}).", variable=name) from None
+        out[o.key] = (value, source)
+    return out

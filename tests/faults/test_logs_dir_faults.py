@@ -90,7 +90,7 @@ def test_disk_full_mid_run_moves_the_files_and_says_why(tmp_path, mount):
     assert_no_leftovers(r)
     # `traceml summarize` of the original RUN_DIR finds the newer checkpoint in the fallback
     from traceml_core.report.summarize import find_checkpoint
-    from traceml_core.aggregator import persist
+    from traceml_core import rundir as persist
     old_tmp = persist.tempfile.tempdir
     persist.tempfile.tempdir = str(fb)
     try:

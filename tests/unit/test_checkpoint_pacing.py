@@ -11,7 +11,7 @@ import time
 
 from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator import server as srv_mod
-from traceml_core.aggregator.persist import CHECKPOINT_NAME, prepare_run_dir
+from traceml_core.rundir import CHECKPOINT_NAME, prepare_run_dir
 
 
 def _server(tmp_path, ranks: int):

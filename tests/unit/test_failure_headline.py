@@ -9,6 +9,8 @@ errors, an interrupted run).
 from __future__ import annotations
 
 from traceml_core.report.failure import consequence_of, diagnose, raised_where, split_exception
+from traceml_core.report.model import ExitRecord, RankSummary
+from traceml_core.rundata import OomReport, RankEvent
 
 TB = '''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 88, in <module>
@@ -23,11 +25,11 @@ RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
 
 def rank(r, status, *, node=0, error=None, tb=None, fail_step=None, in_step=False, steps=10,
          at=None, exit_=None):
-    events = [{"kind": "exception", "text": tb, "ts": at}] if tb else []
-    return {"rank": r, "node": node, "host": f"n{node}", "status": status, "error": error,
-            "steps": steps, "steps_produced": steps if status != "crashed" else None,
-            "fail_step": fail_step, "fail_in_step": in_step, "failed_at": at, "exit": exit_,
-            "last_events": events}
+    events = [RankEvent("exception", tb, at)] if tb else []
+    return RankSummary(rank=r, node=node, host=f"n{node}", local_rank=None, status=status, error=error,
+                       steps=steps, steps_produced=steps if status != "crashed" else None,
+                       fail_step=fail_step, fail_in_step=in_step, failed_at=at,
+                       exit=ExitRecord(**exit_) if exit_ else None, last_events=events)
 
 
 def test_the_users_own_frame_and_the_exception_are_named():
@@ -51,12 +53,12 @@ def test_an_exception_inside_a_step_beats_the_gloo_errors_it_caused():
              rank(1, "error", error="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
                   tb=TB, at=100.9, fail_step=7, in_step=True, steps=7),
              rank(2, "crashed", at=101.0, steps=3)]
-    v = diagnose(ranks, {0: {"kills": 0, "limit_bytes": None, "source": "x"}}, "failed")
+    v = diagnose(ranks, {0: OomReport(kills=0, limit_bytes=None, source="x")}, "failed")
     assert v["culprit"]["rank"] == 1  # later by the clock, but the only real error
     assert v["reason"] == "rank 1 raised RuntimeError in step 7: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert "at train.py:61 in main" in v["why"]
     assert v["evidence"]["consequence_ranks"] == [0, 2]
-    assert ranks[2]["failure"]["role"] == "consequence" and ranks[2]["failure"]["step"] == 7
+    assert ranks[2].failure["role"] == "consequence" and ranks[2].failure["step"] == 7
 
 
 def test_sigkill_where_the_cgroup_was_unreadable_says_so():
@@ -127,6 +129,7 @@ def _hung_summary(records_after: int):
     from aggpeers import columns, make_settings, relayed
     from traceml_core.aggregator.autopsy import Autopsy
     from traceml_core.aggregator.state import RunState
+    from traceml_core.aggregator.adapter import run_data
     from traceml_core.report.summary import build_summary
 
     st = RunState(make_settings(Path("/nonexistent"), nnodes=2, nproc_per_node=1))
@@ -145,7 +148,7 @@ def _hung_summary(records_after: int):
     st.hangs.append(a.report())
     st.records += records_after
     st.finish = {"exit_code": 124, "interrupted": False, "reason": "training looks hung", "failed_nodes": []}
-    return build_summary(st.to_data())
+    return build_summary(run_data(st))
 
 
 def test_a_run_that_ended_hung_leads_with_the_hang():
@@ -168,3 +171,45 @@ def test_a_stall_that_resolved_is_a_warning_not_the_headline():
     assert s["verdict"]["kind"] != "hang" and s["hang"]["resumed"] is True
     also = [o for o in s["other_verdicts"] if o["kind"] == "hang"]
     assert also and also[0]["severity"] == "warning" and "then went on" in also[0]["why"]
+
+
+def test_a_killed_torchrun_or_a_vanished_launcher_is_the_first_failure_unless_a_rank_failed_before():
+    """Issue 27, finding 5 (end to end in tests/slurm/test_headline_slurm.py): node 1's torchrun
+    killed by SIGKILL (its node report says so) is named before the gloo errors it caused on node
+    0, even those seen earlier by the clock; its own ranks, without evidence, died with it. A
+    vanished launcher reads the same way. A rank that raised by itself before the node failed
+    stays the first failure."""
+    from traceml_core.report.status import node_failures
+    from traceml_core.rundata import Finish, NodeBye, NodeData, TorchrunEnd
+
+    gloo = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection reset by peer"
+
+    def ranks():
+        return [rank(0, "error", error=gloo, tb=gloo, at=100.1, fail_step=40),
+                rank(1, "error", error=gloo, tb=gloo, at=100.2, fail_step=40),
+                rank(2, "vanished", node=1, at=101.0, steps=38), rank(3, "vanished", node=1, at=101.0, steps=38)]
+
+    killed = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", bye=NodeBye("error", 137, 103.0, torchrun=TorchrunEnd(
+        -9, "SIGKILL", 100.0)))}
+    nodes = node_failures(killed, Finish(exit_code=1, torchrun=TorchrunEnd(1, None, 104.0)))
+    assert [(n.node, n.cause, n.signal, n.exit_code) for n in nodes] == [(1, "torchrun_killed", "SIGKILL", 137)]
+    rs = ranks()
+    v = diagnose(rs, {}, "failed", nodes)
+    assert v["culprit"] == {"rank": None, "node": 1, "host": "n1"}, v
+    assert v["why"].startswith("node 1 (n1): torchrun was killed by SIGKILL (its launcher exited with exit "
+                               "code 137), around step 40; its ranks 2-3 ended with it; ranks 0-1 failed "
+                               "as a consequence"), v["why"]
+    assert v["reason"] == "node 1's torchrun was killed by SIGKILL (exit code 137)"
+    assert v["evidence"]["consequence_ranks"] == [0, 1, 2, 3]
+    assert [r.failure["role"] for r in rs] == ["consequence"] * 4
+
+    lost = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", left_at=100.0)}
+    v = diagnose(ranks(), {}, "failed", node_failures(lost, None))
+    assert v["why"].startswith("node 1 (n1): its TraceML launcher vanished"), v["why"]
+    # a torchrun stopped by its launcher's own SIGTERM is no node failure
+    stopped = {1: NodeData(1, bye=NodeBye("interrupted", 143, torchrun=TorchrunEnd(-15, "SIGTERM")))}
+    assert node_failures(stopped, None) == []
+
+    first = [rank(2, "error", node=1, error="ValueError: bad label 7", tb=TB, at=99.0, fail_step=38)] + ranks()[:2]
+    v = diagnose(first, {}, "failed", nodes)
+    assert v["culprit"]["rank"] == 2 and v["evidence"]["exception_type"] == "ValueError", v

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from aggpeers import RankPeer
-from traceml_core.aggregator.persist import CHECKPOINT_NAME, load_checkpoint
+from traceml_core.rundir import CHECKPOINT_NAME, load_checkpoint
 from traceml_core.report.summarize import SummarizeError, main, summarize
 
 

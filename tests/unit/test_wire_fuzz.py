@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggpeers import RUN, TOKEN, columns, folded, make_settings, relayed
 from traceml_core.launcher.relayframes import merge_into
-from traceml_core.aggregator.persist import prepare_run_dir
+from traceml_core.rundir import prepare_run_dir
 from traceml_core.aggregator.rankstate import RankState
 from traceml_core.aggregator.server import Server, open_listener
 from traceml_core.wire.auth import AGGREGATOR, Endpoint, NonceCache, check_hello, make_hello, relay_aud

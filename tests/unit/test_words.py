@@ -110,7 +110,7 @@ def test_a_time_limit_a_year_away_is_slurms_way_of_saying_none():
 
 
 def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
-    from traceml_slurm.doctor import controller
+    from traceml_slurm import controller
     from traceml_slurm.interrupts import controller_state
 
     class _Job:

@@ -15,6 +15,8 @@ import sys
 import traceback
 from typing import Any
 
+from ..exporters import LIVE_KINDS
+from ..rundata import RunData
 from .settings import ERROR, READY
 
 
@@ -40,8 +42,22 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def claim_run_dir(run_dir: Any, settings: Any) -> Any:
+    """This run's claim of its run directory (aggregator/claim.py), or None when the directory
+    cannot hold one (the run goes on without: nothing to compare against)."""
+    from .claim import claim, me
+    from .server import log
+
+    try:
+        return claim(run_dir.path, me(settings.run_id, settings.job_id, settings.run_name))
+    except OSError as exc:
+        log(f"could not claim {run_dir.path} for this run ({exc.strerror or exc}); another run "
+            "with the same name and logs directory would not be noticed")
+        return None
+
+
 def main() -> int:
-    from .persist import fallback_dir, prepare_run_dir
+    from ..rundir import fallback_dir, prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
     from .settings import AggregatorSettings
 
@@ -58,6 +74,14 @@ def main() -> int:
             f"{fallback_dir(settings.run_name)} can be written ({exc.strerror or exc}). Set "
             "--logs-dir (or TRACEML_LOGS_DIR) to a writable directory; training was not started.")}))
         return 3
+    claimed = claim_run_dir(run_dir, settings)
+    if claimed is not None and claimed.path != run_dir.path:  # another live run owns it: a sibling
+        try:
+            run_dir = prepare_run_dir(claimed.path, settings.run_name)
+        except OSError:
+            pass  # the claimed sibling is not writable after all: share, as before
+    if claimed is not None and claimed.note:
+        run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
     raise_fd_limit()
@@ -67,22 +91,29 @@ def main() -> int:
         _say(f"{ERROR} " + json.dumps({"kind": "bind", "message": str(exc)}))
         return 3
 
-    def finalize(server: Server, data: dict[str, Any], provisional: bool) -> dict[str, Any]:
+    def finalize(server: Server, data: RunData, provisional: bool) -> dict[str, Any]:
         from ..report.output import write_summary
         out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
-            if settings.export:
+            at_end = [k for k in settings.export if k not in LIVE_KINDS]
+            if at_end:
                 try:
                     from ..report.export import export_all
 
-                    for line in export_all(out["summary"], server.run_dir.path, settings.export):
+                    for line in export_all(out["summary"], server.run_dir.path, at_end):
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")
+            if server.exports is not None:  # the live ones: the rest, the files (bounded wait)
+                try:
+                    for line in server.exports.finish(out["summary"], out):
+                        log(line)
+                except Exception as exc:  # noqa: BLE001 - never: finish catches; belt and braces
+                    log(f"live exports failed: {exc}")
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 
-    server = Server(settings, listener, run_dir, finalize)
+    server = Server(settings, listener, run_dir, finalize, claim=claimed)
     server.install_signal_handlers()
     tune_gc()
     _say(f"{READY} " + json.dumps({"port": server.port, "run_dir": str(run_dir.path),

@@ -38,6 +38,11 @@ class SubLink:
         return bool(getattr(self.conn, "closed", False))
 
 
+def _torchrun(msg: dict[str, Any]) -> dict[str, Any]:
+    """How the node's torchrun ended (frames.worker_report), when its launcher said."""
+    return {"torchrun": msg["torchrun"]} if msg.get("torchrun") is not None else {}
+
+
 class Ingest:
     def __init__(self, state: RunState, log: Callable[[str], None]) -> None:
         self.state = state
@@ -208,7 +213,8 @@ class Ingest:
         rank = msg.get("rank")
         if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
-                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"]}
+                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"],
+                                       **_torchrun(msg)}
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -340,7 +346,7 @@ class Ingest:
         self.state.finish = {"exit_code": msg.get("exit_code"), "interrupted": msg["interrupted"],
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
                              "source": "launcher", "at": time.time(), "workers": msg["workers"],
-                             "oom": msg["oom"]}
+                             "oom": msg["oom"], **_torchrun(msg)}
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

@@ -95,7 +95,7 @@ def _rank(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
 
 
 #: a rank's statistics in its plain data (WindowStats.to_data)
-_STATS = frozenset((*WindowStats().to_data(), "saturated"))
+_STATS = frozenset(WindowStats().to_data())
 
 
 def _system(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:

@@ -61,6 +61,8 @@ class AggregatorSettings(BaseModel):
     script_args: list[str] = Field(default_factory=list)
     #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/report/export.py)
     export: list[str] = Field(default_factory=list)
+    #: seconds between live exports (traceml_core/exporters)
+    export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
     #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
@@ -72,6 +74,10 @@ class AggregatorSettings(BaseModel):
     #: a restarted aggregator: the checkpoint of the one that died, to go on from
     #: (aggregator/resume.py); empty for a fresh run
     resume_from: str = ""
+    #: this launch of the run: fresh for each ``traceml run``, kept by a restarted aggregator. Its
+    #: checkpoints carry it, so a checkpoint of another run (the same name in the same logs
+    #: directory) is never resumed, and it owns the run directory's claim (aggregator/claim.py)
+    run_id: str = Field(default_factory=lambda: secrets.token_hex(8), max_length=64)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)

@@ -490,9 +490,18 @@ class Relay(Handler):
     def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:
         """Queue one merged run of a rank's records: its statistics (``fold``), and in the live
         modes its last records (``tail``). Returns the bytes queued."""
-        if not msg["n"]:
+        n = msg["n"]
+        if not n:
             return 0
-        value = WindowStats.of_columns(msg["seq"], msg["cols"])
+        try:
+            value = WindowStats.of_columns(msg["seq"], msg["cols"])
+        except ValueError:  # sums past what a window holds (values near their bounds): in halves
+            half = n // 2
+            cols = msg["cols"]
+            first = dict(msg, n=half, cols={k: c[:half] for k, c in cols.items()})
+            first.pop("open", None)
+            return self._window(out, first) + self._window(
+                out, dict(msg, seq=msg["seq"] + half, n=n - half, cols={k: c[half:] for k, c in cols.items()}))
         data = encode(fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open")))
         size = out.put(Outgoing(data, msg["rank"], msg["n"]))
         if self.tail:

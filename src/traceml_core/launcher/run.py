@@ -24,8 +24,8 @@ from .telemetry import NodeTelemetry, _flag_source
 from .token import resolve_token
 from .agent import FD_VAR as AGENT_FD_VAR
 from .memcg import OomWatch
-from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_probe, check_script,
-                        probe_failure)
+from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_master_port, check_probe,
+                        check_script, probe_failure)
 from .torchrun import agent_command, torchrun_command
 
 #: seconds torchrun gets after SIGTERM before its process group is killed; with the aggregator's
@@ -54,6 +54,17 @@ def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
     return f"{words}: {why}" if why else words
 
 
+def torchrun_record(code: int, sup: Supervisor) -> dict:
+    """How this node's torchrun ended, for the node's report: its exit code, when, and, when a
+    signal killed it that the launcher did not send (the OOM killer, a user, a health check), the
+    signal's name: the summary then names this node's torchrun as the failure its ranks followed
+    (report/failure.py); ``stopped_at``: when a signal to the launcher (scancel, the time limit,
+    srun stopping the step) made it stop torchrun, so a node lost before that is the failure."""
+    ours = sup.interrupted_by is not None or sup.terminated is not None
+    return {"exitcode": code, "signal": signal.Signals(-code).name if code < 0 and not ours else None,
+            "at": time.time(), "stopped_at": sup.interrupted_at}
+
+
 def exit_status(code: int) -> int:
     return 128 - code if code < 0 else code
 
@@ -70,8 +81,11 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         return launch_task(config, script, script_args, environ, torchrun_args=torchrun_args,
                            module=module, no_python=no_python)
     environ = os.environ if environ is None else environ
-    # pre-flight, step 1 (cheap): the script exists; nothing has started yet
+    # pre-flight, step 1 (cheap): the script exists and compiles, node 0's master port is free;
+    # nothing has started yet
     check_script(script, module=module, no_python=no_python)
+    if config.node_rank == 0:
+        check_master_port(config.master_port, _flag_source(config, "master_port"), config.nnodes)
     for warning in config.warnings:
         log(f"warning: {warning}")
     if not no_python:
@@ -169,7 +183,8 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         if view:
             view.stop()  # the final picture stays on screen; the summary prints below it
     # which workers failed how (torchrun's own record) and whether the OOM killer took any
-    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report()}
+    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report(),
+              "torchrun": torchrun_record(code, sup)}
     agent.close()
     interrupted = sup.interrupted_by is not None
     reason = telemetry.failure_reason() if (code != 0 or interrupted) else None

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from ..aggregator.persist import fallback_root, private_dir
+from ..rundir import fallback_root, private_dir
 from ..sdk.stackdump import dump_signal, stack_file
 
 #: a dump is complete when its file has not grown for this long

@@ -55,6 +55,8 @@ class Supervisor:
     #: seconds an orphaned worker gets between SIGTERM and SIGKILL
     orphan_grace: float = 5.0
     interrupted_by: Optional[int] = None
+    #: why the launcher stopped the workers on its own initiative (terminate()), if it did
+    terminated: Optional[str] = None
     #: when the first forwarded signal arrived (epoch seconds)
     interrupted_at: Optional[float] = None
     proc: Optional[subprocess.Popen] = None
@@ -111,6 +113,7 @@ class Supervisor:
     def terminate(self, reason: str) -> None:
         """Stop the workers on our own initiative (a node vanished, a rank hung)."""
         if self.proc is not None and self.proc.poll() is None:
+            self.terminated = reason
             log(f"stopping the workers: {reason}")
             self._signal_group(signal.SIGTERM)
             self._kill_timer = threading.Timer(self.grace, self._signal_group, (signal.SIGKILL,))

@@ -104,7 +104,8 @@ class NodeTelemetry:
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=_flag_source(c, "aggregator_port"),
             hostnames=list(c.hosts_by_node), relay_fan_in=self.fan_in,
-            script=script, script_args=list(script_args), export=export_kinds(c.export))
+            script=script, script_args=list(script_args), export=export_kinds(c.export),
+            export_interval_s=c.export_interval)
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -119,7 +120,7 @@ class NodeTelemetry:
         h = self.handle
         if h is None or self._restarts >= MAX_RESTARTS or self._restart_failed:
             return
-        from ..aggregator.persist import CHECKPOINT_NAME
+        from ..rundir import CHECKPOINT_NAME
         from ..aggregator.process import _describe_exit
 
         code = h.proc.poll()

@@ -47,6 +47,12 @@ STRAGGLER_EXCESS_CRIT = 0.25
 #: ...and at least 2 ms per step: below that the difference is scheduler and timer noise on
 #: small CPU runs.
 STRAGGLER_FLOOR_MS = 2.0
+#: A pause is not a straggler (verdicts.one_pause): one wait of the other ranks longer than 50
+#: median steps is one event (a rank stopped, a debugger, a save on one rank), not slowness at
+#: every step; it is taken out of that rank's excess before the rest is judged. 50 steps: a
+#: straggler's own longest step rarely exceeds a few of its slow steps, while the pauses this is
+#: for last seconds to minutes.
+PAUSE_MIN_STEPS = 50.0
 
 # --- memory creep --------------------------------------------------------------------------------
 #: The early window starts after this fraction of the run (allocator caches and optimizer state

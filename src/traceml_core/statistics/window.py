@@ -26,9 +26,12 @@ frame carries exactly that vector (:meth:`to_wire`), and its validator is :func:
 which checks every rule of the value (counts within the window's records, ranges, the series
 rows' alignment) once, where the frame enters node 0.
 
-Bounds: every field is in -1..:data:`MAX_VALUE` (2**62: 146 years of nanoseconds); a sum that
-would pass it is held at it and counted (``saturated``), so no value can overflow a checkpoint
-(msgpack integers are 64-bit) whatever a rank sent. Only the time outside the steps is signed.
+Bounds: a window travels as int64s, every field in -1..:data:`MAX_VALUE` (2**62); a window whose
+sums would pass it is refused (:meth:`of_columns` raises ValueError) and its relay sends the
+records in smaller windows (every value is bounded at the trust boundary, so one record always
+fits). A rank's running value (node 0's) keeps its fixed fields as Python integers, so its sums
+are exact however long the run (a checkpoint stores integers past 64 bits exactly,
+``traceml_core.rundir``). Only the time outside the steps is signed.
 """
 
 from __future__ import annotations
@@ -79,7 +82,6 @@ FIELDS: tuple[tuple[str, str], ...] = (
     *((f"{c}.sum", "sum") for c in _P),
     *((f"{c}.{f}", "sum") for c in _S for f in ("sum", "warm_sum")),
     ("sketched", "sum"),    # records the sketches stand for (keys x weight), vs received
-    ("saturated", "sum"),   # sums held at MAX_VALUE instead of passing it
     *((f"{c}.max", "max") for c in (*_D, *_P, *_S)),
     *((f"{c}.min", "min") for c in _D),
 )
@@ -96,7 +98,7 @@ S_G, S_B0, S_K = FIXED, FIXED + 1, FIXED + 2
 ROWS0 = FIXED + 3
 
 H_LAST_STEP, H_T_FIRST, H_T_LAST, H_STEP_FIRST, H_WEIGHT = range(5)
-RECORDS, SKETCHED, SATURATED, OUT_CNT = AT["records"], AT["sketched"], AT["saturated"], AT["outside.count"]
+RECORDS, SKETCHED, OUT_CNT = AT["records"], AT["sketched"], AT["outside.count"]
 STEP_COUNT = AT["step_ns.count"]
 #: per duration column: where its fields are
 _PH = [{f: AT[f"{c}.{f}"] for f in ("count", "sum", "max", "min", "warm_count", "warm_sum",
@@ -120,7 +122,7 @@ for _i, _p in enumerate(SERIES_PHASES):
     _ROW_FROM_V[R_PHASE_SUM + _i] = AT[f"{_p}.sum"]
 _row_of = itemgetter(*_ROW_FROM_V)
 #: an empty value's fixed fields
-_EMPTY = array("q", [-1, -1, -1, -1, 0] + [0] * (MAX0 - COUNT0) + [-1] * (FIXED - MAX0))
+_EMPTY = [-1, -1, -1, -1, 0] + [0] * (MAX0 - COUNT0) + [-1] * (FIXED - MAX0)
 
 
 def fold_len(k: int) -> int:
@@ -130,16 +132,6 @@ def fold_len(k: int) -> int:
 
 def _min_measured(a: int, b: int) -> int:
     return b if a < 0 else a if b < 0 or a < b else b
-
-
-def _saturate(v: array, lo: int, hi: int) -> int:
-    """Hold fields ``lo:hi`` at MAX_VALUE; returns how many were above it."""
-    over = 0
-    for i in range(lo, hi):
-        if v[i] > MAX_VALUE:
-            v[i] = MAX_VALUE
-            over += 1
-    return over
 
 
 class WindowStats:
@@ -157,7 +149,8 @@ class WindowStats:
         #: a window that travels (a relay's): its series rows stay within what a fold frame
         #: carries; a rank's running value (node 0's) is not one
         self.travels = True
-        self.v = array("q", _EMPTY)
+        #: the fixed fields (FIELDS), Python integers: a running value's sums are exact
+        self.v: list[int] = list(_EMPTY)
         #: time outside trace_step over the records (signed: a clock step can make it negative)
         self.outside = 0
         self.keys: Optional[array] = array("H")
@@ -291,17 +284,15 @@ class WindowStats:
                 outs[i], out_cnt[i] = sum(part), len(part)
         st = cls(seq)
         st.end = seq + n
-        if max(v) > MAX_VALUE:  # sums of values near the limit (valid one by one): held at it
-            v[SATURATED] = sum(1 for x in v if x > MAX_VALUE)
-            v = [min(x, MAX_VALUE) for x in v]
-        st.v = va = array("q", v)
-        st.outside = max(-MAX_VALUE, min(MAX_VALUE, outside))
-        st.keys = array("H", column_keys(keys)) if keys else array("H")
         flat = [x for row in zip(*rows) for x in row]
-        if max(flat) > MAX_VALUE:
-            flat = [min(x, MAX_VALUE) for x in flat]
-            va[SATURATED] += 1
-        st.series = Series.of_rows(g, b0, array("q", flat), [max(-MAX_VALUE, min(MAX_VALUE, x)) for x in outs])
+        if max(v) > MAX_VALUE or max(flat) > MAX_VALUE or abs(outside) > MAX_VALUE \
+                or max(map(abs, outs)) > MAX_VALUE:
+            # sums of values near their bound (valid one by one): the caller cuts the window
+            raise ValueError(f"the sums of these {n} records do not fit a window (at most 2**62)")
+        st.v = v
+        st.outside = outside
+        st.keys = array("H", column_keys(keys)) if keys else array("H")
+        st.series = Series.of_rows(g, b0, array("q", flat), outs)
         return st
 
     # --- the merge -----------------------------------------------------------------------------
@@ -322,7 +313,7 @@ class WindowStats:
             self.count_sketches()  # (before the key counts below change)
         if not v[RECORDS]:
             self.seq, self.end = other.seq, other.end
-            self.v = array("q", ov)
+            self.v = list(ov)
             self.outside = other.outside
             if window:
                 self.keys = other.keys
@@ -338,20 +329,13 @@ class WindowStats:
             extra = ov[H_T_FIRST] - v[H_T_LAST] - ov[H_STEP_FIRST]
         if window:
             keys = _interleave(self, other)
-        try:
-            v[COUNT0:MAX0] = array("q", map(add, v[COUNT0:MAX0], ov[COUNT0:MAX0]))
-        except OverflowError:  # two sums near the limit
-            both = list(map(add, v[COUNT0:MAX0], ov[COUNT0:MAX0]))
-            v[COUNT0:MAX0] = array("q", (min(x, MAX_VALUE) for x in both))
-            v[SATURATED] = min(MAX_VALUE, v[SATURATED] + sum(1 for x in both if x > MAX_VALUE))
-        if max(v[SUM0:MAX0]) > MAX_VALUE:  # held at the limit, and counted
-            v[SATURATED] = min(MAX_VALUE, v[SATURATED] + _saturate(v, SUM0, MAX0))
-        v[MAX0:MIN0] = array("q", map(max, v[MAX0:MIN0], ov[MAX0:MIN0]))
-        v[MIN0:FIXED] = array("q", map(_min_measured, v[MIN0:FIXED], ov[MIN0:FIXED]))
+        v[COUNT0:MAX0] = map(add, v[COUNT0:MAX0], ov[COUNT0:MAX0])  # C-level, exact
+        v[MAX0:MIN0] = map(max, v[MAX0:MIN0], ov[MAX0:MIN0])
+        v[MIN0:FIXED] = map(_min_measured, v[MIN0:FIXED], ov[MIN0:FIXED])
         v[H_LAST_STEP], v[H_T_LAST] = ov[H_LAST_STEP], ov[H_T_LAST]
         if v[H_T_FIRST] < 0:
             v[H_T_FIRST] = ov[H_T_FIRST]
-        self.outside = max(-MAX_VALUE, min(MAX_VALUE, self.outside + other.outside + (extra or 0)))
+        self.outside += other.outside + (extra or 0)
         if extra is not None:
             v[OUT_CNT] += 1
         width = None
@@ -369,8 +353,13 @@ class WindowStats:
 
     def joins(self, other: "WindowStats") -> bool:
         """Whether ``other`` continues this window as one window (what a group relay merges
-        before forwarding): its next records, the whole within one window's bounds."""
-        return self.travels and other.seq == self.end and other.end - self.seq <= MAX_RECORDS
+        before forwarding): its next records, the whole within one window's bounds (its records,
+        and sums that still travel as int64s)."""
+        if not (self.travels and other.seq == self.end and other.end - self.seq <= MAX_RECORDS):
+            return False
+        # (a row's sums are at most the window's: they fit when these do)
+        return max(map(add, self.v[SUM0:MAX0], other.v[SUM0:MAX0])) <= MAX_VALUE \
+            and abs(self.outside + other.outside) <= MAX_VALUE // 2
 
     def count_sketches(self) -> None:
         """From keys in flight (or a window's counted buckets) to sketches (when merged with a
@@ -414,7 +403,7 @@ class WindowStats:
         buckets' counts, phase after phase)."""
         s = self.series
         k = s.used
-        v = array("q", self.v)
+        v = array("q", self.v)  # (a window's fields fit: of_columns and joins see to it)
         v.extend((s.width, s.base, 0 if k == 1 else k))
         o = array("q", [self.outside])
         if k != 1:
@@ -480,7 +469,7 @@ class WindowStats:
             raise ValueError("a series row counts more records than the window holds")
         st = cls.__new__(cls)
         st.seq, st.end = seq, seq + n
-        st.v = va[:FIXED]
+        st.v = va[:FIXED].tolist()
         st.outside = oa[0]
         st.keys, st.dense, st.sketches = ka, dense, None
         st.travels = True
@@ -516,8 +505,6 @@ class WindowStats:
             "first_t_end": v[H_T_FIRST] if some else None, "last_t_end": v[H_T_LAST] if some else None,
             "last_step": v[H_LAST_STEP] if some else -1,
         }
-        if v[SATURATED]:
-            out["saturated"] = v[SATURATED]
         return out
 
     @classmethod
@@ -552,7 +539,6 @@ class WindowStats:
         st.outside = int(outside.get("sum", 0))
         v[OUT_CNT] = int(outside.get("count", 0))
         v[SKETCHED] = int(d.get("sketched", 0))
-        v[SATURATED] = int(d.get("saturated", 0))
         # the step phase's first record is not kept: a checkpoint's value joins what follows it
         # through the interval the later value's first record knows (step_first stays -1 here)
         st.keys, st.sketches = None, sks

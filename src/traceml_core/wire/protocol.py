@@ -80,13 +80,16 @@ received, plus:
              (cumulative); ``seq_end`` is the seq after the last record it received from the rank,
              so records dropped at the very end still count as lost. Also carried by ``gone``.
 ``system``   ``{"t","node","host","samples"}``: the node's samples (see :data:`SYSTEM_FIELDS`).
-``bye``      ``{"t","status","exit_code","workers","oom"}`` (no ``rank``): the node's launcher
+``bye``      ``{"t","status","exit_code","workers","oom","torchrun"}`` (no ``rank``): the node's launcher
              ended, with its exit code and the node's **worker report**
              (:func:`traceml_core.wire.frames.worker_report`): ``workers`` is torchrun's outcome for
              each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts"}``,
              ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's
              memory cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null
-             where unreadable. The last frame of the link: the link closing without it before the
+             where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
+             "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
+             it; ``stopped_at`` when the launcher, signalled itself, began stopping it; or null).
+             The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
@@ -110,10 +113,10 @@ Aggregator → relay → rank (downstream, after ``welcome``):
 Launcher → aggregator, on the ``control`` connection (requests carry an ``id``, echoed in the
 answer, so an answer to a timed-out request is never taken for the next one's):
 
-``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom"}``: training
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom","torchrun"}``: training
             is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
             ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
-            vanish, ``workers``/``oom`` node 0's worker report as in the node ``bye``). The
+            vanish, ``workers``/``oom``/``torchrun`` node 0's report as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
@@ -124,7 +127,7 @@ answer, so an answer to a timed-out request is never taken for the next one's):
             every relay, gathers the answers (at most 6 s), keeps the report for the summary and
             answers ``autopsy`` ``{"t","id","report"}`` (see report/hang.py).
 ``snapshot``  ``{"t","id","series","verdict"}``: for the live views (``--mode cli|dashboard``),
-            answered with ``snapshot`` (built by :func:`traceml_core.views.snapshot.snapshot_frame`
+            answered with ``snapshot`` (built by :func:`traceml_core.aggregator.snapshot.snapshot_frame`
             from the aggregator's :class:`traceml_core.aggregator.state.RunState` alone).
 
 Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
