@@ -16,8 +16,8 @@ replayed through node 0's real code, in a process of its own, so its CPU and pea
   (msgpack decode), ``wire.frames.validate`` (the window's check), ``Ingest.node_frame`` /
   ``group_frame`` (sequence accounting, the merge into the rank's value); ``cores`` = its CPU per
   second of the run. Then one checkpoint (``RunState.to_data`` + ``pack_checkpoint``, what node 0
-  writes every few minutes): its time and size. ``peak RSS`` is node 0's process (its state, one
-  second of input, the checkpoint), not the replay's.
+  writes every few minutes): its CPU time and size (writing the bytes is not included). ``peak
+  RSS`` is node 0's process (its state, one second of input, the checkpoint), not the replay's.
 
 The quantile sketches' folds into their dense stores happen every 2,048 values per phase (every
 ~3.5 minutes at 10 steps/s), so hardly ever inside the replayed seconds; they are measured apart
@@ -113,14 +113,14 @@ def node0(conn: Any, ranks: int, per_node: int, fan: int, at_step: int, tmp: str
     rss_ingest = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     records = state.records
     per_rank = {rs.received for rs in state.ranks.values()}
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: what it costs node 0, whatever else the machine runs
     blob = pack_checkpoint(state.to_data(), final=False)
-    ckpt = time.perf_counter() - t0
+    ckpt = time.process_time() - t0
     size = len(blob)
     del blob
-    t0 = time.perf_counter()  # again: in steady state (the first one folded every sketch's keys)
+    t0 = time.process_time()  # again: in steady state (the first one folded every sketch's keys)
     pack_checkpoint(state.to_data(), final=False)
-    ckpt2 = time.perf_counter() - t0
+    ckpt2 = time.process_time() - t0
     conn.send({"cpu": cpu, "records": records, "per_rank": sorted(per_rank), "ranks": len(state.ranks),
                "ckpt_s": ckpt, "ckpt2_s": ckpt2, "ckpt_mb": size / 1e6, "rss_ingest_mb": rss_ingest,
                "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})

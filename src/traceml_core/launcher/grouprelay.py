@@ -79,7 +79,7 @@ def group_flush_s(world: int, node_flush_s: float = 1.0) -> float:
     """How long a group relay merges each rank's windows before forwarding them: node relays'
     flush interval, longer beyond NODE0_WINDOWS_PER_S ranks (2 s at 16,384 ranks, 8 s at
     65,536): node 0 then merges at most ~8,192 windows a second, however many ranks."""
-    return max(node_flush_s, node_flush_s * world / NODE0_WINDOWS_PER_S)
+    return max(node_flush_s, node_flush_s * world / NODE0_WINDOWS_PER_S)  # (a whole number of seconds)
 
 
 def group_members(group: int, fan: int, nnodes: int) -> range:
@@ -102,6 +102,7 @@ class _RankLane:
     rank: int
     node: int
     pending: Optional[WindowStats] = None  # windows merged, not queued yet
+    merged: int = 0         # ... how many
     dropped: int = 0        # the rank's own cumulative drop count (its windows' ``dropped``)
     open: Optional[int] = None
     seen_end: int = 0       # seq after the last record that reached this relay
@@ -362,10 +363,12 @@ class GroupMerge:
         p = lane.pending
         if p is not None and p.joins(value) and p.records + value.records <= MAX_RECORDS:
             p.merge(value)
+            lane.merged += 1
             return
         if p is not None:
             self._queue(lane)
         lane.pending = WindowStats().merge(value)
+        lane.merged = 1
         self._waiting[lane.rank] = lane
 
     def _queue(self, lane: _RankLane) -> None:
@@ -375,7 +378,8 @@ class GroupMerge:
         self._waiting.pop(lane.rank, None)
         if p is None or not p.records:
             return
-        p.count_sketches()  # node 0 merges counted sketches with C-level passes, keeping no keys
+        if lane.merged > 1:  # node 0 merges counted sketches with C-level passes, keeping no keys
+            p.count_sketches()  # (one window's keys cost it less: they go on as they came)
         data = encode(fold_frame(lane.rank, p, lane.dropped, lane.open))
         if self.out.queued + len(data) > self.budget:
             lane.own_dropped += p.records

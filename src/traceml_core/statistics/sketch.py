@@ -42,8 +42,6 @@ MAX_BUCKETS = 2048
 FOLD_VALUES = 2048
 #: ... or when they hold more distinct keys than this (bounds their memory)
 HOT_MAX = 512
-#: empty buckets kept on each side when a store grows for a window's counts
-_ROOM = 8
 #: index of the top 16 bits of each float32 when viewed as uint16 pairs
 _TOP = 1 if sys.byteorder == "little" else 0
 _NEG = 0x8000  # sign bit of a top-16 key: a negative value ("not measured")
@@ -67,13 +65,21 @@ def value_bucket(value: float) -> int:
 
 
 class QuantileSketch:
-    """Counts of values per relative-accuracy bucket; mergeable; bounded memory."""
+    """Counts of values per relative-accuracy bucket; mergeable; bounded memory.
 
-    __slots__ = ("lo", "counts", "zero", "negative", "hot", "_hot", "hot_n")
+    The dense store is one integer with a 64-bit lane per bucket (bucket ``lo + i`` is lane
+    ``i``): adding another store's counts (a window's counted sketch, a checkpoint's) is one
+    big-integer shift and addition in C, whatever the number of buckets, and its bytes are the
+    little-endian uint64 counts checkpoints and the wire carry. A lane never overflows into the
+    next: a bucket counts at most a rank's records (below 2**63)."""
+
+    __slots__ = ("lo", "lanes", "n", "zero", "negative", "hot", "_hot", "hot_n")
 
     def __init__(self) -> None:
         self.lo = 0
-        self.counts = array("Q")
+        #: the dense store: bucket ``lo + i``'s count in bits ``64*i .. 64*i + 63``; ``n`` buckets
+        self.lanes = 0
+        self.n = 0
         self.zero = 0
         #: values below zero seen in sketched samples (-1 = "not measured"); not in quantiles
         self.negative = 0
@@ -81,6 +87,16 @@ class QuantileSketch:
         self.hot: dict[int, int] = {}
         self._hot: dict[int, dict[int, int]] = {}
         self.hot_n = 0
+
+    @property
+    def counts(self) -> array:
+        """The dense store's counts (array 'Q', bucket ``lo`` first): a copy."""
+        out = array("Q")
+        if self.n:
+            out.frombytes(self.lanes.to_bytes(8 * self.n, "little"))
+            if _SWAP:
+                out.byteswap()
+        return out
 
     # --- ingest ----------------------------------------------------------------------------
     def add_keys(self, keys: Iterable[int], weight: int = 1) -> None:
@@ -103,49 +119,56 @@ class QuantileSketch:
         """Move the uncompacted counts into the dense store (work per distinct key, not value)."""
         if not self.hot_n:
             return
-        counts = self.counts
+        block: dict[int, int] = {}
         for weight, hot in [(1, self.hot), *self._hot.items()]:
             for key, count in hot.items():
-                pos = (key >> 1) - self.lo
-                if key < _NEG and 0 <= pos < len(counts) and key:
-                    counts[pos] += count * weight  # the usual case, inline
-                elif key >= _NEG:
+                if key >= _NEG:
                     self.negative += count * weight
                 elif key == 0:
                     self.zero += count * weight
                 else:
-                    self._bump(key >> 1, count * weight)
-                    counts = self.counts
+                    idx = key >> 1
+                    block[idx] = block.get(idx, 0) + count * weight
         self.hot = {}
         self._hot.clear()
         self.hot_n = 0
+        if block:
+            lo = min(block)
+            dense = array("Q", bytes(8 * (max(block) - lo + 1)))
+            for idx, count in block.items():
+                dense[idx - lo] = count
+            self._add_lanes(lo, int.from_bytes(_le(dense), "little"), len(dense))
 
-    def _bump(self, idx: int, count: int) -> None:
-        counts = self.counts
-        if not counts:
-            self.lo = idx
-            counts.append(count)
-            return
-        pos = idx - self.lo
-        if pos < 0:
-            width = len(counts) - pos
-            if width > MAX_BUCKETS:  # collapse: values this low land in the lowest kept bucket
-                counts[0] += count
-                return
-            self.counts = array("Q", bytes(8 * -pos)) + counts
-            self.lo = idx
-            self.counts[0] += count
-        elif pos >= len(counts):
-            counts.extend([0] * (pos + 1 - len(counts)))
-            counts[pos] += count
-            if len(counts) > MAX_BUCKETS:
-                cut = len(counts) - MAX_BUCKETS
-                low = sum(counts[: cut + 1])
-                del counts[:cut]
-                counts[0] = low
-                self.lo += cut
+    def add_dense(self, lo: int, counts: bytes, zero: int = 0, negative: int = 0) -> None:
+        """Add the counts (little-endian uint64 bytes) of the buckets from ``lo``: a window's
+        counted sketch, as a group relay sends it. One big-integer addition in C."""
+        self.zero += zero
+        self.negative += negative
+        if counts:
+            self._add_lanes(lo, int.from_bytes(counts, "little"), len(counts) // 8)
+
+    def _add_lanes(self, lo: int, lanes: int, k: int) -> None:
+        if not self.n:
+            self.lo, self.lanes, self.n = lo, lanes, k
+        elif lo >= self.lo:
+            self.lanes += lanes << (64 * (lo - self.lo))
+            self.n = max(self.n, lo - self.lo + k)
         else:
-            counts[pos] += count
+            shift = self.lo - lo
+            self.lanes = (self.lanes << (64 * shift)) + lanes
+            self.lo, self.n = lo, max(self.n + shift, k)
+        if self.n > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
+            c = self.counts
+            cut = len(c) - MAX_BUCKETS
+            low = sum(c[:cut + 1])
+            del c[:cut]
+            c[0] = low
+            self.lo += cut
+            self._set(c)
+
+    def _set(self, counts: array) -> None:
+        self.lanes = int.from_bytes(_le(counts), "little")
+        self.n = len(counts)
 
     # --- queries -----------------------------------------------------------------------------
     @property
@@ -158,65 +181,13 @@ class QuantileSketch:
         return quantiles_of(self.lo, self.counts, self.zero, qs)
 
     def merge(self, other: "QuantileSketch") -> None:
-        """Add ``other``'s counts (a window's, a checkpoint's): one C-level pass when its buckets
-        lie within this sketch's, as they do once a rank's values have been seen for a while."""
+        """Add ``other``'s counts (a checkpoint's, another rank's): one big-integer addition."""
         other.fold()
         self.fold()
         self.zero += other.zero
         self.negative += other.negative
-        oc, c = other.counts, self.counts
-        if not oc:
-            return
-        pos = other.lo - self.lo
-        if c and pos >= 0 and pos + len(oc) <= len(c):
-            c[pos:pos + len(oc)] = array("Q", map(add, c[pos:pos + len(oc)], oc))
-            return
-        lo, counts = merge_dense(self.lo, c, other.lo, oc)
-        if len(counts) > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
-            cut = len(counts) - MAX_BUCKETS
-            counts = [sum(counts[:cut + 1])] + counts[cut + 1:]
-            lo += cut
-        self.lo, self.counts = lo, array("Q", counts)
-
-    def add_dense(self, lo: int, counts: Sequence[int], zero: int = 0, negative: int = 0) -> None:
-        """Add counts of the buckets from ``lo`` (a window's counted sketch, as a group relay
-        sends it): one C-level pass when they lie within this sketch's buckets; else the store
-        grows to hold them, with room on both sides for the next windows' (the rank's values
-        wander a little), at most :data:`MAX_BUCKETS`."""
-        self.zero += zero
-        self.negative += negative
-        k = len(counts)
-        if not k:
-            return
-        c = self.counts
-        pos = lo - self.lo
-        if c and pos >= 0 and pos + k <= len(c):
-            c[pos:pos + k] = array("Q", map(add, c[pos:pos + k], counts))
-            return
-        self.fold()
-        c = self.counts
-        new_lo = max(1, min(lo, self.lo if c else lo) - _ROOM)
-        new_hi = max(lo + k, self.lo + len(c) if c else lo + k) + _ROOM
-        grown = array("Q", bytes(8 * (new_hi - new_lo)))
-        if c:
-            grown[self.lo - new_lo:self.lo - new_lo + len(c)] = c
-        pos = lo - new_lo
-        grown[pos:pos + k] = array("Q", map(add, grown[pos:pos + k], counts))
-        if len(grown) > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
-            cut = len(grown) - MAX_BUCKETS
-            low = sum(grown[:cut + 1])
-            del grown[:cut]
-            grown[0] = low
-            new_lo += cut
-        self.lo, self.counts = new_lo, grown
-
-    @classmethod
-    def of_dense(cls, lo: int, counts: array, zero: int = 0, negative: int = 0) -> "QuantileSketch":
-        """A sketch holding ``counts`` (array 'Q') for the buckets from ``lo`` (a window's
-        counted sketch, as it travels from a group relay)."""
-        sk = cls()
-        sk.lo, sk.counts, sk.zero, sk.negative = lo, counts, zero, negative
-        return sk
+        if other.n:
+            self._add_lanes(other.lo, other.lanes, other.n)
 
     # --- plain data (checkpoints, summaries) ---------------------------------------------
     def to_data(self) -> dict[str, Any]:
@@ -232,7 +203,7 @@ class QuantileSketch:
         if i or j < len(c):
             c = c[i:j]
         return {"lo": self.lo + i if len(c) else 0, "zero": self.zero, "negative": self.negative,
-                "counts": c.tobytes()}
+                "counts": _le(c)}
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> "QuantileSketch":
@@ -242,8 +213,21 @@ class QuantileSketch:
         sk.negative = int(data.get("negative", 0))
         counts = array("Q")
         counts.frombytes(data["counts"])
-        sk.counts = counts
+        if _SWAP:
+            counts.byteswap()
+        sk._set(counts)
         return sk
+
+
+_SWAP = sys.byteorder != "little"
+
+
+def _le(a: array) -> bytes:
+    """``a``'s bytes, little-endian (what the lanes, checkpoints and the wire hold)."""
+    if _SWAP:
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
 
 
 def quantiles_of(lo: int, counts: Sequence[int], zero: int, qs: Sequence[float]) -> list[Optional[float]]:

@@ -155,8 +155,8 @@ class WindowStats:
         self.outside = 0
         self.keys: Optional[array] = array("H")
         #: a window's counted sketches as they came from the wire: per phase (lo, buckets, zeros,
-        #: negatives), and the buckets' counts (a group relay's windows)
-        self.dense: Optional[tuple[array, array]] = None
+        #: negatives), and the buckets' counts as little-endian uint64 bytes (a group relay's)
+        self.dense: Optional[tuple[array, bytes]] = None
         self.sketches: Optional[list[QuantileSketch]] = None
         self.series = Series()
 
@@ -384,8 +384,8 @@ class WindowStats:
             for p, sk in enumerate(sks):
                 lo, k, zero, neg = heads[4 * p:4 * p + 4]
                 if k or zero or neg:
-                    sk.add_dense(lo, counts[pos:pos + k], zero, neg)
-                    pos += k
+                    sk.add_dense(lo, counts[pos:pos + 8 * k], zero, neg)
+                    pos += 8 * k
             return
         keys, weight, pos = other.keys, other.v[H_WEIGHT] or 1, 0
         for sk, m in zip(self.sketches, _nkeys_of(other.v)):
@@ -399,8 +399,8 @@ class WindowStats:
         fields, the series head and rows), ``o`` (int64s: the outside time, then each row's),
         and its sketches: ``keys`` (uint16s, phase after phase, ``nkeys`` each) while they are
         keys in flight, else counted (a group relay's merged windows): ``sk`` (int64s: per phase
-        the first bucket, the number of buckets, zeros, negatives) and ``sc`` (uint32s: the
-        buckets' counts, phase after phase)."""
+        the first bucket, the number of buckets, zeros, negatives) and ``sc`` (uint64s: the
+        buckets' counts, phase after phase: node 0 adds them as one integer each)."""
         s = self.series
         k = s.used
         v = array("q", self.v)  # (a window's fields fit: of_columns and joins see to it)
@@ -414,16 +414,16 @@ class WindowStats:
             out["keys"] = _bytes(self.keys)
             return out
         if self.dense is not None:
-            out["sk"], out["sc"] = _bytes(self.dense[0]), _bytes(self.dense[1])
+            out["sk"], out["sc"] = _bytes(self.dense[0]), self.dense[1]
             return out
         assert self.sketches is not None
         heads = array("q")
-        counts = array("I")
+        counts = []
         for sk in self.sketches:
             sk.fold()
-            heads.extend((sk.lo, len(sk.counts), sk.zero, sk.negative))
-            counts.fromlist(sk.counts.tolist())
-        out["sk"], out["sc"] = _bytes(heads), _bytes(counts)
+            heads.extend((sk.lo, sk.n, sk.zero, sk.negative))
+            counts.append(sk.lanes.to_bytes(8 * sk.n, "little"))
+        out["sk"], out["sc"] = _bytes(heads), b"".join(counts)
         return out
 
     @classmethod
@@ -437,7 +437,7 @@ class WindowStats:
         counted = "sk" in fields
         keys = fields.get("sc" if counted else "keys")
         if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
-                or len(v) % 8 or len(o) % 8 or len(keys) % (4 if counted else 2):
+                or len(v) % 8 or len(o) % 8 or len(keys) % (8 if counted else 2):
             raise ValueError("v, o and the sketches must be packed arrays (bytes)")
         if not 1 <= n <= MAX_RECORDS:
             raise ValueError(f"a window holds 1..{MAX_RECORDS} records")
@@ -457,7 +457,7 @@ class WindowStats:
             raise ValueError("counts do not fit the records")
         dense = None
         if counted:
-            dense = _counted_of(fields.get("sk"), unpack(keys, "I"), counts)
+            dense = _counted_of(fields.get("sk"), keys, counts)
             ka = None
             if not 0 <= va[H_WEIGHT] <= n or va[SKETCHED] > 2 * n:
                 raise ValueError("the sketches do not fit the records")
@@ -564,12 +564,14 @@ def _interleave(first: WindowStats, second: WindowStats) -> array:
     return out
 
 
-def _counted_of(heads: Any, counts: array, measured: Sequence[int]) -> tuple[array, array]:
-    """A window's counted sketches from the wire (``sk``, ``sc``), checked: buckets within the
-    sketch's range, counts within what the phase's measured records can stand for."""
+def _counted_of(heads: Any, raw: bytes, measured: Sequence[int]) -> tuple[array, bytes]:
+    """A window's counted sketches from the wire (``sk``; ``sc``: little-endian uint64 counts),
+    checked: buckets within the sketch's range, counts within what the phase's measured records
+    can stand for."""
     if type(heads) is not bytes or len(heads) != 32 * len(_D):
         raise ValueError("sk must hold lo, buckets, zeros and negatives per phase")
     ha = unpack(heads, "q")
+    counts = unpack(raw, "Q")
     if min(ha) < 0 or sum(ha[1::4]) != len(counts):
         raise ValueError("the sketches' buckets do not fit their counts")
     pos = 0
@@ -580,7 +582,7 @@ def _counted_of(heads: Any, counts: array, measured: Sequence[int]) -> tuple[arr
         if zero + neg > 2 * m:
             raise ValueError("a sketch holds more than its phase's records")
         pos += k
-    return ha, counts
+    return ha, raw
 
 
 #: bucket indices of a sketch are below this (the float32's top 15 bits, sign excluded)

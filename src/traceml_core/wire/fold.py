@@ -12,7 +12,10 @@ Shape (all integers)::
      "v": int64s,     # the value's fixed fields (statistics/window.FIELDS), the series head g, b0, k
                       # and its k rows (statistics/series.ROW each), row by row
      "o": int64s,     # the time outside the steps (signed), then each row's
-     "keys": uint16s} # sketch keys, phase after phase (statistics/sketch.column_keys)
+     "keys": uint16s} # sketch keys, phase after phase (statistics/sketch.column_keys), or, for
+                      # a group relay's merged windows (launcher/grouprelay.py), counted sketches:
+                      # "sk": int64s (per phase: first bucket, buckets, zeros, negatives) and
+                      # "sc": uint64s (the buckets' counts), in place of "keys"
 
 The layout is the value's own field list, and so is the check: :func:`value_of` is
 :meth:`WindowStats.from_wire <traceml_core.statistics.window.WindowStats.from_wire>`, which checks

@@ -16,6 +16,7 @@ dumps for a hang autopsy): add a :class:`Request` row here, a responder in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import gt, itemgetter
 from typing import Any, Callable, Optional
 
 from .. import limits
@@ -121,8 +122,9 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
 
 #: where a window's value holds each column's maximum, and that column's bound: a window whose
 #: maxima are within the bounds holds only values within them (the rule of check_columns)
-_FOLD_MAXIMA = tuple((_window.AT[f"{c}.max"], COLUMN_LIMITS[c])
-                     for c in (*DURATION_COLUMNS, *PEAK_COLUMNS, *SUM_COLUMNS))
+_BOUNDED = (*DURATION_COLUMNS, *PEAK_COLUMNS, *SUM_COLUMNS)
+_fold_maxima = itemgetter(*(_window.AT[f"{c}.max"] for c in _BOUNDED))
+_FOLD_LIMITS = tuple(COLUMN_LIMITS[c] for c in _BOUNDED)
 
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
@@ -139,8 +141,7 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
         msg["value"] = value = fold.value_of(msg)
     except ValueError as exc:
         raise ProtocolError(f"fold: {exc}") from None
-    v = value.v
-    if any(v[at] > lim for at, lim in _FOLD_MAXIMA):
+    if any(map(gt, _fold_maxima(value.v), _FOLD_LIMITS)):
         raise ProtocolError("fold: a column's maximum is past its bound")
     return msg
 
