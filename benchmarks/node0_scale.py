@@ -19,9 +19,11 @@ replayed through node 0's real code, in a process of its own, so its CPU and pea
   writes every few minutes): its CPU time and size (writing the bytes is not included). ``peak
   RSS`` is node 0's process (its state, one second of input, the checkpoint), not the replay's.
 
-The quantile sketches' folds into their dense stores happen every 2,048 values per phase (every
-~3.5 minutes at 10 steps/s), so hardly ever inside the replayed seconds; they are measured apart
-in steady state (``sketch_fold_us``) and shown beside ``cores`` (``+folds``): add the two.
+The quantile sketches' folds of keys into their dense stores happen every 2,048 values per phase
+(every ~3.5 minutes at 10 steps/s), so hardly ever inside the replayed seconds; they are measured
+apart in steady state (``sketch_fold_us``) and shown beside ``cores`` (``+folds``, for the ranks
+whose windows come as keys: those on direct links; a group relay's windows come counted): add
+the two.
 
 Every record is accounted for: the script asserts node 0's record count and each rank's.
 
@@ -204,6 +206,7 @@ def run(ranks: int, per_node: int, seconds: int, tmp: Path, at_step: int = 0, tr
     assert res["records"] == records and res["per_rank"] == [STEPS_PER_S * seconds] and res["ranks"] == ranks, res
     grouped = ranks - len(direct) * per_node if fan else 0
     return {"at": at_step, "ranks": ranks, "nodes": nodes, "links": len(direct) + len(heads),
+            "keyed": len(direct) * per_node,
             "fan": fan, "group_s": flush_every if fan else 0, "records": records,
             "cores": res["cpu"] / seconds, "rec_per_cpu_s": records / res["cpu"], "mb": sent / 1e6,
             "node_us": node_us / seconds, "group_us": group_cpu / (grouped * seconds) * 1e6 if grouped else 0.0,
@@ -289,8 +292,8 @@ def main(argv: Optional[list[str]] = None) -> int:
                     rows.append(run(ranks, pr, seconds, Path(tmp), at, tree))
                     gc.collect()
     fold_us = sketch_fold_us(16 if args.quick else 64, 205 if args.quick else 410)
-    for r in rows:
-        r["fold_cores"] = fold_us * r["ranks"] / 1e6
+    for r in rows:  # (ranks behind a group relay get counted sketches: nothing to fold)
+        r["fold_cores"] = fold_us * r["keyed"] / 1e6
     print(f"node 0 through the relays, {STEPS_PER_S} steps/s per rank, {seconds} s of the run replayed "
           f"(Python {sys.version.split()[0]})")
     print(f"quantile sketch folds, steady state: {fold_us:.1f} us per rank and second (+folds)")

@@ -17,6 +17,7 @@ from ..statistics.window import WindowStats
 
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
+_NO_TAIL: deque = deque(maxlen=0)
 
 
 class RankState:
@@ -57,10 +58,11 @@ class RankState:
         self.next_seq = 0
         #: the statistics of every record received (the windows merged, in order)
         self.stats = WindowStats.running(buckets)
-        self.tail: deque = deque()
+        #: (live modes only; summary mode keeps none, and no deque per rank: memory at scale)
+        self.tail: deque = deque() if tail_records else _NO_TAIL
         self.tail_n = 0
         self.tail_keep = max(0, tail_records)
-        self.events: deque = deque(maxlen=8)
+        self.events: Optional[deque] = None  # the last 8, made at the first (most ranks have none)
         self.event_count = 0
         #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
         #: i.e. a process that called traceml itself without the worker bootstrap)
@@ -123,6 +125,8 @@ class RankState:
     # --- other frames -----------------------------------------------------------------------
     def note_event(self, kind: str, text: str, ts: float) -> None:
         self.event_count += 1
+        if self.events is None:
+            self.events = deque(maxlen=8)
         self.events.append({"kind": kind[:64], "text": text[:2000], "ts": ts})
 
     def to_data(self) -> dict[str, Any]:
@@ -137,7 +141,7 @@ class RankState:
             "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
             "open_bound": self.open_bound, "last_open": self.last_open, "counts": self.counts,
             "next_seq": self.next_seq,
-            "events": list(self.events), "event_count": self.event_count,
+            "events": list(self.events or ()), "event_count": self.event_count,
             "step_source": self.step_source,
         }
         out.update(self.stats.to_data())

@@ -277,23 +277,18 @@ def trimmed(lo: int, counts: Sequence[int]) -> tuple[int, list[int]]:
 # --- merging many (a run's ranks) ------------------------------------------------------------------
 def merged_quantiles(sketches: Iterable[QuantileSketch], qs: Sequence[float]) -> list[Optional[float]]:
     """Quantiles of the union of ``sketches`` (every rank's step times: the run's median step)."""
-    lo, counts, zero = 0, [], 0
+    acc = QuantileSketch()
     for sk in sketches:
-        sk.fold()
-        zero += sk.zero
-        lo, counts = merge_dense(lo, counts, sk.lo, sk.counts)
-    return quantiles_of(lo, counts, zero, qs)
+        acc.merge(sk)
+    return acc.quantiles(qs)
 
 
 def merge_serialised(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """One sketch for many serialised ones (:meth:`QuantileSketch.to_data`: a phase of every rank,
     from a checkpoint or the live state), compact (a trimmed list of counts) for the summary's
     JSON, which ``traceml compare`` reads back."""
-    lo, counts, zero = 0, [], 0
+    acc = QuantileSketch()
     for sk in sketches:
-        zero += sk["zero"]
-        dense = array("Q")
-        dense.frombytes(sk["counts"])
-        lo, counts = merge_dense(lo, counts, sk["lo"], dense)
-    lo, counts = trimmed(lo, counts)
-    return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}
+        acc.merge(QuantileSketch.from_data(sk))
+    lo, counts = trimmed(acc.lo, acc.counts)
+    return {"encoding": ENCODING, "lo": lo, "zero": acc.zero, "counts": counts}

@@ -9,8 +9,9 @@ relay's or the launcher's frames, at the client for the server's answers.
 
 Route: a training rank talks only to its own node's **relay** (a thread of that node's
 ``traceml run`` launcher, on loopback); each relay holds one connection to the **aggregator** on
-node 0; node 0's launcher holds one ``control`` connection to its aggregator. So node 0 serves one
-connection per node, whatever the number of ranks.
+node 0 (from hundreds of nodes on, to its group's **group relay**, which holds one to the
+aggregator); node 0's launcher holds one ``control`` connection to its aggregator. So node 0
+serves one connection per node (per group), whatever the number of ranks.
 
 Handshake (wire/auth.py): the client's first frame is ``hello``; nothing else is accepted before
 the server answers ``welcome`` (or ``refused`` with a reason, then closes). The hello proves
@@ -30,6 +31,10 @@ Hello ``kind``:
 ``node``     a node's relay (its launcher) joining the aggregator: carries that node's ranks and
              its own ``system`` samples. ``rank`` is -1. Extra field ``nproc``.
 ``control``  node 0's own launcher, at the aggregator (``node`` 0).
+``group``    a group relay (runs of hundreds of nodes: launcher/grouprelay.py), at the aggregator:
+             the launcher of a group's first node (``node``), carrying the frames of its group's
+             nodes, whose relays connect to it (kind ``node``, endpoint ``group:<g>``) instead
+             of to the aggregator. ``rank`` is -1. Extra field ``nodes``.
 
 Rank → relay, after ``welcome``:
 
@@ -92,6 +97,14 @@ received, plus:
              The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
 
+A group relay (kind ``group``) sends its nodes' frames as they came (each rank's windows
+merged over a few seconds: one ``fold`` with counted sketches; a node launcher's own ``bye``
+with its ``node``), plus:
+
+``node``     ``{"t","node","host","nproc","gone"}``: a node relay of the group connected (or, with
+             ``gone`` true, its link closed): for node 0 it is as if that node's own link opened
+             or closed.
+
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
 
 Aggregator → relay → rank (downstream, after ``welcome``):
@@ -147,8 +160,9 @@ from ..statistics.columns import (  # noqa: F401
     Column,
 )
 
-#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields (statistics/window.py),
-#: in every mode; the live modes add ``tail`` frames (3: the ``fold`` frame's series rows row by row)
+#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields
+#: (statistics/window.py), in every mode; the live modes add ``tail`` frames; group relays (kind
+#: ``group``, ``node`` frames). 3: the ``fold`` frame's series rows row by row
 PROTOCOL_VERSION = 4
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
