@@ -20,11 +20,13 @@ and the warm-up split; the time between one step's end and the next one's start 
 consecutive records whose step time was measured); the per-step-bucket :class:`~.series.Series`.
 
 The field list below is the one definition of the value's layout: the fixed fields are one
-int64 vector ``v`` in sections by how they merge (:data:`FIELDS`: head, added counts, added sums,
+vector ``v`` in sections by how they merge (:data:`FIELDS`: head, added counts, added sums,
 maxima, minima), so a merge is a few C-level passes however many columns there are; the ``fold``
-frame carries exactly that vector (:meth:`to_wire`), and its validator is :func:`from_wire`,
-which checks every rule of the value (counts within the window's records, ranges, the series
-rows' alignment) once, where the frame enters node 0.
+frame carries exactly that vector as int64s (:meth:`to_wire`), and its validator is
+:meth:`WindowStats.from_wire`, which checks every rule of the value (counts within the window's
+records, ranges, the series rows' alignment, the sketches' buckets) once, where the frame enters
+node 0. Sketches travel as their sampled keys (a node relay's window) or counted (a group relay's
+merged windows: node 0 then adds each phase's buckets as one integer, ``sketch.QuantileSketch``).
 
 Bounds: a window travels as int64s, every field in -1..:data:`MAX_VALUE` (2**62); a window whose
 sums would pass it is refused (:meth:`of_columns` raises ValueError) and its relay sends the
@@ -54,8 +56,7 @@ from .sketch import QuantileSketch, column_keys
 WARMUP_STEPS = 5
 #: a window's sketch gets at most this many records per phase (a systematic sample, weighted)
 SKETCH_CAP = 16
-#: every field of the value is at most this (2**62 ns is 146 years; 2**62 bytes is 4 EiB); sums
-#: are held here rather than passing it
+#: every field of a window is at most this (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
 MAX_VALUE = 1 << 62
 #: records one window may hold (a relay merges at most 32,768)
 MAX_RECORDS = 1 << 20
@@ -65,7 +66,7 @@ assert PEAK_COLUMNS == ("mem_peak",), "the plain data calls the one peak column 
 # --- the field list ------------------------------------------------------------------------------
 #: (name, rule) of each fixed field, in ``v``'s order. Rules: ``head`` (position in the run: the
 #: merge keeps the first window's first and the last window's last), ``count`` (added; at most
-#: the records), ``sum`` (added; held at MAX_VALUE), ``max``, ``min`` (-1: none)
+#: the records), ``sum`` (added), ``max``, ``min`` (-1: none)
 _D, _P, _S = DURATION_COLUMNS, PEAK_COLUMNS, SUM_COLUMNS
 FIELDS: tuple[tuple[str, str], ...] = (
     # last_step: the user's step index of the last record; t_first/t_last: the first and last
