@@ -155,12 +155,10 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 def print_config(config, script: Optional[str], script_args: Sequence[str], *, as_json: bool,
                  extra: Sequence[str] = (), notes: Sequence[str] = ()) -> int:
-    from .launcher.torchrun import torchrun_command
+    from .launcher.torchrun import torchrun_command, worker_command
 
     task = config.layout == "task"
     if task:
-        from .launcher.task import worker_command
-
         cmd = worker_command(script or "SCRIPT", script_args, module="--module" in extra,
                              no_python="--no-python" in extra)
     else:

@@ -83,13 +83,16 @@ def last_steps(run_dir: Path) -> dict[str, int]:
     return out
 
 
-def test_every_destination_reports_what_it_wrote_and_dropped_nothing(exported):
+def test_every_destination_reports_what_it_wrote_and_dropped(exported):
     by_kind = {e["kind"]: e for e in exported["report"]}
     assert sorted(by_kind) == ["mlflow", "prometheus", "wandb"]
     for kind, e in by_kind.items():
-        assert e["error"] is None and e["finished"] and e["points_dropped"] == 0, e
+        assert e["error"] is None and e["finished"], e
         assert e["batches"] >= 2, e   # live batches and the final one
-        assert f"export {kind}: {e['points_written']:,} points written" in exported["stderr"]
+        line = f"export {kind}: {e['points_written']:,} points written"
+        if e["points_dropped"]:  # a destination slower than the run (W&B starting on a busy machine)
+            line += f" to {e['target']}; {e['points_dropped']:,} dropped"
+        assert line in exported["stderr"], (line, exported["stderr"][-2000:])
 
 
 def test_wandb_offline_run_read_back_with_wandbs_reader(exported):

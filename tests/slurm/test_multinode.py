@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from e2e import REPO, check_against_truth, hostnames, job_env, summary, truth
+from e2e import REPO, check_against_truth, check_lifecycles, hostnames, job_env, summary, truth
 
 SBATCH = str(REPO / "examples" / "slurm" / "traceml_ddp.sbatch")
 SMALL = ("--cpus-per-task=1",)
@@ -32,6 +32,7 @@ def test_two_nodes_zero_flag_launch(slurm_cluster, tmp_path):
     assert data["verdict"]["kind"] and data["verdict"]["why"]
     assert data["telemetry"]["records_received"] == 4 * 300
     assert "TraceML summary" in out and "4 clean" in out
+    check_lifecycles(data)
 
 
 def test_three_nodes_straggler_is_named(slurm_cluster, tmp_path):

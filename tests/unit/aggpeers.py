@@ -204,7 +204,7 @@ def node(handle: Any, node: int = 0, **kw: Any) -> Any:
     s = handle.settings
     kw.setdefault("client_options", {"backoff_initial": 0.02, "backoff_max": 0.2})
     kw.setdefault("flush_s", 0.05)
-    # as `traceml run` does (launcher/telemetry.py): in the live modes the relay sends each
+    # as `traceml run` does (launcher/nodelink.py): in the live modes the relay sends each
     # window's last records beside its statistics (the live views show them)
     kw.setdefault("tail", s.mode != "summary")
     relay = Relay(token=s.token, run_name=s.run_name, job_id=s.job_id, node=node, nnodes=s.nnodes,

@@ -84,6 +84,7 @@ def main() -> int:
         run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
+    run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:
         listener = open_listener(settings)
@@ -105,12 +106,13 @@ def main() -> int:
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")
-            if server.exports is not None:  # the live ones: the rest, the files (bounded wait)
-                try:
-                    for line in server.exports.finish(out["summary"], out):
+            if server.exports is not None:  # the live ones: the rest and the files, bounded, once
+                exports = server.exports    # node 0's launcher has the summary (Server.finalize)
+
+                def after_reply() -> None:
+                    for line in exports.finish(out["summary"], out):
                         log(line)
-                except Exception as exc:  # noqa: BLE001 - never: finish catches; belt and braces
-                    log(f"live exports failed: {exc}")
+                server.after_reply = after_reply
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 
     server = Server(settings, listener, run_dir, finalize, claim=claimed)

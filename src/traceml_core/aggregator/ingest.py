@@ -215,6 +215,7 @@ class Ingest:
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
                                        "at": time.time(), "workers": msg["workers"], "oom": msg["oom"],
                                        **_torchrun(msg)}
+            st.node(ident.node).lifecycle = msg["lifecycle"]
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -257,7 +258,9 @@ class Ingest:
             raise ProtocolError(f"rank {rs.rank} joined from node {ident.node} while connected "
                                 f"through node {rs.node}")
         rs.node = ident.node
-        rs.host = msg["host"] or ident.host
+        # the node's host as its relay (its launcher, authenticated for that node) said: a rank
+        # reaches its relay on loopback, so it runs there, whatever its own hello claims
+        rs.host = ident.host or msg["host"] or ""
         rs.pid = msg["pid"]
         rs.local_rank = msg["local_rank"]
         if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
@@ -347,6 +350,7 @@ class Ingest:
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
                              "source": "launcher", "at": time.time(), "workers": msg["workers"],
                              "oom": msg["oom"], **_torchrun(msg)}
+        self.state.node(0).lifecycle = msg["lifecycle"]
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

@@ -46,7 +46,7 @@ def seed_rank(rs: RankState, r: dict[str, Any], buckets: int) -> None:
 
 def seed_node(ni: NodeInfo, n: dict[str, Any]) -> None:
     """The checkpoint's node ``n``, for a restarted aggregator: nodes rejoin rather than join."""
-    for k in ("host", "joined_at", "via", "nproc", "left_at", "bye"):
+    for k in ("host", "joined_at", "via", "nproc", "left_at", "bye", "lifecycle"):
         if n.get(k) is not None:
             setattr(ni, k, n[k])
     ni.connected = False

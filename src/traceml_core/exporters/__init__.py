@@ -4,8 +4,8 @@
 :mod:`traceml_core.report.export`). Node 0's aggregator, every ``--export-interval`` seconds, builds
 a provisional summary of the run so far and turns its new complete step buckets into one
 :class:`~.batch.Batch` (:mod:`.batch`: the same rows as ``steps.jsonl``, the verdict as it forms);
-:class:`~.hub.ExportHub` hands the batch to one thread per destination through a small bounded
-queue. At the end, after the summary is written, each destination gets the rest of the series,
+:class:`~.hub.ExportHub` hands the batch to one thread per destination through a bounded queue
+(16 batches). At the end, after the summary is written, each destination gets the rest of the series,
 the final summary and the HTML report, within a deadline.
 
 The split is the OpenTelemetry SDK's: the aggregator produces, an exporter only ships

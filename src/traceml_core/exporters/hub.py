@@ -19,8 +19,10 @@ from typing import Callable, Optional, Protocol
 
 from .batch import Batch, RunIdentity
 
-#: batches waiting per destination; beyond that the newest is dropped (and counted)
-QUEUE_BATCHES = 4
+#: batches waiting per destination; beyond that the newest is dropped (and counted). A batch is
+#: small (at most 64 series x the buckets completed since the last one); 16 covers a destination
+#: that takes ~15 s to start (wandb.init on a busy node) at the shortest interval
+QUEUE_BATCHES = 16
 #: seconds the destinations get at the end, together, for the rest and the files (node 0's
 #: launcher stops the aggregator a few seconds after the summary; training is over by then)
 FINAL_DEADLINE_S = 8.0
@@ -168,10 +170,10 @@ class ExportHub:
         """``exports.json`` in the run directory: each destination's :class:`ExportStats`."""
         path = Path(run_dir) / REPORT_NAME
         try:
-            from ..aggregator.persist import atomic_write
+            from ..rundir import atomic_write
 
             atomic_write(path, (json.dumps({"exports": [asdict(s) for s in self.report()]}, indent=1)
                                 + "\n").encode())
             return path
-        except OSError:
+        except Exception:  # noqa: BLE001 - the report of the exports must not cost anything either
             return None

@@ -75,6 +75,16 @@ def relay_fan_in(value: str, nnodes: int) -> int:
     return min(int(value), nnodes)
 
 
+def tree_fan_in(config: Any) -> int:
+    """Nodes per group relay for a launch (its LaunchConfig): 0 (no group relays) in the live
+    modes (one node) and when the nodes' hostnames are unknown (a node could not find its
+    group's first node), else :func:`relay_fan_in` of ``--relay-fan-in``. Every node and node 0's
+    aggregator compute the same."""
+    if config.mode != "summary" or len(config.hosts_by_node) != config.nnodes:
+        return 0
+    return relay_fan_in(config.relay_fan_in, config.nnodes)
+
+
 def group_flush_s(world: int, node_flush_s: float = 1.0) -> float:
     """How long a group relay merges each rank's windows before forwarding them: node relays'
     flush interval, longer beyond NODE0_WINDOWS_PER_S ranks (2 s at 16,384 ranks, 8 s at

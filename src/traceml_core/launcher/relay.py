@@ -204,6 +204,9 @@ class Relay(Handler):
 
         # counters
         self._records_in = 0
+        #: when the first step records from a rank reached this relay (epoch s; the launch
+        #: lifecycle's first step), None before
+        self.first_steps_at: Optional[float] = None
         self._frames_in = 0
         self._events_dropped = 0
         self._peak = 0
@@ -435,6 +438,8 @@ class Relay(Handler):
             lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
             self._records_in += n
             self._frames_in += 1
+            if self.first_steps_at is None:
+                self.first_steps_at = time.time()
             if self._pending_bytes + self.out.queued + size > self.budget:
                 lane.dropped += n
                 self.out.records_dropped += n
@@ -484,7 +489,8 @@ class Relay(Handler):
         for rank, d in sorted(dumps.items()):
             self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
                          "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
-                                  "text": d.get("text") or "", "error": d.get("error")}})
+                                  "text": d.get("text") or "", "error": d.get("error"),
+                                  "stopped": bool(d.get("stopped"))}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:

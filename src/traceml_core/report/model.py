@@ -18,7 +18,7 @@ def _d(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-@dataclass
+@dataclass(slots=True)
 class PhaseSummary:
     """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
 
@@ -43,7 +43,7 @@ class PhaseSummary:
                    p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"))
 
 
-@dataclass
+@dataclass(slots=True)
 class CommSummary:
     """One rank's communication per steady step (nccl-tests' algbw / busbw)."""
 
@@ -71,7 +71,7 @@ class CommSummary:
         return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
 
 
-@dataclass
+@dataclass(slots=True)
 class MemTrend:
     """Peak memory early, in the middle and late in a rank's run (bytes); ``rising`` when
     early < middle < late."""
@@ -96,7 +96,7 @@ class MemTrend:
                    t.get("growth_bytes") or 0, t.get("growth_pct"), bool(t.get("rising")))
 
 
-@dataclass
+@dataclass(slots=True)
 class MemPeak:
     max_bytes: int
     mean_bytes: int
@@ -113,7 +113,7 @@ class MemPeak:
         return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankTelemetry:
     """One rank's record accounting: what arrived, what it produced, what may be unsent."""
 
@@ -146,7 +146,7 @@ class RankTelemetry:
                    t.get("sketched") or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class ExitRecord:
     """torchrun's record of a worker that failed: its exit code or the signal that ended it, and
     Python's error when the worker wrote one (its last line, and the traceback)."""
@@ -167,7 +167,7 @@ class ExitRecord:
         return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankSummary:
     """One rank in the summary (``ranks[]``): how it ended, its phases and its telemetry."""
 
@@ -252,7 +252,7 @@ class RankSummary:
             failure=r.get("failure"))
 
 
-@dataclass
+@dataclass(slots=True)
 class Spread:
     """A figure across ranks: the median, and the least and most with their ranks."""
 
@@ -274,7 +274,7 @@ class Spread:
                    s.get("max_rank", -1))
 
 
-@dataclass
+@dataclass(slots=True)
 class Communication:
     """The run's communication: each rank's figures side by side, and the link probe."""
 
@@ -302,7 +302,7 @@ class Communication:
                    {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSummary:
     """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node."""
 
@@ -333,7 +333,7 @@ class GpuSummary:
                    g.get("power_w_mean"), g.get("power_w_max"))
 
 
-@dataclass
+@dataclass(slots=True)
 class VerdictContext:
     """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
 

@@ -142,7 +142,9 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
 
         head, *rest = render_hang(doc.hang.to_json())
         lines.append("")
-        lines.append(("Hang report (steps then resumed): " if doc.hang.resumed else "Hang report: ")
+        stall = doc.hang.report.stall_s
+        lines.append((f"Hang report (the stall lasted {stall:.0f} s, then steps resumed): " if stall is not None
+                      else "Hang report (steps then resumed): " if doc.hang.resumed else "Hang report: ")
                      + head.split(": ", 1)[1])
         lines += rest
     lines.append("")

@@ -20,7 +20,7 @@ from typing import Any, Optional
 from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
-from ..rundata import Finish, RunData
+from ..rundata import Finish, LaunchLifecycle, NodeData, RunData
 from .output import write_summary
 from .summary import iso
 
@@ -111,6 +111,11 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
     if finish is not None and data.finish is None:  # what the launcher knows about the end
         data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
                               source="launcher (after the aggregator was gone)")
+        if isinstance(finish.get("lifecycle"), dict):   # node 0's launcher's own record
+            node0 = next((n for n in data.nodes if n.node == 0), None)
+            if node0 is None:
+                data.nodes.insert(0, node0 := NodeData(0))
+            node0.lifecycle = LaunchLifecycle.from_checkpoint(finish["lifecycle"])
     run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)

@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from ..statistics.series import series_values
-from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
+from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import DURATION_COLUMNS
 from . import status as S
 from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
-from .document import (Across, CompareSection, HangSection, RunSection, StepSeries, StepTime, Summary,
+from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
                        SystemNode, Telemetry, TopoNode, Topology, Verdict)
 from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
@@ -267,6 +267,14 @@ def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> R
 
 
 # --- topology ------------------------------------------------------------------------------------
+def _lifecycle(lc: Optional[LaunchLifecycle]) -> Optional[NodeLifecycle]:
+    """A node's launch lifecycle with local ISO times."""
+    if lc is None:
+        return None
+    return NodeLifecycle({p: iso(at) for p, at in lc.phases.items()}, iso(lc.first_step),
+                         iso(lc.allocation_start), lc.restarts)
+
+
 def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
     """The topology step: the world's shape, and per node who joined when and how it left."""
     s, finish = data.settings, data.finish
@@ -285,7 +293,8 @@ def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
             joined_at=iso(joined_at), join_delay_s=delay,
             late=bool(delay is not None and delay > s.late_after_s),
             left_early=ni.left_at is not None or node in failed_nodes,
-            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, [])))
+            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, []),
+            lifecycle=_lifecycle(ni.lifecycle)))
     return Topology(nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, world_size=s.world_size,
                     master_addr=s.master_addr or None, nodes_joined=sum(1 for n in rows if n.joined),
                     nodes=rows)

@@ -164,6 +164,9 @@ from ..statistics.columns import (  # noqa: F401
 #: (statistics/window.py), in every mode; the live modes add ``tail`` frames; group relays (kind
 #: ``group``, ``node`` frames). 3: the ``fold`` frame's series rows row by row
 PROTOCOL_VERSION = 4
+#: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
+#: ``lifecycle`` record names them
+LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer
