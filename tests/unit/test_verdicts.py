@@ -199,7 +199,7 @@ def test_communication_bound_with_its_numbers_and_cpu_advice():
     s = _run(2, 1, lambda r: _comm(50.0, 5.0, 10.0, 2.0, 30.0 + r, busy=32.0))
     v = s["verdict"]
     assert v["kind"] == "communication_bound" and v["severity"] == "critical"
-    assert "at least 30.0 ms of its 50.0 ms step (60%" in v["why"]
+    assert "at least 30.0 ms of its 50.0 ms step in 9 of 10 steps (60%" in v["why"]
     assert "40 MB per step in 4 collective(s) at 1.25 GB/s bus bandwidth" in v["why"]
     assert v["evidence"]["busbw_gbps"] == 1.25 and v["evidence"]["least_waiting_rank"] == 0
     assert "GLOO_SOCKET_IFNAME" in v["next_step"] and "no_sync()" in v["next_step"]

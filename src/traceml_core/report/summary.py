@@ -24,24 +24,25 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..statistics.series import series_values
 from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
-from ..wire.protocol import DURATION_COLUMNS
+from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
 from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
                        SystemNode, Telemetry, TopoNode, Topology, Verdict)
-from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
+from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
+from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
 from .steps import no_steps_reason, steps_block
 from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
-from .verdicts import judge
+from .trend import memory_trend
+from .verdicts import judge, no_phase
+from .windows import memory_points, run_windows
 
 SCHEMA_VERSION = 1
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
 def phase_name(column: str) -> str:
@@ -75,7 +76,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
                                  s.world_size, end.status),
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
-        cpu_busy_pct=timing.cpu_busy_pct))
+        cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
+        cpu_threads=cpu_threads_of(data.ranks)))
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -86,7 +88,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
             finish_reported_by=finish.source if finish else None),
         topology=topology_of(data, rows.ranks), steps=steps,
         verdict=verdicts[0], other_verdicts=verdicts[1:],
-        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["outside"], warmup_steps=WARMUP_STEPS,
+        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["nophase", "outside"], warmup_steps=WARMUP_STEPS,
         step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
         communication=communication, ranks=rows.ranks, rank_endings=S.endings(rows.ranks),
         system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
@@ -163,9 +165,10 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
 def _phase(ph: PhaseData) -> Optional[PhaseSummary]:
     if ph.count <= 0:
         return None
-    p50, p90, p99 = phase_quantiles(ph, QUANTILES)
+    p10, p50, p90, p99 = phase_quantiles(ph, QUANTILES)
     return PhaseSummary(count=ph.count, mean_ms=ms(ph.mean_ns), steady_mean_ms=ms(ph.steady_mean_ns),
-                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max))
+                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max),
+                        p10_ms=ms(p10))
 
 
 def _comm(r: RankData, phases: dict[str, Optional[PhaseSummary]]) -> Optional[CommSummary]:
@@ -245,8 +248,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         phases=phases,
         outside_ms=ms(r.outside.mean_ns),
         comm=_comm(r, phases),
-        mem_peak=(MemPeak(max_bytes=mem.max, mean_bytes=int(mem.sum / mem.count),
-                          trend=mem_trend(series_values(r.series, "mem_max"))) if mem.count else None),
+        mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(
             received=r.received, expected=expected, lost=max(0, expected - r.received),
             unsent_max=_unsent_bound(r, ended),
@@ -256,6 +258,27 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         events=r.event_count,
         last_events=r.events[-3:],
     )
+
+
+def _mem_peak(r: RankData) -> MemPeak:
+    """The rank's memory peak and its trend over the run (report/trend.py), or why there is none."""
+    trend, why = memory_trend(memory_points(r))
+    return MemPeak(max_bytes=r.mem.max, mean_bytes=int(r.mem.sum / r.mem.count), trend=trend,
+                   trend_why=why)
+
+
+def cpu_threads_of(ranks: Sequence[RankData]) -> dict[int, CpuThreads]:
+    """Each rank's last ``cpu_threads`` event (sdk/threads.py): its threads, its cores and its
+    wait for a core."""
+    out: dict[int, CpuThreads] = {}
+    for r in ranks:
+        for e in reversed(r.events):
+            if e.kind == THREADS_EVENT:
+                fact = CpuThreads.from_event_text(e.text)
+                if fact is not None:
+                    out[r.rank] = fact
+                break
+    return out
 
 
 def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> RankSummary:
@@ -334,9 +357,11 @@ def timing_of(data: RunData, ranks: Sequence[RankSummary]) -> Timing:
 def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Optional[Across]]:
     """Per phase, the ranks' steady means side by side: the median, the worst and the skew."""
     out: dict[str, Optional[Across]] = {}
-    for c in DURATION_COLUMNS + ("outside",):
+    for c in DURATION_COLUMNS + ("nophase", "outside"):
         name = phase_name(c)
-        vals = [(v, r.rank, r.node) for r in ranks for v in (r.steady_ms(name),) if v is not None]
+        vals = [(v, r.rank, r.node) for r in ranks
+                for v in ((no_phase(r.steady_ms("step"), r.steady_ms) if name == "nophase" else r.steady_ms(name)),)
+                if v is not None]
         if not vals:
             out[name] = None
             continue
