@@ -231,7 +231,7 @@ class Server(Handler):
         if now >= self._next_checkpoint:
             self.checkpoint()
         if self.exports is not None and self.exports.due(now) and not self.finishing:
-            self.exports.tick(self.state)
+            self.exports.tick(lambda: run_data(self.state))
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:

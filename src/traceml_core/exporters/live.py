@@ -21,7 +21,7 @@ from .hub import Exporter, ExportHub, ExportStats
 
 if TYPE_CHECKING:
     from ..aggregator.settings import AggregatorSettings
-    from ..aggregator.state import RunState
+    from ..rundata import RunData
 
 #: the largest share of the wall clock spent building batches (the interval stretches): node 0's
 #: aggregator shares the node's cores with training
@@ -65,14 +65,15 @@ class LiveExports:
     def due(self, now: float) -> bool:
         return now >= self.next_at
 
-    def tick(self, state: "RunState") -> None:
-        """Build and offer one batch of the run so far (in the aggregator's loop; never raises)."""
+    def tick(self, run_data: Callable[[], "RunData"]) -> None:
+        """Build and offer one batch of the run so far (in the aggregator's loop; never raises).
+        ``run_data`` gives the run's typed data (called here, inside the guard: the exports
+        read the run, they never import the aggregator that holds it)."""
         t0 = time.perf_counter()
         try:
-            from ..aggregator.adapter import run_data
             from ..report.summary import build_summary
 
-            summary = build_summary(run_data(state), provisional=True)
+            summary = build_summary(run_data(), provisional=True)
             self.hub.offer(self.builder.build(summary, at=time.time()))
         except Exception:  # noqa: BLE001 - an export must never cost the run anything
             pass

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..statistics.series import BUCKETS, OUTSIDE, series_phases, series_values
+from ..statistics.series import BUCKETS, OUTSIDE, regroup, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
 from .document import Envelope, GpuSeries, NodeSeries, RankSeries, Timeline, Verdict
 from .model import RankSummary
 from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
-from .windows import means, phase_col, regroup
+from .windows import means, phase_col
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
 RANK_LINES = 64

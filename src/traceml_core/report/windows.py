@@ -18,19 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..statistics.series import OUTSIDE, series_phases, series_values
+from ..statistics.series import OUTSIDE, regroup, series_phases, series_values
 from ..rundata import RankData
 from .thresholds import WARMUP_STEPS
 
 NS_PER_MS = 1e6
-
-
-def regroup(values: list, factor: int, combine: str) -> list:
-    """Neighbouring buckets merged ``factor`` at a time (sums added, maxima kept)."""
-    if factor <= 1:
-        return values
-    fn = sum if combine == "sum" else max
-    return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
 
 
 def means(sums: list, cnts: list, n: int, digits: Optional[int] = None) -> list[Optional[float]]:

@@ -310,6 +310,16 @@ FIELDS: dict[tuple[str, Optional[str]], int] = {
 _OLD_CODES = {"step_sum": "d", "phase_sum": "d", "phase_cnt": "i"}
 
 
+def regroup(values: Sequence[int], factor: int, combine: str) -> list:
+    """One metric of a serialised series at ``factor`` times its width: neighbouring buckets
+    merged ``factor`` at a time, sums (``combine="sum"``) added and maxima (``"max"``) kept, as
+    :meth:`Series.merge` widens a running series (ranks of different widths read at one)."""
+    if factor <= 1:
+        return list(values)
+    fn = sum if combine == "sum" else max
+    return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
+
+
 def series_phases(data: dict[str, Any]) -> list[str]:
     """The phases (``phase_sum``/``phase_cnt`` keys) a serialised series holds."""
     if "cells" in data:
