@@ -13,15 +13,29 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Optional, Protocol, Sequence
 
 from . import LIVE_KINDS
 from .batch import BatchBuilder, FinalFiles, RunIdentity
 from .hub import Exporter, ExportHub, ExportStats
 
 if TYPE_CHECKING:
-    from ..aggregator.settings import AggregatorSettings
     from ..rundata import RunData
+
+
+class ExportSettings(Protocol):
+    """What the live exports read of the aggregator's settings (``AggregatorSettings`` has it;
+    the exports depend on this much, not on the aggregator)."""
+
+    run_name: str
+    job_id: Optional[str]
+    started_at: float
+    nnodes: int
+    nproc_per_node: int
+    hostnames: Sequence[str]
+    script: str
+    export: Sequence[str]
+    export_interval_s: float
 
 #: the largest share of the wall clock spent building batches (the interval stretches): node 0's
 #: aggregator shares the node's cores with training
@@ -50,7 +64,7 @@ MAKERS: dict[str, Callable[[], Exporter]] = {"wandb": _wandb, "mlflow": _mlflow,
 
 
 class LiveExports:
-    def __init__(self, settings: "AggregatorSettings", run_dir: Path, kinds: Sequence[str]) -> None:
+    def __init__(self, settings: ExportSettings, run_dir: Path, kinds: Sequence[str]) -> None:
         self.identity = RunIdentity(
             run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
             nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
@@ -100,7 +114,7 @@ class LiveExports:
         return self.hub.report()
 
 
-def live_exports(settings: "AggregatorSettings", run_dir: Path) -> Optional[LiveExports]:
+def live_exports(settings: ExportSettings, run_dir: Path) -> Optional[LiveExports]:
     """The run's live exports, or None when none was asked for."""
     kinds = [k for k in settings.export if k in LIVE_KINDS]
     return LiveExports(settings, run_dir, kinds) if kinds else None
