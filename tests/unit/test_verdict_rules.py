@@ -373,6 +373,20 @@ def test_a_straggler_of_its_own_is_not_blamed_on_oversubscription():
     assert s["verdict"]["evidence"]["explained_by"] is None
 
 
+def test_a_rank_behind_in_forward_with_4_threads_on_2_cores_is_oversubscription_first():
+    """The matrix's real run: 2 ranks x 4 torch threads on 2 cores; rank 1 falls 9 ms behind,
+    mostly in forward, its main thread waiting for a core no longer than rank 0's (its intra-op
+    threads' waits are not measured). Oversubscription first, the straggler after it, saying
+    so; the control above (one thread per rank, extra work of its own) keeps the straggler first."""
+    def step(rank, i):
+        return _ddp(fwd=15.4, bwd=17.4, comm=0.4) if rank == 1 else _ddp(fwd=10.0, bwd=14.0, comm=9.2)
+    s = _run(2, 200, step, threads=lambda rank: (4, [[0, 1]], 8.0))
+    assert _kinds(s)[:2] == ["cpu_oversubscribed", "straggler"], _kinds(s)
+    st = _get(s, "straggler")
+    assert st["evidence"]["explained_by"] == "cpu_oversubscribed" and st["evidence"]["phase"] == "forward"
+    assert "which may be what slows it" in st["why"]
+
+
 def test_more_work_on_a_busy_cpu_is_still_a_straggler():
     """A shared CPU: every rank waits for a core in proportion to the CPU time it asks for (here
     1 ms of wait per ms on a core). Rank 1 does 15 ms more CPU work per step and so also waits 15

@@ -61,6 +61,12 @@ CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversub
 #: a straggler comes from its node's oversubscription when at least this share of its excess was
 #: its extra wait for a core (measured: sdk/threads.py)
 CAUSE_SHARE = 0.5
+#: ...or, where each rank computes with more than one torch thread, when its excess is in the
+#: phases torch runs on those threads: only the main thread's wait for a core is measured, and
+#: an operator split over threads that wait for a core takes longer on the main thread without
+#: it waiting at all (2 ranks x 4 threads on 2 cores: a rank falls behind in forward, its main
+#: thread waiting no more than the others')
+INTRA_OP_PHASES = ("forward", "backward", "optimizer")
 SEVERITIES = ("critical", "warning", "info")
 #: the phases a rank's own time is made of, besides backward (own work where communication is
 #: measured): ``nophase`` is inside the traced step but outside every measured phase, ``outside``
@@ -896,9 +902,13 @@ def _explains(cause: Verdict, effect: Verdict, node_of: dict[int, Any]) -> bool:
         # steps on one rank is not linked: it may be work of that rank's own, not input.)
         return cause["evidence"]["source"] == "fetch" and effect["evidence"].get("phase") == "input"
     if cause["kind"] == "cpu_oversubscribed" and effect["kind"] == "straggler":
-        # only a straggler whose excess is mostly its wait for a core (measured) comes from it
+        # only a straggler whose excess is mostly its wait for a core (measured) comes from it,
+        # or, with several threads per rank, one whose excess is where they compute (not measured)
         ev = effect["evidence"]
-        if ev.get("cpu_wait_ms") is None or ev["cpu_wait_ms"] < CAUSE_SHARE * ev["excess_ms"]:
+        waited = ev.get("cpu_wait_ms") is not None and ev["cpu_wait_ms"] >= CAUSE_SHARE * ev["excess_ms"]
+        threaded = (max(cause["evidence"].get("threads_per_rank") or [1]) > 1
+                    and ev.get("phase") in INTRA_OP_PHASES)
+        if not (waited or threaded):
             return False
     c, e = cause.get("culprit") or {}, effect.get("culprit") or {}
     if c.get("rank") is not None:
