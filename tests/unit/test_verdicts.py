@@ -39,7 +39,7 @@ def test_input_bound_is_named_with_its_numbers():
                                   optimizer_ms=5.0))
     v = s["verdict"]
     assert v["kind"] == "input_bound" and v["severity"] == "critical"
-    assert "waits for the next batch 40% of its step time (20.0 ms of 50.0 ms per step on average)" in v["why"]
+    assert "waits for its next batch 40% of its step time (20.0 ms of 50.0 ms per step on average)" in v["why"]
     assert v["evidence"]["source"] == "fetch"
     assert "num_workers" in v["next_step"] and v["culprit"] is None
 
