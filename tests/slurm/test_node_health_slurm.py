@@ -19,9 +19,9 @@ from e2e import REPO, job_env
 from test_comm_slurm import throttled
 
 SCRIPT = REPO / "tests" / "unit" / "scripts" / "comm_train.py"
-#: a short DDP run with 4 MB of gradients per step: communication-bound on the slow link, which the
+#: a short DDP run with 1 MB of gradients per step: communication-bound on the slow link, which the
 #: link probe before it pins on node3
-SHORT = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "1024", "COMM_BATCH": "8", "COMM_STEPS": "26"}
+SHORT = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "512", "COMM_BATCH": "8", "COMM_STEPS": "26"}
 JOB = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 srun --kill-on-bad-exit=1 traceml run {SCRIPT}
