@@ -43,8 +43,6 @@ from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
 TICK_S = 0.2
-#: pending step records are turned into statistics at least this often
-FLUSH_S = 1.0
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
 #: the most checkpoint bytes written per second on average (the interval stretches): the logs
@@ -140,8 +138,8 @@ class Server(Handler):
         self.ingest = Ingest(self.state, log)
         self.endpoint = Endpoint(
             aud=AGGREGATOR, run=settings.run_name, job=settings.job_id,
-            keys={"node": settings.token, "control": settings.control_token},
-            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node)
+            keys={"node": settings.token, "group": settings.token, "control": settings.control_token},
+            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node, fan_in=settings.relay_fan_in)
         self.nonces = NonceCache()
         self.net = FramedServer(
             listener, self, counters=self.state.counters, log=log, name="",
@@ -150,7 +148,6 @@ class Server(Handler):
                           max_buffered=settings.max_buffered_bytes))
         self.port = self.net.port
         self._finalize_cb = finalize
-        self._next_flush = 0.0
         self._req_id = 0
         #: (connection, request id) to answer when the autopsy in progress is done
         self._autopsy_for: Optional[tuple[Conn, Any]] = None
@@ -169,9 +166,14 @@ class Server(Handler):
         #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
         self.exports: Optional[Any] = None
         if any(k in LIVE_KINDS for k in settings.export):
+            from ..exporters.batch import RunIdentity
             from ..exporters.live import live_exports
 
-            self.exports = live_exports(settings, run_dir.path)
+            identity = RunIdentity(
+                run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
+                nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
+                hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir.path))
+            self.exports = live_exports(identity, run_dir.path, settings.export, settings.export_interval_s)
         #: run once the launcher has the final summary and the connections are closed (the live
         #: exports' last batch and files: bounded, and the launcher waits for no one but the reply)
         self.after_reply: Optional[Callable[[], None]] = None
@@ -179,7 +181,6 @@ class Server(Handler):
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
         from ..rundir import load_checkpoint
-        from .resume import seed
 
         try:
             doc = load_checkpoint(Path(path))
@@ -192,7 +193,7 @@ class Server(Handler):
             log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
                 "starting from nothing: the summary counts every earlier record as lost")
             return
-        seed(self.state, doc["state"])
+        self.state.go_on_from(doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
             "aggregator received after it are counted as lost")
@@ -223,9 +224,6 @@ class Server(Handler):
     def _tick(self, now: float) -> None:
         if self.claim is not None:
             self.claim.refresh(now)
-        if now >= self._next_flush:
-            self.state.flush()
-            self._next_flush = now + FLUSH_S
         if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
             self._autopsy_done()
         if self.state.hangs:
@@ -238,7 +236,14 @@ class Server(Handler):
         if now >= self._next_checkpoint:
             self.checkpoint()
         if self.exports is not None and self.exports.due(now) and not self.finishing:
-            self.exports.tick(self.state)
+            self.exports.tick(self._summary_so_far)
+
+    def _summary_so_far(self) -> dict[str, Any]:
+        """The provisional summary of the run so far (a live export's batch is built from it)."""
+        from ..report.summary import build_summary
+        from .adapter import run_data
+
+        return build_summary(run_data(self.state), provisional=True)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:
@@ -302,6 +307,9 @@ class Server(Handler):
         i = conn.ident
         assert i is not None
         now = time.time()
+        if i.kind == "group":
+            self.ingest.group_joined(conn, i)
+            return
         if i.kind == "node":
             old = self.ingest.node_joined(conn, i, now)
         else:
@@ -313,14 +321,17 @@ class Server(Handler):
     def on_frame(self, conn: Conn, msg: dict[str, Any], data: Any, off: int, end: int) -> None:
         i = conn.ident
         assert i is not None
-        if i.kind == "node":
+        if i.kind in ("node", "group"):
             # the link carries the node's other ranks: a bad frame is counted and skipped
             try:
-                checked = validate("node", msg)
+                checked = validate(i.kind, msg)
                 if checked is None:
                     self.state.counters["ignored_frames"] += 1
                     return
                 self._count_refused(conn, checked)
+                if i.kind == "group":
+                    self.ingest.group_frame(conn, i, checked, time.time(), finishing=self.finishing)
+                    return
                 self.ingest.node_frame(conn, i, checked)
             except ProtocolError as exc:
                 self.state.counters["malformed"] += 1
@@ -409,6 +420,9 @@ class Server(Handler):
     def on_close(self, conn: Conn) -> None:
         i = conn.ident
         assert i is not None
+        if i.kind == "group":
+            self.ingest.group_closed(conn, time.time(), finishing=self.finishing)
+            return
         if self.ingest.link_closed(conn, i, time.time(), finishing=self.finishing) \
                 and self.state.finish is None and self.drain_until is None and self.term_until is None:
             self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
@@ -423,9 +437,8 @@ class Server(Handler):
         self._req_id += 1
         frame = {"t": "req", "id": self._req_id, "kind": kind, "ranks": ranks, "args": args or {}}
         validate("down", dict(frame))  # the same rule the receiving end applies
-        for links in self.ingest.node_links.values():
-            for c in links:
-                self.net.send(c, frame)
+        for c in self.ingest.links():
+            self.net.send(c, frame)
         return self._req_id
 
     # --- persistence and the end ----------------------------------------------------------------
@@ -437,8 +450,6 @@ class Server(Handler):
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
-        if data is None:
-            self.state.flush()
         blob = b""
         try:
             blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
@@ -460,7 +471,6 @@ class Server(Handler):
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
-        self.state.flush()
         data = checkpoint_data(self.state)
         self.checkpoint(final=not provisional, data=data)
         run = run_data(self.state, plain=data)
@@ -488,7 +498,7 @@ class Server(Handler):
             self.net.send(target, reply)
             self.net.drain_writes(target, 2.0)
         # the relays hear that this close is the end of the run, not a failure to report
-        links = [c for cs in ing.node_links.values() for c in cs]
+        links = ing.links()
         for c in links:
             self.net.send(c, {"t": "end"})
         for c in links:

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
+from .nextjob import NextJobSection
 
 J = dict[str, Any]
 
@@ -519,6 +520,8 @@ class Summary:
     partial: Optional[J] = None
     #: the goodput ledger over the run's attempts (goodput/ledger.py); None in older summaries
     goodput: Optional[Ledger] = None
+    #: lines for the next job script (report/nextjob.py); None when there are none
+    next_job: Optional[NextJobSection] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -555,7 +558,8 @@ class Summary:
             files=dict(doc.get("files") or {}), hang=HangSection.from_json(doc.get("hang")),
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
             notes=list(doc.get("notes") or []), partial=doc.get("partial"),
-            goodput=Ledger.from_json(doc.get("goodput")))
+            goodput=Ledger.from_json(doc.get("goodput")),
+            next_job=NextJobSection.from_json(doc.get("next_job")))
 
     def to_json(self) -> J:
         out: J = {
@@ -579,4 +583,6 @@ class Summary:
             out["goodput"] = self.goodput.to_json()
         if self.partial is not None:
             out["partial"] = self.partial
+        if self.next_job is not None:
+            out["next_job"] = self.next_job.to_json()
         return out

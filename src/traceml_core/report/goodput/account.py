@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from operator import add
 from typing import Any, Optional, Sequence
 
-from ...aggregator.series import series_values
+from ...statistics.series import series_values
 from ...rundata import HangReport, RankData, RunData
 from .buckets import KEYS
 from .ledger import AttemptLedger, NodeLedger, Progress, Split, apportion
