@@ -63,6 +63,9 @@ class AggregatorSettings(BaseModel):
     export: list[str] = Field(default_factory=list)
     #: seconds between live exports (traceml_core/exporters)
     export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
+    #: the cluster plugin of the launch (``slurm``; ``none``/empty: none): the final summary hands
+    #: it the run's node evidence and shows its lines for the next job (report/nextjob.py)
+    cluster: str = Field("", max_length=64)
     #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
