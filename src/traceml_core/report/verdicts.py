@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
+from . import cpubinding
 from . import thresholds as T
 from .model import RankSummary, VerdictContext
 from .stats import median
@@ -203,10 +204,15 @@ def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Ve
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
         return None
+    # the CPU's part (report/cpubinding.py): the pacing rank's DataLoader workers against its CPUs
+    # (every rank's where it did not say)
+    pacing = ctx.cpu_threads.get(rank)
+    cpu = None if between else cpubinding.evidence([pacing] if pacing is not None else
+                                                    [ctx.cpu_threads.get(r.rank) for r in live])
     return _verdict("input_bound", sev, None, source="between_steps" if between else "fetch",
                     input_fraction=round(frac, 4), input_ms=round(wait, 4), of_ms=round(of, 4),
                     periodic_excluded=bool(between and periodic), device=ctx.device,
-                    pacing_rank=None if between else rank, ranks=len(measured))
+                    pacing_rank=None if between else rank, ranks=len(measured), cpu=cpu)
 
 
 def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
@@ -234,9 +240,14 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
     one = (f"waits for its next batch {ev['input_fraction']:.0%} of its step time ({ev['input_ms']:.1f} ms of "
            f"{ev['of_ms']:.1f} ms per step on average)")
     if ev["ranks"] == 1:
-        return f"rank {ev['pacing_rank']} {one}", nxt
-    return (f"the run waits for data: rank {ev['pacing_rank']}, whose DataLoader sets the pace, {one}; the "
-            "other ranks wait for it"), nxt
+        why = f"rank {ev['pacing_rank']} {one}"
+    else:
+        why = (f"the run waits for data: rank {ev['pacing_rank']}, whose DataLoader sets the pace, {one}; the "
+               "other ranks wait for it")
+    if ev.get("cpu"):  # what the CPU says of it, and the fix that fits (report/cpubinding.py)
+        cpu_why, nxt = cpubinding.say(ev["cpu"])
+        why += f"; {cpu_why}"
+    return why, nxt
 
 
 # --- periodic work between steps -------------------------------------------------------------------
