@@ -481,6 +481,8 @@ class VerdictContext:
     step_source: Optional[str] = None
     #: why no rank recorded a step, or None
     no_steps: Optional[str] = None
+    #: how the run ended (report/status.py); a run stopped before its first step gets other advice
+    run_status: Optional[str] = None
     gpus: list[GpuSummary] = field(default_factory=list)
     #: every GPU's mean utilisation, averaged; None without GPUs
     gpu_util_pct: Optional[float] = None

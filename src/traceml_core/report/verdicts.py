@@ -875,6 +875,11 @@ def _say_no_clear_bottleneck(ev: dict[str, Any]) -> tuple[str, str]:
 def _say_no_steps(ev: dict[str, Any]) -> tuple[str, str]:
     from .steps import TWO_LINES
 
+    if ev.get("run_status") in ("interrupted", "failed"):
+        return (ev["reason"],
+                "the ranks' logs say how far each got; a job stopped this early (scancel, a time "
+                "limit shorter than the start-up) ends before training: give it the time to reach "
+                "its first steps")
     return (ev["reason"],
             f"add two lines to the script: `{TWO_LINES[0]}` at the top and `{TWO_LINES[1].split('  ')[0]}` "
             "around the body of each training step (docs: quickstart)")
@@ -951,7 +956,7 @@ def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
     of steps, ...). A verdict that contradicts another one found (:data:`CONTRADICTS`) is
     dropped; a cause comes before its consequence (:data:`CAUSES`)."""
     if ctx.no_steps:
-        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps)]
+        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps, run_status=ctx.run_status)]
     live = [r for r in ranks if r.phases.get("step") and r.steady_steps >= T.MIN_STEPS]
     if not live:
         most = max((r.steady_steps for r in ranks), default=0)
