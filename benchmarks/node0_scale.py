@@ -272,20 +272,25 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--seconds", type=int, default=12, help="seconds of the run replayed per size")
     ap.add_argument("--at-steps", default="0,36000",
                     help="where in the run the replayed seconds start, in steps (36,000: an hour in)")
-    ap.add_argument("--tree", default="auto", help="auto (group relays from 512 nodes on), off, or both")
+    ap.add_argument("--tree", default="auto",
+                    help="auto (group relays from 512 nodes on), off, or both (the two side by side); "
+                         "one per size, comma-separated (e.g. both,both,auto: 65,536 ranks on direct links "
+                         "would need ~9 GB)")
     ap.add_argument("--quick", action="store_true", help="a smoke run (tests): 2 s")
     args = ap.parse_args(argv)
     sizes = [int(x) for x in args.ranks.split(",")]
     per = [int(x) for x in args.per_relay.split(",")]
     per += [per[-1]] * (len(sizes) - len(per))
     seconds = 2 if args.quick else args.seconds
-    trees = ["auto", "off"] if args.tree == "both" else [args.tree]
+    tree_of = args.tree.split(",")
+    tree_of += [tree_of[-1]] * (len(sizes) - len(tree_of))
     import tempfile
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for at in (int(x) for x in args.at_steps.split(",")):
-            for ranks, pr in zip(sizes, per):
+            for ranks, pr, how in zip(sizes, per, tree_of):
+                trees = ["auto", "off"] if how == "both" else [how]
                 for tree in trees:
                     if tree == "off" and not fan_in(ranks // pr) and "auto" in trees:
                         continue  # the same run: no tree at this size
@@ -308,10 +313,18 @@ def main(argv: Optional[list[str]] = None) -> int:
               f"{r['node_us']:>7.0f} us {grp} {r['ckpt_s']:>9.2f}s {r['ckpt2_s']:>5.2f}s {r['ckpt_mb']:>8.1f} "
               f"{r['rss_mb']:>7.0f}MB")
     for at in sorted({r["at"] for r in rows}):
-        same = [r for r in rows if r["at"] == at and (r["fan"] or r["nodes"] < 256 or args.tree != "both")]
+        here = [r for r in rows if r["at"] == at]
+        treed = {r["ranks"] for r in here if r["fan"]}
+        same = [r for r in here if r["fan"] or r["ranks"] not in treed]  # the tree where it ran
         for a, b in zip(same, same[1:]):
             print(f"ratio {b['ranks']:,}/{a['ranks']:,} ranks, from step {at:,}: cores x{b['cores'] / a['cores']:.2f} "
                   f"(ranks x{b['ranks'] / a['ranks']:.0f}), cost per record x{a['rec_per_cpu_s'] / b['rec_per_cpu_s']:.2f}")
+        for r in here:  # the tree against direct links, where both ran
+            d = next((x for x in here if x["ranks"] == r["ranks"] and not x["fan"]), None)
+            if r["fan"] and d is not None:
+                print(f"{r['ranks']:,} ranks, from step {at:,}, group relays / direct links: "
+                      f"cores x{r['cores'] / d['cores']:.2f}, peak RSS x{r['rss_mb'] / d['rss_mb']:.2f}, "
+                      f"checkpoint x{r['ckpt2_s'] / max(d['ckpt2_s'], 1e-9):.2f}")
     return 0
 
 

@@ -8,10 +8,9 @@ serialised form. Cost is proportional to ranks x buckets, never to the number of
 from __future__ import annotations
 
 from array import array
-from operator import add
 from typing import Any, Optional, Sequence
 
-from ..statistics.series import regroup, series_values
+from ..statistics.series import step_across
 from ..statistics.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
 from ..statistics.sketch import quantiles_of
 from ..rundata import PhaseData, RankData
@@ -63,25 +62,7 @@ def merged_quantiles(merged: dict[str, Any], qs: Sequence[float]) -> list[Option
 
 def merged_series(ranks: Sequence[RankData]) -> dict[str, Any]:
     """Step time per series bucket over all ranks: mean and worst, at the coarsest rank width."""
-    width = max((r.series["width"] for r in ranks), default=1)
-    tot_sum: list[int] = []
-    tot_cnt: list[int] = []
-    tot_max: list[int] = []
-    for r in ranks:
-        s = r.series
-        f = width // s["width"]
-        ssum, scnt, smax = (series_values(s, k) for k in ("step_sum", "step_cnt", "step_max"))
-        if f > 1:
-            ssum, scnt, smax = regroup(ssum, f, "sum"), regroup(scnt, f, "sum"), regroup(smax, f, "max")
-        if len(ssum) > len(tot_sum):
-            grow = len(ssum) - len(tot_sum)
-            tot_sum += [0] * grow
-            tot_cnt += [0] * grow
-            tot_max += [-1] * grow
-        n = len(ssum)
-        tot_sum[:n] = map(add, tot_sum[:n], ssum)
-        tot_cnt[:n] = map(add, tot_cnt[:n], scnt)
-        tot_max[:n] = map(max, tot_max[:n], smax)
+    width, tot_sum, tot_cnt, tot_max = step_across([r.series for r in ranks])
     return {
         "steps_per_bucket": width,
         "mean_ms": [ms(t / c) if c else None for t, c in zip(tot_sum, tot_cnt)],

@@ -320,6 +320,31 @@ def regroup(values: Sequence[int], factor: int, combine: str) -> list:
     return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
 
 
+def step_across(series: Sequence[dict[str, Any]]) -> tuple[int, list[int], list[int], list[int]]:
+    """Many ranks' serialised series as one: at the coarsest rank's width, per bucket the step
+    time's sum and count over all ranks and its maximum (-1: no step). Returns (width, sums,
+    counts, maxima)."""
+    width = max((int(s["width"]) for s in series), default=1)
+    tot_sum: list[int] = []
+    tot_cnt: list[int] = []
+    tot_max: list[int] = []
+    for s in series:
+        f = width // int(s["width"])
+        ssum, scnt, smax = (series_values(s, k) for k in ("step_sum", "step_cnt", "step_max"))
+        if f > 1:
+            ssum, scnt, smax = regroup(ssum, f, "sum"), regroup(scnt, f, "sum"), regroup(smax, f, "max")
+        if len(ssum) > len(tot_sum):
+            grow = len(ssum) - len(tot_sum)
+            tot_sum += [0] * grow
+            tot_cnt += [0] * grow
+            tot_max += [-1] * grow
+        n = len(ssum)
+        tot_sum[:n] = map(add, tot_sum[:n], ssum)
+        tot_cnt[:n] = map(add, tot_cnt[:n], scnt)
+        tot_max[:n] = map(max, tot_max[:n], smax)
+    return width, tot_sum, tot_cnt, tot_max
+
+
 def series_phases(data: dict[str, Any]) -> list[str]:
     """The phases (``phase_sum``/``phase_cnt`` keys) a serialised series holds."""
     if "cells" in data:
