@@ -66,6 +66,7 @@ class CudaPhaseTimer(HostClock):
         self._pending: deque[tuple[Any, ...]] = deque()    # rows waiting for their events
         self.fallbacks = 0                                  # rows committed with host times
         self.events = self
+        self.direct = False
         #: communication of the current step: ("b", ev0, ev1, S, bus, phase) blocking,
         #: ("s", ev0, [ev1], S, bus) launched (ev1 appended at completion), ("w", ev0, ev1, phase)
         #: a wait, ("r", ev0 of the last bucket, [its "s" items]) a DDP backward's buckets
@@ -176,7 +177,7 @@ class CudaPhaseTimer(HostClock):
             t.cn = 0
             self._comm = []
             self._round = []
-        self._pending.append((list(t.vals), self._spans, comm))
+        self._pending.append((t.vals, self._spans, comm))
         self._spans = []
         self.drain(t)
 

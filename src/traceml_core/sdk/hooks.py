@@ -95,6 +95,7 @@ STEP = """
             _tm_n0 = _tm_v[_TM_FWD] + _tm_v[_TM_BWD]
             _tm_t0 = _tm_pc()
             _tm_out = _tm_orig({call})
+            _tm_v = _tm_r.vals
             _tm_v[_TM_OPT] += _tm_pc() - _tm_t0 - (_tm_v[_TM_FWD] + _tm_v[_TM_BWD] - _tm_n0)
         finally:
             _tm_r.opt_owner = None

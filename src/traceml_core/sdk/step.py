@@ -47,7 +47,8 @@ from time import perf_counter_ns
 from typing import Any
 
 from .collectives import CommAccount, InFlight
-from .recorder import C_BWD, C_FWD, C_INPUT, C_MEM, C_OPT, C_STEPNS, C_TEND, StepRecorder, fresh_values
+from .recorder import (C_BWD, C_COMM, C_FWD, C_INPUT, C_MEM, C_OPT, C_STEPNS, C_TEND, StepRecorder,
+                       fresh_values)
 
 #: what a step without collectives says in its communication columns, by ``StepState.cdef``
 COMM_MEASURED, COMM_INCOMPLETE, COMM_NO_GROUP = 0, -1, -2
@@ -114,9 +115,12 @@ class StepState:
         self._refresh()
 
     def set_comm(self, cdef: int) -> None:
-        """What a step without collectives says from now on (see ``COMM_*``)."""
+        """What a step without collectives says from now on (see ``COMM_*``); once coverage is
+        incomplete, the open step's communication is not measured either."""
         self.cdef = cdef
         self._refresh()
+        if cdef < 0 and self.active:
+            self.vals[C_COMM:] = self.fresh[C_COMM:]
 
     def _refresh(self) -> None:
         self.fresh = fresh_values(forward_timed=self.forward_timed,
@@ -182,8 +186,7 @@ class StepContext:
             t.active += 1
             return self
         t.active = 1
-        v = t.vals
-        v[:] = t.fresh
+        t.vals = v = t.fresh.copy()     # (a new list each step: a held-back record keeps its own)
         inp = t.pending_input
         v[C_INPUT] = inp
         t.pending_input = -1
@@ -211,7 +214,11 @@ class StepContext:
         v[C_STEPNS] = t1 - t.t0
         v[C_MEM] = t.mem
         t.mem = t.mem_last
-        t.timing.end_step(t, t1)
+        timing = t.timing
+        if timing.direct and not t.cn:  # the host clock, no collectives: nothing to add (fast path)
+            t.rec.commit(v, t1)
+        else:
+            timing.end_step(t, t1)
         return False
 
 

@@ -9,8 +9,9 @@
   CUDA events, and the record is held back until they complete.
 
 A strategy's interface: ``events`` (itself when it brackets phases with device events, else
-None: the hooks then read the host clock only), ``end_step(state, t1)``, ``abort_step(state)``,
-``pending`` (records waiting for the device) and ``drain(state, final)``.
+None: the hooks then read the host clock only), ``end_step(state, t1)`` (``direct``: a step
+without collectives has nothing to add, and the step context commits it itself),
+``abort_step(state)``, ``pending`` (records waiting for the device) and ``drain(state, final)``.
 
 Why the reducer's timings on CPU: DDP's gradient all-reduce never passes through
 ``torch.distributed.all_reduce`` (the reducer calls the process group from C++). DDP's reducer
@@ -40,6 +41,7 @@ class HostClock:
     """Every phase on the host clock (the hooks read it inline; nothing to do per phase)."""
 
     events: Any = None
+    direct = True
     pending = 0
 
     def end_step(self, t: StepState, t1: int) -> None:
@@ -77,6 +79,8 @@ class Watched:
 class ReducerPolling(HostClock):
     """The host clock, plus the reducer timings of the watched DDP models read at step exit
     (see the module docstring)."""
+
+    direct = False
 
     def __init__(self) -> None:
         self.watched: list[Watched] = []
