@@ -318,9 +318,11 @@ class Comm:
             return False
         if self.polling is None:
             self.polling = ReducerPolling()
+        if not self.polling.watch(model):
+            return False
         if self.t.events is None:   # (CUDA timing times CUDA models' communication with events)
             self.t.use_timing(self.polling)
-        return self.polling.watch(model)
+        return True
 
     def register_orig(self, model: Any, state: Any, hook: Any) -> None:
         from torch.nn.parallel import DistributedDataParallel as DDP

@@ -23,9 +23,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
-from .step import StepState
+if TYPE_CHECKING:   # (the launcher imports this module: it stays free of the SDK's hot path)
+    from .step import StepState
 
 #: offset of the dump signal from SIGRTMIN (glibc keeps the first two real-time signals)
 SIGNAL_OFFSET = 6
@@ -64,7 +65,7 @@ def install(stack_dir: str, rank: int) -> Optional[Path]:
         return None
 
 
-def snapshot(state: Optional[StepState]) -> dict[str, Any]:
+def snapshot(state: Optional["StepState"]) -> dict[str, Any]:
     """What the running interpreter can say about where this rank is (client thread): the
     collective it has in flight (``InFlight.oldest``), when the SDK saw it launched, and where the
     step counter stands (``state`` None or off: only the collectives)."""

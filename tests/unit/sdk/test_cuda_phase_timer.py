@@ -240,3 +240,30 @@ def test_communication_resolves_from_events_and_leaves_backward_its_compute():
     assert row[C_COMM_BUSY] == 6 * ms, "3..8 ms (overlapping buckets) and 8..9 ms"
     assert (row[C_COMM_BYTES], row[C_COMM_BUS], row[C_COMM_CALLS]) == (3400, 3400, 4)
     assert row[C_FWD] == 2 * ms and timer.fallbacks == 0
+
+
+def test_phases_timed_by_callbacks_get_device_times_and_the_optimizer_rule():
+    """An integration's split brackets (StepState.begin/end: Lightning's training_step between
+    two callbacks, the global optimizer hooks) take the same CUDA-event path as the wrappers,
+    including the rule that an optimizer span holding forward/backward is not device time."""
+    dev, t, timer = setup()
+    with t.step:
+        tok = t.begin()
+        dev.clock_ms += 2.5
+        t.end(C_FWD, tok)
+        opt = t.begin()
+        inner = t.begin()                 # a backward inside the optimizer's closure
+        dev.clock_ms += 4.0
+        t.end(C_BWD, inner)
+        dev.clock_ms += 1.0
+        t.end(C_OPT, opt)
+    with t.step:
+        opt = t.begin()
+        dev.clock_ms += 1.5
+        t.end(C_OPT, opt)
+    dev.completed_upto = 10**9
+    timer.drain(t, final=True)
+    first, second = committed(t)
+    assert (first[C_FWD], first[C_BWD]) == (2_500_000, 4_000_000)
+    assert 0 <= first[C_OPT] < 4_000_000, "host time without the backward inside, not 5 ms"
+    assert second[C_OPT] == 1_500_000 and timer.fallbacks == 0
