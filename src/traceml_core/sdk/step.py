@@ -64,7 +64,7 @@ class StepState:
         "model_id", "events", "infer", "nbwd", "cn", "comm", "cdef", "mem", "mem_last",
         "timing", "rec", "fresh", "inference",
         # colder
-        "raised_at", "inflight", "comm_depth", "forward_timed", "step",
+        "raised_at", "inflight", "forward_timed", "step",
     )
 
     def __init__(self, recorder: StepRecorder, timing: Any) -> None:
@@ -93,7 +93,6 @@ class StepState:
         self.cdef = COMM_NO_GROUP
         self.inflight = InFlight()
         self.comm = CommAccount(self.inflight)
-        self.comm_depth = 0       # >0 while a wrapped collective runs (its own are not counted)
         self.forward_timed = False
         self.fresh = fresh_values(forward_timed=False, comm=-1)
         self.vals = list(self.fresh)
