@@ -28,6 +28,7 @@ from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
+from traceml_core.rundata import RunData  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -86,7 +87,7 @@ def finalize(args: argparse.Namespace) -> dict:
     t1 = time.perf_counter()
     blob = pack_checkpoint(data, final=True)
     t2 = time.perf_counter()
-    summary = build_summary(data)
+    summary = build_summary(RunData.from_checkpoint(data))
     t3 = time.perf_counter()
     text = json.dumps(summary, indent=1)
     t4 = time.perf_counter()

@@ -27,6 +27,7 @@ from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_html import render_html  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
+from traceml_core.rundata import RunData  # noqa: E402
 
 
 def one(nodes: int, nproc: int) -> dict[str, float]:
@@ -38,7 +39,7 @@ def one(nodes: int, nproc: int) -> dict[str, float]:
                       "failed_nodes": list(range(1, nodes)), "at": time.time()}
     out: dict[str, float] = {}
     t = time.perf_counter()
-    summary = build_summary(data)
+    summary = build_summary(RunData.from_checkpoint(data))
     out["build_s"] = time.perf_counter() - t
     t = time.perf_counter()
     text = render(summary)

@@ -1,6 +1,6 @@
 """Shared set-up for the examples: process group, device, a small model and synthetic data.
 
-Every example runs three ways: ``traceml run ex.py --nproc-per-node=2`` (telemetry on),
+Every example runs three ways: ``traceml run --nproc-per-node=2 ex.py`` (telemetry on),
 ``torchrun --nproc-per-node=2 ex.py`` (telemetry off, says so once) and ``python ex.py`` (one
 process, no process group). CPU uses gloo, GPU uses nccl.
 """

@@ -1,6 +1,6 @@
 """Minimal DDP training with TraceML: a small MLP on synthetic data through a real DataLoader.
 
-    traceml run examples/ddp_minimal.py --nproc-per-node=2      # telemetry + final summary
+    traceml run --nproc-per-node=2 examples/ddp_minimal.py      # telemetry + final summary
     torchrun --nproc-per-node=2 examples/ddp_minimal.py          # plain torchrun: telemetry off
 
 Two lines are TraceML's: ``traceml.init()`` and ``with traceml.trace_step(model):``. CPU (gloo)

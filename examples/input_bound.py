@@ -1,6 +1,6 @@
 """An input-bound run: the DataLoader needs ~32 ms per batch, the model ~1 ms per step.
 
-    traceml run examples/input_bound.py --nproc-per-node=2
+    traceml run --nproc-per-node=2 examples/input_bound.py
     torchrun --nproc-per-node=2 examples/input_bound.py
 
 Each sample costs ``--item-ms`` (default 2 ms) to "decode" in ``__getitem__`` and batches of 16

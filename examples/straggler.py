@@ -1,7 +1,7 @@
 """A straggler: one rank's forward is slower every step, so in DDP every other rank waits for it
 inside backward (the gradient all-reduce).
 
-    traceml run examples/straggler.py --nproc-per-node=2
+    traceml run --nproc-per-node=2 examples/straggler.py
     STRAGGLER_RANK=0 STRAGGLER_DELAY_MS=50 torchrun --nproc-per-node=2 examples/straggler.py
 
 ``STRAGGLER_RANK`` (default: the last rank) and ``STRAGGLER_DELAY_MS`` (default 30) pick the slow

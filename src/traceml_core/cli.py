@@ -15,21 +15,33 @@ from typing import Optional, Sequence
 
 from . import __version__
 from .errors import TraceMLError
+from .helpformat import ParagraphFormatter
 from .options import EXPORT_KINDS, OPTIONS
 
 RUN_EPILOG = """\
-The grammar is torchrun's: flags, then SCRIPT, then the script's arguments. Flags may be written
-with - or _ (--nproc_per_node), as torchrun allows. An unknown flag before SCRIPT is refused (with
-"did you mean"). After SCRIPT, TraceML's own flags still count as TraceML's; put `--` before script
-arguments that share a name with one of them (everything after `--` goes to the script). torchrun's own flags are honoured: --nproc_per_node, --node_rank, --master_addr/--master_port are
-these flags; --standalone picks free local ports; -m/--module runs a module; --no-python,
---run-path, --log-dir, -r/--redirects, -t/--tee, --local-ranks-filter, --start-method,
---monitor-interval, --role and the other torchrun options are passed on to torchrun;
---rdzv-endpoint gives the master, --rdzv-backend=static|c10d and --rdzv-id are accepted. Refused,
-with the reason: elastic ranges (--nnodes=1:4), --max-restarts other than 0, --rdzv-conf, other
-rendezvous backends, symbolic worker counts other than cpu.
-Every flag can also be set as TRACEML_<FLAG> (for example TRACEML_LOGS_DIR). Precedence:
-flag > TRACEML_* variable > cluster plugin (Slurm) > default. See --print-config.
+The grammar is torchrun's: flags, then SCRIPT, then the script's arguments.
+Flags may be written with - or _ (--nproc_per_node), as torchrun allows. An
+unknown flag before SCRIPT is refused (with "did you mean").
+
+After SCRIPT, TraceML's own flags still count as TraceML's, and each one read
+there is announced on stderr. Put `--` before the script's arguments to pass
+everything after it to the script:
+
+  traceml run --nproc-per-node=4 train.py -- --run-name myexp --epochs 3
+
+torchrun's own flags are honoured: --nproc_per_node, --node_rank,
+--master_addr/--master_port are these flags; --standalone picks free local
+ports; -m/--module runs a module; --no-python, --run-path, --log-dir,
+-r/--redirects, -t/--tee, --local-ranks-filter, --start-method,
+--monitor-interval, --role and the other torchrun options are passed on to
+torchrun; --rdzv-endpoint gives the master, --rdzv-backend=static|c10d and
+--rdzv-id are accepted. Refused, with the reason: elastic ranges
+(--nnodes=1:4), --max-restarts other than 0, --rdzv-conf, other rendezvous
+backends, symbolic worker counts other than cpu.
+
+Every flag can also be set as TRACEML_<FLAG> (for example TRACEML_LOGS_DIR).
+Precedence: flag > TRACEML_* variable > cluster plugin (Slurm) > default.
+See --print-config.
 """
 
 
@@ -40,8 +52,8 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
                                    "Checks first that the script (or -m module) and torch are there "
                                    "for the workers; a launch that cannot work exits 2 with the "
                                    "reason, before anything starts.",
-                       usage="traceml run [flags] SCRIPT [script args]  |  traceml run [flags] -m MODULE [args]",
-                       epilog=RUN_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       usage="traceml run [flags] SCRIPT [args] | traceml run [flags] -m MODULE [args]",
+                       epilog=RUN_EPILOG, formatter_class=ParagraphFormatter)
     for o in OPTIONS:
         default = o.default_doc or o.default
         p.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None,
@@ -85,24 +97,43 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     return parser, run
 
 
-def cmd_run(run: argparse.ArgumentParser, argv: Sequence[str]) -> int:
+def cmd_run(argv: Sequence[str]) -> int:
     from . import runargs
 
     args = runargs.parse(argv)
-    if args.help:
-        run.print_help()
+    if args.help:  # the parser exists for this page only: runargs.py parses the command line
+        build_parser()[1].print_help()
         return 0
     cli = dict(args.cli)
     if args.standalone:
         runargs.apply_standalone(cli, os.environ)
     from .config import resolve
+    from .errors import ConfigError
+    from .ports import FREE_SOURCE, free_port
 
     name_from = args.script.rsplit(".", 1)[-1] if (args.module and args.script) else args.script
-    config = resolve(cli, os.environ, script=name_from)
+    try:
+        config = resolve(cli, os.environ, script=name_from, free_port=free_port)
+    except ConfigError as exc:  # a value read after the script says so, and how to pass it on
+        hint = args.hint_for(exc.variable)
+        if not hint:
+            raise
+        raise ConfigError(f"{exc}{hint}", variable=exc.variable) from None
+    if args.after_script:
+        from .launcher.supervise import log
+
+        for line in args.announcements():
+            log(line)
     notes = list(args.notes)
     rdzv = runargs.check_rdzv(args, config.nnodes, config.source("node_rank"))
     if rdzv:
         notes.append(rdzv)
+    free = [k for k in ("master_port", "aggregator_port") if config.source(k) == FREE_SOURCE]
+    if free:
+        notes.append("free ports for this run: " + ", ".join(f"{k.split('_')[0]} {getattr(config, k)}"
+                                                           for k in free)
+                     + " (one node outside a cluster and no port given, so each run picks its own; "
+                     "pin with " + "/".join("--" + k.replace("_", "-") for k in free) + ")")
     if args.print_config:
         return print_config(config, args.script, args.script_args, as_json=args.json,
                             extra=args.launcher_argv(), notes=notes)
@@ -167,9 +198,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name, loader in command_registrars():
                 if argv[0] == name:
                     return int(loader()(argv[1:]) or 0)
-        parser, run = build_parser()
         if argv and argv[0] == "run":
-            return cmd_run(run, argv[1:])
+            return cmd_run(argv[1:])
+        parser, _run = build_parser()
         ns = parser.parse_args(argv)
         if ns.command == "summarize":
             from .report.summarize import summarize_cli

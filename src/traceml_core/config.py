@@ -18,11 +18,11 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 from .limits import WORLD_SIZE
-from .options import BY_KEY, OPTIONS, launch_vars
+from .options import OPTIONS, read_given
 from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
@@ -142,11 +142,15 @@ def resolve(
     clusters: Optional[Sequence[type[ClusterEnvironment]]] = None,
     *,
     script: Optional[str] = None,
+    free_port: Optional[Callable[[Collection[int]], int]] = None,
 ) -> LaunchConfig:
     """Merge flags, ``TRACEML_*`` variables, the cluster plugin and defaults into a LaunchConfig.
 
     ``cli`` maps option keys to the raw strings given on the command line (absent = not given).
-    ``clusters`` defaults to the installed plugins. Pure apart from plugin discovery.
+    ``clusters`` defaults to the installed plugins. ``free_port`` (``ports.free_port`` when
+    launching): a run on one node outside any cluster takes free ports instead of the fixed
+    defaults for the ports nobody gave (source ``free``). Pure apart from plugin discovery and
+    ``free_port``.
     """
     if clusters is None:
         from .plugins import cluster_environments
@@ -155,14 +159,10 @@ def resolve(
 
     chosen: dict[str, Setting] = {}
 
-    # flags and TRACEML_* variables: one pydantic-settings model (prefix TRACEML_) validates both;
-    # a variable whose flag was given is not read at all (the flag wins, even over a bad value)
-    given = {k: v for k, v in cli.items() if v is not None}
-    shadowed = {BY_KEY[k].env for k in given if k in BY_KEY}
-    explicit = launch_vars().from_environ({k: v for k, v in environ.items() if k not in shadowed}, **given)
-    for key in explicit.model_fields_set:
-        source = "cli" if key in given else f"env:{BY_KEY[key].env}"
-        chosen[key] = Setting(getattr(explicit, key), source)
+    # flags and TRACEML_* variables, each checked by its option's type; a variable whose flag was
+    # given is not read at all (the flag wins, even over a bad value)
+    for key, (value, source) in read_given(cli, environ).items():
+        chosen[key] = Setting(value, source)
 
     cluster_name = chosen["cluster"].value if "cluster" in chosen else "auto"
     plugin = select_cluster(cluster_name, environ, clusters)
@@ -189,6 +189,13 @@ def resolve(
         if option.key in chosen or option.default is None:
             continue
         chosen[option.key] = Setting(option.default, "default")
+    if free_port is not None and plugin is None and chosen["nnodes"].value == 1:
+        from .ports import FREE_SOURCE
+
+        for key in ("master_port", "aggregator_port"):
+            if chosen[key].source == "default":
+                taken = {s.value for k, s in chosen.items() if k.endswith("_port") and k != key}
+                chosen[key] = Setting(free_port(taken), FREE_SOURCE)
     cluster_source = chosen["cluster"].source
     if cluster_name == "auto":
         cluster_source = f"detected:{plugin.name}" if plugin else "default"
@@ -217,7 +224,34 @@ def resolve(
             raise ConfigError(refusal.message, variable=refusal.variable)
         warnings.append(refusal.message + " (continuing: every value it concerns was set explicitly)")
 
+    gpus = _task_gpu_warning(config, environ)
+    if gpus:
+        warnings.append(gpus)
     return LaunchConfig(**values, sources=sources, warnings=tuple(warnings))
+
+
+def _task_gpu_warning(c: LaunchConfig, environ: Mapping[str, str]) -> Optional[str]:
+    """Task layout: this task sees fewer GPUs than its local rank needs.
+
+    With ``srun --gpus-per-task=1`` (or ``--gpu-bind``) each task sees only its own GPU, so
+    ``CUDA_VISIBLE_DEVICES`` holds one device and a script's ``torch.cuda.set_device(LOCAL_RANK)``
+    fails with "invalid device ordinal" on every local rank but 0. Said once per node: by the
+    first local rank that cannot select its GPU by number (torchrun's layout never has this: its
+    workers share the node's devices)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if c.layout != TASK_LAYOUT or c.local_rank is None or visible is None:
+        return None
+    devices = [d for d in visible.split(",") if d.strip()]
+    if not devices or c.local_rank != len(devices):  # none: a CPU run; fewer: this rank is fine
+        return None
+    n = len(devices)
+    return (f"local rank {c.local_rank} (rank {c.task_rank}, node {c.node_rank}) sees {n} GPU"
+            f"{'s' if n > 1 else ''} (CUDA_VISIBLE_DEVICES={visible}): this step gives each task only its own "
+            f"GPUs (srun --gpus-per-task or --gpu-bind), so a script that selects its GPU by local rank "
+            f"(torch.cuda.set_device(LOCAL_RANK), cuda:LOCAL_RANK) fails with 'invalid device ordinal' on "
+            f"local ranks {n} and up. Either select cuda:0 .. cuda:{n - 1} in the script "
+            f"(LOCAL_RANK % torch.cuda.device_count()), or request the node's GPUs for the step "
+            f"(--gpus-per-node or --gres=gpu:N, without --gpus-per-task) so every task sees all of them.")
 
 
 def _core_checks(c: LaunchConfig) -> list[Refusal]:

@@ -112,9 +112,31 @@ NODELIST_CHARS = Limit("node list length", 1, 1_048_576, "a megabyte: far longer
 HOST_CHARS = Limit("host name length", 1, 253, "DNS names are at most 253 characters", "characters")
 PATH_CHARS = Limit("path length", 1, 4_096, "PATH_MAX on Linux", "characters")
 
+# --- measured values arriving from peers ----------------------------------------------------------
+# wire/frames.py holds every value a rank or a node sends to these physical bounds (one per kind of
+# field); docs/wire-protocol.md lists them (generated). A value outside is not a measurement (a bug
+# or an attack): a step column past its bound gets its frame refused, a float sample past it (NaN
+# and infinity included) becomes "not measured", and both are counted in the summary. The bounds
+# also keep every sum node 0 keeps far from what a checkpoint can hold (aggregator/persist.py
+# stores an integer of any size anyway).
+#: one phase of one step, in nanoseconds: 2**52 ns is 52 days
+STEP_NS = Limit("duration of a step phase", 0, 2**52, "52 days: no training step lasts that long", "ns")
+#: memory (a step's peak, a node's RAM, a GPU's memory) and bytes one step moves in collectives
+BYTES = Limit("bytes", 0, 2**50, "1 PiB: more memory than any node has, more than one step moves",
+              "bytes")
+#: collectives launched in one step
+CALLS = Limit("collectives per step", 0, 2**32, "4 billion launches would take hours", "calls")
+PERCENT = Limit("utilisation", 0.0, 100.0, "a share of the whole", "%")
+CELSIUS = Limit("temperature", -273.15, 1_000.0, "nothing is colder than absolute zero; chips fail far "
+                "below 1,000 °C", "°C")
+WATTS = Limit("power", 0.0, 100_000.0, "100 kW is a rack, not one GPU", "W")
+#: the bounds of measured values, in the order the documentation lists them (EPOCH_S bounds the
+#: time stamps of samples and events)
+MEASURED: tuple[Limit, ...] = (EPOCH_S, STEP_NS, BYTES, CALLS, PERCENT, CELSIUS, WATTS)
+
 #: every limit, in the order the documentation lists them (names are unique: models refer to them)
 ALL: tuple[Limit, ...] = (NODES, NODE_RANK, PROCS_PER_NODE, GPUS_PER_NODE, WORLD_SIZE, PORT, PORT_OR_AUTO,
                           WAIT_S, HANG_S, STATUS_INTERVAL_S, REFRESH_S, JOB_ID, RESTARTS, CPUS_PER_TASK, TASKS, TASK_RANK, LOCAL_RANK, EPOCH_S,
-                          NODELIST_CHARS, HOST_CHARS, PATH_CHARS)
+                          NODELIST_CHARS, HOST_CHARS, PATH_CHARS, STEP_NS, BYTES, CALLS, PERCENT, CELSIUS, WATTS)
 
 assert len({lim.name for lim in ALL}) == len(ALL)

@@ -1,23 +1,25 @@
 """The one table of launch options.
 
-The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the settings model
-that reads them (:func:`launch_vars`, pydantic-settings with the ``TRACEML_`` prefix) and the
-documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
+The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the reading and
+checking of both (:func:`read_given`: each option's pydantic type, :meth:`Option.annotation`) and
+the documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
 torchrun's spelling. Numbers are bounded by :mod:`.limits`; strings by a check function.
 
-Nothing here imports pydantic: ``traceml --help`` builds its parser from this table alone.
+Nothing here imports pydantic at import time: ``traceml --help`` builds its parser from this
+table alone, and a value's validator is built only when that option is actually given.
 """
 
 from __future__ import annotations
 
-import functools
 import ipaddress
 import re
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Mapping, Optional
 
 from . import limits
+from .errors import ConfigError, show
 from .limits import Limit
+from .valuetypes import Kind
 
 MODES = ("summary", "cli", "dashboard")
 #: what --export can write besides the summary (traceml_core/report/export.py)
@@ -154,8 +156,6 @@ def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
 
-#: what a value is: a bounded number (a Limit), a checked string (a function), or on/off (bool)
-Kind = Union[Limit, Callable[[str], Any], type]
 
 
 @dataclass(frozen=True)
@@ -185,33 +185,12 @@ class Option:
     def describe_default(self) -> str:
         return str(self.default_doc or self.default)
 
-    def annotation(self) -> Any:
-        """The pydantic type of this option's value (imports pydantic)."""
-        from .settings import bounded, checked
-
-        if isinstance(self.kind, Limit):
-            return bounded(self.kind)
-        if self.kind is bool:
-            return bool
-        return checked(self.kind)  # type: ignore[arg-type]
-
     def parse(self, text: str) -> Any:
-        """Validate one raw value as the settings model does; ValueError says what is wrong."""
-        from pydantic import ValidationError
+        """Validate one raw value (a flag's or a variable's); ValueError says what is wrong.
+        The rule is the kind's (:mod:`.valuetypes`); it needs pydantic-core, not pydantic."""
+        from .valuetypes import validate
 
-        from .settings import problem
-
-        try:
-            return _adapter(self.key).validate_python(text)
-        except ValidationError as exc:
-            raise ValueError(problem(exc.errors()[0], self.limit)) from None
-
-
-@functools.lru_cache(maxsize=None)
-def _adapter(key: str) -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(BY_KEY[key].annotation())
+        return validate(self.kind, text)
 
 
 OPTIONS: tuple[Option, ...] = (
@@ -220,14 +199,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("nproc_per_node", limits.PROCS_PER_NODE, 1, "Workers (one per GPU) that this node starts.", "N"),
     Option("master_addr", _host, "127.0.0.1", "Address of node 0 for the torchrun rendezvous.", "HOST"),
     Option("master_port", limits.PORT, 29500, "torchrun rendezvous port on node 0.", "PORT",
-           default_doc="29500; under Slurm 61440 + 4 x (SLURM_JOB_ID mod 1024)"),
+           default_doc="a free port on one node outside a cluster; under Slurm 61440 + 4 x "
+                       "(SLURM_JOB_ID mod 1024); else 29500"),
     Option("run_name", _run_name, None, "Name of the run directory; identical on every node.", "NAME",
            default_doc="<script>-<date>-<time>, or <job name>-<job id> under Slurm"),
-    Option("logs_dir", _path, "./logs", "Where node 0 writes <run-name>/final_summary.{json,txt}.", "DIR",
+    Option("logs_dir", _path, "./logs", "Where node 0 writes <run-name>/final_summary.{json,txt,html}.", "DIR",
            default_doc="./logs, or $SLURM_SUBMIT_DIR/logs under Slurm"),
     Option("mode", _mode, "summary", "summary (default; the only mode for multi-node), cli or dashboard.", "MODE"),
     Option("aggregator_port", limits.PORT, 29765, "TraceML aggregator port on node 0.", "PORT",
-           default_doc="29765; under Slurm the master port + 1"),
+           default_doc="a free port on one node outside a cluster; under Slurm the master "
+                       "port + 1; else 29765"),
     Option("aggregator_host", _host, None, "Address other nodes use to reach the aggregator.", "HOST",
            default_doc="the master address"),
     Option("aggregator_bind_host", _bind_host, None, "Interface the aggregator listens on, on node 0.", "IP",
@@ -281,27 +262,28 @@ OPTIONS: tuple[Option, ...] = (
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
 
 
-@functools.lru_cache(maxsize=None)
-def launch_vars() -> Any:
-    """The pydantic-settings model of every option: field ``nnodes`` reads ``TRACEML_NNODES`` (the
-    prefix), bounded and checked as the table says. Built on first use (imports pydantic)."""
-    from typing import Optional as Opt
+def read_given(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """The options set by a flag (``given``: raw values by key) or a ``TRACEML_<KEY>`` variable,
+    each parsed by :meth:`Option.parse`: key -> (value, source), source ``cli`` or
+    ``env:TRACEML_<KEY>``. A flag shadows its variable, which is then not read at all (even a bad
+    one); a blank variable counts as unset. A bad value is one ConfigError naming the flag or
+    variable, the value and the fix.
 
-    from pydantic import create_model
-
-    from .settings import EnvSettings
-
-    class LaunchVarsBase(EnvSettings):
-        model_config = {**EnvSettings.model_config, "env_prefix": "TRACEML_"}  # type: ignore[misc]
-
-        @classmethod
-        def flag(cls, field: str) -> str:
-            return BY_KEY[field].flag
-
-        @classmethod
-        def fix(cls, field: str) -> str:
-            o = BY_KEY.get(field)
-            return f"Fix the value, or unset it to use the default ({o.describe_default()})." if o else ""
-
-    fields: dict[str, Any] = {o.key: (Opt[o.annotation()], None) for o in OPTIONS}
-    return create_model("LaunchVars", __base__=LaunchVarsBase, **fields)
+    Only what was given is parsed, and each option's validator is built on first use: a launch
+    with nothing set never imports pydantic (``--print-config`` stays fast)."""
+    out: dict[str, tuple[Any, str]] = {}
+    for o in OPTIONS:
+        if given.get(o.key) is not None:
+            raw, name, source = given[o.key], o.flag, "cli"
+        else:
+            raw = environ.get(o.env)
+            if not isinstance(raw, str) or raw == "":
+                continue
+            name, source = o.env, f"env:{o.env}"
+        try:
+            value = o.parse(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{name}={show(raw)} {exc}. Fix the value, or unset it to use the "
+                              f"default ({o.describe_default()}).", variable=name) from None
+        out[o.key] = (value, source)
+    return out

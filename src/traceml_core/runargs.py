@@ -9,7 +9,10 @@ one of ours, passed on to torchrun, or translated) or refused with the reason, a
 neither ours nor torchrun's is refused, with "did you mean" when it is close to one of ours.
 
 After the script come the script's arguments. TraceML's own flags there are still TraceML's (as
-they always were, so ``traceml run train.py --nproc-per-node=2`` keeps working); torchrun's
+they always were, so the seed guide's ``traceml run train.py --nproc-per-node=2`` keeps working),
+but never silently: each is announced once on stderr (:meth:`RunArgs.announcements`), and a value
+refused there says it was read as TraceML's and how to pass it on (:meth:`RunArgs.hint_for`),
+because torchrun users expect everything after the script to reach the script. torchrun's
 launch-only flags there (``--standalone``, ``--rdzv-*``, ``--max-restarts``, ``--no-python``) are
 refused, since torchrun would hand them to the script and the launch would silently go without
 them; everything else is the script's. A ``--`` after the script hands everything after it to the
@@ -21,11 +24,12 @@ Nothing here imports torch (``--help`` and ``--print-config`` stay fast).
 from __future__ import annotations
 
 import difflib
+import shlex
 from dataclasses import dataclass, field
 from typing import Mapping, Optional, Sequence
 
 from .errors import TraceMLError
-from .options import OPTIONS
+from .options import BY_KEY, OPTIONS
 
 #: torchrun's own flags and what ``traceml run`` does with each (the docs' table is generated from
 #: this; a test checks it covers every flag of the installed torch.distributed.run)
@@ -109,6 +113,33 @@ class RunArgs:
     print_config: bool = False
     json: bool = False
     help: bool = False
+    #: TraceML's flags read after the script: key (option key, or print-config/json) -> the words
+    #: as written (``--run-name myexp``); announced, never taken silently
+    after_script: dict[str, str] = field(default_factory=dict)
+
+    def announcements(self) -> list[str]:
+        """One line per TraceML flag read after the script (stderr, before anything starts)."""
+        return [f"{words} after {self.script} was read as TraceML's; {self._pass_on(words)}"
+                for words in self.after_script.values()]
+
+    def hint_for(self, variable: Optional[str]) -> str:
+        """The sentence to add to an error about ``variable`` (a flag, option key or TRACEML_*
+        variable) when that value was read after the script, else ``""``."""
+        if not variable:
+            return ""
+        for key, words in self.after_script.items():
+            option = BY_KEY.get(key)
+            names = {key, "--" + key.replace("_", "-")}
+            if option is not None:
+                names.add(option.env)
+            if variable in names:
+                return f" ({words} came after {self.script} and was read as TraceML's; if " \
+                       f"{self.script} takes it itself, {self._pass_on(words)}.)"
+        return ""
+
+    def _pass_on(self, words: str) -> str:
+        return (f"to pass it to {self.script} instead, put `--` before the script's arguments: "
+                f"traceml run [flags] {self.script} -- {words} ...")
 
     def launcher_argv(self) -> list[str]:
         """What torchrun gets between its own flags and the script."""
@@ -248,12 +279,22 @@ def _after_script(args: RunArgs, rest: Sequence[str], ours: dict[str, str]) -> N
         name, value = _split(tok) if tok.startswith("--") else ("", None)
         if name in ours or name in ("print-config", "json"):
             spelled = tok.split("=", 1)[0]
+            words = tok
             if name in ours and value is None:
                 if i + 1 >= len(rest):
-                    raise UsageError(f"{spelled} needs a value ({spelled}=VALUE).")
+                    raise UsageError(f"{spelled} needs a value ({spelled}=VALUE). It came after the "
+                                     f"script {args.script} and was read as TraceML's; if "
+                                     f"{args.script} takes {spelled} itself, put `--` before its "
+                                     f"arguments: traceml run [flags] {args.script} -- {spelled} ...")
                 value = rest[i + 1]
+                words = shlex.join([tok, value])
                 i += 1
-            _apply(args, name, spelled, value, ours)
+            key = ours.get(name, name)
+            args.after_script[key] = words
+            try:
+                _apply(args, name, spelled, value, ours)
+            except UsageError as exc:
+                raise UsageError(f"{exc}{args.hint_for(key)}") from None
         elif name in LAUNCH_ONLY_TORCHRUN:
             flag = tok.split("=", 1)[0]
             raise UsageError(
@@ -387,14 +428,6 @@ def check_rdzv(args: RunArgs, nnodes: int, node_rank_source: str) -> Optional[st
         "SLURM_NODEID); elsewhere pass --node-rank on each node.")
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def apply_standalone(cli: dict[str, str], environ: Mapping[str, str]) -> None:
     """torchrun's ``--standalone``: one node on this machine, on ports nobody else uses. Values the
     user gave (flag or TRACEML_* variable) are kept; a node count other than 1 is refused."""
@@ -406,9 +439,9 @@ def apply_standalone(cli: dict[str, str], environ: Mapping[str, str]) -> None:
     cli["nnodes"] = "1"
     cli.setdefault("node_rank", "0")
     cli.setdefault("master_addr", "127.0.0.1")
+    from .ports import free_port
+
     for key in ("master_port", "aggregator_port"):
         if key not in cli and not environ.get("TRACEML_" + key.upper()):
-            port = _free_port()
-            while str(port) == cli.get("master_port"):
-                port = _free_port()
-            cli[key] = str(port)
+            taken = {int(v) for k, v in cli.items() if k.endswith("_port") and str(v).isdigit()}
+            cli[key] = str(free_port(avoid=taken))

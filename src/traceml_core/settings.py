@@ -1,76 +1,58 @@
-"""The one settings mechanism: pydantic-settings models read from an explicit mapping.
+"""The one settings mechanism: typed models of environment variables, read from an explicit mapping.
 
 Every value TraceML takes from the environment (the ``TRACEML_*`` launch options, the Slurm
-plugin's ``SLURM_*`` variables) is a field of a :class:`EnvSettings` model: pydantic-settings maps
-each field to its variable (``env_prefix`` + the field's name, or an alias), types and bounds it
-(the bounds come from :mod:`.limits`), and reads it from the mapping given to
+plugin's ``SLURM_*`` variables) is a field of an :class:`EnvSettings` model: each field is read from
+its variable (``env_prefix`` + the field's name in upper case, or an alias), typed and bounded by
+pydantic (each kind of value's rule is in :mod:`.valuetypes`, the bounds in :mod:`.limits`), and read from the mapping given to
 :meth:`EnvSettings.from_environ` -- never from ``os.environ`` behind the caller's back, so resolving
 a launch stays a pure function of a dict. A bad value becomes one :class:`~.errors.ConfigError`
 naming the variable, the value seen, what is allowed and the fix, never a traceback.
 
-pydantic-settings costs about 0.2 s to import, so this module is imported only when a value is
-actually resolved (``traceml --help`` never pays it).
+Why not pydantic-settings: of it we used only the field-to-variable naming; its own sources
+(``os.environ``, dotenv, secrets) were all switched off, and importing it cost ~0.1 s of every
+``traceml run --print-config`` (issue 26). The naming is :meth:`EnvSettings.variable`, below.
+pydantic itself is imported only when a value is actually resolved (``traceml --help`` never
+pays it).
 """
 
 from __future__ import annotations
 
-import contextvars
 import typing
 from typing import Annotated, Any, Callable, ClassVar, Mapping, Optional, TypeVar
 
-from pydantic import AfterValidator, Field, ValidationError
-from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict
-from .errors import ConfigError, show
-from .limits import ALL as LIMITS, Limit
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-#: the mapping the next model reads (set only for the duration of from_environ)
-_ENVIRON: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar("traceml_environ", default={})
+from .errors import ConfigError, show
+from .limits import Limit
+from .valuetypes import Bounded, Checked, problem
+
+__all__ = ["EnvSettings", "SettingsConfigDict", "bounded", "checked", "problem"]
+
 S = TypeVar("S", bound="EnvSettings")
+
+
+class SettingsConfigDict(ConfigDict, total=False):
+    """pydantic's model config plus ``env_prefix``: the variable of field ``f`` is
+    ``env_prefix + F`` unless the field has an alias."""
+
+    env_prefix: str
 
 
 def bounded(limit: Limit) -> Any:
     """The annotated type of a number within ``limit`` (an int or a finite float)."""
-    kind = int if limit.integer else float
-    extra: dict[str, Any] = {} if limit.integer else {"allow_inf_nan": False}
-    return Annotated[kind, Field(ge=limit.lo, le=limit.hi, json_schema_extra={"limit": limit.name}, **extra)]
+    return Annotated[int if limit.integer else float, Bounded(limit)]
 
 
 def checked(check: Callable[[str], Any]) -> Any:
     """The annotated type of a string that ``check`` accepts (it raises ValueError saying why)."""
-    return Annotated[str, AfterValidator(check)]
+    return Annotated[str, Checked(check)]
 
 
-class _MappingSource(EnvSettingsSource):
-    """pydantic-settings' environment source over a given mapping instead of ``os.environ``.
-
-    Names match exactly (upper case, as Slurm and we write them); the lookup is done in lower
-    case because that is how pydantic-settings matches a prefix case-insensitively.
-    """
-
-    def __init__(self, settings_cls: type[BaseSettings], environ: Mapping[str, str]) -> None:
-        self._given = environ
-        super().__init__(settings_cls, case_sensitive=False)
-
-    def _load_env_vars(self) -> Mapping[str, Optional[str]]:
-        cls = self.settings_cls
-        keep_blank: frozenset[str] = getattr(cls, "keep_blank", frozenset())
-        strip: bool = getattr(cls, "strip_values", False)
-        out: dict[str, Optional[str]] = {}
-        for name, value in self._given.items():
-            if not isinstance(value, str) or name != name.upper():
-                continue
-            v = value.strip() if strip else value
-            if v == "" and name not in keep_blank:
-                continue  # a blank variable counts as unset
-            out[name.lower()] = value.strip() if strip else value
-        return out
-
-
-class EnvSettings(BaseSettings):
+class EnvSettings(BaseModel):
     """Base of every settings model. Subclasses set ``env_prefix`` (or per-field aliases) and
     may override :meth:`fix` (what to tell the user about a bad value of their variables)."""
 
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
 
     #: variables whose blank value is kept (and refused by the field), instead of counting as unset
     keep_blank: ClassVar[frozenset[str]] = frozenset()
@@ -78,31 +60,39 @@ class EnvSettings(BaseSettings):
     strip_values: ClassVar[bool] = False
 
     @classmethod
-    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
-                                   file_secret_settings):  # type: ignore[override]
-        # explicit values first (flags), then the given mapping; never os.environ, .env or secrets
-        return (init_settings, _MappingSource(settings_cls, _ENVIRON.get()))
-
-    @classmethod
     def from_environ(cls: type[S], environ: Mapping[str, str], **explicit: Any) -> S:
-        """Read the model from ``environ`` (``explicit`` values win); ConfigError on a bad value."""
-        token = _ENVIRON.set(environ)
+        """Read the model from ``environ`` (``explicit`` values, by field name, win); ConfigError
+        on a bad value. Names match exactly (upper case, as Slurm and we write them); a blank
+        value counts as unset unless its variable is in ``keep_blank``."""
+        data: dict[str, Any] = {}
+        for name, info in cls.model_fields.items():
+            if name in explicit:
+                continue
+            var = cls.variable(name)
+            value = environ.get(var)
+            if not isinstance(value, str):
+                continue
+            if cls.strip_values:
+                value = value.strip()
+            if value == "" and var not in cls.keep_blank:
+                continue
+            data[info.alias or name] = value
+        for name, value in explicit.items():
+            info = cls.model_fields.get(name)
+            data[(info.alias if info is not None else None) or name] = value
         try:
-            return cls(**explicit)
+            return cls.model_validate(data)
         except ValidationError as exc:
             raise cls.config_error(exc, environ, explicit) from None
-        finally:
-            _ENVIRON.reset(token)
 
     # -- names and errors --------------------------------------------------------------------------
     @classmethod
     def variable(cls, field: str) -> str:
         """The environment variable of ``field``."""
         info = cls.model_fields[field]
-        alias = info.validation_alias or info.alias
-        if isinstance(alias, str):
-            return alias
-        return (cls.model_config.get("env_prefix") or "") + field.upper()
+        if info.alias:
+            return info.alias
+        return str(cls.model_config.get("env_prefix") or "") + field.upper()
 
     @classmethod
     def field_of(cls, name: str) -> Optional[str]:
@@ -141,38 +131,12 @@ class EnvSettings(BaseSettings):
 
 
 def _limit_in(annotation: Any) -> Optional[Limit]:
-    """Find the Limit named in the metadata of an (Optional[Annotated[...]]) annotation."""
+    """Find the Limit of a :class:`~.valuetypes.Bounded` in an (Optional[Annotated[...]]) annotation."""
     for meta in getattr(annotation, "__metadata__", ()):
-        extra = getattr(meta, "json_schema_extra", None)
-        if isinstance(extra, dict) and "limit" in extra:
-            return next((lim for lim in LIMITS if lim.name == extra["limit"]), None)
+        if isinstance(meta, Bounded):
+            return meta.limit
     for arg in typing.get_args(annotation):
         found = _limit_in(arg)
         if found is not None:
             return found
     return None
-
-
-def problem(err: Mapping[str, Any], limit: Optional[Limit] = None) -> str:
-    """What is wrong, in words, from one pydantic error (``is not a whole number``, ...)."""
-    kind = str(err.get("type", ""))
-    ctx = err.get("ctx") or {}
-    if kind == "value_error":
-        return str(ctx.get("error", err.get("msg", "is invalid")))
-    if kind in ("int_parsing", "int_from_float", "int_type", "int_parsing_size"):
-        return "is not a whole number" + (f" {limit.text()}" if limit else "")
-    if kind in ("float_parsing", "float_type"):
-        return "is not a number" + (f" {limit.text()}" if limit else "")
-    if kind in ("bool_parsing", "bool_type"):
-        return "must be on or off (or 1/0)"
-    if kind in ("greater_than_equal", "less_than_equal", "greater_than", "less_than", "finite_number"):
-        if limit is not None:
-            try:
-                number = int(err["input"]) if limit.integer else float(err["input"])
-                return limit.problem(number) or f"must be {limit.text()}"
-            except (KeyError, TypeError, ValueError):
-                return f"must be {limit.text()}"
-        return "is not a finite number" if kind == "finite_number" else "is out of range"
-    if kind == "string_too_long":
-        return f"is too long (at most {ctx.get('max_length')} characters)"
-    return "is invalid"

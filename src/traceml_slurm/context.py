@@ -11,7 +11,7 @@ from __future__ import annotations
 from enum import Enum
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # pydantic-settings costs ~0.2 s to import: only Slurm jobs pay it (see settings)
+if TYPE_CHECKING:  # pydantic costs ~0.1 s to import: only Slurm jobs pay it (see settings)
     from .settings import SlurmVars
 
 #: Slurm's numeric id of the interactive step (SLURM_INTERACTIVE_STEP)

@@ -1,9 +1,10 @@
 """The Slurm cluster environment: detect a Slurm job and contribute launch values, with sources.
 
-A pure function of the environment mapping (no ``scontrol``: container images often lack it).
-Ports not set by the user are derived from ``SLURM_JOB_ID`` (:func:`job_ports`).
-Inside an srun step the step's values win over the job's: a ``srun -N1 -w node02`` step inside a
-2-node job is a one-node launch whose master is node02.
+A pure function of the environment mapping (no ``scontrol``: container images often lack it): the
+mapping is read once into :class:`~.facts.Facts` (the variables, the node lists, the GPUs, the layout
+decision with its refusals), and the launch values are made from the facts. Ports not set by the user
+are derived from ``SLURM_JOB_ID`` (:func:`job_ports`). Inside an srun step the step's values win over
+the job's: a ``srun -N1 -w node02`` step inside a 2-node job is a one-node launch whose master is node02.
 """
 
 from __future__ import annotations
@@ -16,21 +17,14 @@ from traceml_core.errors import ConfigError
 from traceml_core.limits import JOB_ID
 from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
-from .context import Context, classify
-from .hostlists import expand_nodelist, tasks_per_node
+from .context import Context
+from .facts import LAUNCH_KEYS, Facts, launcher_srun_line
 
 if TYPE_CHECKING:
     from .settings import SlurmVars
 
 
-def _slurm_vars(environ: Mapping[str, str]) -> "SlurmVars":
-    # imported here: pydantic-settings costs ~0.2 s, paid only inside a Slurm job (after detect)
-    from .settings import SlurmVars
-
-    return SlurmVars.from_environ(environ)
-
 _RUN_NAME_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
-LAUNCH_KEYS = frozenset({"nnodes", "node_rank", "master_addr"})
 
 #: Job-derived ports: under Slurm, when neither flag nor TRACEML_* variable sets them, the
 #: rendezvous and aggregator ports come from SLURM_JOB_ID, so two jobs sharing a node do not clash
@@ -49,11 +43,6 @@ def job_ports(job_id: str) -> tuple[int, int]:
     return first, first + 1
 
 
-def launcher_srun_line(nnodes: Optional[int]) -> str:
-    n = f"--nodes={nnodes} " if nnodes else ""
-    return f"srun {n}--ntasks-per-node=1 traceml run train.py"
-
-
 def sanitise_run_name(name: str) -> str:
     cleaned = _RUN_NAME_BAD.sub("_", name).strip("._-")
     return cleaned[:80] or "job"
@@ -68,27 +57,17 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _spans_het_components(v: SlurmVars, environ: Mapping[str, str]) -> bool:
-    """Whether this step's nodes come from more than one heterogeneous job component."""
-    step_hosts = set(expand_nodelist(v.step_nodelist or v.job_nodelist or "", "SLURM_STEP_NODELIST"))
-    touched = 0
-    for i in range(v.het_size or 0):
-        group = environ.get(f"SLURM_JOB_NODELIST_HET_GROUP_{i}", "")
-        if group.strip() and step_hosts & set(expand_nodelist(group, f"SLURM_JOB_NODELIST_HET_GROUP_{i}")):
-            touched += 1
-    return touched > 1
-
-
 class SlurmEnvironment(ClusterEnvironment):
     name: ClassVar[str] = "slurm"
 
     @classmethod
     def detect(cls, environ: Mapping[str, str]) -> bool:
-        return bool(environ.get("SLURM_JOB_ID", "").strip())
+        return Facts.of(environ).in_job
 
     def contribute(self, environ: Mapping[str, str]) -> Contribution:
-        v = _slurm_vars(environ)
-        ctx = classify(v)
+        facts = Facts.of(environ)
+        v = facts.vars
+        ctx = facts.context
         out = Contribution()
         values = out.values
         if ctx is Context.NONE:
@@ -134,16 +113,16 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"with: `srun --overlap --nodes={job_nodes} --ntasks-per-node=1 traceml run train.py`.",
                 LAUNCH_KEYS, "SLURM_STEP_ID"))
 
-        in_step = ctx in (Context.STEP, Context.INTERACTIVE_STEP)
+        in_step = facts.in_step
         if in_step:
-            self._step_values(v, out)
+            self._step_values(facts, out)
         else:
-            self._shell_values(v, ctx, out)
+            self._shell_values(facts, out)
 
-        self._gpu_values(v, in_step, out)
-        self._master_addr_env(environ, out)
-        self._master_port_env(environ, out)
-        if v.het_size and v.het_size > 1 and in_step and _spans_het_components(v, environ):
+        self._gpu_values(facts, out)
+        self._master_addr_env(facts, out)
+        self._master_port_env(facts, out)
+        if v.het_size and v.het_size > 1 and in_step and facts.het_components_touched > 1:
             out.refusals.append(Refusal(
                 f"this srun step spans {v.het_size} heterogeneous job components (SLURM_HET_SIZE="
                 f"{v.het_size}); TraceML needs one homogeneous set of nodes. Launch in one component: "
@@ -165,7 +144,8 @@ class SlurmEnvironment(ClusterEnvironment):
             src += "+SLURM_RESTART_COUNT"
         return Setting(run, src)
 
-    def _step_values(self, v: SlurmVars, out: Contribution) -> None:
+    def _step_values(self, facts: Facts, out: Contribution) -> None:
+        v = facts.vars
         values = out.values
         nnodes_src = "step_num_nodes" if v.step_num_nodes is not None else "nnodes"
         nnodes = v.step_num_nodes if v.step_num_nodes is not None else v.nnodes
@@ -184,10 +164,10 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"({v.source(nnodes_src)[6:]}). These come from Slurm; if your script sets either, remove that.",
                 variable="SLURM_NODEID")
         values["node_rank"] = Setting(v.nodeid, v.source("nodeid"))
-        list_field = "step_nodelist" if v.step_nodelist is not None else "job_nodelist"
+        list_field = facts.step_list_field
         nodelist = getattr(v, list_field)
         list_var = type(v).variable(list_field)
-        hosts = expand_nodelist(nodelist or "", list_var)
+        hosts = facts.step_hosts
         if len(hosts) != nnodes:
             # a list that does not match the step cannot say which host is node 0 (or which rank
             # this node is): refuse rather than guess, unless the user gives the values themselves
@@ -201,61 +181,30 @@ class SlurmEnvironment(ClusterEnvironment):
         values["master_addr"] = Setting(hosts[0], v.source(list_field) + "[0]")
         if len(hosts) == nnodes:
             values["hostnames"] = Setting(tuple(hosts), v.source(list_field))
-        if v.step_tasks_per_node:
-            self._layout_values(v, nnodes, out)
+        self._layout_values(facts, out)
 
-    def _layout_values(self, v: SlurmVars, nnodes: int, out: Contribution) -> None:
-        """One launcher per node (one task per node; the default) or one task per GPU (several
-        tasks per node: Lightning's and submitit's layout, each task one rank, no torchrun)."""
+    def _layout_values(self, facts: Facts, out: Contribution) -> None:
+        """The step's layout decision (:attr:`Facts.layout`): one launcher per node (one task per node;
+        the default) or one task per GPU (several tasks per node: Lightning's and submitit's layout,
+        each task one rank, no torchrun), with its refusals and warnings."""
+        layout = facts.layout
+        if layout is None:
+            return
+        v = facts.vars
         values = out.values
-        tpn = v.step_tasks_per_node or ""
-        runs = tasks_per_node(tpn, "SLURM_STEP_TASKS_PER_NODE")
-        counts = sorted({count for count, _ in runs})
-        most = counts[-1]
-        if most <= 1:
-            values["layout"] = Setting("node", f"slurm:SLURM_STEP_TASKS_PER_NODE={tpn}")
-            values["layout_reason"] = Setting(
-                "one task per node: this node's `traceml run` starts one worker per GPU with torchrun",
-                "slurm:SLURM_STEP_TASKS_PER_NODE")
+        out.refusals.extend(r.refusal() for r in layout.refusals)
+        out.warnings.extend(layout.warnings)
+        if layout.kind is None:
             return
-        per_task = (f"this srun step runs {most} tasks on each node (SLURM_STEP_TASKS_PER_NODE={tpn})")
-        if len(counts) > 1:
-            out.refusals.append(Refusal(
-                f"this srun step runs a different number of tasks on different nodes "
-                f"(SLURM_STEP_TASKS_PER_NODE={tpn}). One task per GPU needs the same number on every "
-                f"node: `srun --ntasks-per-node=G traceml run train.py` with G GPUs per node; or start one "
-                f"launcher per node: `{launcher_srun_line(nnodes)}`.",
-                LAUNCH_KEYS | {"layout"}, "SLURM_STEP_TASKS_PER_NODE"))
-            return
-        values["layout"] = Setting("task", f"slurm:SLURM_STEP_TASKS_PER_NODE={tpn}")
-        values["nproc_per_node"] = Setting(most, "slurm:SLURM_STEP_TASKS_PER_NODE")
-        missing = [name for name, val in (("SLURM_PROCID", v.procid), ("SLURM_LOCALID", v.localid))
-                   if val is None]
-        if missing:
-            raise ConfigError(
-                f"{per_task}, so each task is one rank, but {' and '.join(missing)} is not set, so this "
-                f"task's rank is unknown. srun sets it in every task; if a wrapper script clears the "
-                f"environment, keep the SLURM_* variables.", variable=missing[0])
-        world = nnodes * most
-        if v.step_num_tasks is not None and v.step_num_tasks != world:
-            out.refusals.append(Refusal(
-                f"{per_task} on {nnodes} node(s), which makes {world} ranks, but the step has "
-                f"{v.step_num_tasks} tasks (SLURM_STEP_NUM_TASKS). Give srun whole nodes: "
-                f"`srun --nodes={nnodes} --ntasks-per-node={most} traceml run train.py`.",
-                LAUNCH_KEYS | {"layout"}, "SLURM_STEP_NUM_TASKS"))
-        if v.procid is not None and v.procid >= world or v.localid is not None and v.localid >= most:
-            raise ConfigError(
-                f"SLURM_PROCID={v.procid} / SLURM_LOCALID={v.localid} are out of range for {world} ranks, "
-                f"{most} per node. These come from Slurm; if your script sets them, remove that.",
-                variable="SLURM_PROCID")
-        values["task_rank"] = Setting(v.procid, v.source("procid"))
-        values["local_rank"] = Setting(v.localid, v.source("localid"))
-        values["layout_reason"] = Setting(
-            f"{per_task}: each task is one rank (rank SLURM_PROCID={v.procid}, local rank "
-            f"SLURM_LOCALID={v.localid} of {most}); no torchrun. Local rank 0 of each node runs the "
-            f"node's relay, rank 0 the aggregator.", "slurm:SLURM_STEP_TASKS_PER_NODE")
+        values["layout"] = Setting(layout.kind, f"slurm:SLURM_STEP_TASKS_PER_NODE={layout.text}")
+        values["layout_reason"] = Setting(layout.reason, "slurm:SLURM_STEP_TASKS_PER_NODE")
+        if layout.kind == "task":
+            values["nproc_per_node"] = Setting(layout.per_node, "slurm:SLURM_STEP_TASKS_PER_NODE")
+            values["task_rank"] = Setting(layout.task_rank, v.source("procid"))
+            values["local_rank"] = Setting(layout.local_rank, v.source("localid"))
 
-    def _shell_values(self, v: SlurmVars, ctx: Context, out: Contribution) -> None:
+    def _shell_values(self, facts: Facts, out: Contribution) -> None:
+        v, ctx = facts.vars, facts.context
         values = out.values
         nnodes = v.job_num_nodes if v.job_num_nodes is not None else v.nnodes
         field = "job_num_nodes" if v.job_num_nodes is not None else "nnodes"
@@ -263,7 +212,7 @@ class SlurmEnvironment(ClusterEnvironment):
             return
         values["nnodes"] = Setting(nnodes, v.source(field))
         if v.job_nodelist is not None:
-            hosts = expand_nodelist(v.job_nodelist, "SLURM_JOB_NODELIST")
+            hosts = facts.job_hosts
             values["master_addr"] = Setting(hosts[0], v.source("job_nodelist") + "[0]")
         if ctx is Context.BATCH_SHELL:
             values["node_rank"] = Setting(0, "slurm:batch-shell")
@@ -275,22 +224,16 @@ class SlurmEnvironment(ClusterEnvironment):
                     f"`srun launch.sh`); each node then reads its own rank.",
                     LAUNCH_KEYS, "SLURM_STEP_ID"))
 
-    def _gpu_values(self, v: SlurmVars, in_step: bool, out: Contribution) -> None:
+    def _gpu_values(self, facts: Facts, out: Contribution) -> None:
         values = out.values
         layout = values.get("layout")
         if layout is not None and layout.value == "task":
-            self._task_gpus(v, out)
+            return  # one task per GPU: the layout decision judged the GPUs (Facts.layout)
+        v, gpus = facts.vars, facts.gpus
+        if gpus.count:
+            values["nproc_per_node"] = Setting(gpus.count, gpus.source)
             return
-        if v.gpus_on_node is not None and v.gpus_on_node > 0:
-            values["nproc_per_node"] = Setting(v.gpus_on_node, v.source("gpus_on_node"))
-            return
-        if v.gpus_on_node is None and in_step and v.step_gpus:
-            # Slurm < 21.08 has no SLURM_GPUS_ON_NODE: count this step's GPUs on this node.
-            gpus = [g for g in v.step_gpus.split(",") if g.strip()]
-            if gpus:
-                values["nproc_per_node"] = Setting(len(gpus), v.source("step_gpus") + "(count)")
-                return
-        if not in_step and v.ntasks_per_node is not None and v.ntasks_per_node > 1:
+        if not facts.in_step and v.ntasks_per_node is not None and v.ntasks_per_node > 1:
             # Only the batch shell still has the job's value: inside the launcher step
             # (`srun --ntasks-per-node=1`) Slurm replaces SLURM_NTASKS_PER_NODE with the step's 1.
             values["nproc_per_node"] = Setting(v.ntasks_per_node, v.source("ntasks_per_node"))
@@ -305,27 +248,8 @@ class SlurmEnvironment(ClusterEnvironment):
             "sbatch script before srun (inside the launcher step Slurm sets SLURM_NTASKS_PER_NODE to the "
             "step's 1), or request GPUs with --gres=gpu:N.")
 
-    def _task_gpus(self, v: SlurmVars, out: Contribution) -> None:
-        """One task per GPU: the node's GPUs must match its tasks (each task takes one)."""
-        tasks = out.values["nproc_per_node"].value
-        gpus = v.gpus_on_node
-        if gpus is None and v.step_gpus:
-            gpus = len([g for g in v.step_gpus.split(",") if g.strip()])
-        if not gpus:
-            out.warnings.append(
-                f"no GPU is allocated to this job: each of the {tasks} tasks per node is one CPU rank. "
-                f"Request GPUs with --gres=gpu:{tasks} (one per task).")
-            return
-        if gpus != tasks:
-            out.refusals.append(Refusal(
-                f"this srun step runs {tasks} tasks per node (SLURM_STEP_TASKS_PER_NODE) but the node has "
-                f"{gpus} GPU(s) (SLURM_GPUS_ON_NODE): with one task per GPU they must match. Either "
-                f"`srun --ntasks-per-node={gpus} traceml run train.py` (one task per GPU) or "
-                f"`srun --ntasks-per-node=1 traceml run train.py` (one launcher per node, which starts "
-                f"a worker per GPU).", frozenset({"layout"}), "SLURM_GPUS_ON_NODE"))
-
-    def _master_addr_env(self, environ: Mapping[str, str], out: Contribution) -> None:
-        stale = environ.get("MASTER_ADDR", "").strip()
+    def _master_addr_env(self, facts: Facts, out: Contribution) -> None:
+        stale = facts.env.launcher_vars.get("MASTER_ADDR", "").strip()
         master = out.values.get("master_addr")
         if not stale or master is None or stale == master.value:
             return
@@ -335,10 +259,10 @@ class SlurmEnvironment(ClusterEnvironment):
             f"shell): the master is {master.value} ({master.source}). To override, pass --master-addr or "
             f"set TRACEML_MASTER_ADDR.")
 
-    def _master_port_env(self, environ: Mapping[str, str], out: Contribution) -> None:
-        stale = environ.get("MASTER_PORT", "").strip()
+    def _master_port_env(self, facts: Facts, out: Contribution) -> None:
+        stale = facts.env.launcher_vars.get("MASTER_PORT", "").strip()
         port = out.values.get("master_port")
-        if not stale or port is None or stale == str(port.value) or environ.get("TRACEML_MASTER_PORT"):
+        if not stale or port is None or stale == str(port.value) or facts.env.traceml_vars.get("TRACEML_MASTER_PORT"):
             return
         out.warnings.append(
             f"MASTER_PORT={stale} in the environment is ignored: under Slurm the rendezvous port is "
@@ -353,9 +277,10 @@ class SlurmEnvironment(ClusterEnvironment):
     # -- checks on the merged config -------------------------------------------------------------
 
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
-        v = _slurm_vars(environ)
-        if classify(v) not in (Context.STEP, Context.INTERACTIVE_STEP):
+        facts = Facts.of(environ)
+        if not facts.in_step:
             return []
+        v = facts.vars
         out: list[Refusal] = []
         step_nodes = v.step_num_nodes or v.nnodes
         if config.source("node_rank") != "slurm:SLURM_NODEID" and v.nodeid is not None \
@@ -368,8 +293,8 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"--node-rank (TraceML reads SLURM_NODEID on each node), or put the command in a wrapper "
                 f"script that srun runs on each node. To override Slurm anyway, pass --cluster=none.",
                 frozenset(), "node_rank"))
-        if getattr(config, "layout", "node") == "node" and v.step_tasks_per_node:
-            most = max(count for count, _ in tasks_per_node(v.step_tasks_per_node, "SLURM_STEP_TASKS_PER_NODE"))
+        if getattr(config, "layout", "node") == "node" and facts.layout is not None:
+            most = facts.layout.per_node
             if most > 1:
                 out.append(Refusal(
                     f"--layout=node (from {config.source('layout')}) but this srun step runs {most} tasks on "

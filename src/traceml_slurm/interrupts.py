@@ -19,15 +19,14 @@ import signal
 import time
 from typing import Any, Optional
 
+from .controller import NO_LIMIT_S, limit_or_none
+
 #: a SIGTERM this close to (or after) the end time is the time limit (Slurm's timer ticks)
 AT_LIMIT_S = 5.0
 #: up to this long before the end, a SIGTERM may be the early warning of `#SBATCH --signal`
 EARLY_SIGNAL_S = 900.0
 #: seconds the controller may take to answer
 CONTROLLER_S = 2.0
-#: Slurm writes "no time limit" as a limit of 365 days (TimeLimit=365-00:00:00, an EndTime and
-#: SLURM_JOB_END_TIME a year after the start); nobody asks for a real limit this long
-NO_LIMIT_S = 300 * 86400.0
 NOT_THE_LIMIT = ("the job has no time limit, so not the time limit: scancel, preemption, or srun "
                  "--kill-on-bad-exit after another task failed")
 
@@ -51,12 +50,12 @@ def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
     if not job_id:
         return None
     try:
-        from .doctor.controller import ScontrolBackend
+        from . import controller
 
-        job = ScontrolBackend(timeout=CONTROLLER_S).job(str(job_id))
+        job = controller.ScontrolBackend(timeout=CONTROLLER_S).job(str(job_id))
     except Exception:  # noqa: BLE001 - no scontrol in the image, controller down, no answer
         return None
-    unlimited = job.time_limit_s is None or job.time_limit_s >= NO_LIMIT_S
+    unlimited = limit_or_none(job.time_limit_s) is None
     end = job.start_time + job.time_limit_s if job.start_time and not unlimited else None
     return {"state": job.state, "end": end, "unlimited": unlimited}
 

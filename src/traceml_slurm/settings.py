@@ -1,4 +1,4 @@
-"""The Slurm variables we read: one pydantic-settings model, prefix ``SLURM_``, from a mapping.
+"""The Slurm variables we read: one settings model (core's EnvSettings), prefix ``SLURM_``, from a mapping.
 
 Core's settings mechanism (:mod:`traceml_core.settings`) maps each field to its variable
 (``job_id`` -> ``SLURM_JOB_ID``; ``SLURMD_NODENAME`` by alias), types and bounds it (bounds from

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -197,6 +198,32 @@ def test_standalone_picks_free_ports(tmp_path):
     line = next(ln for ln in p.stderr.splitlines() if "master 127.0.0.1:" in ln)
     assert "master 127.0.0.1:29500" not in line and "aggregator 127.0.0.1:29765" not in line, line
     assert sorted(_ranks_argv(tmp_path)) == [0, 1]
+
+
+def test_one_node_outside_a_cluster_takes_free_ports_and_prints_them(tmp_path):
+    """Another run holds the fixed defaults (29500, 29765) on this machine: a run with no port given
+    still starts, on free ports it prints before anything else, and completes."""
+    holders = []
+    for port in (29500, 29765):
+        s = socket.socket()
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        holders.append(s)
+    try:
+        (tmp_path / "train.py").write_text(TRAIN_MODULE)
+        p = traceml(tmp_path, "--nproc-per-node=1", f"--logs-dir={tmp_path / 'logs'}", "--run-name=fp", "train.py")
+    finally:
+        for s in holders:
+            s.close()
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stderr.splitlines()
+    said = next(i for i, ln in enumerate(lines) if "free ports for this run: master " in ln)
+    master, agg = (int(x) for x in re.findall(r"(?:master|aggregator) (\d+)", lines[said]))
+    assert {master, agg}.isdisjoint({29500, 29765}) and master != agg, lines[said]
+    started = next(i for i, ln in enumerate(lines) if f"master 127.0.0.1:{master}, aggregator 127.0.0.1:{agg}" in ln)
+    assert said < started
+    s = json.loads((tmp_path / "logs" / "fp" / "final_summary.json").read_text())
+    assert s["run"]["status"] == "completed"
 
 
 def test_every_torchrun_flag_has_a_treatment():

@@ -4,9 +4,9 @@ Every test under tests/slurm gets the ``slurm`` marker. The ``slurm_cluster`` fi
 command to use, when the test process is not running inside the cluster's login namespace.
 
 The tests in ``GENERATIONS`` also get the ``generations`` marker: CI runs the whole suite on Slurm
-22.05 and then only these (``-m generations``) on Slurm 24.11. Together they prove what differs
-between the two generations, each for its own reason below; everything else is the same code path on
-both and would only add minutes. A listed test that is renamed or removed fails the collection of
+22.05 and then only these (``-m generations``) on Slurm 24.11 and on Slurm 25.11 (with the real
+pyslurm). Together they prove what differs between the generations, each for its own reason below;
+everything else is the same code path on all of them and would only add minutes. A listed test that is renamed or removed fails the collection of
 its file instead of silently leaving the 24.11 run.
 """
 
@@ -41,6 +41,12 @@ GENERATIONS = {
         "the template's reading of partitions, MaxTime and GPU types from that generation's sinfo/scontrol",
     "test_template_job.py::test_template_checks_a_fitting_job_and_runs_test_only":
         "sbatch --test-only's answer as that generation words it",
+    "test_doctor_pyslurm.py::test_doctor_through_pyslurm_and_scontrol_gives_the_same_facts":
+        "the real pyslurm (25.11 only; it skips on the generations without one) against scontrol",
+    "test_doctor_pyslurm.py::test_a_backfilled_job_without_time_limit_has_none_through_both":
+        "Slurm's 365-day 'no limit' of a backfilled job, through pyslurm and scontrol (25.11 only)",
+    "test_doctor_pyslurm.py::test_the_recorded_pyslurm_answers_are_still_the_real_ones":
+        "the pyslurm recordings the unit tests replay are still what the real one returns (25.11 only)",
 }
 
 

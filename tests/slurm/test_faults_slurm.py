@@ -157,3 +157,65 @@ def test_two_jobs_on_the_same_nodes_at_once(slurm_cluster, tmp_path):
     assert (f"port {agg_a} (from env:TRACEML_AGGREGATOR_PORT) is already in use" in out_c), out_c[-2000:]
     assert "ddp_minimal:" not in out_c and "Traceback" not in out_c
     assert not any(logs[2].glob("*/final_summary.json"))
+
+
+FAULTY = REPO / "tests" / "faults" / "faulty_train.py"
+ONE_NODE = ("--nodes=1", "--ntasks-per-node=1", "--gres=gpu:1", "--cpus-per-task=1")
+
+
+def _wait_file(path: Path, timeout: float, what: str, cond=lambda p: p.exists()) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond(path):
+        assert time.monotonic() < deadline, f"timed out waiting for {what} ({path})"
+        time.sleep(0.2)
+
+
+def test_two_jobs_with_one_run_name_get_two_directories(slurm_cluster, tmp_path):
+    """Issue 27, finding 4: two jobs run at once with the same --run-name and logs directory.
+    The one that claims it second writes to shared.<its job id> and says so in one line; then its
+    aggregator is SIGKILLed and its launcher restarts it: it goes on from its own checkpoint,
+    never the other job's. Each summary counts its own job's steps (the truth: faulty_train's
+    progress files)."""
+    from e2e import truth
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    steps, jobs, prog = [250, 200], [], []
+    for k, n in enumerate(steps):
+        prog.append(tmp_path / f"progress-{k}")
+        prog[k].mkdir()
+        jobs.append(slurm_cluster.submit(
+            TOKEN + f"srun --kill-on-bad-exit=1 traceml run --run-name=shared {FAULTY} --steps {n} --step-ms 40\n",
+            *ONE_NODE, env=job_env(logs, FAULT_PROGRESS_DIR=str(prog[k]))))
+    first = logs / "shared"
+    _wait_file(logs, 90, "a second run directory", lambda d: any(d.glob("shared.*")))
+    moved = next(logs.glob("shared.*"))
+    second = jobs.index(moved.name.split(".", 1)[1])   # the job that claimed second
+    a, b = jobs[1 - second], jobs[second]
+    # its first checkpoint with step records: then its aggregator is killed
+    _wait_file(moved / "aggregate.state", 120, "the moved job's first checkpoint with records",
+               lambda p: _records(p) > 0)
+    owner = json.loads((moved / ".traceml-owner").read_text())  # aggregator/claim.py
+    assert owner["job_id"] == b, owner
+    assert "traceml_core.aggregator" in Path(f"/proc/{owner['pid']}/cmdline").read_bytes().decode(errors="replace")
+    os.kill(owner["pid"], 9)
+    state_b, state_a = slurm_cluster.wait(b, timeout=150), slurm_cluster.wait(a, timeout=150)
+    out_a, out_b = slurm_cluster.output(a), slurm_cluster.output(b)
+    assert state_a == "COMPLETED", out_a[-3000:]
+    assert state_b == "COMPLETED", out_b[-3000:]
+    # the clear line at the start of the job that moved; the other never moved
+    assert (f"{first} belongs to another run that is still going (job {a}" in out_b
+            and f"this run's files are in {moved} instead" in out_b), out_b[-3000:]
+    assert "belongs to another run" not in out_a
+    sa = json.loads((first / "final_summary.json").read_text())
+    sb = json.loads((moved / "final_summary.json").read_text())
+    n_a, n_b = steps[1 - second], steps[second]
+    assert truth(prog[1 - second]) == {0: n_a} and truth(prog[second]) == {0: n_b}
+    assert sa["run"]["job_id"] == a and sa["telemetry"]["complete"], sa["telemetry"]
+    assert sa["telemetry"]["records_received"] == n_a and sa["telemetry"]["aggregator_restarts"] == 0
+    tb = sb["telemetry"]
+    assert sb["run"]["job_id"] == b and tb["aggregator_restarts"] == 1, tb
+    # its own steps, some possibly lost with its killed aggregator, none of the other job's
+    assert tb["records_received"] + tb["records_lost"] == n_b, tb
+    assert 0 < tb["records_received"] <= n_b, tb
+    assert any("belongs to another run that is still going" in n for n in sb["notes"]), sb["notes"]

@@ -28,3 +28,23 @@ cat batch.err
         assert cfg["job_id"]["value"] == job
     assert "BATCH-SHELL-RC: 2" in out
     assert "batch shell of a 2-node job" in out and "srun --nodes=2 --ntasks-per-node=1" in out
+
+
+def test_task_layout_warns_when_a_task_sees_fewer_gpus_than_its_local_rank_needs(slurm_cluster, tmp_path):
+    """`--gpus-per-task=1`: each task sees one GPU, so `set_device(LOCAL_RANK)` would fail on local
+    rank 1; the node's first such rank says so. Control: the same tasks with the node's GPUs."""
+    script = """#!/bin/bash
+srun --ntasks-per-node=2 --gpus-per-task=1 bash -c 'traceml run --print-config --json train.py > per-task.$SLURM_LOCALID.json'
+srun --ntasks-per-node=2 --gres=gpu:2 bash -c 'traceml run --print-config --json train.py > per-node.$SLURM_LOCALID.json'
+"""
+    job, state, out = slurm_cluster.run_job(script, "--nodes=1", "--ntasks-per-node=2", "--gres=gpu:2",
+                                            "--cpus-per-task=1", env=job_env(tmp_path), cwd=tmp_path)
+    assert state == "COMPLETED", out
+    cfg = {p.name: json.loads(p.read_text()) for p in tmp_path.glob("per-*.json")}
+    assert sorted(cfg) == ["per-node.0.json", "per-node.1.json", "per-task.0.json", "per-task.1.json"], out
+    assert all(c["config"]["layout"]["value"] == "task" for c in cfg.values())
+    said = [w for w in cfg["per-task.1.json"]["warnings"] if "invalid device ordinal" in w]
+    assert len(said) == 1 and "local rank 1 (rank 1, node 0) sees 1 GPU (CUDA_VISIBLE_DEVICES=" in said[0], said
+    assert "--gpus-per-task" in said[0] and "LOCAL_RANK % torch.cuda.device_count()" in said[0]
+    for name in ("per-task.0.json", "per-node.0.json", "per-node.1.json"):
+        assert not [w for w in cfg[name]["warnings"] if "invalid device ordinal" in w], (name, cfg[name]["warnings"])

@@ -2,8 +2,9 @@
 
 - The checks against the cluster and `--test-only`, with the cluster's real partitions (`short` has
   MaxTime 5 minutes) and typed GPUs (`a100`).
-- The time-limit plumbing of a generated job: the batch shell gets `--signal=B:TERM@N`, and the
-  step's launchers get exactly one plain SIGTERM (not srun's SIGKILL) before the limit. The
+- The time-limit plumbing of a generated job (the one recipe, `--signal=TERM@N`): the step's
+  launchers get exactly one plain SIGTERM (not srun's SIGKILL), together, before the limit, and the
+  batch shell none. The
   launcher in this test is a small shell script standing in for `traceml run` that records how it
   was started and what it received, so the job script's behaviour is checked on its own.
 - The end-to-end runs with the real `traceml run`: a 2-node x 2-worker job ends with a final
@@ -99,6 +100,7 @@ def test_time_limit_signal_reaches_every_launcher_as_sigterm(slurm_cluster, tmp_
     # first check past 60 - 10 - 30 s, so 20-50 s in; the limit itself is enforced at a check past 60 s.
     proc = template("--nodes", "2", "--gpus-per-node", "2", "--time", "1", "--signal-margin", "10",
                     "--setup", f"export PATH={probe_bin}:$PATH", "--env", f"PROBE_DIR={tmp_path}",
+                    "--setup", "trap 'echo BATCH-SHELL-GOT-TERM' TERM",
                     "--job-name", "tpl-signal", "train.py", "--epochs", "3", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     started = time.time()
@@ -123,7 +125,8 @@ def test_time_limit_signal_reaches_every_launcher_as_sigterm(slurm_cluster, tmp_
     # Node 0 was still busy when node 1 exited 143: --kill-on-bad-exit then sends it SIGTERM again, and
     # SIGKILL only KillWait (5 s here) later, so its 3 s of summary writing still complete.
     assert len(terms[0]) <= 2 and logs[0][-1] == "exit 143", logs[0]
-    assert "traceml-job: SIGTERM: asking the step to stop" in out
+    assert "#SBATCH --signal=TERM@10" in (tmp_path / "tpl-signal.sbatch").read_text()
+    assert "BATCH-SHELL-GOT-TERM" not in out, out  # the signal goes to the step's tasks only
     # The batch shell waited for srun and exits with its status; the job stopped itself before TIMEOUT.
     assert (state, info["ExitCode"]) == ("FAILED", "143:0"), (state, info["ExitCode"], out)
 
@@ -169,4 +172,4 @@ def test_generated_job_at_its_time_limit_writes_the_summary_marked_interrupted(s
     summary = json.loads(path.read_text())
     assert summary["run"]["status"] == "interrupted", summary["run"]
     assert summary["topology"]["nnodes"] == 2 and summary["topology"]["world_size"] == 4
-    assert "traceml-job: SIGTERM" in out
+    assert "#SBATCH --signal=TERM@5" in sbatch.read_text()

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from traceml_slurm.doctor.node import Interface, NodeContext, Options
-from traceml_core.sdk.samplers.nvml import FakeNvml, NvmlUnavailable
+from traceml_slurm.doctor.netinfo import Interface
+from traceml_slurm.doctor.node import NodeContext, Options
+from traceml_core.selftest import FakeNvml, NvmlUnavailable
 from traceml_slurm.doctor.torchprobe import TorchInfo
 
 JOB = {"SLURM_JOB_ID": "42", "SLURM_JOB_NAME": "ddp", "SLURM_SUBMIT_DIR": "/home/u/p", "SLURM_JOB_NUM_NODES": "2",

@@ -91,3 +91,55 @@ def test_srun_failing_at_once_ends_the_wait_with_its_error(job_env):
     obs = checks["cross.answers"]["nodes"]["fake2"]["observed"]
     assert "Requested nodes are busy" in obs and p.returncode == 1
     assert took < 15, took  # did not sit out the 30 s
+
+
+# -- the command table: both ends go through it ---------------------------------------------------------
+
+def _agent(tmp_path):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from doctor_env import make, step
+
+    from traceml_slurm.doctor.agent import Agent
+
+    return Agent(make(step(TRACEML_LOGS_DIR=str(tmp_path))), link=None, token="t" * 32)
+
+
+def test_every_command_is_answered_through_the_table(tmp_path):
+    from traceml_slurm.doctor import wire
+
+    agent = _agent(tmp_path)
+    for cmd in wire.COMMANDS.values():
+        assert not cmd.handler or callable(getattr(agent, cmd.handler, None)), cmd.name
+    assert wire.dispatch(agent, {"t": "d.nope"}) == {"t": "d.error", "error": "unknown command 'd.nope'"}
+    assert wire.dispatch(agent, {"t": "d.fs-write", "name": "x"})["error"] == "d.fs-write without nonce"
+    assert wire.dispatch(agent, wire.command("d.bye")) is None
+    with pytest.raises(ValueError, match="d.fs-read needs nonce"):
+        wire.command("d.fs-read", name="x")
+    written = wire.dispatch(agent, wire.command("d.fs-write", name="n1", nonce=b"abc"))
+    assert written["t"] == "d.fs-written" and written["ok"] and (tmp_path / "n1").read_bytes() == b"abc"
+    read = wire.dispatch(agent, wire.command("d.fs-read", name="n1", nonce=b"abc", wait=0.0))
+    assert read == {"t": "d.fs-read", "found": True, "match": True, "path": str(tmp_path / "n1")}
+    assert wire.dispatch(agent, wire.command("d.fs-clean", name="n1")) == {"t": "d.fs-cleaned"}
+    assert not (tmp_path / "n1").exists()
+
+
+def test_cores_self_test_runs_the_real_aggregator_and_relay_on_loopback():
+    """traceml_core.selftest, as the doctor's cross.aggregator uses it: node 0's real aggregator, a
+    node's real relay and a training process's records; the summary names the rank that sent them."""
+    from traceml_core import selftest
+
+    agg, error = selftest.TestAggregator.start(run="selftest-x", token="k" * 32, job="9", bind_host="127.0.0.1",
+                                               port=0, nnodes=1, wait_s=60.0)
+    assert agg is not None, error
+    try:
+        sent = selftest.send_test_telemetry("127.0.0.1", agg.port, token="k" * 32, run="selftest-x", job="9", rank=0,
+                                            world=1, hostname="nodeA", timeout=30.0)
+        assert sent["ok"], sent
+        done = agg.finish(selftest.TEST_RECORDS, wait_s=30.0)
+    finally:
+        agg.close()
+    assert done["ok"], done
+    assert [(r["rank"], r["steps"]) for r in done["ranks"]] == [(0, selftest.TEST_RECORDS)]
+    refused = selftest.send_test_telemetry("127.0.0.1", agg.port, token="k" * 32, run="selftest-x", job="9", rank=0,
+                                           world=1, hostname="nodeA", timeout=2.0)
+    assert not refused["ok"] and refused["stage"] in ("connect", "hello")  # the aggregator is gone

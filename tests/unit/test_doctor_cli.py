@@ -129,17 +129,17 @@ def _report() -> Report:
 
 def test_terminal_gets_symbols_and_colour_and_no_color_gets_ascii():
     tty = _Tty()
-    render_text(_report(), tty, {})
+    render_text(_report(), tty)
     assert "✓" in tty.getvalue() and "✗" in tty.getvalue() and "\033[" in tty.getvalue()
     plain = _Tty()
-    render_text(_report(), plain, {"NO_COLOR": "1"})
+    render_text(_report(), plain, no_color=True)
     text = plain.getvalue()
     assert "✓" not in text and "\033[" not in text and "[XX] Node 0's ports reachable" in text
 
 
 def test_grouped_and_problem_nodes_listed_with_the_fix():
     out = io.StringIO()
-    render_text(_report(), out, {})
+    render_text(_report(), out)
     text = out.getvalue()
     assert text.index("Software") < text.index("Across nodes")  # groups in order, whatever the result order
     assert "[ok] Python: 3.11.7 (n[1-2])" in text

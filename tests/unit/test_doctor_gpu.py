@@ -8,7 +8,7 @@ from doctor_env import CPU_TORCH, cuda_torch, gpus, make, step
 
 from traceml_slurm.doctor import gpu as G
 from traceml_slurm.doctor.model import Status
-from traceml_core.sdk.samplers.nvml import FakeNvml, GpuProcess, fake_gpus
+from traceml_core.selftest import FakeNvml, GpuProcess, fake_gpus
 from traceml_slurm.doctor.torchprobe import TorchInfo
 
 

@@ -9,6 +9,8 @@ errors, an interrupted run).
 from __future__ import annotations
 
 from traceml_core.report.failure import consequence_of, diagnose, raised_where, split_exception
+from traceml_core.report.model import ExitRecord, RankSummary
+from traceml_core.rundata import OomReport, RankEvent
 
 TB = '''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 88, in <module>
@@ -23,11 +25,11 @@ RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB
 
 def rank(r, status, *, node=0, error=None, tb=None, fail_step=None, in_step=False, steps=10,
          at=None, exit_=None):
-    events = [{"kind": "exception", "text": tb, "ts": at}] if tb else []
-    return {"rank": r, "node": node, "host": f"n{node}", "status": status, "error": error,
-            "steps": steps, "steps_produced": steps if status != "crashed" else None,
-            "fail_step": fail_step, "fail_in_step": in_step, "failed_at": at, "exit": exit_,
-            "last_events": events}
+    events = [RankEvent("exception", tb, at)] if tb else []
+    return RankSummary(rank=r, node=node, host=f"n{node}", local_rank=None, status=status, error=error,
+                       steps=steps, steps_produced=steps if status != "crashed" else None,
+                       fail_step=fail_step, fail_in_step=in_step, failed_at=at,
+                       exit=ExitRecord(**exit_) if exit_ else None, last_events=events)
 
 
 def test_the_users_own_frame_and_the_exception_are_named():
@@ -51,12 +53,12 @@ def test_an_exception_inside_a_step_beats_the_gloo_errors_it_caused():
              rank(1, "error", error="RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB",
                   tb=TB, at=100.9, fail_step=7, in_step=True, steps=7),
              rank(2, "crashed", at=101.0, steps=3)]
-    v = diagnose(ranks, {0: {"kills": 0, "limit_bytes": None, "source": "x"}}, "failed")
+    v = diagnose(ranks, {0: OomReport(kills=0, limit_bytes=None, source="x")}, "failed")
     assert v["culprit"]["rank"] == 1  # later by the clock, but the only real error
     assert v["reason"] == "rank 1 raised RuntimeError in step 7: CUDA out of memory. Tried to allocate 2.00 GiB"
     assert "at train.py:61 in main" in v["why"]
     assert v["evidence"]["consequence_ranks"] == [0, 2]
-    assert ranks[2]["failure"]["role"] == "consequence" and ranks[2]["failure"]["step"] == 7
+    assert ranks[2].failure["role"] == "consequence" and ranks[2].failure["step"] == 7
 
 
 def test_sigkill_where_the_cgroup_was_unreadable_says_so():
@@ -127,6 +129,7 @@ def _hung_summary(records_after: int):
     from aggpeers import columns, make_settings
     from traceml_core.aggregator.autopsy import Autopsy
     from traceml_core.aggregator.state import RunState
+    from traceml_core.aggregator.adapter import run_data
     from traceml_core.report.summary import build_summary
 
     st = RunState(make_settings(Path("/nonexistent"), nnodes=2, nproc_per_node=1))
@@ -145,7 +148,7 @@ def _hung_summary(records_after: int):
     st.hangs.append(a.report())
     st.records += records_after
     st.finish = {"exit_code": 124, "interrupted": False, "reason": "training looks hung", "failed_nodes": []}
-    return build_summary(st.to_data())
+    return build_summary(run_data(st))
 
 
 def test_a_run_that_ended_hung_leads_with_the_hang():

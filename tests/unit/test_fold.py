@@ -20,6 +20,7 @@ from traceml_core.aggregator.series import series_phases, series_values
 from traceml_core.aggregator.state import RunState
 from traceml_core.launcher.relayframes import fold_frame, merge_into, steps_frame
 from traceml_core.report.summary import build_summary
+from traceml_core.rundata import RunData
 from traceml_core.wire import fold as layout
 from traceml_core.wire.auth import Identity
 from traceml_core.wire.frames import validate
@@ -141,7 +142,7 @@ def test_folded_and_unfolded_windows_give_the_same_summary(tmp_path, cut):
         for p in series_phases(sa):
             assert series_values(sa, "phase_cnt", p) == series_values(sb, "phase_cnt", p), p
             assert sum(series_values(sa, "phase_sum", p)) == sum(series_values(sb, "phase_sum", p)), p
-    sa, sb = stable(build_summary(a)), stable(build_summary(b))
+    sa, sb = stable(build_summary(RunData.from_checkpoint(a))), stable(build_summary(RunData.from_checkpoint(b)))
     # the summary the user reads: equal, but for per-bucket figures of straddling windows
     # (timeline points: the unfolded path's were proportional shares)
     assert sa["telemetry"] == sb["telemetry"] and sa["telemetry"]["records_received"] == 1200
@@ -228,9 +229,14 @@ def test_a_window_whose_sums_do_not_fit_goes_up_as_records(tmp_path):
     frame: the relay sends that window's records instead, and node 0 takes them."""
     from traceml_core.launcher.relay import Relay
 
-    big = (1 << 62) - 1
+    from traceml_core import limits
+
+    big = limits.STEP_NS.hi  # valid one by one: the column's physical bound
     w = steps_frame(recorded()[0][2])
-    w["cols"]["forward_ns"] = [big] * w["n"]
+    n = (1 << 62) // big + 1  # records whose sum passes what a fold frame holds
+    w["cols"] = {k: (v * (n // len(v) + 1))[:n] for k, v in w["cols"].items()}
+    w["n"] = n
+    w["cols"]["forward_ns"] = [big] * n
     with pytest.raises(ValueError):
         fold_frame(w)
     relay = Relay.__new__(Relay)  # only the choice of bytes is exercised here
@@ -287,16 +293,19 @@ def test_rows_copied_into_untouched_buckets_equal_rows_added_field_by_field():
 
 
 def test_a_series_sum_past_int64_is_dropped_and_counted_not_raised():
-    """Buckets keep int64 nanoseconds; values are checked below 2**62 at the trust boundary, so
-    only absurd data can overflow a bucket: node 0 drops that update and counts it."""
+    """Buckets keep int64 nanoseconds; values are checked below their physical bound (2**52 ns)
+    at the trust boundary, so only absurd data can overflow a bucket: node 0 drops that update
+    and counts it."""
+    from traceml_core import limits
     from traceml_core.aggregator.series import Series
 
+    big = limits.STEP_NS.hi
     w = steps_frame(recorded()[0][1])  # records 1..24
     w["n"], w["cols"] = 2, {k: v[:2] for k, v in w["cols"].items()}
-    w["cols"]["forward_ns"] = [1 << 61] * 2  # one record per series row here
+    w["cols"]["forward_ns"] = [big] * 2  # one record per series row here
     m = validate("node", decode_body(encode(fold_frame(w))[HEADER.size:]))
     s = Series(layout.SERIES_PHASES)
-    for _ in range(5):  # a row holds one record of 2**61: the 4th passes 2**63 - 1
+    for _ in range((1 << 63) // big + 1):  # a row holds one record of 2**52: the last passes 2**63 - 1
         s.add_rows(w["seq"], 2, m["v"], m["o"], None, m["va"], m["oa"])
     assert s.overflowed >= 1 and s.to_data()["overflowed"] == s.overflowed
 

@@ -269,6 +269,7 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
     from traceml_core.aggregator.persist import prepare_run_dir
     from traceml_core.aggregator.settings import AggregatorSettings
     from traceml_core.aggregator.state import RunState
+    from traceml_core.aggregator.adapter import run_data
     from traceml_core.report.output import write_summary
 
     st = RunState(AggregatorSettings(run_name="big", token="t" * 32, run_dir=tmp_path / "big",
@@ -302,7 +303,7 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
         sample["ts"] = t0 + 2.0 * i
         st.node_system(0).ingest("big-node", [sample])
     rd = prepare_run_dir(tmp_path / "big", "big")
-    return write_summary(st.to_data(), rd, "big")
+    return write_summary(run_data(st), rd, "big")
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from aggpeers import columns, make_settings
+from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
 
@@ -26,7 +27,7 @@ def _run(nnodes: int, nproc: int, per_rank: Callable[[int], dict[str, Any]], ste
     for node, samples in (system or {}).items():
         st.node_system(node).ingest(f"gpu-node-{node}", samples)
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
-    return build_summary(st.to_data())
+    return build_summary(run_data(st))
 
 
 def _kinds(s):

@@ -33,6 +33,8 @@ def test_the_port_clash_hint_fits_where_the_port_came_from():
     assert "default (29765)" in flag and "job-derived" not in flag
     flag_in_job = port_clash_hint(_settings(port_source="--aggregator-port", job_id="7"))
     assert "job-derived port" in flag_in_job
+    free = port_clash_hint(_settings(port_source="free"))
+    assert "picked as a free port" in free and "Run again" in free and "default" not in free
 
 
 def test_a_stale_slurm_job_id_on_a_laptop_names_cluster_none():
@@ -108,7 +110,7 @@ def test_a_time_limit_a_year_away_is_slurms_way_of_saying_none():
 
 
 def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
-    from traceml_slurm.doctor import controller
+    from traceml_slurm import controller
     from traceml_slurm.interrupts import controller_state
 
     class _Job:

@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..rundata import RunData
 from .settings import ERROR, READY
 
 
@@ -40,6 +41,20 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
+def claim_run_dir(run_dir: Any, settings: Any) -> Any:
+    """This run's claim of its run directory (aggregator/claim.py), or None when the directory
+    cannot hold one (the run goes on without: nothing to compare against)."""
+    from .claim import claim, me
+    from .server import log
+
+    try:
+        return claim(run_dir.path, me(settings.run_id, settings.job_id, settings.run_name))
+    except OSError as exc:
+        log(f"could not claim {run_dir.path} for this run ({exc.strerror or exc}); another run "
+            "with the same name and logs directory would not be noticed")
+        return None
+
+
 def main() -> int:
     from .persist import fallback_dir, prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
@@ -58,6 +73,14 @@ def main() -> int:
             f"{fallback_dir(settings.run_name)} can be written ({exc.strerror or exc}). Set "
             "--logs-dir (or TRACEML_LOGS_DIR) to a writable directory; training was not started.")}))
         return 3
+    claimed = claim_run_dir(run_dir, settings)
+    if claimed is not None and claimed.path != run_dir.path:  # another live run owns it: a sibling
+        try:
+            run_dir = prepare_run_dir(claimed.path, settings.run_name)
+        except OSError:
+            pass  # the claimed sibling is not writable after all: share, as before
+    if claimed is not None and claimed.note:
+        run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
     raise_fd_limit()
@@ -67,7 +90,7 @@ def main() -> int:
         _say(f"{ERROR} " + json.dumps({"kind": "bind", "message": str(exc)}))
         return 3
 
-    def finalize(server: Server, data: dict[str, Any], provisional: bool) -> dict[str, Any]:
+    def finalize(server: Server, data: RunData, provisional: bool) -> dict[str, Any]:
         from ..report.output import write_summary
         out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
         if not provisional:
@@ -82,7 +105,7 @@ def main() -> int:
                     log(f"export failed: {exc}")
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 
-    server = Server(settings, listener, run_dir, finalize)
+    server = Server(settings, listener, run_dir, finalize, claim=claimed)
     server.install_signal_handlers()
     tune_gc()
     _say(f"{READY} " + json.dumps({"port": server.port, "run_dir": str(run_dir.path),

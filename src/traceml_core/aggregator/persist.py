@@ -107,6 +107,7 @@ class RunDir:
         return self.path != self.wanted
 
     def switch_to_fallback(self, run_name: str, reason: str) -> None:
+        run_name = self.wanted.name  # the run's directory name (a claimed sibling's: claim.py)
         fb, refused = make_fallback(run_name)
         self.note = (f"could not write to {self.wanted} ({reason}); the files are in {fb} instead "
                      "(fix the permissions or free space of --logs-dir, or set it to a writable "
@@ -176,17 +177,49 @@ def write_file(rd: RunDir, run_name: str, name: str, data: bytes, *, sync: bool 
         return target
 
 
+#: msgpack extension type of an integer past 64 bits, stored as its decimal digits. Node 0's sums
+#: are Python integers: every value is within its physical bound (wire/frames.py), but a long run's
+#: sum of them (a peak memory of 128 GiB over 2**27 steps) passes 2**64, where msgpack stops; a
+#: checkpoint must never fail on that (every checkpoint failing cost the run its statistics)
+BIG_INT = 1
+
+
+def _pack_big(obj: Any) -> Any:
+    if type(obj) is int:  # msgpack hands over only the integers it cannot hold itself
+        return msgpack.ExtType(BIG_INT, str(obj).encode())
+    raise TypeError(f"cannot checkpoint a {type(obj).__name__}")
+
+
+def _unpack_ext(code: int, data: bytes) -> Any:
+    if code == BIG_INT:
+        return int(data)
+    return msgpack.ExtType(code, data)
+
+
 def pack_checkpoint(data: dict[str, Any], *, final: bool) -> bytes:
     doc = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_VERSION,
            "taken_at": time.time(), "final": final, "state": data}
-    return msgpack.packb(doc, use_bin_type=True)
+    return msgpack.packb(doc, use_bin_type=True, default=_pack_big)
+
+
+def foreign_checkpoint(doc: dict[str, Any], settings: Any) -> Optional[str]:
+    """None when the checkpoint ``doc`` is this run's (its settings carry the same run id, job id
+    and run name as ``settings``: AggregatorSettings or their public dict); else whose it is."""
+    theirs = (doc.get("state") or {}).get("settings") or {}
+    ours = settings if isinstance(settings, dict) else settings.public()
+    keys = ("run_id", "job_id", "run_name")
+    if all(theirs.get(k) == ours.get(k) for k in keys):
+        return None
+    job = theirs.get("job_id")
+    return (f"job {job}" if job and job != ours.get("job_id") else "another run") + \
+        f" (run {theirs.get('run_name')!r}, id {theirs.get('run_id') or 'unknown'})"
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
     """The checkpoint document; raises ValueError with a readable reason when it is not one."""
     raw = Path(path).read_bytes()
     try:
-        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False)
+        doc = msgpack.unpackb(raw, raw=False, strict_map_key=False, ext_hook=_unpack_ext)
     except Exception as exc:
         raise ValueError(f"{path} is not a TraceML checkpoint ({type(exc).__name__})") from None
     if not isinstance(doc, dict) or doc.get("format") != CHECKPOINT_FORMAT:

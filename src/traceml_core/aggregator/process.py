@@ -155,11 +155,14 @@ class AggregatorHandle:
         try:
             # say in the summary itself why it is rebuilt (the launcher's log may be lost)
             why = "; ".join(x for x in (reason, f"summary rebuilt because {error}" if error else "") if x)
-            out = summarize(self.run_dir, finish={
+            out = summarize(self.run_dir, run_id=self.settings.run_id, finish={
                 "exit_code": exit_code, "interrupted": interrupted, "reason": why,
                 "failed_nodes": list(failed_nodes), "at": time.time(), **(report or {})})
         except TraceMLError as exc:
             return FinishResult(None, None, False, f"{error}; {exc}")
+        except Exception as exc:  # noqa: BLE001 - a bug of ours must not cost the launcher its exit
+            return FinishResult(None, None, False, f"{error}; the rebuild failed too "
+                                                   f"({type(exc).__name__}: {exc})")
         return FinishResult(Path(out["summary_json"]), Path(out["summary_txt"]), True, error)
 
     def _close_control(self) -> None:

@@ -29,14 +29,17 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..options import BY_KEY
+from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
-from ..wire.frames import validate
+from ..wire.frames import REFUSED, validate
 from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
+from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
-from .persist import CHECKPOINT_NAME, RunDir, pack_checkpoint, write_file
+from .claim import Claim
+from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
-from .state import RunState
+from .state import VALUES_REFUSED, RunState
 
 TICK_S = 0.2
 #: pending step records are turned into statistics at least this often
@@ -68,6 +71,9 @@ def port_clash_hint(settings: AggregatorSettings) -> str:
         return ("probably by another job on this node whose job id is a multiple of 1,024 away "
                 "(job-derived ports repeat every 1,024 jobs), or a previous run still shutting down. "
                 f"Pass a free port with --aggregator-port PORT (or TRACEML_AGGREGATOR_PORT){same}.")
+    if src == "free":  # ports.FREE_SOURCE: picked free a moment ago, taken since
+        return ("taken by another process since it was picked as a free port. Run again (a new "
+                "free port is picked), or pass one with --aggregator-port PORT.")
     if src == "default":
         fix = "--standalone (free local ports) or " if not multi else ""
         return ("probably by another `traceml run` on this machine using the same default port, or a "
@@ -120,9 +126,12 @@ class Server(Handler):
     checkpoints, finalisation)."""
 
     def __init__(self, settings: AggregatorSettings, listener: socket.socket, run_dir: RunDir,
-                 finalize: Callable[["Server", dict[str, Any], bool], dict[str, Any]]) -> None:
+                 finalize: Callable[["Server", RunData, bool], dict[str, Any]],
+                 claim: Optional[Claim] = None) -> None:
         self.settings = settings
         self.run_dir = run_dir
+        #: this run's claim of its directory (aggregator/claim.py): touched while it runs
+        self.claim = claim
         self.state = RunState(settings)
         self.state.run_dir_note = run_dir.note
         if settings.resume_from:
@@ -168,6 +177,11 @@ class Server(Handler):
             log(f"cannot resume from {path} ({exc}); starting from nothing: the summary counts "
                 "every earlier record as lost")
             return
+        other = foreign_checkpoint(doc, self.settings)
+        if other is not None:
+            log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
+                "starting from nothing: the summary counts every earlier record as lost")
+            return
         seed(self.state, doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
@@ -197,6 +211,8 @@ class Server(Handler):
             self._tick(now)
 
     def _tick(self, now: float) -> None:
+        if self.claim is not None:
+            self.claim.refresh(now)
         if now >= self._next_flush:
             self.state.flush()
             self._next_flush = now + FLUSH_S
@@ -290,6 +306,7 @@ class Server(Handler):
                 if checked is None:
                     self.state.counters["ignored_frames"] += 1
                     return
+                self._count_refused(conn, checked)
                 self.ingest.node_frame(conn, i, checked)
             except ProtocolError as exc:
                 self.state.counters["malformed"] += 1
@@ -300,6 +317,7 @@ class Server(Handler):
         if checked is None:
             self.state.counters["ignored_frames"] += 1
             return
+        self._count_refused(conn, checked)
         t = checked["t"]
         if t == "finish":
             self.ingest.finish(checked)
@@ -309,8 +327,8 @@ class Server(Handler):
             reply = self.ingest.status(self.checkpoint_seconds)
             reply["id"] = msg.get("id")
             self.net.send(conn, reply)
-        elif t == "snapshot":  # live views (views/snapshot.py; never raises)
-            from ..views.snapshot import snapshot_frame
+        elif t == "snapshot":  # live views (aggregator/snapshot.py; never raises)
+            from .snapshot import snapshot_frame
             self.net.send(conn, snapshot_frame(self.state, checked))
         elif t == "system":
             self.ingest.system(i, checked)
@@ -319,6 +337,17 @@ class Server(Handler):
         elif t == "probe":      # the link probe between the nodes (traceml_core/linkprobe)
             self.state.probe = checked["result"]
             self.state.dirty = True
+
+    def _count_refused(self, conn: Conn, checked: dict[str, Any]) -> None:
+        """Values the validator left out as not measurements (NaN, infinite, past their field's
+        physical bound: wire/frames.measured); the summary reports the count."""
+        n = checked.get(REFUSED)
+        if n:
+            self.state.counters[VALUES_REFUSED] += n
+            who = f" of rank {checked['rank']}" if type(checked.get("rank")) is int else ""
+            self.net.events("values_refused", f"{conn.label()}: left out {n} value(s) of a "
+                            f"{str(checked.get('t'))[:20]!r} frame{who} that are not measurements "
+                            "(NaN, infinite or past their physical bound)")
 
     # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
     def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:
@@ -384,12 +413,12 @@ class Server(Handler):
             self.state.flush()
         blob = b""
         try:
-            blob = pack_checkpoint(data if data is not None else self.state.to_data(), final=final)
+            blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
             self.state.run_dir_note = self.run_dir.note
             self.state.dirty = False
-        except OSError as exc:
-            log(f"could not write the checkpoint: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a failed checkpoint must never end the aggregator
+            log(f"could not write the checkpoint: {type(exc).__name__}: {exc}")
         dt = time.perf_counter() - t0
         self.checkpoint_seconds += dt
         # never spend more than ~2 % of the wall clock on checkpoints, nor write more than
@@ -404,10 +433,11 @@ class Server(Handler):
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
         self.state.flush()
-        data = self.state.to_data()
+        data = checkpoint_data(self.state)
         self.checkpoint(final=not provisional, data=data)
-        data["run_dir_note"] = self.run_dir.note
-        return self._finalize_cb(self, data, provisional)
+        run = run_data(self.state, plain=data)
+        run.run_dir_note = self.run_dir.note
+        return self._finalize_cb(self, run, provisional)
 
     def finalize(self) -> None:
         try:
@@ -417,6 +447,8 @@ class Server(Handler):
             result = {"summary_json": None, "summary_txt": None,
                       "error": f"{type(exc).__name__}: {exc}"}
         self.result = result
+        if self.claim is not None:
+            self.claim.end()
         reply = {"t": "finished", "summary_json": result.get("summary_json"),
                  "summary_txt": result.get("summary_txt"), "rebuilt": False}
         if result.get("error"):

@@ -68,6 +68,10 @@ class AggregatorSettings(BaseModel):
     #: a restarted aggregator: the checkpoint of the one that died, to go on from
     #: (aggregator/resume.py); empty for a fresh run
     resume_from: str = ""
+    #: this launch of the run: fresh for each ``traceml run``, kept by a restarted aggregator. Its
+    #: checkpoints carry it, so a checkpoint of another run (the same name in the same logs
+    #: directory) is never resumed, and it owns the run directory's claim (aggregator/claim.py)
+    run_id: str = Field(default_factory=lambda: secrets.token_hex(8), max_length=64)
 
     # --- tuning knobs; the defaults are what `traceml run` uses -------------------------------
     #: interval between checkpoints of the aggregate state (stretched so writing costs <5% CPU)

@@ -1,9 +1,9 @@
 """The whole aggregate of one run: ranks, nodes, system evidence, counters and the launcher's finish.
 
 :meth:`RunState.to_data` turns it into plain data (dicts, lists, ints, bytes). That one shape is
-what checkpoints store and what :func:`traceml_core.report.summary.build_summary` reads, so a
-summary rebuilt from a checkpoint after the aggregator died goes through exactly the same code as
-the live one.
+what checkpoints store, and the report reads it as typed run data (``RunData.from_checkpoint``,
+through ``aggregator/adapter.py``), so a summary rebuilt from a checkpoint after the aggregator
+died goes through exactly the same code as the live one.
 """
 
 from __future__ import annotations
@@ -16,6 +16,11 @@ from ..wire.server import SERVER_COUNTERS as COUNTERS
 from .rankstate import TAIL_RECORDS, RankState
 from .settings import AggregatorSettings
 from .system import NodeSystem
+
+
+#: the run's counter of values refused where they entered (wire/frames.measured), beside the
+#: framed server's counters
+VALUES_REFUSED = "values_refused"
 
 
 class NodeInfo:
@@ -45,7 +50,7 @@ class RunState:
         self.ranks: dict[int, RankState] = {}
         self.nodes: dict[int, NodeInfo] = {}
         self.system: dict[int, NodeSystem] = {}
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = dict.fromkeys((*COUNTERS, VALUES_REFUSED), 0)
         self.finish: Optional[dict[str, Any]] = None
         self.run_dir_note: Optional[str] = None
         #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary

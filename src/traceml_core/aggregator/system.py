@@ -1,9 +1,10 @@
 """Per-node system evidence from ``system`` frames: CPU, RAM and, per GPU, util/memory/temp/power.
 
 Samples arrive at about 1 Hz per node, so plain Python per sample is fine; what matters is that
-memory stays fixed (running sums and maxima, and :class:`TimeBuckets` over time, no lists) and
-that a malformed sample raises ProtocolError rather than corrupting the aggregate. ``None`` for a
-field means "not available" (no NVML, no power sensor) and is skipped.
+memory stays fixed (running sums and maxima, and :class:`TimeBuckets` over time, no lists). The
+samples were checked where they entered (wire/frames.check_system: every value a number within its
+field's physical bound); ``None`` for a field means "not available" (no NVML, no power sensor, or
+a value refused there) and is skipped.
 """
 
 from __future__ import annotations
@@ -11,13 +12,8 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
+from ..wire.frames import GPU_LIMITS, MAX_GPUS
 from .series import BUCKETS
-
-from ..wire.protocol import ProtocolError
-
-MAX_SAMPLES_PER_FRAME = 10_000
-MAX_GPUS = 64
-_NUM = (int, float)
 
 
 class Running:
@@ -33,8 +29,6 @@ class Running:
     def add(self, x: Any) -> None:
         if x is None:
             return
-        if type(x) not in _NUM or x != x:  # NaN too
-            raise ProtocolError("system: a sample value is not a number")
         self.n += 1
         self.sum += x
         if self.max is None or x > self.max:
@@ -44,7 +38,7 @@ class Running:
         return {"n": self.n, "sum": self.sum, "max": self.max}
 
 
-GPU_METRICS = ("util_pct", "mem_used", "mem_total", "temp_c", "power_w")
+GPU_METRICS = tuple(GPU_LIMITS)
 
 
 class TimeBuckets:
@@ -128,34 +122,11 @@ class NodeSystem:
         self.gpus: dict[int, dict[str, Running]] = {}
         self.over_time = TimeBuckets()
 
-    def ingest(self, host: Any, samples: Any) -> None:
-        if type(samples) is not list or len(samples) > MAX_SAMPLES_PER_FRAME:
-            raise ProtocolError("system: samples must be a list")
-        # validate everything into plain tuples before touching state
-        parsed = []
-        for s in samples:
-            if type(s) is not dict:
-                raise ProtocolError("system: a sample is not a map")
-            ts = s.get("ts")
-            if type(ts) not in _NUM:
-                raise ProtocolError("system: sample without a numeric ts")
-            gpus = s.get("gpus") or []
-            if type(gpus) is not list or len(gpus) > MAX_GPUS:
-                raise ProtocolError("system: gpus must be a list")
-            gp = []
-            for g in gpus:
-                if type(g) is not dict or type(g.get("index")) is not int or not 0 <= g["index"] < 4096:
-                    raise ProtocolError("system: a GPU sample needs an integer index")
-                vals = tuple(g.get(k) for k in GPU_METRICS)
-                for v in vals:
-                    if v is not None and (type(v) not in _NUM or v != v):
-                        raise ProtocolError("system: a GPU value is not a number")
-                gp.append((g["index"], vals))
-            vals = (s.get("cpu_pct"), s.get("ram_used"), s.get("ram_total"))
-            for v in vals:
-                if v is not None and (type(v) not in _NUM or v != v):
-                    raise ProtocolError("system: a sample value is not a number")
-            parsed.append((float(ts), vals, gp))
+    def ingest(self, host: Any, samples: list[dict[str, Any]]) -> None:
+        """Add the samples of one ``system`` frame, checked by wire/frames.check_system (every
+        value a number within its field's bound, or None)."""
+        parsed = [(s["ts"], (s["cpu_pct"], s["ram_used"], s["ram_total"]),
+                   [(g["index"], tuple(g[k] for k in GPU_METRICS)) for g in s["gpus"]]) for s in samples]
         if isinstance(host, str) and host:
             self.host = host[:255]
         for ts, (cpu, ram_used, ram_total), gp in parsed:

@@ -111,6 +111,19 @@ def _read_go(sock: socket.socket) -> Optional[tuple[dict[str, Any], list[int]]]:
     return msg, fds
 
 
+def _error_of(message: Any) -> tuple[str, str]:
+    """(Python's error line, its traceback) from torchrun's record of a failed worker: the error
+    file the worker bootstrap (or torch's ``@record``) wrote, in torchrun's format; the
+    traceback is empty when the worker wrote none (a signal, or a worker that died silently)."""
+    if isinstance(message, dict):
+        extra = message.get("extraInfo") if isinstance(message.get("extraInfo"), dict) else {}
+        return str(message.get("message") or ""), str(extra.get("py_callstack") or "")
+    text = str(message or "")
+    if text.startswith("To enable traceback see"):  # torchrun's words for "no error file"
+        return "", ""
+    return text, ""
+
+
 def _failure_reporter(sock: socket.socket) -> None:
     """Send torchrun's per-worker outcome of a failed run back to the launcher (best effort: on
     a torch without these internals the run is simply not annotated)."""
@@ -129,9 +142,11 @@ def _failure_reporter(sock: socket.socket) -> None:
             for rank, f in sorted((getattr(exc, "failures", None) or {}).items()):
                 try:
                     code = int(f.exitcode)
+                    message, tb = _error_of(f.message)
                     rows.append({"rank": int(rank), "local_rank": int(f.local_rank), "pid": int(f.pid),
                                  "exitcode": code, "signal": f.signal_name() if code < 0 else None,
-                                 "ts": float(f.timestamp), "message": str(f.message)[:2000]})
+                                 "ts": float(f.timestamp), "message": message[:2000],
+                                 "traceback": tb[-4000:]})
                 except Exception:
                     continue
             _send(sock, {"failures": rows, "at": time.time()})
@@ -178,6 +193,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.close(fd)
     _failure_reporter(sock)
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
     try:
@@ -185,6 +201,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     except SignalException:
         # stopped by the launcher (the hang watchdog, a node lost) or by scancel: torchrun has
         # stopped the workers, and the launcher logs why; its traceback would only bury that.
+        # Exit status 1, as the uncaught exception gave.
+        return 1
+    except ChildFailedError:
+        # a worker failed: it printed its own error, torchrun's record of every worker went to
+        # the launcher (_failure_reporter) and the summary names the first failure; torchrun's
+        # traceback through its own internals, and its copy of the record, would only bury that.
         # Exit status 1, as the uncaught exception gave.
         return 1
     return 0

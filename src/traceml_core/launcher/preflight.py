@@ -3,8 +3,11 @@
 Checked, in this order, each failure one paragraph and exit status 2, with no run directory and
 no aggregator left behind:
 
-1. the script exists (a file, or a directory with ``__main__.py``); with ``--no-python`` the
-   program is found on PATH or is an executable file (cheap, in the launcher);
+1. the script exists (a file, or a directory with ``__main__.py``) and compiles (a syntax error
+   is Python's own message, file, line and caret, before any worker starts); with ``--no-python``
+   the program is found on PATH or is an executable file (cheap, in the launcher); on node 0 the
+   master port is free (torchrun's rendezvous store listens there; taken, every worker would fail
+   in torch's rendezvous with a traceback through torchrun's internals);
 2. torch imports in the workers' interpreter, and ``-m MODULE`` resolves there: answered by the
    torchrun process itself (:mod:`.agent`), which imports torch anyway, so the check adds no
    time; it holds torchrun back until the launcher says go;
@@ -16,12 +19,14 @@ no aggregator left behind:
 from __future__ import annotations
 
 import difflib
+import errno
 import json
 import os
 import select
 import shutil
 import socket
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -63,7 +68,11 @@ def check_script(script: str, *, module: bool, no_python: bool, cwd: Optional[st
             f"--no-python runs {script!r} as a program, but it is neither an executable "
             f"file nor found on PATH (looked in {base}). Fix the name or make the file executable "
             "(chmod +x).")
-    if path.is_file() or (path.is_dir() and (path / "__main__.py").is_file()):
+    if path.is_file():
+        check_compiles(path, script)
+        return
+    if path.is_dir() and (path / "__main__.py").is_file():
+        check_compiles(path / "__main__.py", script)
         return
     hint = ""
     where = path.parent
@@ -78,6 +87,63 @@ def check_script(script: str, *, module: bool, no_python: bool, cwd: Optional[st
     raise PreflightError(
         f"the training script {script} {what} (looked for {path}).{hint} Nothing was "
         "started.")
+
+
+def compile_error(path: Path) -> Optional[str]:
+    """Python's own report of why ``path`` does not compile (file, line, the line and its caret,
+    the message), or None when it compiles (or is not Python source we can read: the workers
+    will say). The same check as ``traceml slurm doctor``'s script check."""
+    try:
+        source = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        compile(source, str(path), "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as exc:  # ValueError: null bytes in the source
+        return "".join(traceback.format_exception_only(type(exc), exc)).rstrip()
+    return None
+
+
+def check_compiles(path: Path, script: str) -> None:
+    """Step 1: a script with a syntax error never reaches its first step; say so before the
+    aggregator, torchrun and the workers start (each would otherwise print the error inside a
+    traceback through the bootstrap and torchrun)."""
+    if path.suffix not in (".py", "") and path.name != "__main__.py":
+        return
+    err = compile_error(path)
+    if err is None:
+        return
+    indented = "\n".join("    " + line for line in err.splitlines())
+    raise PreflightError(
+        f"the training script {script} does not compile, so no worker was started. Python says:\n"
+        f"{indented}\n"
+        f"Fix that line and run again (python -m py_compile {script} checks it without starting "
+        "anything).")
+
+
+def check_master_port(port: int, source: str, nnodes: int) -> None:
+    """Step 1, node 0 only: the master port is free. torchrun's rendezvous store listens on it
+    (on every interface, address reuse allowed, as torch's TCPStore does) once torch is
+    imported; taken, every worker fails inside torch's rendezvous (EADDRINUSE) and the run never
+    starts. Port 0 (chosen by torchrun) is not checked."""
+    if not port:
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("", port))
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            return  # not ours to judge (permissions, no IPv4): torchrun reports it
+        same = " (the same on every node of the job)" if nnodes > 1 else ""
+        where = f" (from {source})" if source != "default" else ""
+        raise PreflightError(
+            f"the master port {port}{where} is already in use on this node, which hosts torchrun's "
+            "rendezvous store: probably another job or `traceml run` on this machine, or a previous "
+            f"run still shutting down. Pass a free port with --master-port PORT (or TRACEML_MASTER_PORT)"
+            f"{same}, or --standalone on a single node to pick free ports. Nothing was started.") from None
+    finally:
+        sock.close()
 
 
 def check_cpus(nproc: int) -> Optional[str]:

@@ -24,8 +24,8 @@ from .telemetry import NodeTelemetry, _flag_source
 from .token import resolve_token
 from .agent import FD_VAR as AGENT_FD_VAR
 from .memcg import OomWatch
-from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_probe, check_script,
-                        probe_failure)
+from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_master_port, check_probe,
+                        check_script, probe_failure)
 from .torchrun import agent_command, torchrun_command
 
 #: seconds torchrun gets after SIGTERM before its process group is killed; with the aggregator's
@@ -70,8 +70,11 @@ def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
         return launch_task(config, script, script_args, environ, torchrun_args=torchrun_args,
                            module=module, no_python=no_python)
     environ = os.environ if environ is None else environ
-    # pre-flight, step 1 (cheap): the script exists; nothing has started yet
+    # pre-flight, step 1 (cheap): the script exists and compiles, node 0's master port is free;
+    # nothing has started yet
     check_script(script, module=module, no_python=no_python)
+    if config.node_rank == 0:
+        check_master_port(config.master_port, _flag_source(config, "master_port"), config.nnodes)
     for warning in config.warnings:
         log(f"warning: {warning}")
     if not no_python:

@@ -34,11 +34,11 @@ from typing import Mapping, Optional, Sequence
 from ..config import LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
 from .memcg import OomWatch
-from .preflight import check_script
+from .preflight import check_master_port, check_script
 from .run import HANG_EXIT_CODE
 from .stacks import StackCollector, node_dir
 from .supervise import Supervisor, log
-from .telemetry import NodeTelemetry
+from .telemetry import NodeTelemetry, _flag_source
 from .token import resolve_token
 from .torchrun import BOOTSTRAP_MODULE
 
@@ -89,6 +89,8 @@ def launch_task(config: LaunchConfig, script: str, script_args: Sequence[str],
                 module: bool = False, no_python: bool = False) -> int:
     environ = os.environ if environ is None else environ
     check_script(script, module=module, no_python=no_python)
+    if config.task_rank == 0:  # rank 0's process group hosts the rendezvous store
+        check_master_port(config.master_port, _flag_source(config, "master_port"), config.nnodes)
     for warning in config.warnings:
         log(f"warning: {warning}")
     ignored = [a for a in torchrun_args if a not in ("--module", "--no-python")]

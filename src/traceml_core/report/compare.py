@@ -34,6 +34,7 @@ from typing import Any, Optional
 
 from ..aggregator.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
+from .document import Summary, Timeline
 from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
                          COMPARE_MIN_STEPS)
@@ -58,11 +59,17 @@ class CompareError(TraceMLError):
 class Run:
     label: str  # "A" or "B"
     path: Path  # the summary file
+    #: the summary's JSON (the comparison page embeds it as it is)
     summary: dict[str, Any]
+    #: the same, typed: what the comparison reads
+    doc: Summary = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.doc = Summary.from_json(self.summary)
 
     @property
     def name(self) -> str:
-        return str(self.summary.get("run", {}).get("name") or self.path.parent.name)
+        return str(self.doc.run.name or self.path.parent.name)
 
 
 def load_run(arg: str, label: str) -> Run:
@@ -134,23 +141,23 @@ def _quantile(values: list[float], counts: list[int], q: float) -> Optional[floa
     return values[-1]
 
 
-def _blocks(summary: dict[str, Any], phase: str = "step") -> list[float]:
+def _blocks(doc: Summary, phase: str = "step") -> list[float]:
     """Bucket means of a phase over the run, without the buckets that hold warm-up steps: the
     step from ``compare.step_series`` (all ranks), another phase from ``timeline`` (the mean over
     the ranks it lists); ``[]`` when the summary has no such series."""
     if phase == "step":
-        series = summary["compare"]["step_series"]
-        means = [m for m in series.get("mean_ms") or []]
-        width = max(1, int(series.get("steps_per_bucket") or 1))
+        series = doc.compare.step_series
+        means = list(series.mean_ms)
+        width = max(1, int(series.steps_per_bucket or 1))
     else:
-        tl = summary.get("timeline") or {}
-        cols = [r["phases_ms"][phase] for r in tl.get("ranks") or [] if (r.get("phases_ms") or {}).get(phase)]
+        tl = doc.timeline or Timeline()
+        cols = [r.phases_ms[phase] for r in tl.ranks if r.phases_ms.get(phase)]
         means = []
         for vals in zip(*cols):
             got = [v for v in vals if v is not None]
             means.append(sum(got) / len(got) if got else None)
-        width = max(1, int(tl.get("steps_per_bucket") or 1))
-    skip = -(-int(summary.get("warmup_steps") or 0) // width)
+        width = max(1, int(tl.steps_per_bucket or 1))
+    skip = -(-int(doc.warmup_steps or 0) // width)
     return [m for m in means[skip:] if m is not None]
 
 
@@ -184,8 +191,8 @@ def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: floa
     is the same for the step's own row); the interval is the wider of the per-step
     bootstrap and the block bootstrap over the run's series (``block_hw``, relative half-widths
     of A and B, when the summaries hold a series of this phase)."""
-    va, ca = histogram(a.summary["compare"]["sketches"].get(phase))
-    vb, cb = histogram(b.summary["compare"]["sketches"].get(phase))
+    va, ca = histogram(a.doc.compare.sketches.get(phase))
+    vb, cb = histogram(b.doc.compare.sketches.get(phase))
     stat = "median" if q == 0.5 else f"p{round(q * 100)}"
     pc = PhaseChange(phase, stat, _quantile(va, ca, q), _quantile(vb, cb, q), sum(ca), sum(cb))
     if pc.a_ms is None or pc.b_ms is None:
@@ -250,27 +257,27 @@ class Comparison:
                 "gate": self.gate, "rule": RULE}
 
 
-def _gpu_count(s: dict[str, Any]) -> int:
-    return sum(len(n.get("gpus") or []) for n in (s.get("system") or {}).get("nodes") or [])
+def _gpu_count(s: Summary) -> int:
+    return sum(len(n.gpus) for n in s.system_nodes)
 
 
-def _hosts(s: dict[str, Any]) -> list[Optional[str]]:
-    return [n.get("hostname") for n in s["topology"].get("nodes") or []]
+def _hosts(s: Summary) -> list[Optional[str]]:
+    return [n.hostname for n in s.topology.nodes]
 
 
 def differences(a: Run, b: Run) -> list[Difference]:
-    sa, sb = a.summary, b.summary
-    ta, tb = sa["topology"], sb["topology"]
-    ra, rb = sa.get("run") or {}, sb.get("run") or {}
+    sa, sb = a.doc, b.doc
+    ta, tb = sa.topology, sb.topology
+    ra, rb = sa.run, sb.run
     out: list[Difference] = []
     for key in ("world_size", "nnodes", "nproc_per_node"):
-        if ta.get(key) != tb.get(key):
-            out.append(Difference(key.replace("_", " "), ta.get(key), tb.get(key), "not_comparable"))
-    sc_a, sc_b = ra.get("script"), rb.get("script")
+        if getattr(ta, key) != getattr(tb, key):
+            out.append(Difference(key.replace("_", " "), getattr(ta, key), getattr(tb, key), "not_comparable"))
+    sc_a, sc_b = ra.script, rb.script
     if sc_a and sc_b and sc_a != sc_b:
         same_file = os.path.basename(sc_a) == os.path.basename(sc_b)
         out.append(Difference("script", sc_a, sc_b, "may_explain" if same_file else "not_comparable"))
-    args_a, args_b = ra.get("script_args"), rb.get("script_args")
+    args_a, args_b = ra.script_args, rb.script_args
     if args_a is not None and args_b is not None and list(args_a) != list(args_b):
         out.append(Difference("script arguments", " ".join(args_a), " ".join(args_b), "may_explain"))
     ga, gb = _gpu_count(sa), _gpu_count(sb)
@@ -279,47 +286,46 @@ def differences(a: Run, b: Run) -> list[Difference]:
     if _hosts(sa) != _hosts(sb):
         out.append(Difference("hosts", ", ".join(map(str, _hosts(sa))), ", ".join(map(str, _hosts(sb))),
                               "may_explain"))
-    if ra.get("mode") != rb.get("mode"):
-        out.append(Difference("mode", ra.get("mode"), rb.get("mode")))
-    if ra.get("status") != rb.get("status"):
-        out.append(Difference("run status", ra.get("status"), rb.get("status")))
+    if ra.mode != rb.mode:
+        out.append(Difference("mode", ra.mode, rb.mode))
+    if ra.status != rb.status:
+        out.append(Difference("run status", ra.status, rb.status))
     return out
 
 
 def _side(run: Run) -> dict[str, Any]:
-    s = run.summary
-    r, t, tel = s.get("run") or {}, s["topology"], s.get("telemetry") or {}
-    return {"path": str(run.path), "name": run.name, "status": r.get("status"),
-            "started_at": r.get("started_at"), "world_size": t.get("world_size"),
-            "script": r.get("script"), "steps": tel.get("records_received"),
-            "duration_s": r.get("duration_s"),
-            "provisional": bool(s.get("provisional")), "rebuilt": bool(s.get("rebuilt"))}
+    s = run.doc
+    return {"path": str(run.path), "name": run.name, "status": s.run.status,
+            "started_at": s.run.started_at, "world_size": s.topology.world_size,
+            "script": s.run.script, "steps": s.telemetry.records_received,
+            "duration_s": s.run.duration_s,
+            "provisional": s.provisional, "rebuilt": bool(s.rebuilt)}
 
 
 def compare(a: Run, b: Run) -> Comparison:
-    sa, sb = a.summary, b.summary
+    sa, sb = a.doc, b.doc
     diffs = differences(a, b)
     reasons = [f"different {d.what} ({d.a} vs {d.b})" for d in diffs if d.effect == "not_comparable"]
     notes: list[str] = []
     for run in (a, b):
-        s = run.summary
-        enc = {sk.get("encoding", ENCODING) for sk in s["compare"]["sketches"].values()}
+        s = run.doc
+        enc = {sk.get("encoding", ENCODING) for sk in s.compare.sketches.values()}
         if enc - {ENCODING}:
             reasons.append(f"{run.label}'s histograms use another encoding ({', '.join(sorted(enc))})")
-        n = histogram(s["compare"]["sketches"].get("step"))[1]
+        n = histogram(s.compare.sketches.get("step"))[1]
         if sum(n) == 0:
             reasons.append(f"{run.label} has no measured steps")
         elif sum(n) < COMPARE_MIN_STEPS:
             reasons.append(f"{run.label} has only {sum(n)} step records (at least "
                            f"{COMPARE_MIN_STEPS} are needed)")
-        if s.get("provisional"):
+        if s.provisional:
             notes.append(f"{run.label}'s summary is provisional (written at SIGTERM before the end).")
-        if s.get("rebuilt"):
+        if s.rebuilt:
             notes.append(f"{run.label}'s summary was rebuilt from a checkpoint; later steps are missing.")
-        st = (s.get("run") or {}).get("status")
+        st = s.run.status
         if st not in (None, "completed"):
             notes.append(f"{run.label} ended {st}: it is compared over the steps it made.")
-        lost = (s.get("telemetry") or {}).get("records_lost")
+        lost = s.telemetry.records_lost
         if lost:
             notes.append(f"{run.label} lost {lost} step records of telemetry.")
 
@@ -329,9 +335,9 @@ def compare(a: Run, b: Run) -> Comparison:
     if floor > COMPARE_MIN_CHANGE_PCT:
         notes.append(f"A run's speed drifted by {floor:.1f}% between its own halves; smaller changes "
                      "are treated as negligible.")
-    names = [p for p in (sa.get("phases") or []) if p in sa["compare"]["sketches"]]
-    names += [p for p in sb["compare"]["sketches"] if p not in names]
-    step_a = _quantile(*histogram(sa["compare"]["sketches"].get("step")), 0.5)
+    names = [p for p in sa.phases if p in sa.compare.sketches]
+    names += [p for p in sb.compare.sketches if p not in names]
+    step_a = _quantile(*histogram(sa.compare.sketches.get("step")), 0.5)
     # one floor for every row: a change under floor% of the step cannot move the step beyond noise
     floor_ms = max(COMPARE_MIN_CHANGE_MS, floor / 100.0 * (step_a or 0.0))
 

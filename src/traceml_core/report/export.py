@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Union
 
 from ..aggregator.persist import atomic_write
+from .document import NodeSeries, Summary, Timeline
 
 TB_DIR = "tensorboard"
 JSONL_NAME = "steps.jsonl"
@@ -36,11 +37,11 @@ _GIB = float(1 << 30)
 _MIB = float(1 << 20)
 
 
-def _started(summary: dict[str, Any]) -> Optional[float]:
+def _started(doc: Summary) -> Optional[float]:
     """The run's start as a Unix time, from the summary's ISO timestamp."""
     from datetime import datetime
 
-    iso = (summary.get("run") or {}).get("started_at")
+    iso = doc.run.started_at
     if not iso:
         return None
     try:
@@ -49,61 +50,65 @@ def _started(summary: dict[str, Any]) -> Optional[float]:
         return None
 
 
-def _steps(tl: dict[str, Any], i: int) -> tuple[int, int]:
-    w = int(tl.get("steps_per_bucket") or 1)
-    return i * w, (i + 1) * w - 1
+def _doc(summary: Union[Summary, dict[str, Any]]) -> Summary:
+    return summary if isinstance(summary, Summary) else Summary.from_json(summary)
 
 
-def rank_rows(summary: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _at(values: Optional[list[Any]], i: int) -> Any:
+    return values[i] if values and i < len(values) else None
+
+
+def rank_rows(summary: Union[Summary, dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """One dict per rank and step bucket (the JSONL lines of kind ``rank``)."""
-    tl = summary.get("timeline") or {}
-    for r in tl.get("ranks") or []:
-        for i in range(int(tl.get("buckets") or 0)):
-            first, last = _steps(tl, i)
-            row: dict[str, Any] = {"kind": "rank", "rank": r["rank"], "node": r.get("node"),
-                                   "host": r.get("host"), "bucket": i, "step_first": first,
-                                   "step_last": last, "t_s": r["t_s"][i], "step_ms": r["step_ms"][i],
-                                   "step_max_ms": r["step_max_ms"][i], "own_ms": r["own_ms"][i]}
-            for ph, vals in (r.get("phases_ms") or {}).items():
+    tl = _doc(summary).timeline or Timeline()
+    for r in tl.ranks:
+        for i in range(tl.buckets):
+            first, last = tl.step_range(i)
+            row: dict[str, Any] = {"kind": "rank", "rank": r.rank, "node": r.node, "host": r.host,
+                                   "bucket": i, "step_first": first, "step_last": last,
+                                   "t_s": r.t_s[i], "step_ms": r.step_ms[i],
+                                   "step_max_ms": r.step_max_ms[i], "own_ms": r.own_ms[i]}
+            for ph, vals in r.phases_ms.items():
                 row[f"{ph}_ms"] = vals[i]
-            mem = r.get("mem_max_bytes")
-            row["mem_peak_bytes"] = mem[i] if mem else None
+            row["mem_peak_bytes"] = _at(r.mem_max_bytes, i)
             yield row
-    env = tl.get("envelope")
+    env = tl.envelope
     if env:
-        for i in range(int(tl.get("buckets") or 0)):
-            first, last = _steps(tl, i)
-            row = {"kind": "all_ranks", "ranks": env.get("ranks"), "bucket": i,
+        for i in range(tl.buckets):
+            first, last = tl.step_range(i)
+            row = {"kind": "all_ranks", "ranks": env.ranks, "bucket": i,
                    "step_first": first, "step_last": last}
-            for metric in ("step_ms", "own_ms"):
+            for metric, series in (("step_ms", env.step_ms), ("own_ms", env.own_ms)):
                 for stat in ("min", "median", "max"):
-                    row[f"{metric[:-3]}_{stat}_ms"] = env[metric][stat][i]
+                    row[f"{metric[:-3]}_{stat}_ms"] = series[stat][i]
             yield row
 
 
-def node_rows(summary: dict[str, Any]) -> Iterator[dict[str, Any]]:
+def _node_rows(n: NodeSeries) -> Iterator[dict[str, Any]]:
+    for i, t in enumerate(n.t_s):
+        row: dict[str, Any] = {"kind": "node", "node": n.node, "host": n.host, "bucket": i, "t_s": t,
+                               "cpu_pct": _at(n.cpu_pct, i), "ram_used_bytes": _at(n.ram_used_bytes, i)}
+        for g in n.gpus:
+            row[f"gpu{g.index}_util_pct"] = _at(g.util_pct, i)
+            row[f"gpu{g.index}_mem_used_bytes"] = _at(g.mem_used_bytes, i)
+        yield row
+
+
+def node_rows(summary: Union[Summary, dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """One dict per node and time bucket (the JSONL lines of kind ``node``)."""
-    for n in (summary.get("timeline") or {}).get("nodes") or []:
-        for i, t in enumerate(n["t_s"]):
-            row: dict[str, Any] = {"kind": "node", "node": n["node"], "host": n.get("host"),
-                                   "bucket": i, "t_s": t,
-                                   "cpu_pct": (n.get("cpu_pct") or [None] * (i + 1))[i],
-                                   "ram_used_bytes": (n.get("ram_used_bytes") or [None] * (i + 1))[i]}
-            for g in n.get("gpus") or []:
-                row[f"gpu{g['index']}_util_pct"] = (g.get("util_pct") or [None] * (i + 1))[i]
-                row[f"gpu{g['index']}_mem_used_bytes"] = (g.get("mem_used_bytes") or [None] * (i + 1))[i]
-            yield row
+    for n in (_doc(summary).timeline or Timeline()).nodes:
+        yield from _node_rows(n)
 
 
-def write_jsonl(summary: dict[str, Any], run_dir: Path) -> str:
+def write_jsonl(doc: Summary, run_dir: Path) -> str:
     lines = [json.dumps(row, allow_nan=False, separators=(",", ":"))
-             for gen in (rank_rows(summary), node_rows(summary)) for row in gen]
+             for gen in (rank_rows(doc), node_rows(doc)) for row in gen]
     target = Path(run_dir) / JSONL_NAME
     atomic_write(target, ("\n".join(lines) + ("\n" if lines else "")).encode())
     return f"jsonl export: {len(lines)} lines in {target}"
 
 
-def write_tensorboard(summary: dict[str, Any], run_dir: Path) -> str:
+def write_tensorboard(doc: Summary, run_dir: Path) -> str:
     try:
         from tensorboardX import SummaryWriter
     except ImportError:
@@ -113,8 +118,8 @@ def write_tensorboard(summary: dict[str, Any], run_dir: Path) -> str:
     root = Path(run_dir) / TB_DIR
     for old in root.glob(f"*/events.out.tfevents.*{TB_SUFFIX}"):  # ours from an earlier export
         old.unlink()
-    tl = summary.get("timeline") or {}
-    t0 = _started(summary)
+    tl = doc.timeline or Timeline()
+    t0 = _started(doc)
     n = 0
 
     def wall(t: Optional[float]) -> Optional[float]:
@@ -127,46 +132,46 @@ def write_tensorboard(summary: dict[str, Any], run_dir: Path) -> str:
             n += 1
 
     runs = 0
-    for r in tl.get("ranks") or []:
-        w = SummaryWriter(str(root / f"rank_{r['rank']:04d}"), filename_suffix=TB_SUFFIX)
+    for r in tl.ranks:
+        w = SummaryWriter(str(root / f"rank_{r.rank:04d}"), filename_suffix=TB_SUFFIX)
         try:
-            mem = r.get("mem_max_bytes")
-            for i in range(int(tl.get("buckets") or 0)):
-                first, last = _steps(tl, i)
-                step, t = (first + last) // 2, r["t_s"][i]
-                put(w, "step_time_ms", r["step_ms"][i], step, t)
-                put(w, "own_time_ms", r["own_ms"][i], step, t)
-                for ph, vals in (r.get("phases_ms") or {}).items():
+            for i in range(tl.buckets):
+                first, last = tl.step_range(i)
+                step, t = (first + last) // 2, r.t_s[i]
+                put(w, "step_time_ms", r.step_ms[i], step, t)
+                put(w, "own_time_ms", r.own_ms[i], step, t)
+                for ph, vals in r.phases_ms.items():
                     put(w, f"phase/{ph}_ms", vals[i], step, t)
-                if mem and mem[i] is not None:
-                    put(w, "memory/peak_mib", mem[i] / _MIB, step, t)
+                mem = _at(r.mem_max_bytes, i)
+                if mem is not None:
+                    put(w, "memory/peak_mib", mem / _MIB, step, t)
         finally:
             w.close()
         runs += 1
-    env = tl.get("envelope")
+    env = tl.envelope
     if env:
         for stat in ("min", "median", "max"):
             w = SummaryWriter(str(root / f"all_ranks_{stat}"), filename_suffix=TB_SUFFIX)
             try:
-                for i in range(int(tl.get("buckets") or 0)):
-                    first, last = _steps(tl, i)
-                    put(w, "step_time_ms", env["step_ms"][stat][i], (first + last) // 2, None)
-                    put(w, "own_time_ms", env["own_ms"][stat][i], (first + last) // 2, None)
+                for i in range(tl.buckets):
+                    first, last = tl.step_range(i)
+                    put(w, "step_time_ms", env.step_ms[stat][i], (first + last) // 2, None)
+                    put(w, "own_time_ms", env.own_ms[stat][i], (first + last) // 2, None)
             finally:
                 w.close()
             runs += 1
-    for row_node in tl.get("nodes") or []:
-        w = SummaryWriter(str(root / f"node_{row_node['node']:02d}"), filename_suffix=TB_SUFFIX)
+    for node in tl.nodes:
+        w = SummaryWriter(str(root / f"node_{node.node:02d}"), filename_suffix=TB_SUFFIX)
         try:
-            for row in node_rows({"timeline": {"nodes": [row_node]}}):
+            for row in _node_rows(node):
                 step, t = int(round(row["t_s"])), row["t_s"]
                 put(w, "system/cpu_pct", row["cpu_pct"], step, t)
                 if row["ram_used_bytes"] is not None:
                     put(w, "system/ram_used_gib", row["ram_used_bytes"] / _GIB, step, t)
-                for g in row_node.get("gpus") or []:
-                    put(w, f"gpu{g['index']}/util_pct", row[f"gpu{g['index']}_util_pct"], step, t)
-                    mu = row[f"gpu{g['index']}_mem_used_bytes"]
-                    put(w, f"gpu{g['index']}/mem_used_gib", None if mu is None else mu / _GIB, step, t)
+                for g in node.gpus:
+                    put(w, f"gpu{g.index}/util_pct", row[f"gpu{g.index}_util_pct"], step, t)
+                    mu = row[f"gpu{g.index}_mem_used_bytes"]
+                    put(w, f"gpu{g.index}/mem_used_gib", None if mu is None else mu / _GIB, step, t)
         finally:
             w.close()
         runs += 1
@@ -177,21 +182,25 @@ def write_tensorboard(summary: dict[str, Any], run_dir: Path) -> str:
 WRITERS = {"tensorboard": write_tensorboard, "jsonl": write_jsonl}
 
 
-def export_summary(summary: dict[str, Any], run_dir: Path, kind: str) -> list[str]:
+def export_summary(summary: Union[Summary, dict[str, Any]], run_dir: Path, kind: str) -> list[str]:
     """Write one export kind; returns the lines to log. Never raises."""
     fn = WRITERS.get(kind)
     if fn is None:
         return [f"export {kind!r} skipped: unknown kind (known: {', '.join(WRITERS)})"]
-    if not (summary.get("timeline") or {}).get("buckets"):
+    try:
+        doc = _doc(summary)
+    except Exception as exc:  # an export must never cost the run anything
+        return [f"{kind} export failed ({type(exc).__name__}: {exc}); the summary is complete"]
+    if not (doc.timeline and doc.timeline.buckets):
         return [f"{kind} export skipped: the summary has no per-step series (no steps were "
                 "measured, or an older traceml wrote it)"]
     try:
-        return [fn(summary, Path(run_dir))]
+        return [fn(doc, Path(run_dir))]
     except Exception as exc:  # an export must never cost the run anything
         return [f"{kind} export failed ({type(exc).__name__}: {exc}); the summary is complete"]
 
 
-def export_all(summary: dict[str, Any], run_dir: Path, kinds: list[str]) -> list[str]:
+def export_all(summary: Union[Summary, dict[str, Any]], run_dir: Path, kinds: list[str]) -> list[str]:
     out: list[str] = []
     for kind in kinds:
         out += export_summary(summary, run_dir, kind)

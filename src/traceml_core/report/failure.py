@@ -29,126 +29,72 @@ earliest of all of them, and the verdict says so.
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional, Sequence
 
-#: what a surviving rank's error looks like when a peer died or a link broke: the backend's own
-#: words (gloo, NCCL, the c10d TCP store, DDP). Each entry: (pattern, what it means for the user)
-CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"Connection closed by peer", "gloo lost the connection to a peer"),
-    (r"Connection reset by peer", "a peer's connection was reset"),
-    (r"Broken pipe", "a peer's connection broke"),
-    (r"gloo/transport", "gloo transport error"),
-    (r"Timed out waiting|[Tt]imeout.*(recv|send|collective|store)|Socket Timeout|timed out after",
-     "a collective or the store timed out waiting for a peer"),
-    (r"NCCL communicator was aborted|ncclRemoteError|remote process exited|Watchdog caught collective",
-     "NCCL lost a peer"),
-    (r"DistBackendError|DistNetworkError|DistStoreError", "the process group lost a peer"),
-    (r"TCPStore|Connection refused", "the rendezvous store went away"),
-    (r"ProcessGroup.*(abort|shut ?down)", "the process group was aborted"),
-    (r"SIGTERMException|killed by signal: Terminated", "it was stopped with SIGTERM"),
-)
-_CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
-#: signals a worker gets when torchrun (or the user, or Slurm) stops it, not the cause of a failure
-STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
-#: statuses that are a failure of the rank
-FAILED = ("error", "crashed", "vanished", "interrupted", "never_joined")
-_FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
-_SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
+from ..rundata import OomReport
+from .model import RankSummary
+from .ranklist import ranks_phrase
+from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS
+from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised_an_exception, raised_where,
+                         recorded_error, split_exception, traceback_of)
+
+__all__ = ["classify", "describe", "diagnose", "did_not_start", "consequence_of", "raised_where",
+           "split_exception"]
 
 
-def failed_by_itself(rank: dict[str, Any]) -> bool:
-    """Whether a rank (a summary rank) raised an exception of its own: not one a peer's loss or
-    the run's stop explains. (A non-zero ``sys.exit`` does not count: scripts also exit that way
-    from a SIGTERM handler.)"""
-    if rank.get("status") != "error":
-        return False
-    c = classify(rank, None)
-    return c["cause"] == "exception" and not c["consequence"]
-
-
-def consequence_of(text: str) -> Optional[str]:
-    """What a surviving rank's error text says happened to its peers, or None."""
-    for rx, what in _CONSEQUENCE_RE:
-        if rx.search(text):
-            return what
-    return None
-
-
-def _traceback(rank: dict[str, Any]) -> str:
-    for ev in reversed(rank.get("last_events") or []):
-        if ev.get("kind") == "exception":
-            return str(ev.get("text") or "")
-    return ""
-
-
-def raised_where(traceback_text: str) -> Optional[str]:
-    """``file.py:LINE in func`` of the innermost frame in the user's own code (not Python's, a
-    library's or TraceML's), else of the innermost frame at all."""
-    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines()) if m]
-    if not frames:
-        return None
-    own = [m for m in frames if not any(p in m.group("file") for p in _LIB_PARTS)]
-    m = (own or frames)[-1]
-    name = m.group("file").rsplit("/", 1)[-1]
-    return f"{name}:{m.group('line')} in {m.group('func').strip()}"
-
-
-def split_exception(line: str) -> tuple[Optional[str], str]:
-    """``"RuntimeError: boom"`` -> ("RuntimeError", "boom"); a dotted type name is kept whole."""
-    head, sep, rest = line.partition(":")
-    if sep and re.fullmatch(r"[A-Za-z_][\w.]*", head.strip()):
-        return head.strip(), rest.strip()
-    return None, line.strip()
-
-
-def _step_words(rank: dict[str, Any]) -> tuple[Optional[int], str]:
+def _step_words(rank: RankSummary) -> tuple[Optional[int], str]:
     """(step index, words) for where in training the rank failed."""
-    fs = rank.get("fail_step")
+    fs = rank.fail_step
     if type(fs) is int:
-        if rank.get("fail_in_step"):
+        if rank.fail_in_step:
             return fs, f"in step {fs}"
         return fs, f"before step {fs} (after {fs} completed steps)"
-    steps = rank.get("steps") or 0
+    steps = rank.steps or 0
     if steps:
         return steps, f"after {steps} steps"
     return None, "before its first traced step"
 
 
-def classify(rank: dict[str, Any], oom: Optional[dict[str, Any]]) -> dict[str, Any]:
+def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     """The cause of one failed rank: ``{"cause", "type", "message", "where", "signal",
     "oom_killed", "consequence", "step", "step_words", "at"}``."""
-    status = rank["status"]
-    exit_ = rank.get("exit") or {}
-    signal = exit_.get("signal")
-    error = (rank.get("error") or "").strip()
-    last = error.splitlines()[-1] if error else ""
+    status = rank.status
+    signal = rank.exit.signal if rank.exit else None
+    exitcode = rank.exit.exitcode if rank.exit else None
     step, words = _step_words(rank)
     short = words.split(" (", 1)[0]
     out: dict[str, Any] = {"cause": "unknown", "type": None, "message": None, "where": None,
-                           "signal": signal, "exitcode": exit_.get("exitcode"), "oom_killed": None,
+                           "signal": signal, "exitcode": exitcode, "oom_killed": None,
                            "consequence": None, "step": step, "step_words": words, "step_short": short,
-                           "at": rank.get("failed_at")}
-    m = _SYS_EXIT_RE.match(last)
-    if status == "error" and last and not m:
-        etype, msg = split_exception(last)
-        out.update(cause="exception", type=etype, message=msg, where=raised_where(_traceback(rank)))
-        out["consequence"] = consequence_of(error + "\n" + _traceback(rank))
-    elif status == "error" and m:
-        out.update(cause="exit", message=f"{m.group(1)}({m.group('code')})")
+                           "at": rank.failed_at}
+    record = recorded_error(rank)
+    if status != "error" and record is not None:
+        # the worker never told TraceML (it failed before init(), or its connection was gone),
+        # but torchrun's record of it carries Python's own error (the worker bootstrap writes
+        # it: sdk/bootstrap.py), with the traceback. It raised, whatever ended the process
+        # after that (torchrun's SIGTERM can overtake a worker that is already exiting)
+        text, tb = record
+        etype, msg = split_exception(text.splitlines()[-1])
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(tb),
+                   consequence=consequence_of(text + "\n" + tb))
+    elif raised_an_exception(rank):
+        etype, msg = split_exception(last_line(rank))
+        out.update(cause="exception", type=etype, message=msg, where=raised_where(traceback_of(rank)),
+                   consequence=peer_loss(rank))
+    elif status == "error" and exit_call(last_line(rank)):
+        out.update(cause="exit", message=exit_call(last_line(rank)))
     elif status == "interrupted":
         # its own goodbye (steps_produced) says KeyboardInterrupt; without one, the run was
         # interrupted and its launcher stopped it (srun, scancel, the time limit, Ctrl-C)
         out.update(cause="interrupted", consequence=(
-            "it was interrupted (KeyboardInterrupt)" if rank.get("steps_produced") is not None
+            "it was interrupted (KeyboardInterrupt)" if rank.steps_produced is not None
             else "it was stopped when the run was interrupted"))
     elif signal:
         out["cause"] = "signal"
-        if signal in STOP_SIGNALS:
+        if signal in INTERRUPT_SIGNALS:
             out["consequence"] = f"it was stopped with {signal}"
         elif signal == "SIGKILL" and oom is not None:
-            out["oom_killed"] = oom.get("kills", 0) > 0
+            out["oom_killed"] = oom.kills > 0
             if out["oom_killed"]:
                 out["cause"] = "oom"
     elif out["exitcode"] not in (None, 0):
@@ -159,26 +105,26 @@ def classify(rank: dict[str, Any], oom: Optional[dict[str, Any]]) -> dict[str, A
     return out
 
 
-def _align_silent_steps(ranks: list[dict[str, Any]], causes: dict[int, dict[str, Any]]) -> None:
+def _align_silent_steps(ranks: Sequence[RankSummary], causes: dict[int, dict[str, Any]]) -> None:
     """A rank killed without a goodbye loses the steps it had not sent yet (up to a fraction of a
     second), so its own count understates where it died. Ranks that step together (DDP) were at
     the same step: the furthest any other rank got is the better estimate."""
-    def reached(r: dict[str, Any]) -> int:
-        c = causes.get(r["rank"])
-        if c is not None and c["step"] is not None and type(r.get("fail_step")) is int:
+    def reached(r: RankSummary) -> int:
+        c = causes.get(r.rank)
+        if c is not None and c["step"] is not None and type(r.fail_step) is int:
             return c["step"]
-        return int(r.get("steps_produced") or r.get("steps") or 0)
+        return int(r.steps_produced or r.steps or 0)
 
     # the two furthest ranks, once (linear in ranks): the furthest *other* rank of any rank is
     # the first of them unless it is that rank itself
-    top = sorted(((reached(o), i) for i, o in enumerate(ranks) if o["status"] != "never_joined"),
+    top = sorted(((reached(o), i) for i, o in enumerate(ranks) if o.status != "never_joined"),
                  reverse=True)[:2]
     for i, r in enumerate(ranks):
-        c = causes.get(r["rank"])
-        if c is None or type(r.get("fail_step")) is int or r.get("steps_produced") is not None:
+        c = causes.get(r.rank)
+        if c is None or type(r.fail_step) is int or r.steps_produced is not None:
             continue
         peak = next((v for v, j in top if j != i), 0)
-        own = int(r.get("steps") or 0)
+        own = int(r.steps or 0)
         if peak > own:
             c["step"] = peak
             c["step_words"] = (f"around step {peak} (where the other ranks stopped; the steps it had "
@@ -193,40 +139,29 @@ def _align_silent_steps(ranks: list[dict[str, Any]], causes: dict[int, dict[str,
             c["step_at_least"] = True
 
 
-def _name(rank: dict[str, Any]) -> str:
-    host = f", {rank['host']}" if rank.get("host") else ""
-    return f"rank {rank['rank']} (node {rank['node']}{host})"
-
-
-def _ranks_list(ranks: Sequence[int]) -> str:
-    ranks = sorted(ranks)
-    if len(ranks) > 6:
-        return f"{len(ranks)} ranks ({', '.join(map(str, ranks[:5]))}, ...)"
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
-
-
 def _mib(n: Optional[int]) -> str:
     if not n:
         return "?"
     return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"
 
 
-def describe(rank: dict[str, Any], c: dict[str, Any], oom: Optional[dict[str, Any]]) -> tuple[str, str]:
+def describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) -> tuple[str, str]:
     """(what happened, one-line reason) for the first failure."""
-    who = _name(rank)
+    who = rank.name
+    r = rank.rank
     if c["cause"] == "exception":
         where = f", at {c['where']}" if c["where"] else ""
         msg = f": {c['message']}" if c["message"] else ""
         return (f"{who} raised {c['type'] or 'an exception'} {c['step_words']}{where}{msg}",
-                f"rank {rank['rank']} raised {c['type'] or 'an exception'} {c['step_short']}"
+                f"rank {r} raised {c['type'] or 'an exception'} {c['step_short']}"
                 + (f": {c['message']}" if c["message"] else ""))
     if c["cause"] == "oom":
-        kills = oom.get("kills", 0) if oom else 0
-        limit = f", limit {_mib(oom.get('limit_bytes'))}" if oom and oom.get("limit_bytes") else ""
+        kills = oom.kills if oom else 0
+        limit = f", limit {_mib(oom.limit_bytes)}" if oom and oom.limit_bytes else ""
         text = (f"{who} was killed by the kernel's OOM killer {c['step_words']} (SIGKILL, and the "
                 f"workers' memory cgroup counted {kills} OOM kill{'s' if kills != 1 else ''} during "
                 f"the run{limit})")
-        return text, f"rank {rank['rank']} was killed by the OOM killer {c['step_short']}"
+        return text, f"rank {r} was killed by the OOM killer {c['step_short']}"
     if c["cause"] == "signal":
         extra = ""
         if c["signal"] == "SIGKILL":
@@ -234,21 +169,21 @@ def describe(rank: dict[str, Any], c: dict[str, Any], oom: Optional[dict[str, An
                      "user, the scheduler or a health check)" if c["oom_killed"] is False else
                      " (its memory cgroup was not readable, so an OOM kill could not be checked)")
         return (f"{who} was killed by {c['signal']} {c['step_words']}{extra}",
-                f"rank {rank['rank']} was killed by {c['signal']} {c['step_short']}")
+                f"rank {r} was killed by {c['signal']} {c['step_short']}")
     if c["cause"] == "exit":
         return (f"{who} exited with {c['message']} {c['step_words']}",
-                f"rank {rank['rank']} exited with {c['message']} {c['step_short']}")
+                f"rank {r} exited with {c['message']} {c['step_short']}")
     if c["cause"] == "interrupted":
-        return (f"{who} was interrupted {c['step_words']}", f"rank {rank['rank']} was interrupted")
+        return (f"{who} was interrupted {c['step_words']}", f"rank {r} was interrupted")
     if c["cause"] == "never_joined":
         return (f"{who} never connected to TraceML (it failed before traceml.init(), or its node "
-                "never started)", f"rank {rank['rank']} never connected")
+                "never started)", f"rank {r} never connected")
     return (f"{who} ended without a goodbye {c['step_words']} (killed, or died inside native code; "
             "torchrun's output above has its exit code)",
-            f"rank {rank['rank']} ended without a goodbye {c['step_short']}")
+            f"rank {r} ended without a goodbye {c['step_short']}")
 
 
-def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[str, Any]]],
+def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomReport]],
              run_status: str) -> Optional[dict[str, Any]]:
     """The failure verdict of a failed run (None otherwise). Annotates each failed rank in place
     with ``failure``: ``{"role": "first"|"consequence"|"independent", ...cause}``.
@@ -257,21 +192,22 @@ def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[s
     another node failed) gets it too when a rank failed by itself, not by the interruption."""
     if run_status not in ("failed", "interrupted"):
         return None
-    failed = [r for r in ranks if r["status"] in FAILED]
+    failed = [r for r in ranks if r.status in FAILED_ENDINGS]
     if not failed:
         return None
-    causes = {r["rank"]: classify(r, oom_by_node.get(r["node"])) for r in failed}
+    causes = {r.rank: classify(r, oom_by_node.get(r.node) if r.node is not None else None) for r in failed}
     _align_silent_steps(ranks, causes)
-    real = [r for r in failed if not causes[r["rank"]]["consequence"]
-            and causes[r["rank"]]["cause"] not in ("unknown", "never_joined")]
+    real = [r for r in failed if not causes[r.rank]["consequence"]
+            and causes[r.rank]["cause"] not in ("unknown", "never_joined")]
     if run_status == "interrupted" and not real:
         return None
-    pool = real or [r for r in failed if causes[r["rank"]]["cause"] != "never_joined"] or failed
-    first = min(pool, key=lambda r: (causes[r["rank"]]["at"] is None, causes[r["rank"]]["at"] or 0.0, r["rank"]))
-    t_first = causes[first["rank"]]["at"]
-    independent, consequences = [], []
+    pool = real or [r for r in failed if causes[r.rank]["cause"] != "never_joined"] or failed
+    first = min(pool, key=lambda r: (causes[r.rank]["at"] is None, causes[r.rank]["at"] or 0.0, r.rank))
+    t_first = causes[first.rank]["at"]
+    independent: list[RankSummary] = []
+    consequences: list[RankSummary] = []
     for r in failed:
-        c = causes[r["rank"]]
+        c = causes[r.rank]
         if r is first:
             role = "first"
         elif r in real:
@@ -281,37 +217,93 @@ def diagnose(ranks: list[dict[str, Any]], oom_by_node: dict[int, Optional[dict[s
             role = "consequence"
         else:  # no evidence either way, and it ended before the first real failure
             role = "independent"
-        r["failure"] = {"role": role, **{k: v for k, v in c.items() if k not in ("step_words", "step_short", "step_at_least")}}
+        r.failure = {"role": role, **{k: v for k, v in c.items() if k not in ("step_words", "step_short", "step_at_least")}}
         (independent if role == "independent" else consequences if role == "consequence" else []).append(r)
-    c = causes[first["rank"]]
-    oom = oom_by_node.get(first["node"])
+    c = causes[first.rank]
+    oom = oom_by_node.get(first.node) if first.node is not None else None
     text, reason = describe(first, c, oom)
     parts = [text]
     if independent:
-        parts.append(f"{_ranks_list([r['rank'] for r in independent])} also failed with an error of "
+        parts.append(f"{ranks_phrase([r.rank for r in independent])} also failed with an error of "
                      + ("its own" if len(independent) == 1 else "their own"))
     if consequences:
-        kinds = sorted({causes[r["rank"]]["consequence"] or "stopped after the first failure"
+        kinds = sorted({causes[r.rank]["consequence"] or "stopped after the first failure"
                         for r in consequences})
-        parts.append(f"{_ranks_list([r['rank'] for r in consequences])} failed as a consequence ("
+        parts.append(f"{ranks_phrase([r.rank for r in consequences])} failed as a consequence ("
                      + "; ".join(kinds[:3]) + ")")
     if not real:
         parts.append("every failure looks like a lost peer or connection: check the node and "
                      "network of the first one")
     nxt = _next_step(first, c)
-    evidence = {"first_rank": first["rank"], "node": first["node"], "host": first.get("host") or None,
+    evidence = {"first_rank": first.rank, "node": first.node, "host": first.host or None,
                 "step": c["step"], "step_at_least": bool(c.get("step_at_least")), "cause": c["cause"], "exception_type": c["type"],
                 "message": c["message"], "where": c["where"], "signal": c["signal"],
                 "oom_killed": c["oom_killed"], "exitcode": c["exitcode"],
-                "consequence_ranks": [r["rank"] for r in consequences],
-                "independent_ranks": [r["rank"] for r in independent]}
+                "consequence_ranks": [r.rank for r in consequences],
+                "independent_ranks": [r.rank for r in independent]}
     return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
-            "culprit": {"rank": first["rank"], "node": first["node"], "host": first.get("host") or None},
+            "culprit": first.culprit(),
             "evidence": evidence, "reason": reason}
 
 
-def _next_step(first: dict[str, Any], c: dict[str, Any]) -> str:
-    r = first["rank"]
+def _reached_a_step(r: RankSummary) -> bool:
+    return bool(r.steps or r.steps_produced or (type(r.fail_step) is int and r.fail_step > 0))
+
+
+def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Optional[dict[str, Any]]:
+    """A failed run in which no rank reached its first step, as one headline: ``did_not_start``,
+    the first failure's cause in one paragraph (Python's own error with file and line where
+    there is one; from TraceML's exception hook, or from torchrun's record of the worker when it
+    failed before TraceML started in it), and nothing about steps, peers or performance: no
+    worker trained, so "failed as a consequence", "too few steps" and "add trace_step" would
+    all mislead. None when some rank completed a step (then it is a failure during training)."""
+    if any(_reached_a_step(r) for r in ranks):
+        return None
+    ev = failure["evidence"]
+    first = next(r for r in ranks if r.rank == ev["first_rank"])
+    c = first.failure or {}
+    failed = [r for r in ranks if r.failure]
+    who = first.name
+    if ev["cause"] == "exception":
+        where = f" at {ev['where']}" if ev.get("where") else ""
+        what = f"{who} raised {ev['exception_type'] or 'an exception'}{where}" + (
+            f": {ev['message']}" if ev.get("message") else "")
+        short = f"rank {first.rank} raised {ev['exception_type'] or 'an exception'}{where}" + (
+            f": {ev['message']}" if ev.get("message") else "")
+    elif ev["cause"] == "never_joined":
+        what = (f"{who} ended before TraceML started in it (before the script imported torch or "
+                "called traceml.init()), without an error TraceML could read")
+        short = f"rank {first.rank} ended before TraceML started in it"
+    else:
+        text, short = describe(first, c, None)
+        what = text.replace(" before its first traced step", "")
+        short = short.replace(" before its first traced step", "")
+    same = [r for r in failed if r is not first and (r.failure or {}).get("type") == ev.get("exception_type")
+            and (r.failure or {}).get("message") == ev.get("message") and ev["cause"] == "exception"]
+    others = [r for r in failed if r is not first and r not in same]
+    why = f"no rank reached its first step: {what}"
+    if same and not others:
+        why += f"; {'the other rank' if len(same) == 1 else f'all {len(same)} other ranks'} failed the same way"
+    elif same or others:
+        why += f"; {ranks_phrase([r.rank for r in same + others])} failed too (see each rank below)"
+    etype = ev.get("exception_type") or ""
+    if ev["cause"] == "exception" and etype in ("ModuleNotFoundError", "ImportError"):
+        nxt = ("install the missing module into the environment the workers run in (the Python that "
+               "runs `traceml run`), or fix the import" + (f" at {ev['where']}" if ev.get("where") else "")
+               + "; nothing was trained")
+    elif ev["cause"] == "exception":
+        nxt = (f"fix the {etype or 'error'}" + (f" at {ev['where']}" if ev.get("where") else "")
+               + f": Python's traceback is in rank {first.rank}'s output above; nothing was trained")
+    else:
+        nxt = (f"rank {first.rank}'s output above says why it stopped before its first step "
+               "(run the script with plain python to see it alone); nothing was trained")
+    return {"kind": "did_not_start", "severity": "critical", "why": why, "next_step": nxt,
+            "culprit": failure["culprit"], "evidence": {**ev, "same_error_ranks": [r.rank for r in same]},
+            "reason": "did not start: " + short}
+
+
+def _next_step(first: RankSummary, c: dict[str, Any]) -> str:
+    r = first.rank
     if c["cause"] == "exception":
         return (f"fix the error on rank {r}: its traceback is in its output above and in "
                 f"final_summary.json (ranks[{r}].last_events); the other ranks' errors followed from it")

@@ -33,6 +33,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..rundata import HangReport
+from .ranklist import ranks_phrase
+
 _THREAD_RE = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+)(?: \[(?P<name>[^\]]*)\])? \(most recent call first\):")
 _FRAME_RE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>.*)$')
 _LIB = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
@@ -189,22 +192,6 @@ def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[
                        sum(1 for t in threads if not t.is_traceml), inflight, step, None)
 
 
-def _ranks(rs: Sequence[int]) -> str:
-    rs = sorted(rs)
-    out, start, prev = [], None, None
-    for r in rs:
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:  # type: ignore[operator]
-            prev = r
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-    return ("rank " if len(rs) == 1 else "ranks ") + ",".join(out)
-
-
 def _nodes(items: Sequence[Any], inline: bool = False) -> str:
     """``node 1, node2`` (one node) or ``node 0 (gpu1), node 1 (gpu2)``; ``N nodes`` past three."""
     hosts = sorted({(a.node, a.host) for a in items}, key=lambda x: (x[0] is None, x[0]))
@@ -230,7 +217,7 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         culprits = elsewhere
         c0 = elsewhere[0]
         place = "waiting for a DataLoader batch" if c0.state == "dataloader" else f"at {c0.where}"
-        finding = (f"{_ranks([a.rank for a in elsewhere])} ({_nodes(elsewhere, inline=True)}) never arrived at "
+        finding = (f"{ranks_phrase([a.rank for a in elsewhere])} ({_nodes(elsewhere, inline=True)}) never arrived at "
                    f"the collective the others wait in ({', '.join(colls)}): "
                    f"{'it is' if len(elsewhere) == 1 else 'they are'} {place}")
     elif len(colls) > 1:
@@ -241,7 +228,7 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         if sizes[0] < sizes[1]:  # one group is the odd one out; with a tie nobody is named
             culprits = min(by.values(), key=len)
         finding = ("ranks wait in different collectives (mismatched): " + "; ".join(
-            f"{_ranks([a.rank for a in v])} in {k}" + (f" at {v[0].where}" if v[0].where else "")
+            f"{ranks_phrase([a.rank for a in v])} in {k}" + (f" at {v[0].where}" if v[0].where else "")
             for k, v in sorted(by.items(), key=lambda kv: len(kv[1]))))
     elif waiting and len(waiting) == len(ranks):
         finding = (f"every rank waits in {colls[0]}: none is missing from it, so the collective "
@@ -249,12 +236,12 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
                    "job's ranks)")
     elif elsewhere and not waiting:
         finding = ("no rank is in a collective: " + "; ".join(
-            f"{_ranks([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
+            f"{ranks_phrase([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
     else:
         finding = "no rank's stack could be read"
     missing = [a for a in ranks if a.state == "no_dump"]
     if missing:
-        finding += f"; no stack from {_ranks([a.rank for a in missing])}"
+        finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}"
     return {"finding": finding, "culprits": [a.rank for a in culprits],
             "groups": [{"ranks": sorted(a.rank for a in v), "state": k[0], "collective": k[1],
                         "where": v[0].where} for k, v in sorted(groups.items(), key=lambda kv: min(a.rank for a in kv[1]))]}
@@ -283,7 +270,7 @@ def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8)
         mark = ""
         if a["rank"] in report["culprits"]:
             mark = "  <- never arrived" if g["state"] != "collective" else "  <- differs from the others"
-        lines.append(f"  {_ranks(g['ranks'])} ({_nodes([_Obj(by_rank[r]) for r in g['ranks']])}): "
+        lines.append(f"  {ranks_phrase(g['ranks'])} ({_nodes([_Obj(by_rank[r]) for r in g['ranks']])}): "
                      f"{what}{at}{step}{mark}")
     if len(report["groups"]) > max_groups:
         lines.append(f"  ... {len(report['groups']) - max_groups} more groups (final_summary.json: hang)")
@@ -318,25 +305,25 @@ def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, th
             "groups": d["groups"], "ranks": [a.to_data() for a in autopsies]}
 
 
-def verdict(report: dict[str, Any], *, ended_hung: bool) -> dict[str, Any]:
+def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
     """The summary's verdict for a hang: critical when the run ended while hung."""
     culprit = None
-    if report["culprits"]:
-        a = next(x for x in report["ranks"] if x["rank"] == report["culprits"][0])
+    a = report.culprit_row()
+    if a is not None:
         culprit = {"rank": a["rank"], "node": a["node"], "host": a["host"] or None}
     if ended_hung:
-        why = (f"training hung: no rank completed a step for {report['silent_s']:.0f} s or more; "
-               + report["finding"])
+        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more; "
+               + report.finding)
         nxt = ("look at the stacks in final_summary.json (hang.ranks[].stack): the rank that never "
                "arrived is stuck in its own code (a deadlock, an uneven loop, a rank-dependent "
                "branch around a collective); if every rank waits in the same collective, check the "
                "network and NCCL (NCCL_DEBUG=INFO)")
         sev = "critical"
     else:
-        why = (f"training stalled for {report['silent_s']:.0f} s or more (no rank completed a step), "
-               f"then went on; while stalled: {report['finding']}")
+        why = (f"training stalled for {report.silent_s:.0f} s or more (no rank completed a step), "
+               f"then went on; while stalled: {report.finding}")
         nxt = "if the stall was not an evaluation or checkpoint, the stacks show where every rank waited"
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,
-            "evidence": {"silent_s": report["silent_s"], "threshold_s": report["threshold_s"],
-                         "culprits": report["culprits"], "groups": report["groups"]}}
+            "evidence": {"silent_s": report.silent_s, "threshold_s": report.threshold_s,
+                         "culprits": report.culprits, "groups": report.groups}}

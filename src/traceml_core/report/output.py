@@ -8,6 +8,8 @@ import sys
 from typing import Any, Optional
 
 from ..aggregator.persist import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundata import RunData
+from .partial import finite, last_resort, render_partial
 from .render_txt import render
 from .summary import build_summary
 
@@ -15,7 +17,7 @@ from .summary import build_summary
 _NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
 
 
-def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
+def write_summary(data: RunData, rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
                   provisional: bool = False) -> dict[str, Any]:
     """Build, render and write the files; returns ``{"summary_json", "summary_txt",
@@ -27,8 +29,16 @@ def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
     """
     files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
              "html": str(rd.path / SUMMARY_HTML)}
-    summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional)
-    jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
+    try:
+        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional)
+        blob = dumps(summary)
+    except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
+        _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
+              "writing what is known")
+        summary = finite(last_resort(data.to_checkpoint(), exc, files=files, rebuilt=rebuilt,
+                                     provisional=provisional))[0]
+        blob = dumps(summary)
+    jpath = write_file(rd, run_name, SUMMARY_JSON, blob, sync=not provisional)
     if str(jpath) != files["json"]:  # moved to the fallback: say so in both files
         summary["files"] = {"json": str(jpath), "txt": str(jpath.with_name(SUMMARY_TXT)),
                             "html": str(jpath.with_name(SUMMARY_HTML))}
@@ -38,13 +48,34 @@ def write_summary(data: dict[str, Any], rd: RunDir, run_name: str, *,
     if hpath is None:  # no page after all: the files must not name one
         summary["files"].pop("html", None)
         jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
-    tpath = write_file(rd, run_name, SUMMARY_TXT, render(summary).encode(), sync=not provisional)
+    tpath = write_file(rd, run_name, SUMMARY_TXT, render_text(summary).encode(), sync=not provisional)
     return {"summary_json": str(jpath), "summary_txt": str(tpath),
             "summary_html": None if hpath is None else str(hpath), "summary": summary}
 
 
+def render_text(summary: dict[str, Any]) -> str:
+    """``final_summary.txt``: the usual text, or, for a partial summary (or when rendering
+    fails), the plain lines of report/partial.py."""
+    if not (summary.get("partial") or {}).get("whole", True):
+        return render_partial(summary)
+    try:
+        return render(summary)
+    except Exception as exc:  # noqa: BLE001 - the JSON is written; the text must be too
+        _warn(f"final_summary.txt could not be rendered whole ({type(exc).__name__}: {exc})")
+        return render_partial(summary)
+
+
+def _warn(text: str) -> None:
+    try:
+        sys.stderr.write(f"traceml: warning: {text}\n")
+    except (OSError, ValueError):
+        pass
+
+
 def write_html(summary: dict[str, Any], rd: RunDir, run_name: str, *, sync: bool = False) -> Optional[Any]:
     """Write ``final_summary.html``; on any error, say why on stderr and return None."""
+    if not (summary.get("partial") or {}).get("whole", True):
+        return None  # the page needs the sections a partial summary lacks
     try:
         from .render_html import render_html
 

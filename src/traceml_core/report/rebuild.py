@@ -49,6 +49,11 @@ def report_cli(run_dir: str, output: Optional[str] = None, exports: Sequence[str
     from .render_html import render_html
 
     path, summary = load_summary(run_dir)
+    partial = summary.get("partial") or {}
+    if not partial.get("whole", True):
+        raise ReportError(f"{path} is a partial summary (building it failed: {partial.get('error')}), "
+                          "without the statistics a report draws. Run `traceml summarize RUN_DIR` to "
+                          "rebuild it from the checkpoint, then `traceml report` again.")
     target = Path(output) if output else path.with_name(SUMMARY_HTML)
     try:
         atomic_write(target, render_html(summary).encode())

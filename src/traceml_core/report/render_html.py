@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..assets import chart_assets, fill
+from .document import RunSection
 
 TEMPLATE = Path(__file__).resolve().parent / "static" / "report.html"
 #: summary sections the page does not need
@@ -44,8 +45,8 @@ def _page(title: str, doc: dict[str, Any]) -> str:
 
 def render_html(summary: dict[str, Any]) -> str:
     """The report page of one run."""
-    run = summary.get("run") or {}
-    title = f"TraceML report: {run.get('name') or '?'} ({run.get('status') or '?'})"
+    run = RunSection.from_json(summary.get("run"))
+    title = f"TraceML report: {run.name or '?'} ({run.status or '?'})"
     return _page(title, {"kind": "report", "summary": _slim(summary)})
 
 

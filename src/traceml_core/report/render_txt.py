@@ -1,8 +1,16 @@
-"""The human summary: plain text, about 25 lines, readable in an sbatch log (no colour codes)."""
+"""The human summary: plain text, about 25 lines, readable in an sbatch log (no colour codes).
+
+A view of the typed summary document (:class:`~.document.Summary`): :func:`render` takes the
+document or its JSON.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Union
+
+from .document import Summary, Verdict
+from .ranklist import rank_ranges
+from .status import OK_ENDINGS
 
 MAX_RANK_LINES = 16
 
@@ -20,27 +28,8 @@ def _bytes(v: Optional[float]) -> str:
     return f"{int(v)} B"
 
 
-def _ranges(ranks: Sequence[int], most: int = 0) -> str:
-    """``0-3,7``; with ``most``, at most that many runs (then ``... N more``)."""
-    out, start, prev = [], None, None
-    for r in sorted(ranks):
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:  # type: ignore[operator]
-            prev = r
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-    if most and len(out) > most:
-        return ",".join(out[:most]) + f",... ({len(out) - most:,} more runs)"
-    return ",".join(out)
-
-
-def _verdict_line(v: dict[str, Any], lead: str) -> list[str]:
-    return [f"{lead}{v['kind'].upper().replace('_', '-')} ({v['severity']}): {v['why']}",
-            f"{' ' * len(lead)}next: {v['next_step']}"]
+def _verdict_line(v: Verdict, lead: str) -> list[str]:
+    return [f"{lead}{v.label} ({v.severity}): {v.why}", f"{' ' * len(lead)}next: {v.next_step}"]
 
 
 def _mb(v: float) -> str:
@@ -52,31 +41,34 @@ def _gbps(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.3g} GB/s"
 
 
-def _communication_lines(summary: dict[str, Any]) -> list[str]:
+def _communication_lines(doc: Summary) -> list[str]:
     """Exposed wait, bytes and bandwidth (nccl-tests' algbw/busbw), and the link probe."""
-    c = summary.get("communication")
+    c = doc.communication
     if not c:
         return []
     out = []
-    if not c["measured"]:
-        if summary["topology"]["world_size"] > 1:
-            out.append(f"Communication: not measured ({c.get('not_measured_why') or '?'})")
+    sp = c.spreads
+    x = sp.get("exposed_ms")
+    if not c.measured or x is None:
+        if doc.topology.world_size > 1:
+            out.append(f"Communication: not measured ({c.not_measured_why or '?'})")
     else:
-        x, f, busy = c["exposed_ms"], c["exposed_fraction"], c["busy_ms"]
-        by, calls, bus, alg = c["bytes_per_step"], c["calls_per_step"], c["busbw_gbps"], c["algbw_gbps"]
-        line = (f"Communication: waits {_f(x['median'], ' ms', 2)} per step (median rank; least "
-                f"{_f(x['min'], ' ms', 2)}, rank {x['min_rank']}")
+        f, busy = sp.get("exposed_fraction"), sp.get("busy_ms")
+        by, calls, bus, alg = sp.get("bytes_per_step"), sp.get("calls_per_step"), sp.get("busbw_gbps"), \
+            sp.get("algbw_gbps")
+        line = (f"Communication: waits {_f(x.median, ' ms', 2)} per step (median rank; least "
+                f"{_f(x.min, ' ms', 2)}, rank {x.min_rank}")
         if f:
-            line += f"; {f['median']:.0%} of the step"
+            line += f"; {f.median:.0%} of the step"
         line += ")"
         if busy:
-            line += f", in flight {_f(busy['median'], ' ms', 2)}"
+            line += f", in flight {_f(busy.median, ' ms', 2)}"
         out.append(line)
         if by and calls and bus:
-            out.append(f"  {_mb(by['median'])} per step in {calls['median']:g} collectives; bus "
-                       f"bandwidth {_gbps(bus['median'])} (algorithm {_gbps((alg or {}).get('median'))}"
-                       f"; lowest: rank {bus['min_rank']} {_gbps(bus['min'])})")
-    probe = c.get("probe")
+            out.append(f"  {_mb(by.median)} per step in {calls.median:g} collectives; bus "
+                       f"bandwidth {_gbps(bus.median)} (algorithm {_gbps(alg.median if alg else None)}"
+                       f"; lowest: rank {bus.min_rank} {_gbps(bus.min)})")
+    probe = c.probe
     if probe:
         out += _probe_lines(probe)
     return out
@@ -102,140 +94,136 @@ def _probe_lines(probe: dict[str, Any]) -> list[str]:
     return out
 
 
-def render(summary: dict[str, Any]) -> str:
-    run, topo, tel = summary["run"], summary["topology"], summary["telemetry"]
+def render(summary: Union[Summary, dict[str, Any]]) -> str:
+    doc = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    run, topo, tel = doc.run, doc.topology, doc.telemetry
     lines = []
-    head = f"TraceML summary: run {run['name']}"
-    if run.get("job_id"):
-        head += f" (job {run['job_id']})"
-    head += f" - {run['status']}"
-    if run.get("exit_code") is not None:
-        head += f", exit {run['exit_code']}"
-    head += f", {run['duration_s']:.1f} s"
+    head = f"TraceML summary: run {run.name}"
+    if run.job_id:
+        head += f" (job {run.job_id})"
+    head += f" - {run.status}"
+    if run.exit_code is not None:
+        head += f", exit {run.exit_code}"
+    head += f", {run.duration_s:.1f} s"
     lines.append(head)
-    if summary.get("provisional"):
+    if doc.provisional:
         lines.append("  (provisional: written on SIGTERM before the launcher reported the exit)")
-    if summary.get("rebuilt"):
-        rb = summary["rebuilt"]
+    rb = doc.rebuilt
+    if rb:
         lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
                      "it is missing)")
-    if run.get("reason"):
-        lines.append(f"  reason: {run['reason']}")
-    nodes = topo["nodes"]
-    missing = [n for n in nodes if not n["joined"]]
-    topo_line = (f"Topology: {topo['nnodes']} node(s) x {topo['nproc_per_node']} = "
-                 f"{topo['world_size']} ranks; " + ("all nodes joined" if not missing else
+    if run.reason:
+        lines.append(f"  reason: {run.reason}")
+    nodes = topo.nodes
+    missing = [n for n in nodes if not n.joined]
+    topo_line = (f"Topology: {topo.nnodes} node(s) x {topo.nproc_per_node} = "
+                 f"{topo.world_size} ranks; " + ("all nodes joined" if not missing else
                  f"{len(missing)} node(s) never joined: " +
-                 ", ".join(f"{n['node']} ({n['hostname'] or '?'})" for n in missing[:MAX_RANK_LINES]) +
-                 (f", ... (nodes {_ranges([n['node'] for n in missing], MAX_RANK_LINES)})"
+                 ", ".join(f"{n.node} ({n.hostname or '?'})" for n in missing[:MAX_RANK_LINES]) +
+                 (f", ... (nodes {rank_ranges([n.node for n in missing], MAX_RANK_LINES)})"
                   if len(missing) > MAX_RANK_LINES else "")))
-    late = [n for n in nodes if n.get("late")]
+    late = [n for n in nodes if n.late]
     if late:
         topo_line += "; joined late: " + ", ".join(
-            f"node {n['node']} ({n['hostname'] or '?'}) after {n['join_delay_s']:.1f} s" for n in late[:8])
+            f"node {n.node} ({n.hostname or '?'}) after {n.join_delay_s or 0.0:.1f} s" for n in late[:8])
     lines.append(topo_line)
-    if topo["nnodes"] > 1:
-        parts = [f"{n['node']}={n['hostname'] or '?'}[{_ranges(n['ranks'])}]"
-                 + (" LEFT EARLY" if n["left_early"] else "") + (" late" if n["late"] else "")
+    if topo.nnodes > 1:
+        parts = [f"{n.node}={n.hostname or '?'}[{rank_ranges(n.ranks)}]"
+                 + (" LEFT EARLY" if n.left_early else "") + (" late" if n.late else "")
                  for n in nodes[:MAX_RANK_LINES]]
         lines.append("  nodes: " + " ".join(parts) + (" ..." if len(nodes) > MAX_RANK_LINES else ""))
-    lines += (summary.get("steps") or {}).get("explain") or []
+    lines += doc.steps.explain
     lines.append("")
-    lines += _verdict_line(summary["verdict"], "Verdict: ")
-    for v in summary["other_verdicts"]:
+    lines += _verdict_line(doc.verdict, "Verdict: ")
+    for v in doc.other_verdicts:
         lines += _verdict_line(v, "   also: ")
-    if summary.get("hang"):
+    if doc.hang is not None:
         from .hang import render as render_hang
 
-        h = summary["hang"]
-        head, *rest = render_hang(h)
+        head, *rest = render_hang(doc.hang.to_json())
         lines.append("")
-        lines.append(("Hang report (steps then resumed): " if h.get("resumed") else "Hang report: ")
+        lines.append(("Hang report (steps then resumed): " if doc.hang.resumed else "Hang report: ")
                      + head.split(": ", 1)[1])
         lines += rest
     lines.append("")
-    ac = summary["across_ranks"]
-    if any(ac.get(name) for name in summary["phases"]):
+    ac = doc.across_ranks
+    if any(ac.get(name) for name in doc.phases):
         lines.append("Step phases (steady mean per rank, ms)  median   worst (rank)    skew")
     unmeasured = []
-    for name in summary["phases"]:
+    for name in doc.phases:
         a = ac.get(name)
         if not a:
             if name != "step":
                 unmeasured.append(name)
             continue
         label = "between" if name == "outside" else name
-        lines.append(f"  {label:<10}                         {_f(a['median_ms'], '', 2):>9} "
-                     f"{_f(a['worst_ms'], '', 2):>9} ({a['worst_rank']:>4})  {_f(a['skew'], 'x', 2):>6}")
+        lines.append(f"  {label:<10}                         {_f(a.median_ms, '', 2):>9} "
+                     f"{_f(a.worst_ms, '', 2):>9} ({a.worst_rank:>4})  {_f(a.skew, 'x', 2):>6}")
     if unmeasured and ac.get("step"):
         why = {"input": "input (no DataLoader or wrap_dataloader seen; time between steps is 'between')",
                "h2d": "h2d (CUDA only)", "forward": "forward (no model passed to trace_step)"}
         lines.append("  not measured: " + ", ".join(why.get(n, n) for n in unmeasured))
-    st = summary.get("step_time") or {}
-    if st.get("median_ms") is not None:
-        lines.append(f"  median step {_f(st['median_ms'], '', 2)} ms (p90 {_f(st['p90_ms'], '', 2)}, p99 "
-                     f"{_f(st['p99_ms'], '', 2)}) over {st['steps']:,} steps of all ranks")
-    lines += _communication_lines(summary)
-    mems = [(r["mem_peak"]["max_bytes"], r) for r in summary["ranks"] if r.get("mem_peak")]
+    st = doc.step_time
+    if st.median_ms is not None:
+        lines.append(f"  median step {_f(st.median_ms, '', 2)} ms (p90 {_f(st.p90_ms, '', 2)}, p99 "
+                     f"{_f(st.p99_ms, '', 2)}) over {st.steps:,} steps of all ranks")
+    lines += _communication_lines(doc)
+    mems = [(r.mem_peak.max_bytes, r) for r in doc.ranks if r.mem_peak]
     if mems:
         mx, r = max(mems, key=lambda x: x[0])
-        tr = r["mem_peak"].get("trend")
-        trend = "" if not tr or tr.get("growth_pct") is None else f", trend {tr['growth_pct']:+.1f}% over the run"
-        lines.append(f"Memory peak: {_bytes(mx)} (rank {r['rank']}){trend}")
-    sysd = summary["system"]
+        tr = r.mem_peak.trend if r.mem_peak else None
+        trend = "" if not tr or tr.growth_pct is None else f", trend {tr.growth_pct:+.1f}% over the run"
+        lines.append(f"Memory peak: {_bytes(mx)} (rank {r.rank}){trend}")
     sys_parts = []
-    for n in sysd["nodes"][:MAX_RANK_LINES]:
-        part = f"node {n['node']}: cpu {_f(n['cpu_pct_mean'], '%', 0)}"
-        if n["gpus"]:
-            utils = [g["util_pct_mean"] for g in n["gpus"] if g["util_pct_mean"] is not None]
-            temps = [g["temp_c_max"] for g in n["gpus"] if g["temp_c_max"] is not None]
-            part += f", {len(n['gpus'])} GPU util {_f(sum(utils) / len(utils) if utils else None, '%', 0)}"
+    for n in doc.system_nodes[:MAX_RANK_LINES]:
+        part = f"node {n.node}: cpu {_f(n.cpu_pct_mean, '%', 0)}"
+        if n.gpus:
+            utils = [g.util_pct_mean for g in n.gpus if g.util_pct_mean is not None]
+            temps = [g.temp_c_max for g in n.gpus if g.temp_c_max is not None]
+            part += f", {len(n.gpus)} GPU util {_f(sum(utils) / len(utils) if utils else None, '%', 0)}"
             if temps:
                 part += f" (max {max(temps):.0f}C)"
         sys_parts.append(part)
     if sys_parts:
         lines.append("System: " + "; ".join(sys_parts))
-    endings = summary["rank_endings"]
-    if summary["verdict"]["kind"] == "no_steps" and set(endings) == {"never_joined"}:
+    endings = doc.rank_endings
+    if doc.verdict.kind == "no_steps" and set(endings) == {"never_joined"}:
         # the workers ran and exited cleanly without calling traceml: not a network fault
         lines.append(f"Ranks: {endings['never_joined']} ran without connecting to TraceML")
     else:
         lines.append("Ranks: " + ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in endings.items()))
     order = {"first": 0, "independent": 1, "consequence": 2}
-    bad = sorted((r for r in summary["ranks"] if r["status"] not in ("clean", "running")),
-                 key=lambda r: (order.get((r.get("failure") or {}).get("role"), 3), r["rank"]))
+    bad = sorted((r for r in doc.ranks if r.status not in OK_ENDINGS),
+                 key=lambda r: (order.get((r.failure or {}).get("role"), 3), r.rank))
     for r in bad[:MAX_RANK_LINES]:
-        err = f": {r['error'].strip().splitlines()[-1][:100]}" if r.get("error") else ""
-        ex = r.get("exit") or {}
-        if not err and ex.get("signal"):
-            err = f": {ex['signal']}" + (" (OOM kill)" if (r.get("failure") or {}).get("oom_killed") else "")
-        role = (r.get("failure") or {}).get("role")
+        err = f": {r.error.strip().splitlines()[-1][:100]}" if r.error else ""
+        if not err and r.exit and r.exit.signal:
+            err = f": {r.exit.signal}" + (" (OOM kill)" if (r.failure or {}).get("oom_killed") else "")
+        role = (r.failure or {}).get("role")
         tag = {"first": " FIRST FAILURE", "consequence": " (consequence)", "independent": ""}.get(role, "")
-        lines.append(f"  rank {r['rank']} (node {r['node']}, {r['host'] or '?'}) "
-                     f"{r['status'].replace('_', ' ')}{tag}{err}")
+        lines.append(f"  rank {r.rank} (node {r.node}, {r.host or '?'}) "
+                     f"{r.status.replace('_', ' ')}{tag}{err}")
     if len(bad) > MAX_RANK_LINES:
         lines.append(f"  ... and {len(bad) - MAX_RANK_LINES} more (see final_summary.json)")
-    rb = summary.get("rebuilt")
     upto = " up to the checkpoint" if rb and not rb.get("final_checkpoint") else ""
-    loss = (f"Telemetry: {tel['records_received']:,} step records received of "
-            f"{tel['records_expected']:,} produced{upto}; ")
-    if tel["records_lost"]:
-        lossy = sorted(summary["ranks"], key=lambda r: -(r["telemetry"]["lost"] or 0))
-        worst = ", ".join(f"rank {r['rank']}: {r['telemetry']['lost']}" for r in lossy[:3]
-                          if r["telemetry"]["lost"])
-        loss += f"{tel['records_lost']:,} lost ({worst})"
-    elif tel.get("complete"):
+    loss = (f"Telemetry: {tel.records_received:,} step records received of "
+            f"{tel.records_expected:,} produced{upto}; ")
+    if tel.records_lost:
+        lossy = sorted(doc.ranks, key=lambda r: -(r.telemetry.lost or 0))
+        worst = ", ".join(f"rank {r.rank}: {r.telemetry.lost}" for r in lossy[:3] if r.telemetry.lost)
+        loss += f"{tel.records_lost:,} lost ({worst})"
+    elif tel.complete:
         loss += "none lost"
     else:
         loss += "none known lost"
-    unsure = tel.get("ranks_without_goodbye") or 0
+    unsure = tel.ranks_without_goodbye
     if unsure:
-        bound = tel.get("records_unsent_max")
-        open_ranks = sorted((r for r in summary["ranks"] if r["status"] != "never_joined"
-                             and r["telemetry"].get("unsent_max") != 0),
-                            key=lambda r: -(r["telemetry"].get("unsent_max") or 1 << 62))
-        each = ", ".join(f"rank {r['rank']}: " + ("?" if r["telemetry"].get("unsent_max") is None
-                                                  else f"<= {r['telemetry']['unsent_max']:,}")
+        bound = tel.records_unsent_max
+        open_ranks = sorted((r for r in doc.ranks if r.status != "never_joined"
+                             and r.telemetry.unsent_max != 0),
+                            key=lambda r: -(r.telemetry.unsent_max or 1 << 62))
+        each = ", ".join(f"rank {r.rank}: " + ("?" if r.telemetry.unsent_max is None
+                                               else f"<= {r.telemetry.unsent_max:,}")
                          for r in open_ranks[:3])
         loss += (f"; incomplete: {unsure} rank(s) ended without a goodbye, so records they held "
                  "unsent cannot be counted: "
@@ -244,13 +232,12 @@ def render(summary: dict[str, Any]) -> str:
     if silent:
         loss += f"; {silent} rank(s) never connected"
     lines.append(loss)
-    wire = tel.get("wire") or {}
-    bad_wire = {k: v for k, v in wire.items() if v and k not in ("connections", "replaced")}
+    bad_wire = {k: v for k, v in tel.wire.items() if v and k not in ("connections", "replaced")}
     if bad_wire:
         lines.append("  wire: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad_wire.items()))
-    for note in summary.get("notes", []):
+    for note in doc.notes:
         lines.append(f"Note: {note}")
-    files = summary.get("files") or {}
+    files = doc.files
     if files.get("json"):
         lines.append(f"Files: {files['json']}" + (f" (report: {files['html']})" if files.get("html") else ""))
     return "\n".join(lines) + "\n"

@@ -1,8 +1,8 @@
-"""Small statistics over aggregate plain data: medians, merged series, memory trend, sketches.
+"""Small statistics over typed run data: medians, merged series, memory trend, sketches.
 
-Everything here reads the plain-data shape of :meth:`RunState.to_data` (the checkpoint shape), so
-the live summary and a summary rebuilt from a checkpoint share it. Cost is proportional to ranks x
-buckets, never to the number of steps.
+Everything here reads :class:`~traceml_core.rundata.RunData` parts (the live summary and a summary
+rebuilt from a checkpoint share them), and the sketches and series in the statistics' own
+serialised form. Cost is proportional to ranks x buckets, never to the number of steps.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 from ..aggregator.series import series_values
 from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
+from ..rundata import PhaseData, RankData
+from .model import MemTrend
 from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
 
 NS_PER_MS = 1_000_000.0
@@ -36,11 +38,11 @@ def sketch_counts(sk: dict[str, Any]) -> array:
     return counts
 
 
-def phase_quantiles(ph: dict[str, Any], qs: Sequence[float]) -> list[Optional[float]]:
+def phase_quantiles(ph: PhaseData, qs: Sequence[float]) -> list[Optional[float]]:
     """Quantiles (ns) of one rank's phase, clamped to the exact maximum."""
-    sk = ph["sketch"]
+    sk = ph.sketch
     est = quantiles_of(sk["lo"], sketch_counts(sk), sk["zero"], qs)
-    mx = ph["max"]
+    mx = ph.max
     return [None if v is None else float(min(v, mx)) if mx >= 0 else v for v in est]
 
 
@@ -77,14 +79,14 @@ def _regroup(values: Sequence[int], factor: int, combine: str) -> list[int]:
     return out
 
 
-def merged_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def merged_series(ranks: Sequence[RankData]) -> dict[str, Any]:
     """Step time per series bucket over all ranks: mean and worst, at the coarsest rank width."""
-    width = max((r["series"]["width"] for r in ranks), default=1)
+    width = max((r.series["width"] for r in ranks), default=1)
     tot_sum: list[int] = []
     tot_cnt: list[int] = []
     tot_max: list[int] = []
     for r in ranks:
-        s = r["series"]
+        s = r.series
         f = width // s["width"]
         ssum, scnt, smax = (series_values(s, k) for k in ("step_sum", "step_cnt", "step_max"))
         if f > 1:
@@ -105,7 +107,7 @@ def merged_series(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def mem_trend(mem_max: Sequence[int]) -> Optional[dict[str, Any]]:
+def mem_trend(mem_max: Sequence[int]) -> Optional[MemTrend]:
     """Peak-memory trend over a rank's run from its series buckets (-1 = no data).
 
     Early = median of the buckets right after the skipped start, late = median of the last fifth,
@@ -123,9 +125,7 @@ def mem_trend(mem_max: Sequence[int]) -> Optional[dict[str, Any]]:
     late = median(body[-k:])
     assert early is not None and middle is not None and late is not None
     growth = late - early
-    return {
-        "early_bytes": int(early), "middle_bytes": int(middle), "late_bytes": int(late),
-        "growth_bytes": int(growth),
-        "growth_pct": round(100.0 * growth / early, 2) if early > 0 else None,
-        "rising": early < middle < late,
-    }
+    return MemTrend(early_bytes=int(early), middle_bytes=int(middle), late_bytes=int(late),
+                    growth_bytes=int(growth),
+                    growth_pct=round(100.0 * growth / early, 2) if early > 0 else None,
+                    rising=early < middle < late)

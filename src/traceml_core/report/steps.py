@@ -8,7 +8,12 @@ from optimizer steps, or a framework's hooks. A rank that never said (a process 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
+
+from ..rundata import RankData, StepSource
+from .document import StepsBlock
+from .model import RankSummary
+from .ranklist import ranks_phrase
 
 #: the two lines a script needs for exact phases (shown where steps were inferred or missing)
 TWO_LINES = ("import traceml_core as traceml",
@@ -26,14 +31,14 @@ def _most_common(values: list[Any]) -> Any:
     return Counter(vals).most_common(1)[0][0] if vals else None
 
 
-def steps_block(ranks_data: list[dict[str, Any]], ranks_summary: list[dict[str, Any]]) -> dict[str, Any]:
-    """``ranks_data``: the aggregator's per-rank data (with ``step_source``); ``ranks_summary``:
-    the summary's rank rows (for step counts)."""
+def steps_block(ranks_data: Sequence[RankData], ranks_summary: Sequence[RankSummary]) -> StepsBlock:
+    """``ranks_data``: the run's ranks (with their step source); ``ranks_summary``: the summary's
+    rank rows (for step counts)."""
     by_source: dict[str, list[int]] = {}
-    infos: list[dict[str, Any]] = []
+    infos: list[StepSource] = []
     for r in ranks_data:
-        src = r.get("step_source") or {"source": "trace_step"}
-        by_source.setdefault(src["source"], []).append(r["rank"])
+        src = r.step_source or StepSource()
+        by_source.setdefault(src.source, []).append(r.rank)
         infos.append(src)
     source: Optional[str]
     if not by_source:
@@ -42,33 +47,28 @@ def steps_block(ranks_data: list[dict[str, Any]], ranks_summary: list[dict[str, 
         source = next(iter(by_source))
     else:
         source = "mixed"
-    recorded = sum(r["steps"] for r in ranks_summary)
-    accumulation = _most_common([i.get("accumulation") for i in infos])
-    bwd = _most_common([i.get("backward_per_step") for i in infos])
-    forward_known = [i["forward"] for i in infos if "forward" in i]
-    out: dict[str, Any] = {
-        "source": source,
-        "by_source": {k: sorted(v) for k, v in sorted(by_source.items())},
-        "framework": _most_common([i.get("framework") for i in infos]),
-        "accumulation": accumulation,
-        "backward_per_step": bwd,
-        "forward_measured": (all(forward_known) if forward_known else None),
-        "recorded": recorded,
-        "notes": sorted({i["note"] for i in infos if i.get("note")}),
-    }
-    out["explain"] = explain(out)
+    recorded = sum(r.steps for r in ranks_summary)
+    accumulation = _most_common([i.accumulation for i in infos])
+    bwd = _most_common([i.backward_per_step for i in infos])
+    forward_known = [i.forward for i in infos if i.forward is not None]
+    out = StepsBlock(source=source, by_source={k: sorted(v) for k, v in sorted(by_source.items())},
+                     framework=_most_common([i.framework for i in infos]), accumulation=accumulation,
+                     backward_per_step=bwd,
+                     forward_measured=(all(forward_known) if forward_known else None),
+                     recorded=recorded, notes=sorted({i.note for i in infos if i.note}))
+    out.explain = explain(out)
     return out
 
 
-def explain(steps: dict[str, Any]) -> list[str]:
+def explain(steps: StepsBlock) -> list[str]:
     """Lines for the text summary (empty for plain trace_step runs)."""
-    src = steps.get("source")
+    src = steps.source
     lines: list[str] = []
-    if not steps.get("recorded"):
+    if not steps.recorded:
         return lines       # the no-steps verdict says what happened
     folded = _folded(steps)
     if src == "inferred":
-        fwd = ("forward is timed for the DistributedDataParallel model" if steps.get("forward_measured")
+        fwd = ("forward is timed for the DistributedDataParallel model" if steps.forward_measured
                else "forward is not measured (no DistributedDataParallel model to time)")
         lines.append("Steps: inferred (no rank calls traceml): one step = one optimizer step, from the "
                      f"end of one Optimizer.step() to the end of the next{folded}; input = DataLoader "
@@ -76,37 +76,31 @@ def explain(steps: dict[str, Any]) -> list[str]:
         lines.append(f"  for exact phases add two lines: `{TWO_LINES[0]}` and `{TWO_LINES[1].split('  ')[0]}`"
                      " around each step")
     elif src in _FRAMEWORK_WORDS:
-        fw = f" ({steps['framework']})" if steps.get("framework") else ""
+        fw = f" ({steps.framework})" if steps.framework else ""
         lines.append(f"Steps: from {_FRAMEWORK_WORDS[src]}{fw}{folded}")
     elif src == "mixed":
-        parts = ", ".join(f"{k} on rank(s) {_ranks(v)}" for k, v in steps["by_source"].items())
+        parts = ", ".join(f"{k} on {ranks_phrase(v)}" for k, v in steps.by_source.items())
         lines.append(f"Steps: found differently on different ranks ({parts}); compare ranks with care")
-    for note in steps.get("notes") or []:
+    for note in steps.notes:
         lines.append(f"  note: {note}")
     return lines
 
 
-def _folded(steps: dict[str, Any]) -> str:
-    acc = steps.get("accumulation")
-    bwd = steps.get("backward_per_step")
+def _folded(steps: StepsBlock) -> str:
+    acc = steps.accumulation
+    bwd = steps.backward_per_step
     if acc and acc > 1:
         return f"; gradient accumulation {acc}: each step holds {acc} micro-batches"
-    if steps.get("source") == "inferred" and bwd and bwd > 1:
+    if steps.source == "inferred" and bwd and bwd > 1:
         return (f"; {bwd} backward passes per step (gradient accumulation folded into the step)")
     return ""
 
 
-def _ranks(ranks: list[int]) -> str:
-    if len(ranks) <= 4:
-        return ",".join(map(str, ranks))
-    return f"{ranks[0]}..{ranks[-1]} ({len(ranks)})"
-
-
-def no_steps_reason(steps: dict[str, Any], joined: int, world: int, run_status: str) -> Optional[str]:
+def no_steps_reason(steps: StepsBlock, joined: int, world: int, run_status: str) -> Optional[str]:
     """Why no rank recorded a single step, in words a user can act on; None when some did."""
-    if steps.get("recorded"):
+    if steps.recorded:
         return None
-    src = steps.get("source")
+    src = steps.source
     if joined == 0:
         if run_status != "completed":
             return None     # a launch failure: the failure verdicts say what happened

@@ -2,7 +2,7 @@
 
 The aggregator checkpoints its whole aggregate to ``<run_dir>/aggregate.state`` every couple of
 seconds, so when it is killed (OOM killer, SIGKILL, node 0 rebooted) no run is lost: this
-rebuilds ``final_summary.{json,txt}`` through the same code as the live summary, marked
+rebuilds ``final_summary.{json,txt,html}`` through the same code as the live summary, marked
 ``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
 calls it itself when its aggregator is gone at the end of a run; users can call it any time.
 
@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
 from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
+from ..rundata import Finish, RunData
 from .output import write_summary
 from .summary import iso
 
@@ -42,11 +44,13 @@ def trust_problem(checkpoint: Path) -> Optional[str]:
     return f"{checkpoint}: {problem}" if problem is not None else None
 
 
-def find_checkpoint(run_dir: Path) -> Path:
+def find_checkpoint(run_dir: Path, run_id: Optional[str] = None) -> Path:
     """The newest checkpoint of the run: in RUN_DIR, or in the fallback directory (where the
     aggregator moves when RUN_DIR stops being writable mid-run, leaving an older one behind).
-    Only checkpoints in directories this user owns are read (:func:`trust_problem`)."""
-    found, refused = [], []
+    Only checkpoints in directories this user owns are read (:func:`trust_problem`); with
+    ``run_id`` (the launcher's own rebuild) only that run's (another run of the same name may
+    have left one in the fallback directory)."""
+    found, refused, others = [], [], []
     for cand in (run_dir / CHECKPOINT_NAME, fallback_dir(run_dir.name) / CHECKPOINT_NAME):
         try:
             mtime = os.lstat(cand).st_mtime
@@ -56,6 +60,14 @@ def find_checkpoint(run_dir: Path) -> Path:
         if problem is not None:
             refused.append(problem)
             continue
+        if run_id is not None:
+            try:
+                theirs = load_checkpoint(cand)["state"]["settings"].get("run_id")
+            except (OSError, ValueError, KeyError, AttributeError):
+                theirs = None
+            if theirs != run_id:
+                others.append(f"{cand} (run id {theirs or 'unknown'})")
+                continue
         found.append((mtime, cand))
     if found:
         return max(found)[1]
@@ -64,6 +76,10 @@ def find_checkpoint(run_dir: Path) -> Path:
             f"Not reading the checkpoint of {run_dir}: {'; '.join(refused)}. TraceML reads checkpoints "
             "only from directories you own, so another user cannot forge a summary. If you trust "
             "it, copy the run directory somewhere of your own and run `traceml summarize` there.")
+    if others:
+        raise SummarizeError(
+            f"No checkpoint of this run (id {run_id}) in {run_dir}: {'; '.join(others)} belong(s) to "
+            "another run with the same name. Nothing of this run could be rebuilt.")
     raise SummarizeError(
         f"No TraceML checkpoint found for RUN_DIR {run_dir}: neither {run_dir / CHECKPOINT_NAME} "
         f"nor the fallback {fallback_dir(run_dir.name) / CHECKPOINT_NAME} exists. Pass the run "
@@ -71,7 +87,8 @@ def find_checkpoint(run_dir: Path) -> Path:
         "writes its first checkpoint about 2 s after the run starts.")
 
 
-def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -> dict[str, Any]:
+def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
+              run_id: Optional[str] = None) -> dict[str, Any]:
     """Rebuild the summary files; returns ``{"summary_json", "summary_txt", "summary"}``.
 
     ``finish`` (``exit_code``, ``interrupted``, ``reason``, ``failed_nodes``) is what the launcher
@@ -79,22 +96,22 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None) -
     before the end. An unwritable run directory falls back like the live aggregator does.
     """
     run_dir = Path(run_dir)
-    path = find_checkpoint(run_dir)
+    path = find_checkpoint(run_dir, run_id)
     try:
         doc = load_checkpoint(path)
     except (OSError, ValueError) as exc:
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {exc}. The checkpoint is "
                              "damaged or from another traceml version.") from None
-    data = doc["state"]
-    if finish is not None and data.get("finish") is None:
-        data["finish"] = {"exit_code": finish.get("exit_code"),
-                          "interrupted": bool(finish.get("interrupted")),
-                          "reason": str(finish.get("reason") or ""),
-                          "failed_nodes": list(finish.get("failed_nodes") or []),
-                          "source": "launcher (after the aggregator was gone)",
-                          "at": finish.get("at"), "workers": list(finish.get("workers") or []),
-                          "oom": finish.get("oom")}
-    run_name = data["settings"]["run_name"]
+    try:
+        data = RunData.from_checkpoint(doc["state"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
+                             f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
+                             "another traceml version.") from None
+    if finish is not None and data.finish is None:  # what the launcher knows about the end
+        data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
+                              source="launcher (after the aggregator was gone)")
+    run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)
     except OSError as exc:

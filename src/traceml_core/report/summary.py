@@ -1,30 +1,47 @@
-"""Build ``final_summary.json`` (``schema_version`` 1) from aggregate plain data.
+"""Build ``final_summary.json`` (``schema_version`` 1) from typed run data, by small pure steps.
 
-The input is :meth:`RunState.to_data` (live) or the ``state`` of a checkpoint (rebuilt); the shape
-of the output is documented in ``docs/summary-schema.md``. Cost is proportional to ranks x
-(phases x sketch buckets + series buckets), never to steps.
+The input is :class:`~traceml_core.rundata.RunData`, from the live aggregator
+(``aggregator/adapter.py``) or from a checkpoint (``RunData.from_checkpoint``); the shape of the
+output is documented in ``docs/summary-schema.md``. :func:`build_summary` is a pipeline, each step
+a pure function of the run data and what the steps before it made:
+
+    ranks -> topology -> timing -> communication -> status -> verdicts -> telemetry
+
+``ranks`` (every rank of the world as a :class:`~.model.RankSummary`, with its ending),
+``topology`` (nodes, who joined when), ``timing`` (phases across ranks, the merged step-time
+histogram, the device, the nodes' system evidence), ``communication`` (the ranks' collectives
+side by side), ``status`` (how the run ended and why: ``report/status.py``, the failure headline,
+a hang), ``verdicts`` (why it was slow: ``report/verdicts.py``, after the ending's headline),
+``telemetry`` (every record accounted for). A new section (the goodput ledger, say) is one more
+step reading :class:`RunData` and, where it needs them, the steps' results. Cost is proportional
+to ranks x (phases x sketch buckets + series buckets), never to steps.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
 
-from ..wire.protocol import DURATION_COLUMNS
 from ..aggregator.series import series_values
-from .steps import no_steps_reason, steps_block
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
-from .thresholds import WARMUP_STEPS
-from .failure import diagnose, failed_by_itself
+from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
+from ..wire.protocol import DURATION_COLUMNS
+from . import status as S
+from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
+from .document import (Across, CompareSection, HangSection, RunSection, StepSeries, StepTime, Summary,
+                       SystemNode, Telemetry, TopoNode, Topology, Verdict)
+from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
+                    RankSummary, RankTelemetry, Spread, VerdictContext)
+from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
+from .steps import no_steps_reason, steps_block
+from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
 from .verdicts import judge
 
 SCHEMA_VERSION = 1
 QUANTILES = (0.5, 0.9, 0.99)
-#: how each rank ended; "never_joined" is summary-only (the rank never completed a hello)
-RANK_ENDINGS = ("clean", "error", "crashed", "vanished", "interrupted", "running", "never_joined")
 
 
 def phase_name(column: str) -> str:
@@ -38,116 +55,159 @@ def iso(ts: Optional[float]) -> Optional[str]:
     return time.strftime("%Y-%m-%dT%H:%M:%S", lt) + f".{int((ts % 1) * 1000):03d}" + time.strftime("%z", lt)
 
 
-def _phase(ph: dict[str, Any]) -> Optional[dict[str, Any]]:
-    if ph["count"] <= 0:
+def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
+                  rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
+                  now: Optional[float] = None) -> dict[str, Any]:
+    """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
+    from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
+    the launcher reported the exit (a later write replaces it)."""
+    s, finish = data.settings, data.finish
+    ended = (finish.at if finish else None) or (rebuilt or {}).get("taken_at") or (
+        time.time() if now is None else now)
+    rows = rank_rows(data, provisional=provisional, ended=ended)
+    timing = timing_of(data, rows.ranks)
+    communication = communication_of(rows.ranks, s.world_size, data.probe)
+    end = ending(data, rows, provisional)
+    steps = steps_block(data.ranks, rows.ranks)
+    verdicts = verdicts_of(rows.ranks, end, VerdictContext(
+        gpus=timing.gpus, gpu_util_pct=timing.gpu_util_pct,
+        median_step_ms=timing.step_time.median_ms, step_source=steps.source,
+        no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
+                                 s.world_size, end.status),
+        device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
+        cpu_busy_pct=timing.cpu_busy_pct))
+    return Summary(
+        schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
+        run=RunSection(
+            name=s.run_name, job_id=s.job_id, mode=s.mode, script=s.script or None,
+            script_args=s.script_args, started_at=iso(s.started_at), ended_at=iso(ended),
+            duration_s=round(max(0.0, ended - s.started_at), 3), status=end.status,
+            exit_code=finish.exit_code if finish else None, reason=end.reason,
+            finish_reported_by=finish.source if finish else None),
+        topology=topology_of(data, rows.ranks), steps=steps,
+        verdict=verdicts[0], other_verdicts=verdicts[1:],
+        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["outside"], warmup_steps=WARMUP_STEPS,
+        step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
+        communication=communication, ranks=rows.ranks, rank_endings=S.endings(rows.ranks),
+        system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
+        telemetry=telemetry_of(data, rows.ranks, rebuilt),
+        compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
+        timeline=build_timeline(data, rows.ranks, verdicts[0]),
+        files=files or {}, hang=end.hang, hangs=list(data.hangs),
+        notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
+                           _restart_note(data), _refused_note(data)) if n],
+    ).to_json()
+
+
+# --- ranks ---------------------------------------------------------------------------------------
+@dataclass
+class RankRows:
+    """Every rank of the world (joined or not, in rank order), and what torchrun and the nodes'
+    cgroups reported about them."""
+
+    ranks: list[RankSummary]
+    #: torchrun's failed-worker records by global rank
+    exits: dict[int, ExitRecord]
+    #: each node's OOM report by node (None: its cgroup was not readable)
+    oom_by_node: dict[int, Optional[OomReport]]
+
+
+def rank_rows(data: RunData, *, provisional: bool, ended: float) -> RankRows:
+    """The ranks step: each rank's row, its ending decided by ``report/status.py``."""
+    s, finish = data.settings, data.finish
+    nodes = data.node_by_id()
+    failed_nodes = set(finish.failed_nodes if finish else [])
+    exits, oom = worker_reports(finish, nodes)
+    by_rank = data.rank_by_id()
+    ranks: list[RankSummary] = []
+    for rank in range(max([s.world_size] + [k + 1 for k in by_rank])):
+        r = by_rank.get(rank)
+        ex = exits.get(rank)
+        if r is None:
+            row = _never_joined(rank, rank // s.nproc_per_node if s.nproc_per_node else 0, ex)
+        else:
+            node = nodes.get(r.node) if r.node is not None else None
+            row = _rank(r, S.rank_status(r, finish, node, failed_nodes, provisional, ex), ex, ended)
+        if not row.host and 0 <= (row.node or 0) < s.nnodes:  # a rank that never said its host
+            row.host = node_host(data, nodes, row.node or 0)
+        ranks.append(row)
+    return RankRows(ranks, exits, oom)
+
+
+def node_host(data: RunData, nodes: dict[int, NodeData], node: int) -> str:
+    """A node's host name: as it said when it joined, else as the launcher knew it."""
+    ni = nodes.get(node)
+    hostnames = data.settings.hostnames
+    return (ni.host if ni else "") or (hostnames[node] if node < len(hostnames) else "")
+
+
+def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
+                   ) -> tuple[dict[int, ExitRecord], dict[int, Optional[OomReport]]]:
+    """torchrun's failed-worker rows by global rank, and each node's OOM report by node (node 0's
+    come with the launcher's finish, the others' with their node launcher's goodbye)."""
+    workers: dict[int, ExitRecord] = {}
+    oom: dict[int, Optional[OomReport]] = {}
+    reports: list[tuple[int, Any]] = [(0, finish)] + [(n, ni.bye) for n, ni in nodes.items() if n != 0]
+    for node, rep in reports:
+        if rep is None:
+            continue
+        for w in rep.workers:
+            # Python's error of a worker that failed comes with torchrun's record of it
+            workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
+                                         message=w.message or None, traceback=w.traceback or None)
+        if rep.has_oom:
+            oom[node] = rep.oom
+    return workers, oom
+
+
+def _phase(ph: PhaseData) -> Optional[PhaseSummary]:
+    if ph.count <= 0:
         return None
-    steady_n = ph["count"] - ph["warm_count"]
-    mean = ph["sum"] / ph["count"]
-    steady = (ph["sum"] - ph["warm_sum"]) / steady_n if steady_n > 0 else mean
     p50, p90, p99 = phase_quantiles(ph, QUANTILES)
-    return {"count": ph["count"], "mean_ms": ms(mean), "steady_mean_ms": ms(steady),
-            "p50_ms": ms(p50), "p90_ms": ms(p90), "p99_ms": ms(p99), "max_ms": ms(ph["max"])}
+    return PhaseSummary(count=ph.count, mean_ms=ms(ph.mean_ns), steady_mean_ms=ms(ph.steady_mean_ns),
+                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max))
 
 
-def _rank_status(r: dict[str, Any], finish: Optional[dict[str, Any]], nodes: dict[int, Any],
-                 failed_nodes: set[int], provisional: bool, exit_: Optional[dict[str, Any]] = None) -> str:
-    """How a rank ended: its own bye wins; then torchrun's record of it (a worker torchrun saw die
-    by a signal or a failing exit crashed, on any node: its node's launcher passes the record on);
-    else what the launcher reported decides."""
-    bye = r.get("bye")
-    if bye:
-        return bye["status"]
-    if _failed_by_itself(exit_):
-        return "crashed"
-    node = r.get("node")
-    ni = nodes.get(node) if node is not None else None
-    if node in failed_nodes or (ni is not None and ni.get("left_at") is not None):
-        return "vanished"
-    if finish is None:
-        # provisional (SIGTERM, launcher still to report): still connected = still running;
-        # otherwise (rebuilt, or all ranks gone) we cannot know more than "vanished"
-        return "running" if provisional and r.get("connected") else "vanished"
-    if finish.get("interrupted"):
-        return "interrupted"
-    code = finish.get("exit_code")
-    if code is not None and code != 0:
-        return "crashed"
-    return "vanished"
-
-
-def _comm(r: dict[str, Any], phases: dict[str, Any]) -> Optional[dict[str, Any]]:
+def _comm(r: RankData, phases: dict[str, Optional[PhaseSummary]]) -> Optional[CommSummary]:
     """A rank's communication per steady step (see docs/summary-schema.md), or None if not measured.
 
     Bandwidths are nccl-tests': ``algbw = S / t`` and ``busbw = S * factor / t``, with ``S`` the
     bytes and ``t`` the time collectives were in flight, summed over the steady steps."""
-    sums = r.get("sums") or {}
-    busy, nbytes = sums.get("comm_busy_ns"), sums.get("comm_bytes")
-    bus, calls = sums.get("comm_bus_bytes"), sums.get("comm_calls")
+    busy, nbytes = r.totals("comm_busy_ns"), r.totals("comm_bytes")
+    bus, calls = r.totals("comm_bus_bytes"), r.totals("comm_calls")
     exposed = phases.get("comm")
-    if not exposed or not busy or not busy["count"] or not nbytes or not bus or not calls:
+    if not exposed or busy is None or not busy.count or nbytes is None or bus is None or calls is None:
         return None
-
-    def steady(st: dict[str, Any]) -> tuple[float, int]:
-        n = st["count"] - st["warm_count"]
-        return (st["sum"] - st["warm_sum"], n) if n > 0 else (st["sum"], st["count"])
-
-    busy_ns, n = steady(busy)
-    step = (phases.get("step") or {}).get("steady_mean_ms")
-    xms = exposed["steady_mean_ms"]
-    return {
-        "steps": busy["count"],
-        "exposed_ms": xms,
-        "exposed_fraction": round(xms / step, 4) if step else None,
-        "busy_ms": ms(busy_ns / n),
-        "overlap_fraction": (round(max(0.0, 1.0 - xms * 1e6 / (busy_ns / n)), 4)
-                             if busy_ns > 0 else None),
-        "bytes_per_step": int(steady(nbytes)[0] / n),
-        "calls_per_step": round(steady(calls)[0] / n, 2),
-        "algbw_gbps": round(steady(nbytes)[0] / busy_ns, 4) if busy_ns > 0 else None,
-        "busbw_gbps": round(steady(bus)[0] / busy_ns, 4) if busy_ns > 0 else None,
-    }
+    busy_ns, n = busy.steady()
+    step = phases.get("step")
+    step_ms = step.steady_mean_ms if step else None
+    xms = exposed.steady_mean_ms
+    assert xms is not None
+    return CommSummary(
+        steps=busy.count, exposed_ms=xms,
+        exposed_fraction=round(xms / step_ms, 4) if step_ms else None,
+        busy_ms=ms(busy_ns / n),
+        overlap_fraction=(round(max(0.0, 1.0 - xms * 1e6 / (busy_ns / n)), 4) if busy_ns > 0 else None),
+        bytes_per_step=int(nbytes.steady()[0] / n),
+        calls_per_step=round(calls.steady()[0] / n, 2),
+        algbw_gbps=round(nbytes.steady()[0] / busy_ns, 4) if busy_ns > 0 else None,
+        busbw_gbps=round(bus.steady()[0] / busy_ns, 4) if busy_ns > 0 else None)
 
 
-def _failed_at(r: dict[str, Any], status: str) -> Optional[float]:
+def _failed_at(r: RankData, status: str) -> Optional[float]:
     """When a failed rank's failure was seen (epoch seconds): its exception's own time stamp,
     else its goodbye's arrival, else when its connection closed."""
-    if status in ("clean", "running"):
+    if status in S.OK_ENDINGS:
         return None
-    for e in reversed(r.get("events", [])):
-        if e.get("kind") == "exception" and isinstance(e.get("ts"), (int, float)):
-            return float(e["ts"])
-    bye = r.get("bye") or {}
-    if bye.get("at") is not None:
-        return float(bye["at"])
-    return r.get("closed_at")
+    for e in reversed(r.events):
+        if e.kind == "exception" and isinstance(e.ts, (int, float)):
+            return float(e.ts)
+    if r.bye is not None and r.bye.at is not None:
+        return float(r.bye.at)
+    return r.closed_at
 
 
-def _worker_reports(finish: Optional[dict[str, Any]], nodes: dict[int, Any]) -> tuple[dict[int, Any], dict[int, Any]]:
-    """torchrun's failed-worker rows by global rank, and each node's OOM report by node (node 0's
-    come with the launcher's finish, the others' with their node launcher's goodbye)."""
-    workers: dict[int, Any] = {}
-    oom: dict[int, Any] = {}
-    reports = [(0, finish)] + [(n, (ni or {}).get("bye")) for n, ni in nodes.items() if n != 0]
-    for node, rep in reports:
-        if not rep:
-            continue
-        for w in rep.get("workers") or []:
-            workers[w["rank"]] = {"exitcode": w.get("exitcode"), "signal": w.get("signal")}
-        if "oom" in rep:
-            oom[node] = rep.get("oom")
-    return workers, oom
-
-
-def _restart_note(data: dict[str, Any]) -> str:
-    n = data.get("resumed") or 0
-    if not n:
-        return ""
-    return (f"node 0's aggregator died during the run and was restarted {n} time(s) from its last "
-            "checkpoint; records it had received after that checkpoint are counted as lost "
-            "(telemetry.records_lost), the rest is in these statistics")
-
-
-def _unsent_bound(r: dict[str, Any], ended: float) -> Optional[int]:
+def _unsent_bound(r: RankData, ended: float) -> Optional[int]:
     """Records a rank may have produced that nobody could count (beyond ``expected``).
 
     0 after its ``bye``: the total it says there is exact. Without one (killed, or its node's
@@ -156,398 +216,303 @@ def _unsent_bound(r: dict[str, Any], ended: float) -> Optional[int]:
     When even the relay's link was gone, the same from node 0's view: its last report plus its
     step rate until the run ended (an upper estimate: a rank rarely outlives its launcher long).
     None when nothing bounds it (no step ever arrived)."""
-    if r.get("bye"):
+    if r.bye:
         return 0
-    if r.get("open_bound") is not None:
-        return int(r["open_bound"])
-    first, last, n = r.get("first_t_end"), r.get("last_t_end"), r.get("received", 0)
-    seen = r.get("last_seen")
+    if r.open_bound is not None:
+        return int(r.open_bound)
+    first, last, n = r.first_t_end, r.last_t_end, r.received
+    seen = r.last_seen
     if not n or first is None or last is None or seen is None:
         return None
     rate = (n - 1) / ((last - first) / 1e9) if last > first and n > 1 else 0.0
-    return int(r.get("last_open") or 0) + math.ceil(rate * max(0.0, ended - seen))
+    return int(r.last_open or 0) + math.ceil(rate * max(0.0, ended - seen))
 
 
-def _rank(r: dict[str, Any], status: str, exit_: Optional[dict[str, Any]] = None,
-          ended: Optional[float] = None) -> dict[str, Any]:
-    phases = {phase_name(c): _phase(r["phases"][c]) for c in DURATION_COLUMNS}
-    step = r["phases"]["step_ns"]
-    steady = max(0, step["count"] - step["warm_count"])
-    out = r["outside"]
-    mem = r["mem"]
+def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -> RankSummary:
+    phases = {phase_name(c): _phase(r.phase(c)) for c in DURATION_COLUMNS}
+    mem = r.mem
     # a rank's relay reports how far its seq went, so records it had to drop at the end count too
-    expected = max(r["next_seq"], (r.get("bye") or {}).get("steps") or 0, r.get("relay_seq_end", 0))
-    bye = r.get("bye") or {}
-    errors = [e["text"] for e in r.get("events", []) if e.get("kind") in ("exception", "error")]
-    return {
-        "rank": r["rank"], "node": r["node"], "host": r["host"], "local_rank": r["local_rank"],
-        "status": status, "error": bye.get("error") or (errors[-1] if errors else None),
-        "steps": r["received"], "steady_steps": steady, "last_step": r["last_step"],
-        "steps_produced": bye.get("steps"), "fail_step": bye.get("fail_step"),
-        "fail_in_step": bool(bye.get("fail_in_step")),
-        "failed_at": _failed_at(r, status), "exit": exit_,
-        "phases": phases,
-        "outside_ms": ms(out["sum"] / out["count"]) if out["count"] else None,
-        "comm": _comm(r, phases),
-        "mem_peak": ({"max_bytes": mem["max"], "mean_bytes": int(mem["sum"] / mem["count"]),
-                      "trend": mem_trend(series_values(r["series"], "mem_max"))} if mem["count"] else None),
-        "telemetry": {"received": r["received"], "expected": expected,
-                      "lost": max(0, expected - r["received"]),
-                      "unsent_max": _unsent_bound(r, ended if ended is not None else time.time()),
-                      "gaps": r["gaps"],
-                      "duplicates": r["duplicates"], "client_dropped": r["client_dropped"],
-                      "relay_dropped": r.get("relay_dropped", 0),
-                      "rejected": r.get("rejected", 0),
-                      "reconnects": max(0, r["connections"] - 1),
-                      "sketched": r.get("sketched", r["received"])},
-        "events": r.get("event_count", 0),
-        "last_events": r.get("events", [])[-3:],
-    }
+    expected = r.expected
+    bye = r.bye
+    errors = [e.text for e in r.events if e.kind in ("exception", "error")]
+    return RankSummary(
+        rank=r.rank, node=r.node, host=r.host, local_rank=r.local_rank,
+        status=status, error=(bye.error if bye else None) or (errors[-1] if errors else None),
+        steps=r.received, steady_steps=r.phase("step_ns").steady_count, last_step=r.last_step,
+        steps_produced=bye.steps if bye else None, fail_step=bye.fail_step if bye else None,
+        fail_in_step=bool(bye and bye.fail_in_step),
+        failed_at=_failed_at(r, status), exit=exit_,
+        phases=phases,
+        outside_ms=ms(r.outside.mean_ns),
+        comm=_comm(r, phases),
+        mem_peak=(MemPeak(max_bytes=mem.max, mean_bytes=int(mem.sum / mem.count),
+                          trend=mem_trend(series_values(r.series, "mem_max"))) if mem.count else None),
+        telemetry=RankTelemetry(
+            received=r.received, expected=expected, lost=max(0, expected - r.received),
+            unsent_max=_unsent_bound(r, ended),
+            gaps=r.gaps, duplicates=r.duplicates, client_dropped=r.client_dropped,
+            relay_dropped=r.relay_dropped, rejected=r.rejected,
+            reconnects=max(0, r.connections - 1), sketched=r.sketched),
+        events=r.event_count,
+        last_events=r.events[-3:],
+    )
 
 
-def _never_joined(rank: int, node: int, exit_: Optional[dict[str, Any]] = None) -> dict[str, Any]:
-    return {"rank": rank, "node": node, "host": "", "local_rank": None, "status": "never_joined",
-            "error": None, "steps": 0, "steady_steps": 0, "last_step": -1,
-            "steps_produced": None, "fail_step": None, "fail_in_step": False, "failed_at": None,
-            "exit": exit_,
-            "phases": {phase_name(c): None for c in DURATION_COLUMNS}, "outside_ms": None,
-            "comm": None, "mem_peak": None,
-            "telemetry": {"received": 0, "expected": None, "lost": None, "unsent_max": None,
-                          "gaps": 0, "duplicates": 0,
-                          "client_dropped": 0, "relay_dropped": 0, "rejected": 0, "reconnects": 0,
-                          "sketched": 0},
-            "events": 0, "last_events": []}
+def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> RankSummary:
+    # its error: what torchrun's record of it says (Python's error of a worker that failed before
+    # TraceML started in it), if anything
+    return RankSummary(rank=rank, node=node, host="", local_rank=None, status="never_joined",
+                       error=exit_.message if exit_ else None, exit=exit_,
+                       phases={phase_name(c): None for c in DURATION_COLUMNS})
 
 
-def _across(ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+# --- topology ------------------------------------------------------------------------------------
+def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
+    """The topology step: the world's shape, and per node who joined when and how it left."""
+    s, finish = data.settings, data.finish
+    nodes = data.node_by_id()
+    failed_nodes = set(finish.failed_nodes if finish else [])
+    by_node: dict[Any, list[int]] = {}
+    for r in ranks:  # once, not once per node: the summary's work stays linear in nodes + ranks
+        by_node.setdefault(r.node, []).append(r.rank)
+    rows = []
+    for node in range(s.nnodes):
+        ni = nodes.get(node) or NodeData(node)
+        joined_at = ni.joined_at
+        delay = None if joined_at is None else round(max(0.0, joined_at - s.started_at), 3)
+        rows.append(TopoNode(
+            node=node, hostname=node_host(data, nodes, node) or None, joined=joined_at is not None,
+            joined_at=iso(joined_at), join_delay_s=delay,
+            late=bool(delay is not None and delay > s.late_after_s),
+            left_early=ni.left_at is not None or node in failed_nodes,
+            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, [])))
+    return Topology(nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, world_size=s.world_size,
+                    master_addr=s.master_addr or None, nodes_joined=sum(1 for n in rows if n.joined),
+                    nodes=rows)
+
+
+# --- timing --------------------------------------------------------------------------------------
+@dataclass
+class Timing:
+    """The timing step's result: where the time went, across ranks and over all steps."""
+
+    #: every rank's phase histograms merged, by phase (what ``traceml compare`` reads)
+    sketches: dict[str, Any]
+    #: the run's one median step and its spread (``step_time``)
+    step_time: StepTime
+    across_ranks: dict[str, Optional[Across]]
+    device: str
+    system_nodes: list[SystemNode]
+    gpus: list[GpuSummary]
+    gpu_util_pct: Optional[float]
+    #: the busiest node's mean CPU use
+    cpu_busy_pct: Optional[float]
+
+
+def timing_of(data: RunData, ranks: Sequence[RankSummary]) -> Timing:
+    sketches = {phase_name(c): merge_sketches(r.phase(c).sketch for r in data.ranks)
+                for c in DURATION_COLUMNS}
+    steps = StepTime(**step_time(sketches["step"]))
+    steps.steps = sum(r.phase("step_ns").count for r in data.ranks)  # exact, not sketched
+    nodes, gpus, util = system_of(data)
+    cpu = [n.cpu_pct_mean for n in nodes if n.cpu_pct_mean is not None]
+    return Timing(sketches=sketches, step_time=steps,
+                  across_ranks=across_ranks([r for r in ranks if r.status != "never_joined"]),
+                  device=device_of(ranks, gpus), system_nodes=nodes, gpus=gpus, gpu_util_pct=util,
+                  cpu_busy_pct=max(cpu) if cpu else None)
+
+
+def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Optional[Across]]:
+    """Per phase, the ranks' steady means side by side: the median, the worst and the skew."""
+    out: dict[str, Optional[Across]] = {}
     for c in DURATION_COLUMNS + ("outside",):
         name = phase_name(c)
-        vals = []
-        for r in ranks:
-            v = r["outside_ms"] if name == "outside" else (r["phases"][name] or {}).get("steady_mean_ms")
-            if v is not None:
-                vals.append((v, r["rank"], r["node"]))
+        vals = [(v, r.rank, r.node) for r in ranks for v in (r.steady_ms(name),) if v is not None]
         if not vals:
             out[name] = None
             continue
         mid = median([v for v, _, _ in vals])
         worst = max(vals)
-        out[name] = {"ranks": len(vals), "median_ms": round(mid, 4) if mid is not None else None,
-                     "worst_rank": worst[1], "worst_node": worst[2], "worst_ms": worst[0],
-                     "skew": round(worst[0] / mid, 3) if mid else None}
+        out[name] = Across(ranks=len(vals), median_ms=round(mid, 4) if mid is not None else None,
+                           worst_rank=worst[1], worst_node=worst[2], worst_ms=worst[0],
+                           skew=round(worst[0] / mid, 3) if mid else None)
     return out
 
 
-def _mean(run: dict[str, Any]) -> Optional[float]:
-    return run["sum"] / run["n"] if run["n"] else None
+def _round(v: Optional[float]) -> Optional[float]:
+    return None if v is None else round(v, 2)
 
 
-def _system(data: dict[str, Any]) -> dict[str, Any]:
+def system_of(data: RunData) -> tuple[list[SystemNode], list[GpuSummary], Optional[float]]:
+    """(the nodes' rows, every GPU with its node, the mean of the GPUs' mean utilisation)."""
     nodes = []
-    gpus_flat = []
-    for ns in data.get("system", []):
-        gpus = []
-        for g in ns["gpus"]:
-            util = _mean(g["util_pct"])
-            gs = {"index": g["index"], "samples": g["util_pct"]["n"],
-                  "util_pct_mean": None if util is None else round(util, 2),
-                  "util_pct_max": g["util_pct"]["max"], "mem_used_max": g["mem_used"]["max"],
-                  "mem_total": g["mem_total"]["max"], "temp_c_max": g["temp_c"]["max"],
-                  "power_w_mean": None if _mean(g["power_w"]) is None else round(_mean(g["power_w"]), 2),
-                  "power_w_max": g["power_w"]["max"]}
+    gpus_flat: list[GpuSummary] = []
+    for ns in data.system:
+        gpus: list[GpuSummary] = []
+        for g in ns.gpus:
+            gs = GpuSummary(node=ns.node, index=g.index, samples=g.util_pct.n,
+                            util_pct_mean=_round(g.util_pct.mean), util_pct_max=g.util_pct.max,
+                            mem_used_max=g.mem_used.max, mem_total=g.mem_total.max,
+                            temp_c_max=g.temp_c.max, power_w_mean=_round(g.power_w.mean),
+                            power_w_max=g.power_w.max)
             gpus.append(gs)
-            gpus_flat.append({**gs, "node": ns["node"]})
-        cpu = _mean(ns["cpu_pct"])
-        nodes.append({"node": ns["node"], "host": ns["host"], "samples": ns["samples"],
-                      "cpu_pct_mean": None if cpu is None else round(cpu, 2),
-                      "cpu_pct_max": ns["cpu_pct"]["max"], "ram_used_max": ns["ram_used"]["max"],
-                      "ram_total": ns["ram_total"]["max"], "gpus": gpus})
-    utils = [g["util_pct_mean"] for g in gpus_flat if g["util_pct_mean"] is not None]
-    return {"nodes": nodes,
-            "gpu_util_pct_mean": round(sum(utils) / len(utils), 2) if utils else None,
-            "gpus": gpus_flat}
+            gpus_flat.append(gs)
+        nodes.append(SystemNode(node=ns.node, host=ns.host, samples=ns.samples,
+                                cpu_pct_mean=_round(ns.cpu_pct.mean), cpu_pct_max=ns.cpu_pct.max,
+                                ram_used_max=ns.ram_used.max, ram_total=ns.ram_total.max, gpus=gpus))
+    utils = [g.util_pct_mean for g in gpus_flat if g.util_pct_mean is not None]
+    return nodes, gpus_flat, (round(sum(utils) / len(utils), 2) if utils else None)
 
 
-def _device(ranks: list[dict[str, Any]], system: dict[str, Any]) -> str:
+def device_of(ranks: Sequence[RankSummary], gpus: Sequence[GpuSummary]) -> str:
     """What the ranks computed on, as far as was measured: ``cuda`` when their phases were timed
     with CUDA events (the SDK does so for a model on a GPU; ``h2d`` is measured only then) or the
     nodes' GPUs were busy; ``cpu`` when no rank used CUDA timing and no node reported a GPU;
     ``unknown`` otherwise (GPUs present but idle, e.g. a script that never passed its model to
     trace_step). Advice is chosen by it: no GPU advice on a CPU run."""
-    if any((r["phases"].get("h2d") or {}).get("count") for r in ranks):
+    if any((r.phases.get("h2d") and r.phases["h2d"].count) for r in ranks):
         return "cuda"
-    gpus = system.get("gpus") or []
-    if any((g.get("util_pct_mean") or 0) > 5 for g in gpus):
+    if any((g.util_pct_mean or 0) > 5 for g in gpus):
         return "cuda"
-    if not gpus and any(r["phases"].get("step") for r in ranks):
+    if not gpus and any(r.phases.get("step") for r in ranks):
         return "cpu"
     return "unknown"
 
 
-def _communication(ranks: list[dict[str, Any]], world: int, probe: Optional[dict[str, Any]]) -> dict[str, Any]:
-    """Run-level communication: the ranks' figures side by side (median, least, most)."""
-    measured = [r for r in ranks if r.get("comm")]
+# --- communication -------------------------------------------------------------------------------
+def communication_of(ranks: Sequence[RankSummary], world: int, probe: Optional[dict[str, Any]]) -> Communication:
+    """The communication step: the ranks' figures side by side (median, least, most), and the
+    link probe's measurement between the nodes."""
+    measured = [(r.comm, r.rank) for r in ranks if r.comm]
 
-    def spread(key: str) -> Optional[dict[str, Any]]:
-        vals = [(r["comm"][key], r["rank"]) for r in measured if r["comm"].get(key) is not None]
+    def spread(key: str) -> Optional[Spread]:
+        vals = [(getattr(c, key), rank) for c, rank in measured if getattr(c, key) is not None]
         if not vals:
             return None
         lo, hi = min(vals), max(vals)
-        return {"median": round(median([v for v, _ in vals]) or 0.0, 4), "min": lo[0],
-                "min_rank": lo[1], "max": hi[0], "max_rank": hi[1]}
+        return Spread(median=round(median([v for v, _ in vals]) or 0.0, 4), min=lo[0],
+                      min_rank=lo[1], max=hi[0], max_rank=hi[1])
 
+    why: Optional[str] = None
     if not measured:
         why = ("a single process: nothing to communicate" if world <= 1 else
                "no rank measured it (no process group in the traced steps, or a DDP model TraceML "
                "could not time: see the ranks' logs)")
-    else:
-        why = None
-    return {
-        "measured": bool(measured), "ranks_measured": len(measured), "not_measured_why": why,
-        "exposed_ms": spread("exposed_ms"), "exposed_fraction": spread("exposed_fraction"),
-        "busy_ms": spread("busy_ms"), "overlap_fraction": spread("overlap_fraction"),
-        "bytes_per_step": spread("bytes_per_step"), "calls_per_step": spread("calls_per_step"),
-        "algbw_gbps": spread("algbw_gbps"), "busbw_gbps": spread("busbw_gbps"),
-        "probe": probe,
-    }
+    return Communication(measured=bool(measured), ranks_measured=len(measured), not_measured_why=why,
+                         spreads={k: spread(k) for k in CommSummary.FIGURES}, probe=probe)
 
 
-#: signals that stop a run from outside (Ctrl-C, scancel, the time limit): a worker they ended did
-#: not fail by itself
-INTERRUPTS = ("SIGTERM", "SIGINT", "SIGHUP")
+# --- status ----------------------------------------------------------------------------------------
+@dataclass
+class Ending:
+    """The status step's result: how the run ended and why."""
+
+    status: str
+    reason: str
+    #: the verdict that heads the summary because of how the run ended (a failure, a hang)
+    headline: Optional[Verdict]
+    #: the headline is all there is to say: the run never reached its first step
+    alone: bool
+    #: a stall that resolved (a warning shown after the primary verdict)
+    stall: Optional[Verdict]
+    #: the last hang report as the summary shows it (``hang``)
+    hang: Optional[HangSection]
 
 
-def _failed_by_itself(exit_: Optional[dict[str, Any]]) -> bool:
-    """torchrun's record of a worker says it failed on its own (a signal other than an interrupt,
-    or a failing exit code)."""
-    if not exit_:
-        return False
-    if exit_.get("signal"):
-        return exit_["signal"] not in INTERRUPTS
-    return exit_.get("exitcode") not in (None, 0)
-
-
-def _failed_before_interrupt(nodes: dict[int, Any], exits: dict[int, Any],
-                             ranks: list[dict[str, Any]]) -> bool:
-    """Whether the run had failed on its own before node 0's launcher was interrupted: torchrun
-    recorded a failed worker (it records none when a SIGTERM stopped it), another node's
-    launcher ended in error rather than interrupted, or a rank raised an exception of its own
-    (the task layout has no torchrun, and a node's report there is its local rank 0's only).
-    Then the SIGTERM was a consequence (srun --kill-on-bad-exit stopping the step after that
-    rank failed), not the cause."""
-    if any(_failed_by_itself(e) for e in exits.values()):
-        return True
-    if any(n != 0 and ((ni or {}).get("bye") or {}).get("status") == "error" for n, ni in nodes.items()):
-        return True
-    return any(failed_by_itself(r) for r in ranks)
-
-
-def _run_status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool,
-                failed_first: bool = False) -> str:
-    if finish is None:
-        if provisional:
-            return "running"
-        statuses = {r["status"] for r in ranks}
-        if statuses == {"clean"}:
-            return "completed"
-        return "failed" if statuses & {"error", "crashed"} else "unknown"
-    if finish.get("interrupted"):
-        return "failed" if failed_first else "interrupted"
-    code = finish.get("exit_code")
-    if code is None:
-        statuses = {r["status"] for r in ranks}
-        if statuses == {"clean"}:
-            return "completed"
-        return "failed" if statuses & {"error", "crashed"} else "unknown"
-    return "completed" if code == 0 else "failed"
-
-
-def build_summary(data: dict[str, Any], *, files: Optional[dict[str, Any]] = None,
-                  rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
-                  now: Optional[float] = None) -> dict[str, Any]:
-    """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
-    from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
-    the launcher reported the exit (a later write replaces it)."""
-    now = time.time() if now is None else now
-    s = data["settings"]
-    finish = data.get("finish")
-    nnodes, nproc = s["nnodes"], s["nproc_per_node"]
-    world = nnodes * nproc
-    nodes_data = {n["node"]: n for n in data.get("nodes", [])}
-    failed_nodes = set((finish or {}).get("failed_nodes") or [])
-    by_rank = {r["rank"]: r for r in data.get("ranks", [])}
-    exits, oom_by_node = _worker_reports(finish, nodes_data)
-    run_end = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
-    ranks: list[dict[str, Any]] = []
-    for rank in range(max([world] + [k + 1 for k in by_rank])):
-        r = by_rank.get(rank)
-        if r is None:
-            ranks.append(_never_joined(rank, rank // nproc if nproc else 0, exits.get(rank)))
-        else:
-            ranks.append(_rank(r, _rank_status(r, finish, nodes_data, failed_nodes, provisional,
-                                               exits.get(rank)),
-                               exits.get(rank), run_end))
-
-    hostnames = list(s.get("hostnames") or [])
-    by_node: dict[Any, list[int]] = {}
-    for r in ranks:  # once, not once per node: the summary's work stays linear in nodes + ranks
-        by_node.setdefault(r["node"], []).append(r["rank"])
-    topo_nodes = []
-    for node in range(nnodes):
-        ni = nodes_data.get(node) or {}
-        host = ni.get("host") or (hostnames[node] if node < len(hostnames) else "")
-        joined_at = ni.get("joined_at")
-        delay = None if joined_at is None else round(max(0.0, joined_at - s["started_at"]), 3)
-        topo_nodes.append({
-            "node": node, "hostname": host or None, "joined": joined_at is not None,
-            "joined_at": iso(joined_at), "join_delay_s": delay,
-            "late": bool(delay is not None and delay > s.get("late_join_s", s["node_join_window_s"])),
-            "left_early": ni.get("left_at") is not None or node in failed_nodes,
-            "exit_code": (ni.get("bye") or {}).get("exit_code"),
-            "ranks": by_node.get(node, []),
-        })
-    for r in ranks:  # fill hostnames of ranks that never joined from the topology
-        if not r["host"] and 0 <= (r["node"] or 0) < nnodes:
-            r["host"] = topo_nodes[r["node"] or 0]["hostname"] or ""
-
-    system = _system(data)
-    live_ranks = [by_rank[r] for r in sorted(by_rank)]
-    sketches = {phase_name(c): merge_sketches(r["phases"][c]["sketch"] for r in live_ranks)
-                for c in DURATION_COLUMNS}
-    steps = step_time(sketches["step"])
-    steps["steps"] = sum(r["phases"]["step_ns"]["count"] for r in live_ranks)  # exact, not sketched
-    device = _device(ranks, system)
-    communication = _communication(ranks, world, data.get("probe"))
-    cpu = [n["cpu_pct_mean"] for n in system["nodes"] if n["cpu_pct_mean"] is not None]
-    run_status = _run_status(finish, ranks, provisional, _failed_before_interrupt(nodes_data, exits, ranks))
-    step_src = steps_block(live_ranks, ranks)
-    joined_n = sum(1 for r in ranks if r["status"] != "never_joined")
-    verdicts = judge(ranks, {"gpus": system["gpus"], "gpu_util_pct": system["gpu_util_pct_mean"],
-                             "median_step_ms": steps["median_ms"], "step_source": step_src["source"],
-                             "no_steps": no_steps_reason(step_src, joined_n, world, run_status),
-                             "device": device, "communication": communication, "world": world,
-                             "nnodes": nnodes, "cpu_busy_pct": max(cpu) if cpu else None})
-    hang_report, ended_hung = _last_hang(data)
-    failure = None if ended_hung else diagnose(ranks, oom_by_node, run_status)
-    reason = (finish or {}).get("reason") or ""
-    perf = [v for v in verdicts if v["kind"] != "no_clear_bottleneck"] or verdicts
+def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
+    """The status step: the run's status (``report/status.py``), then why it ended so: the hang
+    it ended in, else the failure's first rank (``report/failure.py``, which marks each failed
+    rank's role; a run no rank of which reached a step did not start), else the launcher's
+    reason."""
+    finish, ranks = data.finish, rows.ranks
+    status = S.run_status(finish, ranks, provisional,
+                          S.failed_before_interrupt(data.node_by_id(), rows.exits, ranks))
+    hang, ended_hung = last_hang(data)
+    reason = finish.reason if finish else ""
+    alone = False
     if ended_hung:  # the run ended while hung: where every rank was stuck is the headline
-        verdicts = [hang_verdict(hang_report, ended_hung=True)] + perf
-        short = "hung: " + hang_report["finding"]
+        found: Optional[dict[str, Any]] = hang_verdict(data.hangs[-1], ended_hung=True)
+        short = "hung: " + data.hangs[-1].finding
+    else:
+        found = diagnose(ranks, rows.oom_by_node, status)
+        never = did_not_start(ranks, found) if found is not None else None
+        if never is not None:  # no rank trained: nothing about steps or performance
+            found, alone = never, True
+        short = found.pop("reason") if found is not None else ""
+    if short:
         reason = f"{short}; {reason}" if reason else short
-    elif failure is not None:  # failures first: the primary verdict is the failure
-        verdicts = [failure] + perf
-        short = failure.pop("reason")
-        reason = f"{short}; {reason}" if reason else short
-    elif run_status == "failed" and not reason:
-        reason = _after_training_reason(finish, ranks) or "the launcher reported a failing exit code"
-    if hang_report is not None and not ended_hung:  # a stall that resolved: worth a look
-        verdicts = verdicts[:1] + [hang_verdict(hang_report, ended_hung=False)] + verdicts[1:]
-    endings = {k: 0 for k in RANK_ENDINGS}
-    for r in ranks:
-        endings[r["status"]] = endings.get(r["status"], 0) + 1
-
-    joined = [r for r in ranks if r["status"] != "never_joined"]
-    tel = [r["telemetry"] for r in joined]
-    received = sum(t["received"] for t in tel)
-    expected = sum(t["expected"] or 0 for t in tel)
-    started = s["started_at"]
-    ended = (finish or {}).get("at") or (rebuilt or {}).get("taken_at") or now
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "provisional": provisional,
-        "rebuilt": rebuilt,
-        "run": {
-            "name": s["run_name"], "job_id": s.get("job_id"), "mode": s.get("mode"),
-            "script": s.get("script") or None, "script_args": s.get("script_args"),
-            "started_at": iso(started), "ended_at": iso(ended),
-            "duration_s": round(max(0.0, ended - started), 3),
-            "status": run_status,
-            "exit_code": (finish or {}).get("exit_code"),
-            "reason": reason,
-            "finish_reported_by": (finish or {}).get("source"),
-        },
-        "topology": {"nnodes": nnodes, "nproc_per_node": nproc, "world_size": world,
-                     "master_addr": s.get("master_addr") or None,
-                     "nodes_joined": sum(1 for n in topo_nodes if n["joined"]), "nodes": topo_nodes},
-        "steps": step_src,
-        "verdict": verdicts[0],
-        "other_verdicts": verdicts[1:],
-        "phases": [phase_name(c) for c in DURATION_COLUMNS] + ["outside"],
-        "warmup_steps": WARMUP_STEPS,
-        "step_time": steps,
-        "across_ranks": _across(joined),
-        "device": device,
-        "communication": communication,
-        "ranks": ranks,
-        "rank_endings": {k: v for k, v in endings.items() if v},
-        "system": {"nodes": system["nodes"], "gpu_util_pct_mean": system["gpu_util_pct_mean"]},
-        "telemetry": {
-            "records_received": received, "records_expected": expected,
-            "records_lost": max(0, expected - received),
-            "gaps": sum(t["gaps"] for t in tel), "duplicates": sum(t["duplicates"] for t in tel),
-            "client_dropped": sum(t["client_dropped"] for t in tel),
-            "relay_dropped": sum(t.get("relay_dropped", 0) for t in tel),
-            # bounds of what nobody could count (ranks without a goodbye; see _unsent_bound):
-            # None when one of them cannot be bounded
-            "records_unsent_max": (None if any(t["unsent_max"] is None for t in tel)
-                                   else sum(t["unsent_max"] for t in tel)),
-            "ranks_without_goodbye": sum(1 for t in tel if t["unsent_max"] != 0),
-            # complete: every record of every rank is accounted for, exactly. A summary rebuilt
-            # from a mid-run checkpoint cannot know what came after it; a rank without a goodbye
-            # may have produced records nobody saw
-            "complete": (expected == received and endings.get("never_joined", 0) == 0
-                         and all(t["unsent_max"] == 0 for t in tel)
-                         and not (rebuilt and not rebuilt.get("final_checkpoint"))),
-            "sketched_fraction": round(sum(t["sketched"] for t in tel) / received, 4) if received else None,
-            "aggregator_restarts": data.get("resumed", 0),
-            "wire": data.get("counters", {}),
-        },
-        "compare": {
-            "sketches": sketches,
-            "step_series": merged_series(live_ranks),
-        },
-        "timeline": build_timeline(data, ranks, verdicts[0]),
-        "files": files or {},
-        "hang": hang_report,
-        "hangs": list(data.get("hangs") or []),
-        "notes": [n for n in (data.get("run_dir_note"), _after_training_note(finish, ranks),
-                              _restart_note(data)) if n],
-    }
+    elif status == "failed" and not reason:
+        reason = S.failed_run_reason(finish, ranks)
+    stall = hang_verdict(data.hangs[-1], ended_hung=False) if hang is not None and not ended_hung else None
+    return Ending(status, reason, Verdict.from_json(found) if found is not None else None, alone,
+                  Verdict.from_json(stall) if stall is not None else None, hang)
 
 
-def _last_hang(data: dict[str, Any]) -> tuple[Optional[dict[str, Any]], bool]:
-    """The last hang report, and whether the run ended still hung (no step record arrived after
-    it). Earlier reports stay in ``hangs``."""
-    hangs = data.get("hangs") or []
-    if not hangs:
+def last_hang(data: RunData) -> tuple[Optional[HangSection], bool]:
+    """The last hang report (as the summary shows it), and whether the run ended still hung (no
+    step record arrived after it). Earlier reports stay in ``hangs``."""
+    if not data.hangs:
         return None, False
-    report = dict(hangs[-1])
-    resumed = int(data.get("records") or 0) > int(report.get("records_at") or 0)
-    report["resumed"] = resumed
-    return report, not resumed
+    last = data.hangs[-1]
+    resumed = data.records > last.records_at
+    return HangSection(last, resumed), not resumed
 
 
-def _after_training_reason(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
-    if not _after_training_note(finish, ranks):
+def _refused_note(data: RunData) -> str:
+    """Values the wire refused as not measurements (wire/frames.measured), if any."""
+    n = data.counters.get("values_refused")
+    if not n:
         return ""
-    died = [f"rank {r['rank']} ({r['exit']['signal'] or 'exit code ' + str(r['exit']['exitcode'])})"
-            for r in ranks if r.get("exit")]
-    return ("every rank finished training cleanly; the failure came as the processes exited"
-            + (": " + ", ".join(died) if died else ""))
+    return (f"{n:,} value(s) sent by the ranks or nodes were not measurements (NaN, infinite, or past "
+            "their field's physical bound, see docs/wire-protocol.md) and are left out as not measured")
 
 
-def _after_training_note(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]]) -> str:
-    """A failing exit although every rank said a clean goodbye: the crash came after training
-    (typically at interpreter exit), which torchrun's log alone makes look like a training failure."""
-    code = (finish or {}).get("exit_code")
-    if not ranks or type(code) is not int or code == 0:
+def _restart_note(data: RunData) -> str:
+    n = data.resumed
+    if not n:
         return ""
-    if any(r["status"] != "clean" for r in ranks):
-        return ""
-    return ("every rank finished training and said a clean goodbye; the failing exit (code "
-            f"{code}) came afterwards, as the processes ended (torchrun's log names the rank and "
-            "its signal). A common cause is a DDP model still alive at interpreter exit, where "
-            "gloo can abort the process: after dist.destroy_process_group(), `del model` and "
-            "call gc.collect() (or train inside main(), which TraceML collects at exit)")
+    return (f"node 0's aggregator died during the run and was restarted {n} time(s) from its last "
+            "checkpoint; records it had received after that checkpoint are counted as lost "
+            "(telemetry.records_lost), the rest is in these statistics")
+
+
+# --- verdicts --------------------------------------------------------------------------------------
+def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[Verdict]:
+    """The verdicts step: the ending's headline first (failures first), then why the run was
+    slow (``report/verdicts.py``), a resolved stall right after the primary verdict."""
+    found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
+    if end.headline is not None:
+        perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
+        found = [end.headline] + ([] if end.alone else perf)
+    if end.stall is not None:
+        found = found[:1] + [end.stall] + found[1:]
+    return found
+
+
+# --- telemetry -------------------------------------------------------------------------------------
+def telemetry_of(data: RunData, ranks: Sequence[RankSummary], rebuilt: Optional[dict[str, Any]]) -> Telemetry:
+    """The telemetry step: every record of every rank accounted for, or the bound of what may
+    be missing."""
+    joined = [r for r in ranks if r.status != "never_joined"]
+    tel = [r.telemetry for r in joined]
+    received = sum(t.received for t in tel)
+    expected = sum(t.expected or 0 for t in tel)
+    return Telemetry(
+        records_received=received, records_expected=expected,
+        records_lost=max(0, expected - received),
+        gaps=sum(t.gaps for t in tel), duplicates=sum(t.duplicates for t in tel),
+        client_dropped=sum(t.client_dropped for t in tel),
+        relay_dropped=sum(t.relay_dropped for t in tel),
+        # bounds of what nobody could count (ranks without a goodbye; see _unsent_bound):
+        # None when one of them cannot be bounded
+        records_unsent_max=(None if any(t.unsent_max is None for t in tel)
+                            else sum(t.unsent_max or 0 for t in tel)),
+        ranks_without_goodbye=sum(1 for t in tel if t.unsent_max != 0),
+        # complete: every record of every rank is accounted for, exactly. A summary rebuilt
+        # from a mid-run checkpoint cannot know what came after it; a rank without a goodbye
+        # may have produced records nobody saw
+        complete=(expected == received and len(joined) == len(ranks)
+                  and all(t.unsent_max == 0 for t in tel)
+                  and not (rebuilt and not rebuilt.get("final_checkpoint"))),
+        sketched_fraction=round(sum(t.sketched for t in tel) / received, 4) if received else None,
+        aggregator_restarts=data.resumed, wire=dict(data.counters))

@@ -22,6 +22,10 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
+from ..rundata import RankData, RunData, SystemData
+from .document import Envelope, GpuSeries, NodeSeries, RankSeries, Timeline, Verdict
+from .model import RankSummary
+from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
@@ -47,9 +51,9 @@ def _phase_col(name: str) -> str:
     return name[:-3] if name.endswith("_ns") else name
 
 
-def rank_series(r: dict[str, Any], width: int, n: int, started_at: float) -> dict[str, Any]:
+def rank_series(r: RankData, width: int, n: int, started_at: float) -> RankSeries:
     """One rank's series at bucket width ``width`` (a multiple of its own), ``n`` buckets long."""
-    s = r["series"]
+    s = r.series
     f = max(1, width // max(1, int(s["width"])))
     scnt = _regroup(series_values(s, "step_cnt"), f, "sum")
     step = _means(_regroup(series_values(s, "step_sum"), f, "sum"), scnt, n)
@@ -69,16 +73,16 @@ def rank_series(r: dict[str, Any], width: int, n: int, started_at: float) -> dic
         v = own_time(st, lambda p: phases[p][i] if p in phases else None)
         own.append(None if v is None else round(v, 4))
     pad = [None] * max(0, n - len(smax))
-    return {"rank": r["rank"], "node": r.get("node"), "host": r.get("host") or "",
-            "step_ms": step, "step_max_ms": smax + pad, "own_ms": own,
-            "phases_ms": phases, "mem_max_bytes": mem + pad if any(m is not None for m in mem) else None,
-            "t_s": t_end + pad}
+    return RankSeries(rank=r.rank, node=r.node, host=r.host or "", step_ms=step,
+                      step_max_ms=smax + pad, own_ms=own, phases_ms=phases,
+                      mem_max_bytes=mem + pad if any(m is not None for m in mem) else None,
+                      t_s=t_end + pad)
 
 
-def _step_and_own(r: dict[str, Any], width: int, n: int) -> tuple[list, list]:
+def _step_and_own(r: RankData, width: int, n: int) -> tuple[list, list]:
     """Mean step and own time per bucket (ms, unrounded), from the step, wait phases and outside
     sums alone: what the envelope of a large run needs."""
-    s = r["series"]
+    s = r.series
     f = max(1, width // max(1, int(s["width"])))
 
     def means(key: str, phase: Optional[str] = None) -> list[Optional[float]]:
@@ -99,8 +103,8 @@ def _mean(xs: Sequence[Optional[float]]) -> Optional[float]:
     return sum(vals) / len(vals) if vals else None
 
 
-def _featured(ranks: list[dict[str, Any]], summary_ranks: Sequence[dict[str, Any]],
-              verdict: Optional[dict[str, Any]], own_mean: dict[int, Optional[float]]) -> list[int]:
+def _featured(ranks: list[RankData], summary_ranks: Sequence[RankSummary],
+              verdict: Optional[Verdict], own_mean: dict[int, Optional[float]]) -> list[int]:
     """The ranks worth a line of their own in a large run, most interesting first."""
     picked: list[int] = []
 
@@ -108,10 +112,10 @@ def _featured(ranks: list[dict[str, Any]], summary_ranks: Sequence[dict[str, Any
         if rank is not None and rank in own_mean and rank not in picked:
             picked.append(rank)
 
-    take(((verdict or {}).get("culprit") or {}).get("rank"))
+    take(((verdict.culprit if verdict else None) or {}).get("rank"))
     for r in summary_ranks:
-        if r.get("status") not in ("clean", "running", "never_joined"):
-            take(r["rank"])
+        if r.status not in OK_ENDINGS and r.status != "never_joined":
+            take(r.rank)
     by_own = sorted((v, k) for k, v in own_mean.items() if v is not None)
     for _v, k in reversed(by_own[-6:]):
         take(k)
@@ -121,11 +125,12 @@ def _featured(ranks: list[dict[str, Any]], summary_ranks: Sequence[dict[str, Any
     for r in ranks:  # fill up in rank order
         if len(picked) >= FEATURED_RANKS:
             break
-        take(r["rank"])
+        take(r.rank)
     return picked[:FEATURED_RANKS]
 
 
 def _envelope(series: list[list[Optional[float]]], n: int) -> dict[str, list[Optional[float]]]:
+    """Per bucket, the least, median and most of the ranks' values."""
     lo, mid, hi = [], [], []
     for i in range(n):
         col = sorted(v[i] for v in series if v[i] is not None)
@@ -139,59 +144,54 @@ def _envelope(series: list[list[Optional[float]]], n: int) -> dict[str, list[Opt
     return {"min": lo, "median": mid, "max": hi}
 
 
-def _node(ns: dict[str, Any], started_at: float) -> Optional[dict[str, Any]]:
-    ot = ns.get("over_time") or {}
-    u = int(ot.get("used") or 0)
-    if not u or ot.get("t0") is None:
+def _node(ns: SystemData, started_at: float) -> Optional[NodeSeries]:
+    ot = ns.over_time
+    u = ot.used
+    if not u or ot.t0 is None:
         return None
-    w = float(ot["width_s"])
-    mean, mx = ot.get("mean") or {}, ot.get("max") or {}
-    gpus = []
-    for g in ns.get("gpus") or []:
-        i = g["index"]
-        gpus.append({"index": i, "util_pct": mean.get(f"gpu{i}.util_pct"),
-                     "mem_used_bytes": mx.get(f"gpu{i}.mem_used"),
-                     "mem_total_bytes": (g.get("mem_total") or {}).get("max")})
-    return {"node": ns["node"], "host": ns.get("host") or "", "seconds_per_bucket": w,
-            "t_s": [round(ot["t0"] + (i + 0.5) * w - started_at, 2) for i in range(u)],
-            "cpu_pct": mean.get("cpu_pct"), "ram_used_bytes": mx.get("ram_used"),
-            "ram_total_bytes": (ns.get("ram_total") or {}).get("max"), "gpus": gpus}
+    w = ot.width_s
+    mean, mx = ot.mean, ot.max
+    gpus = [GpuSeries(index=g.index, util_pct=mean.get(f"gpu{g.index}.util_pct"),
+                      mem_used_bytes=mx.get(f"gpu{g.index}.mem_used"), mem_total_bytes=g.mem_total.max)
+            for g in ns.gpus]
+    return NodeSeries(node=ns.node, host=ns.host or "", seconds_per_bucket=w,
+                      t_s=[round(ot.t0 + (i + 0.5) * w - started_at, 2) for i in range(u)],
+                      cpu_pct=mean.get("cpu_pct"), ram_used_bytes=mx.get("ram_used"),
+                      ram_total_bytes=ns.ram_total.max, gpus=gpus)
 
 
-def build_timeline(data: dict[str, Any], summary_ranks: Sequence[dict[str, Any]],
-                   verdict: Optional[dict[str, Any]], *, rank_lines: int = RANK_LINES) -> dict[str, Any]:
-    """The ``timeline`` section from aggregate plain data (``RunState.to_data`` / a checkpoint)."""
-    started = float(data["settings"]["started_at"])
-    ranks = [r for r in data.get("ranks", []) if (r.get("series") or {}).get("used")]
-    width = max((int(r["series"]["width"]) for r in ranks), default=1)
-    n = max((-(-int(r["series"]["used"]) * int(r["series"]["width"]) // width) for r in ranks),
+def build_timeline(data: RunData, summary_ranks: Sequence[RankSummary],
+                   verdict: Optional[Verdict], *, rank_lines: int = RANK_LINES) -> Timeline:
+    """The ``timeline`` section from the run's typed data."""
+    started = float(data.settings.started_at)
+    ranks = [r for r in data.ranks if r.series.get("used")]
+    width = max((int(r.series["width"]) for r in ranks), default=1)
+    n = max((-(-int(r.series["used"]) * int(r.series["width"]) // width) for r in ranks),
             default=0)
     envelope = None
     total = len(ranks)
     if len(ranks) > rank_lines:
         # a large run: the step and own time of every rank for the envelope (the cheap part),
         # every series only for the ranks drawn one by one
-        light = {r["rank"]: _step_and_own(r, width, n) for r in ranks}
+        light = {r.rank: _step_and_own(r, width, n) for r in ranks}
         own_mean = {k: _mean(v[1]) for k, v in light.items()}
         keep = set(_featured(ranks, summary_ranks, verdict, own_mean))
-        envelope = {"ranks": len(light),
-                    "step_ms": _envelope([v[0] for v in light.values()], n),
-                    "own_ms": _envelope([v[1] for v in light.values()], n)}
-        ranks = [r for r in ranks if r["rank"] in keep]
-    per = {r["rank"]: rank_series(r, width, n, started) for r in ranks}
+        envelope = Envelope(ranks=len(light), step_ms=_envelope([v[0] for v in light.values()], n),
+                            own_ms=_envelope([v[1] for v in light.values()], n))
+        ranks = [r for r in ranks if r.rank in keep]
+    per = {r.rank: rank_series(r, width, n, started) for r in ranks}
     shown = sorted(per)
     phases = []
     for v in per.values():
-        for p in v["phases_ms"]:
+        for p in v.phases_ms:
             if p not in phases:
                 phases.append(p)
     order = [p for p in ("input", "forward", "backward", "optimizer", "h2d", OUTSIDE) if p in phases]
-    nodes = [x for x in (_node(ns, started) for ns in data.get("system", [])) if x is not None]
-    return {"steps_per_bucket": width, "buckets": n, "bucket_limit": BUCKETS,
-            "rank_limit": rank_lines, "ranks_total": total,
-            "ranks_shown": "all" if envelope is None else "selected",
-            "phases": order + [p for p in phases if p not in order],
-            "ranks": [per[k] for k in shown], "envelope": envelope, "nodes": nodes}
+    nodes = [x for x in (_node(ns, started) for ns in data.system) if x is not None]
+    return Timeline(steps_per_bucket=width, buckets=n, bucket_limit=BUCKETS, rank_limit=rank_lines,
+                    ranks_total=total, ranks_shown="all" if envelope is None else "selected",
+                    phases=order + [p for p in phases if p not in order],
+                    ranks=[per[k] for k in shown], envelope=envelope, nodes=nodes)
 
 
 __all__ = ["build_timeline", "rank_series", "RANK_LINES", "FEATURED_RANKS"]

@@ -11,15 +11,17 @@ backward is compute), else ``step - backward + outside`` (the wait hides inside 
 slow rank spends longer in its own work while the others spend that time waiting. Without
 synchronisation (independent ranks) own and step time agree anyway.
 
-Advice fits the device the run used (``ctx["device"]``: ``cuda``, ``cpu`` or ``unknown``, see
+Advice fits the device the run used (``ctx.device``: ``cuda``, ``cpu`` or ``unknown``, see
 summary._device): no bf16, torch.compile or "batch per GPU" on a CPU run.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 from . import thresholds as T
+from .model import RankSummary, VerdictContext
 from .stats import median
 
 KINDS = ("hang", "run_failed", "no_steps", "straggler", "input_bound", "communication_bound",
@@ -56,21 +58,17 @@ def own_time(step: Optional[float], phase_ms: Callable[[str], Optional[float]]) 
     return step - (wait or 0.0) + (phase_ms("outside") or 0.0)
 
 
-def _m(r: dict[str, Any], phase: str) -> Optional[float]:
+def _m(r: RankSummary, phase: str) -> Optional[float]:
     """Steady mean (ms) of a phase for one rank; ``outside`` included; None when not measured."""
-    if phase == "outside":
-        return r.get("outside_ms")
-    ph = r["phases"].get(phase)
-    return None if not ph else ph["steady_mean_ms"]
+    return r.steady_ms(phase)
 
 
-def _culprit(r: dict[str, Any]) -> dict[str, Any]:
-    return {"rank": r["rank"], "node": r["node"], "host": r["host"] or None}
+def _culprit(r: RankSummary) -> dict[str, Any]:
+    return r.culprit()
 
 
-def _where(r: dict[str, Any]) -> str:
-    host = f", {r['host']}" if r.get("host") else ""
-    return f"rank {r['rank']} (node {r['node']}{host})"
+def _where(r: RankSummary) -> str:
+    return r.name
 
 
 def _severity(frac: float, abs_ms: float, warn: float, crit: float, floor: float,
@@ -88,19 +86,19 @@ def _verdict(kind: str, severity: str, why: str, next_step: str, culprit: Option
             "culprit": culprit, "evidence": evidence}
 
 
-def _gpu(ctx: dict[str, Any]) -> bool:
-    return ctx.get("device") == "cuda"
+def _gpu(ctx: VerdictContext) -> bool:
+    return ctx.device == "cuda"
 
 
-def _cpu(ctx: dict[str, Any]) -> bool:
-    return ctx.get("device") == "cpu"
+def _cpu(ctx: VerdictContext) -> bool:
+    return ctx.device == "cpu"
 
 
-def _comm_measured(live: Sequence[dict[str, Any]]) -> bool:
+def _comm_measured(live: Sequence[RankSummary]) -> bool:
     return all(_m(r, "comm") is not None for r in live)
 
 
-def _iteration(r: dict[str, Any]) -> Optional[float]:
+def _iteration(r: RankSummary) -> Optional[float]:
     """Wall time per step of one rank: the traced step plus the time between steps."""
     step = _m(r, "step")
     if not step:
@@ -108,7 +106,7 @@ def _iteration(r: dict[str, Any]) -> Optional[float]:
     return step + max(0.0, _m(r, "outside") or 0.0)
 
 
-def _input_wait(r: dict[str, Any]) -> Optional[tuple[float, float, str]]:
+def _input_wait(r: RankSummary) -> Optional[tuple[float, float, str]]:
     """(wait ms, of how many ms, how it was measured) for one rank.
 
     With a DataLoader (or ``wrap_dataloader``) the fetch is timed and credited to the step:
@@ -127,7 +125,7 @@ def _input_wait(r: dict[str, Any]) -> Optional[tuple[float, float, str]]:
     return max(0.0, between), step + max(0.0, between), "between"
 
 
-def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     waits = [w for w in (_input_wait(r) for r in live) if w is not None]
     if not waits:
         return None
@@ -169,17 +167,17 @@ def input_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional
         step_ms=round(of, 4))
 
 
-def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     if len(live) < 2:
         return None
-    step_med = ctx.get("median_step_ms") or median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    step_med = ctx.median_step_ms or median([_m(r, "step") or 0.0 for r in live]) or 0.0
     if step_med <= 0:
         return None
 
     # where communication is measured, backward is compute (the wait is its own phase)
     comm_measured = _comm_measured(live)
 
-    def own(r: dict[str, Any]) -> float:
+    def own(r: RankSummary) -> float:
         return own_time(_m(r, "step") or 0.0, lambda p: _m(r, p)) or 0.0
 
     for metric, fn in (("own", own), ("step", lambda r: _m(r, "step") or 0.0)):
@@ -203,17 +201,17 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
                 diffs.append((mine - (median(others) or 0.0), ph))
         phase = max(diffs)[1] if diffs else "step"
         if phase == "input":
-            nxt = (f"rank {worst['rank']}'s data loading is slower: check its data shard and "
+            nxt = (f"rank {worst.rank}'s data loading is slower: check its data shard and "
                    "DataLoader workers, and the CPU and disk of its node")
         elif phase == "outside":
-            nxt = (f"rank {worst['rank']} does extra work between steps (logging, evaluation or "
+            nxt = (f"rank {worst.rank} does extra work between steps (logging, evaluation or "
                    "checkpointing on that rank only?): move it off the training loop or spread it "
                    "over all ranks")
         elif _gpu(ctx):
-            nxt = (f"rank {worst['rank']} computes slower: check its GPU's clocks and temperature "
+            nxt = (f"rank {worst.rank} computes slower: check its GPU's clocks and temperature "
                    "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
         else:
-            nxt = (f"rank {worst['rank']} computes slower: check what else runs on its node (top, "
+            nxt = (f"rank {worst.rank} computes slower: check what else runs on its node (top, "
                    "other jobs sharing its cores) and how many threads each rank uses "
                    "(OMP_NUM_THREADS, torch.get_num_threads())")
         why = (f"{_where(worst)} takes {excess:.1f} ms more per step than the other ranks' median "
@@ -226,15 +224,14 @@ def straggler(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[V
     return None
 
 
-def memory_creep(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+def memory_creep(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     creeping = []
     for r in live:
-        mem = r.get("mem_peak") or {}
-        tr = mem.get("trend")
-        if not tr or not tr["rising"] or tr["early_bytes"] <= 0:
+        tr = r.mem_peak.trend if r.mem_peak else None
+        if not tr or not tr.rising or tr.early_bytes <= 0:
             continue
-        rel = tr["growth_bytes"] / tr["early_bytes"]
-        if rel >= T.MEM_CREEP_GROWTH_WARN and tr["growth_bytes"] >= T.MEM_CREEP_FLOOR_BYTES:
+        rel = tr.growth_bytes / tr.early_bytes
+        if rel >= T.MEM_CREEP_GROWTH_WARN and tr.growth_bytes >= T.MEM_CREEP_FLOOR_BYTES:
             creeping.append((rel, r, tr))
     if not creeping:
         return None
@@ -243,28 +240,27 @@ def memory_creep(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optiona
     mib = 1024 * 1024
     return _verdict(
         "memory_creep", sev,
-        f"peak memory of {_where(worst)} rose from {tr['early_bytes'] / mib:.0f} MiB to "
-        f"{tr['late_bytes'] / mib:.0f} MiB (+{rel:.0%}) over the run and kept rising; "
+        f"peak memory of {_where(worst)} rose from {tr.early_bytes / mib:.0f} MiB to "
+        f"{tr.late_bytes / mib:.0f} MiB (+{rel:.0%}) over the run and kept rising; "
         f"{len(creeping)} of {len(live)} ranks show it",
         "look for tensors kept across steps (a loss summed without .item() or .detach(), growing "
         "lists or caches); torch.cuda.memory._record_memory_history() shows who holds memory",
-        _culprit(worst), growth_fraction=round(rel, 4), growth_bytes=tr["growth_bytes"],
+        _culprit(worst), growth_fraction=round(rel, 4), growth_bytes=tr.growth_bytes,
         ranks_affected=len(creeping))
 
 
-def low_gpu_util(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
-    gpus = ctx.get("gpus") or []
-    gpus = [g for g in gpus if g["samples"] >= T.GPU_MIN_SAMPLES and g["util_pct_mean"] is not None]
+def low_gpu_util(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
+    gpus = [g for g in ctx.gpus if g.samples >= T.GPU_MIN_SAMPLES and g.util_pct_mean is not None]
     if not gpus:
         return None
-    overall = sum(g["util_pct_mean"] for g in gpus) / len(gpus)
+    overall = sum(g.util_pct_mean or 0.0 for g in gpus) / len(gpus)
     if overall >= T.GPU_UTIL_WARN_PCT:
         return None
     sev = "critical" if overall < T.GPU_UTIL_CRIT_PCT else "warning"
-    low = min(gpus, key=lambda g: g["util_pct_mean"])
-    if ctx.get("input_bound"):
+    low = min(gpus, key=lambda g: g.util_pct_mean or 0.0)
+    if "input_bound" in ctx.found:
         nxt = "see the input verdict: the GPUs are waiting for data"
-    elif ctx.get("communication_bound"):
+    elif "communication_bound" in ctx.found:
         nxt = "see the communication verdict: the GPUs are waiting for the network"
     else:
         nxt = ("the GPUs wait on the host: look at time outside the model phases, raise the batch "
@@ -272,11 +268,11 @@ def low_gpu_util(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optiona
     return _verdict(
         "low_gpu_util", sev,
         f"the {len(gpus)} GPU(s) were busy {overall:.0f}% of the time on average (lowest: GPU "
-        f"{low['index']} on node {low['node']}, {low['util_pct_mean']:.0f}%)",
+        f"{low.index} on node {low.node}, {low.util_pct_mean or 0.0:.0f}%)",
         nxt, None, gpu_util_pct=round(overall, 2))
 
 
-def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+def communication_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     """Exposed communication dominates the step, judged on the rank that waits least (see
     thresholds.COMM_FRACTION_WARN), with the bandwidth achieved and, if the probe named one,
     the slow node."""
@@ -289,18 +285,18 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
                     T.COMM_CRIT_FLOOR_MS)
     if sev is None:
         return None
-    comm = ctx.get("communication") or {}
+    comm = ctx.communication
     med_wait = median([c for _, c, _, _ in rows]) or 0.0
 
     def med(key: str) -> Optional[float]:
-        return (comm.get(key) or {}).get("median")
+        return comm.median(key) if comm else None
 
     busbw, algbw, nbytes, overlap = med("busbw_gbps"), med("algbw_gbps"), med("bytes_per_step"), \
         med("overlap_fraction")
     calls = med("calls_per_step")
     per_call = nbytes / calls if nbytes is not None and calls else None
     small = per_call is not None and per_call < T.COMM_SMALL_BYTES
-    multi = (ctx.get("nnodes") or 1) > 1
+    multi = (ctx.nnodes or 1) > 1
     why = (f"every rank waits for communication after its own compute: at least {wait:.1f} ms of "
            f"its {step:.1f} ms step ({frac:.0%}; median rank {med_wait:.1f} ms)")
     if busbw is not None and algbw is not None:
@@ -308,7 +304,7 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
                 f"bandwidth ({algbw:.3g} GB/s algorithm)")
         if small:
             why += " - small messages, so latency rather than bandwidth sets their time"
-    probe = comm.get("probe") or {}
+    probe = (comm.probe if comm else None) or {}
     slow, link = probe.get("slow_node"), probe.get("slow_link")
     advice = []
     if slow:
@@ -330,7 +326,7 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
         advice.append(f"the collectives are small ({_mb(per_call)} each): call them less often - "
                       "accumulate gradients over k micro-batches under DDP's no_sync() (one "
                       "all-reduce per k)")
-        cpu_busy = ctx.get("cpu_busy_pct")
+        cpu_busy = ctx.cpu_busy_pct
         if _cpu(ctx) and cpu_busy is not None and cpu_busy >= T.COMM_CPU_BUSY_PCT:
             advice.append(f"the CPUs were {cpu_busy:.0f}% busy, so gloo's threads also wait for a "
                           "core: fewer ranks or threads per node (OMP_NUM_THREADS) leave them one")
@@ -359,7 +355,7 @@ def communication_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> 
         "communication_bound", sev, why, "; ".join(advice),
         ({"rank": None, "node": slow["node"], "host": slow.get("host")} if slow else None),
         comm_fraction=round(frac, 4), comm_ms=round(wait, 4), comm_median_ms=round(med_wait, 4),
-        step_ms=round(step, 4), least_waiting_rank=least["rank"], busbw_gbps=busbw,
+        step_ms=round(step, 4), least_waiting_rank=least.rank, busbw_gbps=busbw,
         algbw_gbps=algbw, bytes_per_step=nbytes, calls_per_step=calls, overlap_fraction=overlap,
         small_messages=small, slow_node=slow["node"] if slow else None)
 
@@ -370,7 +366,7 @@ def _mb(nbytes: Optional[float]) -> str:
     return f"{nbytes / 1e6:.3g} MB" if nbytes >= 1e5 else f"{nbytes / 1e3:.3g} kB"
 
 
-def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Optional[Verdict]:
+def compute_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     fracs = []
     for r in live:
         wall = _iteration(r)  # the time between steps counts: a step that is mostly model work
@@ -382,14 +378,14 @@ def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Option
     frac = median(fracs)
     if frac is None or frac < T.COMPUTE_FRACTION:
         return None
-    util = ctx.get("gpu_util_pct")
+    util = ctx.gpu_util_pct
     if util is not None and util < T.COMPUTE_GPU_UTIL_PCT:
         return None
-    step = ctx.get("median_step_ms") or median([_m(r, "step") or 0.0 for r in live]) or 0.0
+    step = ctx.median_step_ms or median([_m(r, "step") or 0.0 for r in live]) or 0.0
     on_gpu = f"; GPUs {util:.0f}% busy" if util is not None else ""
     if _comm_measured(live):
         note = "; communication excluded: it is its own phase"
-    elif (ctx.get("world") or 1) > 1:
+    elif (ctx.world or 1) > 1:
         note = "; backward includes the gradient all-reduce: communication was not measured"
     else:
         note = ""
@@ -409,11 +405,11 @@ def compute_bound(live: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> Option
         nxt, None, compute_fraction=round(frac, 4))
 
 
-DETECTORS: tuple[Callable[[Sequence[dict[str, Any]], dict[str, Any]], Optional[Verdict]], ...] = (
+DETECTORS: tuple[Callable[[Sequence[RankSummary], VerdictContext], Optional[Verdict]], ...] = (
     straggler, input_bound, communication_bound, memory_creep, low_gpu_util, compute_bound)
 
 
-def _breakdown(live: Sequence[dict[str, Any]]) -> str:
+def _breakdown(live: Sequence[RankSummary]) -> str:
     """Each phase's share of the wall clock per step (median over ranks of mean / iteration)."""
     parts = []
     for ph in ("input", "forward", "backward", "optimizer", "comm", "outside"):
@@ -425,39 +421,35 @@ def _breakdown(live: Sequence[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def judge(ranks: Sequence[dict[str, Any]], ctx: dict[str, Any]) -> list[Verdict]:
-    """All verdicts for a run, primary first. ``ctx``: ``gpus`` (per-GPU util summary),
-    ``gpu_util_pct`` (overall mean or None), ``median_step_ms`` (the run's one median step,
-    :func:`~.stats.median_step_ms`, quoted by the verdicts), ``no_steps`` (why no rank recorded a
-    step, or None), ``step_source`` (how steps were found: report/steps.py), ``device``
-    (``cuda``/``cpu``/``unknown``), ``communication`` (the summary's section), ``world`` (world
-    size), ``nnodes`` and ``cpu_busy_pct``. A verdict that contradicts another one found
-    (:data:`CONTRADICTS`) is dropped."""
-    if ctx.get("no_steps"):
+def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
+    """All verdicts for a run, primary first, from the summary's ranks and what else is known of
+    the run (:class:`~.model.VerdictContext`: device, median step, GPUs, communication, ...). A
+    verdict that contradicts another one found (:data:`CONTRADICTS`) is dropped."""
+    if ctx.no_steps:
         from .steps import TWO_LINES
 
         return [_verdict(
-            "no_steps", "warning", ctx["no_steps"],
+            "no_steps", "warning", ctx.no_steps,
             f"add two lines to the script: `{TWO_LINES[0]}` at the top and `{TWO_LINES[1].split('  ')[0]}` "
             "around the body of each training step (docs: quickstart)", None)]
-    live = [r for r in ranks if r["phases"].get("step") and r["steady_steps"] >= T.MIN_STEPS]
+    live = [r for r in ranks if r.phases.get("step") and r.steady_steps >= T.MIN_STEPS]
     if not live:
-        most = max((r["steady_steps"] for r in ranks), default=0)
-        unit = ("optimizer steps" if ctx.get("step_source") not in (None, "trace_step")
+        most = max((r.steady_steps for r in ranks), default=0)
+        unit = ("optimizer steps" if ctx.step_source not in (None, "trace_step")
                 else "steps inside trace_step")
         return [_verdict(
             "no_clear_bottleneck", "info",
             f"too few steps to judge: at most {most} steady steps per rank (need {T.MIN_STEPS} "
             f"after {T.WARMUP_STEPS} warm-up steps)",
             f"run at least {T.MIN_STEPS + T.WARMUP_STEPS} {unit}", None)]
-    ctx = dict(ctx)
+    ctx = replace(ctx, found=dict(ctx.found))
     found: list[Verdict] = []
     for detect in DETECTORS:
         v = detect(live, ctx)
         if v is not None:
             found.append(v)
-            ctx[v["kind"]] = v
-    found = [v for v in found if not set(CONTRADICTS.get(v["kind"], ())) & set(ctx)]
+            ctx.found[v["kind"]] = v
+    found = [v for v in found if not set(CONTRADICTS.get(v["kind"], ())) & set(ctx.found)]
     if not found:
         found.append(_verdict(
             "no_clear_bottleneck", "info",

@@ -59,16 +59,15 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
         ranks.append(d)
         s = r.series
         if s:
-            w = int(s.get("width") or 1)
+            w = s.width
             out["series"].append({
                 "rank": r.rank,
-                "x": [i * w + (w - 1) / 2 for i in range(len(s.get("step_ms") or []))],
-                "step_ms": s.get("step_ms") or [], "own_ms": s.get("own_ms") or [],
-                "phases_ms": s.get("phases_ms") or {},
-                "mem_mib": [None if m is None else round(m / 1048576, 1) for m in s.get("mem_max") or []]})
+                "x": [i * w + (w - 1) / 2 for i in range(len(s.step_ms))],
+                "step_ms": s.step_ms, "own_ms": s.own_ms, "phases_ms": s.phases_ms,
+                "mem_mib": [None if m is None else round(m / 1048576, 1) for m in s.mem_max]})
     out["state"] = {"run_name": st.run_name, "world_size": st.world_size, "nnodes": st.nnodes,
                     "elapsed_s": st.elapsed_s, "records": st.records, "finishing": st.finishing,
-                    "verdict": verdict_so_far(st), "ranks": ranks,
+                    "verdict": v.to_json() if (v := verdict_so_far(st)) else None, "ranks": ranks,
                     "nodes": [asdict(n) for n in st.nodes]}
     return out
 

@@ -1,36 +1,24 @@
-"""The live snapshot: what the aggregator tells the live views, and how the views read it.
+"""The live snapshot as the views read it: ``snapshot`` frames -> :class:`LiveState`.
 
-Two halves, one data model:
-
-* :func:`snapshot_frame` runs **inside the aggregator's loop** when node 0's launcher sends
-  ``{"t": "snapshot", "id": N, "series": bool, "verdict": bool}`` on its control connection
-  (see wire/protocol.py). It first computes the statistics of frames still pending, then reads
-  the per-rank raw tail (kept in ``cli``/``dashboard`` modes only) and counters the aggregator
-  already keeps, costs O(ranks x recent records) (plus a provisional summary when ``verdict`` is asked
-  for, every few seconds) and never raises: an internal error comes back as ``"error"`` in the
-  frame, so a bug here cannot close the launcher's control connection.
-* :func:`read_snapshot` runs **in the launcher** and turns frames into :class:`LiveState`
-  (dataclasses the terminal view and the dashboard both render). Staleness is computed from the
-  aggregator's own clock (``server_time - last_seen``), so clock skew between processes does not
-  matter, and it keeps growing between snapshots (:meth:`LiveState.aged`): a view never freezes
-  on the last good numbers.
+The aggregator builds the frames (``aggregator/snapshot.py``, inside its loop, when node 0's
+launcher asks on its control connection). :func:`read_snapshot` runs **in the launcher** and turns
+frames into :class:`LiveState` (dataclasses the terminal view and the dashboard both render).
+Staleness is computed from the aggregator's own clock (``server_time - last_seen``), so clock skew
+between processes does not matter, and it keeps growing between snapshots
+(:meth:`LiveState.aged`): a view never freezes on the last good numbers.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
-if TYPE_CHECKING:
-    from ..aggregator.state import RunState
+from ..aggregator.snapshot import PHASES
+from ..report.document import Verdict
 
-#: at most this many ranks are described in one frame (live views are single-node: 8-16 ranks)
-MAX_RANKS = 128
-#: the "recent" statistics of a rank use its last records, at most this many
-RECENT_RECORDS = 64
-#: recent step times sent per rank for the terminal's sparkline
-SPARK_POINTS = 32
+__all__ = ["PHASES", "LiveState", "LiveSeries", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
+
 #: a connected rank is stale after max(STALE_MIN_S, STALE_STEPS x its recent step time) without
 #: data: clients ship every 50 ms, so 3 s of silence is never batching, and a 10 s step may
 #: legitimately be silent for a few steps
@@ -43,99 +31,7 @@ JOIN_GRACE_S = 30.0
 #: could only say "too few steps" (thresholds.WARMUP_STEPS + thresholds.MIN_STEPS)
 VERDICT_AFTER_STEPS = 25
 
-#: ``comm`` is the exposed communication (the wait), measured on distributed runs only
-PHASES = ("step", "input", "forward", "backward", "optimizer", "h2d", "comm")
-_COLS = tuple(p + "_ns" for p in PHASES)
 
-
-# --- aggregator side --------------------------------------------------------------------------------
-def snapshot_frame(state: "RunState", msg: dict[str, Any]) -> dict[str, Any]:
-    """The ``snapshot`` reply for one request, from the run state alone; never raises."""
-    rid = msg.get("id")
-    try:
-        return _build(state, msg, rid)
-    except Exception as exc:  # never let a view's request hurt the aggregator
-        return {"t": "snapshot", "id": rid, "error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-
-
-def _recent(rs: Any, k: int) -> dict[str, list[int]]:
-    """The last ``k`` records of a rank's raw tail, per column (oldest first)."""
-    parts: list[dict[str, list[int]]] = []
-    have = 0
-    for _seq, n, cols in reversed(rs.tail):
-        take = min(n, k - have)
-        parts.append({c: cols[c][n - take:] for c in _COLS + ("t_end_ns", "mem_peak")})
-        have += take
-        if have >= k:
-            break
-    out: dict[str, list[int]] = {c: [] for c in _COLS + ("t_end_ns", "mem_peak")}
-    for p in reversed(parts):
-        for c, v in p.items():
-            out[c].extend(v)
-    return out
-
-
-def _median(xs: list[int]) -> Optional[float]:
-    vals = sorted(v for v in xs if v >= 0)
-    if not vals:
-        return None
-    m = len(vals) // 2
-    return float(vals[m]) if len(vals) % 2 else (vals[m - 1] + vals[m]) / 2.0
-
-
-def _rank(rs: Any, series: bool) -> dict[str, Any]:
-    rec = _recent(rs, RECENT_RECORDS)
-    t = rec["t_end_ns"]
-    span = (t[-1] - t[0]) / 1e9 if len(t) >= 2 else 0.0
-    mem = [m for m in rec["mem_peak"] if m >= 0]
-    out = {
-        "rank": rs.rank, "node": rs.node, "host": rs.host, "local_rank": rs.local_rank, "pid": rs.pid,
-        "connected": rs.connected, "joined_at": rs.joined_at, "last_seen": rs.last_seen,
-        "closed_at": rs.closed_at, "bye": (rs.bye or {}).get("status"),
-        "error": ((rs.bye or {}).get("error") or "")[:300] or None,
-        "received": rs.received, "last_step": rs.last_step, "gaps": rs.gaps,
-        "client_dropped": rs.client_dropped,
-        "recent": {
-            "n": len(t), "span_s": round(span, 4),
-            "steps_per_s": round((len(t) - 1) / span, 3) if span > 0 else None,
-            "ms": {p: (None if (m := _median(rec[c])) is None else round(m / 1e6, 4))
-                   for p, c in zip(PHASES, _COLS)},
-            "mem_peak": mem[-1] if mem else None,
-            "spark_ms": [round(v / 1e6, 3) for v in rec["step_ns"][-SPARK_POINTS:] if v >= 0],
-        },
-    }
-    if series:  # the whole run so far, per step bucket (the same series as the report's)
-        from ..report.timeline import rank_series
-
-        s = rs.series
-        per = rank_series({"rank": rs.rank, "node": rs.node, "host": rs.host, "series": s.to_data()},
-                          s.width, s.used, 0.0)
-        out["series"] = {"width": s.width, "step_ms": per["step_ms"], "own_ms": per["own_ms"],
-                         "phases_ms": per["phases_ms"], "mem_max": per["mem_max_bytes"] or [None] * s.used}
-    return out
-
-
-def _build(st: "RunState", msg: dict[str, Any], rid: Any) -> dict[str, Any]:
-    s = st.settings
-    st.flush()  # statistics of frames received since the last flush (at most 1 s old)
-    frame: dict[str, Any] = {
-        "t": "snapshot", "id": rid, "server_time": time.time(), "started_at": s.started_at,
-        "run_name": s.run_name, "world_size": s.world_size, "nnodes": s.nnodes,
-        "nproc_per_node": s.nproc_per_node, "mode": s.mode, "records": st.records,
-        "finishing": st.finish is not None,
-        "ranks": [_rank(st.ranks[r], bool(msg.get("series"))) for r in sorted(st.ranks)[:MAX_RANKS]],
-        "system": [st.system[n].to_data() for n in sorted(st.system)[:MAX_RANKS]],
-        "counters": dict(st.counters),
-    }
-    if msg.get("verdict") and s.world_size <= MAX_RANKS:
-        from ..report.summary import build_summary
-
-        summ = build_summary(st.to_data(), provisional=True)
-        frame["verdict"] = {k: summ["verdict"].get(k) for k in ("kind", "severity", "why", "next_step", "culprit")}
-    return frame
-
-
-# --- launcher side ----------------------------------------------------------------------------------
 @dataclass
 class RankLive:
     rank: int
@@ -156,7 +52,8 @@ class RankLive:
     spark_ms: list[float]
     bye: Optional[str] = None
     error: Optional[str] = None
-    series: Optional[dict[str, Any]] = None
+    #: the whole run so far per step bucket (dashboard only), None when not asked for
+    series: Optional["LiveSeries"] = None
     #: steps/s over the last poll (from received counts), None before two snapshots
     rate: Optional[float] = None
 
@@ -171,6 +68,24 @@ class RankLive:
     @property
     def stale(self) -> bool:
         return self.state in ("stale", "gone") or (self.state == "waiting" and bool(self.note))
+
+
+@dataclass
+class LiveSeries:
+    """A rank's run so far, per bucket of ``width`` steps (the report's series, up to now)."""
+
+    width: int
+    step_ms: list[Optional[float]]
+    own_ms: list[Optional[float]]
+    phases_ms: dict[str, list[Optional[float]]]
+    mem_max: list[Optional[int]]
+
+    @classmethod
+    def from_frame(cls, s: Any) -> Optional["LiveSeries"]:
+        if not isinstance(s, dict):
+            return None
+        return cls(int(s.get("width") or 1), list(s.get("step_ms") or []), list(s.get("own_ms") or []),
+                   dict(s.get("phases_ms") or {}), list(s.get("mem_max") or []))
 
 
 @dataclass
@@ -203,7 +118,8 @@ class LiveState:
     records: int
     ranks: list[RankLive]
     nodes: list[NodeLive]
-    verdict: Optional[dict[str, Any]]
+    #: the verdict so far (the aggregator's provisional summary), None before one was asked for
+    verdict: Optional[Verdict]
     finishing: bool
     #: monotonic time this state was read (for :meth:`aged`)
     read_at: float = field(default_factory=time.monotonic)
@@ -321,7 +237,8 @@ def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
             state=state, age_s=age, note=note, last_step=int(r.get("last_step", -1)),
             received=int(r.get("received", 0)), steps_per_s=rec.get("steps_per_s"), ms=ms,
             mem_peak=rec.get("mem_peak"), spark_ms=list(rec.get("spark_ms") or []),
-            bye=r.get("bye"), error=r.get("error"), series=r.get("series"), rate=rate)
+            bye=r.get("bye"), error=r.get("error"), series=LiveSeries.from_frame(r.get("series")),
+            rate=rate)
     started = float(frame.get("started_at") or server_time)
     since_start = max(0.0, server_time - started)
     for rank in range(world):
@@ -355,7 +272,8 @@ def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
                   old.ram_used if old else None),
             (n.get("ram_total") or {}).get("max"), gpus,
             max(0.0, server_time - last_ts) if last_ts else None))
-    verdict = frame.get("verdict") or (prev_state.verdict if prev_state else None)
+    verdict = (Verdict.from_json(frame["verdict"]) if isinstance(frame.get("verdict"), dict)
+               else prev_state.verdict if prev_state else None)
     return LiveState(
         run_name=str(frame.get("run_name") or ""), world_size=world,
         nnodes=int(frame.get("nnodes") or 1), elapsed_s=since_start,

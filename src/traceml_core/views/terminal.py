@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
+from ..report.document import Verdict
 from .feed import LiveFeed
 from .snapshot import PHASES, VERDICT_AFTER_STEPS, LiveState, RankLive
 
@@ -70,7 +71,7 @@ def rate(r: RankLive) -> Optional[float]:
     return r.rate if r.rate is not None else r.steps_per_s
 
 
-def verdict_so_far(st: LiveState) -> Optional[dict]:
+def verdict_so_far(st: LiveState) -> Optional[Verdict]:
     if st.verdict and max((r.received for r in st.ranks), default=0) >= VERDICT_AFTER_STEPS:
         return st.verdict
     return None
@@ -150,7 +151,7 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
             parts.append(("" if st.nnodes == 1 else f"node {n.node} ") + text)
     v = verdict_so_far(st)
     if v:
-        parts.append(f"so far: {v.get('kind', '').replace('_', '-')}")
+        parts.append(f"so far: {v.kind.replace('_', '-')}")
     line = " | ".join(parts)
     stale = st.stale_ranks
     if stale:
@@ -265,7 +266,7 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     v = verdict_so_far(st)
     fixed = len(items) + 2 + len(st.nodes) * (2 if compact else 1) + min(8, len(st.stale_ranks))
     if v:
-        fixed += 1 + len(str(v.get("why") or "")) // max(20, width - 10)
+        fixed += 1 + len(v.why) // max(20, width - 10)
     rows_fit = max(1, min(MAX_ROWS, height - fixed - 2))
     t = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, header_style="bold")
     for name in cols:
@@ -303,9 +304,9 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     for r in st.stale_ranks[:8]:
         items.append(Text(f"rank {r.rank}: {r.note}", style="bold red"))
     if v:
-        items.append(Text.assemble(("so far: ", "bold"), (f"{v.get('kind', '').upper().replace('_', '-')}",
+        items.append(Text.assemble(("so far: ", "bold"), (v.label,
                                                           "bold magenta"),
-                                   f" ({v.get('severity')}): {v.get('why')}"))
+                                   f" ({v.severity}): {v.why}"))
     return Group(*items)
 
 

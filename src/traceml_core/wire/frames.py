@@ -19,13 +19,53 @@ from dataclasses import dataclass
 from operator import sub
 from typing import Any, Callable, Optional
 
+from .. import limits
+from ..limits import Limit
 from . import fold
-from .protocol import BYE_STATUSES, STEP_COLUMNS, STEP_SOURCES, ProtocolError
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
+                       SYSTEM_FIELDS, ProtocolError)
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
 MAX_VALUE = fold.MAX_VALUE
 MAX_TEXT = 4000
 MAX_RANKS_IN_REQ = 1 << 20
+
+# --- measured values: one physical bound per kind of field (traceml_core/limits.py) ----------------
+#: the bound of each step column (a frame holding a value past it is refused, its records lost and
+#: counted); the step index and the clock keep the protocol's own range
+COLUMN_LIMITS: dict[str, int] = {
+    "step": MAX_VALUE, "t_end_ns": MAX_VALUE, **{name: limits.STEP_NS.hi for name in DURATION_COLUMNS},
+    "mem_peak": limits.BYTES.hi, "comm_busy_ns": limits.STEP_NS.hi, "comm_bytes": limits.BYTES.hi,
+    "comm_bus_bytes": limits.BYTES.hi, "comm_calls": limits.CALLS.hi,
+}
+assert set(COLUMN_LIMITS) == set(STEP_COLUMNS), "every step column needs its bound"
+#: the bound of each field of a system sample (wire/protocol.SYSTEM_FIELDS, GPU_FIELDS)
+SAMPLE_LIMITS: dict[str, Limit] = {"cpu_pct": limits.PERCENT, "ram_used": limits.BYTES, "ram_total": limits.BYTES}
+GPU_LIMITS: dict[str, Limit] = {"util_pct": limits.PERCENT, "mem_used": limits.BYTES, "mem_total": limits.BYTES,
+                                "temp_c": limits.CELSIUS, "power_w": limits.WATTS}
+assert ("ts", *SAMPLE_LIMITS, "gpus") == SYSTEM_FIELDS and ("index", *GPU_LIMITS) == GPU_FIELDS
+#: samples in one ``system`` frame, GPUs in one sample
+MAX_SAMPLES_PER_FRAME = 10_000
+MAX_GPUS = 64
+#: where a validator counts the values it refused (left out as not measured) in the frame it
+#: returns; the receiver adds it to the run's ``values_refused`` (a peer cannot set it: validate
+#: removes it first)
+REFUSED = "refused_values"
+_NUM = (int, float)
+
+
+def measured(msg: dict[str, Any], v: Any, lim: Limit, what: str) -> Any:
+    """``v`` when it is a measurement within ``lim``; None (not measured, counted in
+    ``msg[REFUSED]``) for a number outside it, NaN and infinity included. None stays None; a
+    value that is not a number is a malformed frame."""
+    if v is None:
+        return None
+    if type(v) not in _NUM:
+        raise ProtocolError(f"{msg.get('t')}: {what} is not a number")
+    if lim.lo <= v <= lim.hi:  # False for NaN
+        return v
+    msg[REFUSED] = msg.get(REFUSED, 0) + 1
+    return None
 
 
 def _int(msg: dict[str, Any], key: str, *, lo: int = 0, optional: bool = False) -> None:
@@ -50,8 +90,9 @@ _INT_ONLY = {int}
 
 
 def check_columns(cols: Any, n: int) -> None:
-    """Every column of :data:`STEP_COLUMNS` a list of ``n`` integers in -1..MAX_VALUE (C-level
-    passes: the set of element types, ``max``, ``min``; no Python statement per value)."""
+    """Every column of :data:`STEP_COLUMNS` a list of ``n`` integers from -1 to the column's bound
+    (:data:`COLUMN_LIMITS`; C-level passes: the set of element types, ``max``, ``min``; no Python
+    statement per value)."""
     if type(cols) is not dict:
         raise ProtocolError("steps: cols must be a map")
     for name in STEP_COLUMNS:
@@ -62,8 +103,8 @@ def check_columns(cols: Any, n: int) -> None:
             continue
         if set(map(type, col)) != _INT_ONLY:
             raise ProtocolError(f"steps: column {name!r} holds non-integers")
-        if max(col) > MAX_VALUE or min(col) < -1:
-            raise ProtocolError(f"steps: column {name!r} holds a value out of range")
+        if max(col) > COLUMN_LIMITS[name] or min(col) < -1:
+            raise ProtocolError(f"steps: column {name!r} holds a value out of range (-1..{COLUMN_LIMITS[name]})")
 
 
 def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
@@ -75,6 +116,15 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
     _int(msg, "open", optional=True)
     check_columns(msg.get("cols"), msg["n"])
     return msg
+
+
+#: where ``v`` of a fold frame holds each column's maximum, and that column's bound: a window
+#: whose maxima are within the bounds holds only values within them (the rule of check_columns)
+_FOLD_MAXIMA = tuple(
+    [(fold.PHASE0 + i * fold.PW + fold.P_MAX, COLUMN_LIMITS[c]) for i, c in enumerate(DURATION_COLUMNS)]
+    + [(fold.MEM0 + fold.MEM.index("max"), COLUMN_LIMITS["mem_peak"])]
+    + [(fold.SUM0 + i * len(fold.SUMS) + fold.SUMS.index("max"), COLUMN_LIMITS[c])
+       for i, c in enumerate(SUM_COLUMNS)])
 
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
@@ -120,6 +170,8 @@ def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
     nc, r = len(fold.ROW_COUNTS), len(fold.ROW)
     if k and max(map(max, (v[a:a + nc] for a in range(fold.ROWS0, fold.ROWS0 + k * r, r)))) > n:
         raise ProtocolError("fold: a series row counts more records than the window holds")
+    if any(v[at] > lim for at, lim in _FOLD_MAXIMA):
+        raise ProtocolError("fold: a column's maximum is past its bound")
     return msg
 
 
@@ -162,13 +214,16 @@ def check_event(msg: dict[str, Any]) -> dict[str, Any]:
     if msg["kind"] == "step_source":
         msg["source"] = step_source(msg["text"]) if isinstance(msg.get("text"), str) else None
     _str(msg, "text", 2000)
-    if type(msg.get("ts")) not in (int, float):
-        msg["ts"] = None
+    ts = msg.get("ts")
+    msg["ts"] = measured(msg, ts, limits.EPOCH_S, "ts") if type(ts) in _NUM else None
     return msg
 
 
 #: worker rows a node may report (more are dropped: torchrun reports failures of one node)
 MAX_WORKER_ROWS = 1024
+#: characters kept of a failed worker's error line and of its traceback (the innermost part)
+MAX_WORKER_MESSAGE = 500
+MAX_WORKER_TRACEBACK = 2000
 
 
 def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
@@ -186,10 +241,15 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
             raise ProtocolError("workers: rank and exitcode must be integers")
         sig = w.get("signal")
         ts = w.get("ts")
+        ts = measured(msg, ts, limits.EPOCH_S, "workers ts") if type(ts) in _NUM else None
+        message, tb = w.get("message"), w.get("traceback")
         workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
                         "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
                         "signal": sig[:32] if isinstance(sig, str) else None,
-                        "ts": float(ts) if type(ts) in (int, float) else None})
+                        "ts": None if ts is None else float(ts),
+                        # Python's error of the worker, from torchrun's record (launcher/agent.py)
+                        "message": message[:MAX_WORKER_MESSAGE] if isinstance(message, str) else None,
+                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None})
     oom = msg.get("oom")
     if oom is not None:
         if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
@@ -247,10 +307,38 @@ def check_loss(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_system(msg: dict[str, Any]) -> dict[str, Any]:
+    """A node's samples (wire/protocol.SYSTEM_FIELDS), each value held to its field's bound:
+    a number past it (NaN and infinity included) becomes None, "not measured", and is counted; a
+    sample whose time stamp is not a time is left out (counted once). Anything that is not a
+    number where a number belongs makes the frame malformed. After this the aggregator
+    (aggregator/system.py) adds the samples up without another check."""
     _int(msg, "node")
     _str(msg, "host", 255, optional=True)
-    if type(msg.get("samples")) is not list:
+    samples = msg.get("samples")
+    if type(samples) is not list or len(samples) > MAX_SAMPLES_PER_FRAME:
         raise ProtocolError("system: samples must be a list")
+    out = []
+    for s in samples:
+        if type(s) is not dict:
+            raise ProtocolError("system: a sample is not a map")
+        if type(s.get("ts")) not in _NUM:
+            raise ProtocolError("system: sample without a numeric ts")
+        ts = measured(msg, s["ts"], limits.EPOCH_S, "ts")
+        if ts is None:  # not a time: the sample cannot be placed (its other values are not read)
+            continue
+        gpus = s.get("gpus") or []
+        if type(gpus) is not list or len(gpus) > MAX_GPUS:
+            raise ProtocolError("system: gpus must be a list")
+        checked = {k: measured(msg, s.get(k), lim, k) for k, lim in SAMPLE_LIMITS.items()}
+        checked["gpus"] = []
+        for g in gpus:
+            if type(g) is not dict or type(g.get("index")) is not int or not 0 <= g["index"] < 4096:
+                raise ProtocolError("system: a GPU sample needs an integer index")
+            checked["gpus"].append({"index": g["index"], **{k: measured(msg, g.get(k), lim, f"gpu {k}")
+                                                            for k, lim in GPU_LIMITS.items()}})
+        checked["ts"] = float(ts)
+        out.append(checked)
+    msg["samples"] = out
     return msg
 
 
@@ -450,6 +538,7 @@ def validate(kind: str, msg: dict[str, Any]) -> Optional[dict[str, Any]]:
     t = msg.get("t")
     if t not in ACCEPTS[kind]:
         return None
+    msg.pop(REFUSED, None)  # counted by the validator, never by the peer
     return VALIDATORS[t](msg)  # type: ignore[index]
 
 

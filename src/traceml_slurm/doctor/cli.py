@@ -15,6 +15,8 @@ import time
 import traceback
 from typing import TYPE_CHECKING, Mapping, Optional, Sequence
 
+from traceml_core.helpformat import ParagraphFormatter
+
 from .model import TORCH_CHECKS, CheckResult, JobInfo, Report, is_ignored
 from .progress import Progress
 from .thresholds import DEFAULT_TIMEOUT_S
@@ -40,7 +42,7 @@ class UsageError(Exception):
 
 def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="Preflight checks of a Slurm allocation for a TraceML run, "
-                                "on every node.", epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                                "on every node.", epilog=EPILOG, formatter_class=ParagraphFormatter)
     p.add_argument("script", nargs="?", help="the training script: checked to exist (and compile) on every node")
     p.add_argument("--local", action="store_true", help="check only this node (fast: under 2 s on a CPU node)")
     p.add_argument("--full", action="store_true", help="add the slow checks: an NCCL all-reduce bandwidth sweep on GPUs")
@@ -50,6 +52,9 @@ def build_parser(prog: str = "traceml slurm doctor") -> argparse.ArgumentParser:
     p.add_argument("--timeout", metavar="S", default=str(DEFAULT_TIMEOUT_S),
                    help=f"seconds any one wait may take: agents starting, a node answering, torch importing "
                         f"(default {DEFAULT_TIMEOUT_S:.0f})")
+    p.add_argument("--controller", choices=("auto", "pyslurm", "scontrol"), default="auto",
+                   help="how the ctl.* and time.* checks ask the Slurm controller: pyslurm when it imports, else "
+                        "scontrol (auto, the default), or only one of them")
     p.add_argument("-v", "--verbose", action="store_true", help="show every node's values, sources, and what runs")
     p.add_argument("--list", action="store_true", help="list the checks (id and title) and exit")
     return p
@@ -71,7 +76,8 @@ def parse_options(ns: argparse.Namespace) -> "Options":
         raise UsageError(str(exc)) from None
     if ns.full and ns.local:
         raise UsageError("--full adds cross-node bandwidth tests and --local checks one node only: use one of them.")
-    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose)
+    return Options(local=ns.local, full=ns.full, timeout=timeout, script=ns.script, ignore=ignore, verbose=ns.verbose,
+                   controller=ns.controller)
 
 
 def _results(outcomes: Mapping[str, object], specs, host: str, options: "Options") -> list[CheckResult]:  # type: ignore[no-untyped-def]
@@ -98,32 +104,25 @@ def early_torch_probe(ns: argparse.Namespace, environ: Mapping[str, str]) -> "Op
         return None
     if not timeout > 0:
         return None
-    from .torchprobe import ProbeProcess
+    from .torchprobe import INFO_ARGS, ProbeProcess
 
-    raw = environ.get("SLURM_GPUS_ON_NODE", "").strip()
-    gpus = raw.isdigit() and int(raw) > 0
-    if not gpus:
-        from traceml_core.sdk.samplers.nvml import NvmlUnavailable, load_nvml
-
-        try:
-            gpus = bool(load_nvml().devices())
-        except (NvmlUnavailable, Exception):  # noqa: BLE001 - the GPU checks report NVML trouble
-            gpus = False
     try:
-        return ProbeProcess(["info"] + (["--cuda-init"] if gpus else []), timeout, environ)
+        return ProbeProcess(INFO_ARGS, timeout, environ)
     except OSError:
         return None
 
 
 def run_doctor(options: "Options", environ: Mapping[str, str], progress: Progress, *,
                ctx: "Optional[NodeContext]" = None, torch_process: "Optional[ProbeProcess]" = None) -> Report:
+    from traceml_core.errors import ConfigError
+
     from ..context import Context
-    from .node import NodeContext, node_name
+    from .node import NodeContext
     from .registry import JOB_SPECS, NODE_SPECS, run_checks
 
     t0 = time.monotonic()
     ctx = ctx or NodeContext(environ, options, progress=progress, torch_process=torch_process)
-    host = node_name(ctx.environ)
+    host = ctx.node
     kind = ctx.context
     job_nodes = ctx.job_nodes()
     notes: list[str] = []
@@ -132,8 +131,11 @@ def run_doctor(options: "Options", environ: Mapping[str, str], progress: Progres
 
     try:
         if options.local or kind in (Context.NONE, Context.STEP):
-            step_nodes = ctx.environ.get("SLURM_STEP_NUM_NODES", "1")
-            if not options.local and kind is Context.STEP and step_nodes.isdigit() and int(step_nodes) > 1:
+            try:
+                step_nodes = ctx.facts.step_nodes if kind is Context.STEP else 1
+            except ConfigError:
+                step_nodes = None  # a malformed SLURM_* value: slurm.context says which
+            if not options.local and step_nodes is not None and step_nodes > 1:
                 raise UsageError(
                     f"this is one task of a {step_nodes}-node srun step: every node would run its own doctor. Run "
                     f"`traceml slurm doctor` once, from the batch script (before srun) or the salloc shell: it starts one "
@@ -155,11 +157,11 @@ def run_doctor(options: "Options", environ: Mapping[str, str], progress: Progres
                 worker.join(timeout=35.0)
             results = _results(job_out, JOB_SPECS, host, options) + node_and_cross
     except DoctorCannotRun as exc:
-        job = JobInfo(ctx.job_id, ctx.environ.get("SLURM_JOB_NAME"), job_nodes, kind.value, host, tier)
+        job = JobInfo(ctx.job_id, ctx.facts.job_name, job_nodes, kind.value, host, tier)
         return Report(job, [], time.monotonic() - t0, error=str(exc))
     finally:
         ctx.close()
-    job = JobInfo(ctx.job_id, ctx.environ.get("SLURM_JOB_NAME"), job_nodes, kind.value, host, tier)
+    job = JobInfo(ctx.job_id, ctx.facts.job_name, job_nodes, kind.value, host, tier)
     return Report(job, results, time.monotonic() - t0, notes=notes)
 
 
@@ -175,10 +177,11 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = "traceml slurm doc
         sys.stdout.write("".join(f"{cid:<24} {TITLES[cid]}\n" for cid in ALL_IDS))
         return 0
     progress = Progress(verbose=ns.verbose)
-    early = early_torch_probe(ns, os.environ)
+    environ = dict(os.environ)  # the process's environment, read once here: the facts are made of it
+    early = early_torch_probe(ns, environ)
     try:
         options = parse_options(ns)
-        report = run_doctor(options, os.environ, progress, torch_process=early)
+        report = run_doctor(options, environ, progress, torch_process=early)
     except UsageError as exc:
         if early is not None:
             early.kill()
@@ -199,7 +202,9 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = "traceml slurm doc
     if ns.json:
         render_json(report, sys.stdout)
     else:
-        render_text(report, sys.stdout, os.environ, verbose=ns.verbose)
+        from ..facts import Facts
+
+        render_text(report, sys.stdout, no_color=Facts.of(environ).env.no_color, verbose=ns.verbose)
     if report.error:
         sys.stderr.write(f"traceml slurm doctor: error: {report.error}\n")
     return report.exit_code

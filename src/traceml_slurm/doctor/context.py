@@ -1,17 +1,16 @@
-"""Slurm context checks: where we run, the task layout, the launch config, stale launcher variables."""
+"""Slurm context checks: where we run, the task layout, the launch config, stale launcher variables.
+
+They render the Slurm facts (:mod:`traceml_slurm.facts`), the same the resolver decides from: the
+layout check shows the resolver's layout decision and its refusals, never a second rule.
+"""
 
 from __future__ import annotations
 
 from traceml_core.errors import ConfigError
 
 from ..context import Context
-from ..hostlists import expand_tasks_per_node
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
-
-#: variables torchrun sets for each worker; inherited from a login shell they mislead scripts and us
-LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
-                 "NODE_RANK", "GROUP_RANK", "ROLE_RANK", "TORCHELASTIC_RUN_ID")
 
 
 def check_context(ctx: NodeContext) -> Outcome:
@@ -46,39 +45,34 @@ def check_context(ctx: NodeContext) -> Outcome:
 
 
 def check_tasks_per_node(ctx: NodeContext) -> Outcome:
-    """One launcher per node, or one task per GPU (the same on every node): judged on the step we run
-    in, or on the job's layout from a shell."""
+    """One launcher per node, or one task per GPU (the same on every node): the resolver's layout
+    decision for the step we run in, or, from a shell, for a bare `srun traceml run` of the job."""
     kind = ctx.context
     if kind is Context.NONE:
         return skipped("not inside a Slurm allocation")
-    env = ctx.environ
     in_step = kind in (Context.STEP, Context.INTERACTIVE_STEP)
     var = "SLURM_STEP_TASKS_PER_NODE" if in_step else "SLURM_TASKS_PER_NODE"
-    raw = env.get(var, "").strip()
-    if not raw:
-        return skipped(f"{var} is not set")
     try:
-        counts = expand_tasks_per_node(raw, var)
+        layout = ctx.facts.layout if in_step else ctx.facts.job_layout
     except ConfigError as exc:
-        return failed(str(exc), f"Unset {var}: Slurm sets it.")
-    most = max(counts)
-    nnodes = len(counts)
-    if most <= 1:
-        return passed(f"1 task per node ({var}={raw})", tasks_per_node=counts)
-    if len(set(counts)) > 1:
-        return failed(
-            f"the {'step' if in_step else 'job'} runs a different number of tasks on different nodes ({var}={raw}): "
-            "neither one launcher per node nor one task per GPU",
-            "Give every node the same tasks: `--ntasks-per-node=1` (one launcher per node) or "
-            "`--ntasks-per-node=G` with G GPUs per node (one task per GPU).", tasks_per_node=counts)
+        return failed(str(exc), f"Unset {exc.variable or var} if your script sets it: Slurm sets it.")
+    if layout is None:
+        return skipped(f"{var} is not set")
+    data = {"tasks_per_node": layout.text, "layout": layout.kind}
+    layout_refusals = [r for r in layout.refusals if r.variable == var]
+    if layout_refusals:
+        r = layout_refusals[0]
+        return failed(r.what, r.fix, **data)
+    if layout.kind == "node":
+        return passed(f"1 task per node ({var}={layout.text})", **data)
     if in_step:
         return passed(
-            f"{most} tasks per node ({var}={raw}): the one-task-per-GPU layout, each task one rank (the "
-            "launch config check below says whether the GPUs match)", tasks_per_node=counts, layout="task")
+            f"{layout.per_node} tasks per node ({var}={layout.text}): the one-task-per-GPU layout, each task one "
+            "rank (the launch config check below says whether the GPUs match)", **data)
     return passed(
-        f"the job has {most} tasks per node ({var}={raw}): a bare `srun traceml run` starts one task per GPU, "
-        f"each one rank (for one launcher per node: `srun --ntasks-per-node=1 traceml run train.py`)",
-        tasks_per_node=counts, layout="task")
+        f"the job has {layout.per_node} tasks per node ({var}={layout.text}): a bare `srun traceml run` starts one "
+        f"task per GPU, each one rank (for one launcher per node: `srun --ntasks-per-node=1 traceml run train.py`)",
+        **data)
 
 
 def _config_line(c) -> str:  # type: ignore[no-untyped-def]
@@ -105,10 +99,8 @@ def check_launch_config(ctx: NodeContext) -> Outcome:
 
 
 def check_stale_env(ctx: NodeContext) -> Outcome:
-    env = ctx.environ
-    found = {k: env[k] for k in LAUNCHER_VARS if env.get(k, "").strip()}
-    traceml = {k: v for k, v in env.items() if k.startswith("TRACEML_") and k not in ("TRACEML_TOKEN",)
-               and not k.startswith("TRACEML_DOCTOR_") and not k.startswith("TRACEML_CLUSTER_")}
+    found = dict(ctx.facts.env.launcher_vars)
+    traceml = dict(ctx.facts.env.traceml_vars)
     data = {"launcher_vars": found, "traceml_vars": traceml}
     if not found:
         extra = f"; TRACEML_* set: {', '.join(sorted(traceml))}" if traceml else ""

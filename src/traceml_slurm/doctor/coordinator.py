@@ -33,7 +33,7 @@ from .node import NodeContext, Options
 from .progress import Progress
 from .registry import NODE_SPECS, is_ignored
 from .thresholds import CONNECT_TIMEOUT_S, NCCL_SWEEP_BYTES
-from .wire import ENV_ADDR, ENV_OPTS, ENV_TOKEN, doctor_endpoint, gather, recv_by
+from .wire import ENV_ADDR, ENV_OPTS, ENV_TOKEN, command, doctor_endpoint, gather, recv_by
 
 AGENT_MODULE = "traceml_slurm.doctor.agent"
 
@@ -108,7 +108,7 @@ class Coordinator:
         self.ctx = ctx
         self.options: Options = ctx.options
         self.progress = progress
-        self.srun = srun or shutil.which("srun", path=ctx.environ.get("PATH"))
+        self.srun = srun or shutil.which("srun", path=ctx.facts.env.path)
         self.proc: Optional[subprocess.Popen[str]] = None
         self.srun_lines: collections.deque[str] = collections.deque(maxlen=40)
         self.server: Optional[socket.socket] = None
@@ -134,7 +134,7 @@ class Coordinator:
             raise DoctorCannotRun(f"cannot open a TCP port for the agents on this host: {exc}") from None
         port = self.server.getsockname()[1]
         addrs = advertised_addresses(nodes)
-        env = dict(self.ctx.environ)
+        env = dict(self.ctx.child_environ)
         env[ENV_ADDR] = ",".join(addrs) + f":{port}"
         env[ENV_TOKEN] = self.token
         env[ENV_OPTS] = json.dumps(self.options.to_wire())
@@ -237,7 +237,7 @@ class Coordinator:
             for _ in range(3):
                 t0 = time.time()
                 try:
-                    link.send({"t": "d.clock"})
+                    link.send(command("d.clock"))
                 except OSError:
                     break
                 reply = recv_by(link, time.monotonic() + 2.0)
@@ -256,8 +256,8 @@ class Coordinator:
                     ) -> tuple[dict[str, Any], dict[str, str], str]:
         c0 = facts[node0]["config"]
         bind = c0["aggregator_bind_host"]
-        ask = {"t": "d.listen", "ports": [{"port": c0["master_port"], "host": "0.0.0.0"},
-                                          {"port": c0["aggregator_port"], "host": bind}]}
+        ask = command("d.listen", ports=[{"port": c0["master_port"], "host": "0.0.0.0"},
+                                         {"port": c0["aggregator_port"], "host": bind}])
         ans = self.ask({node0: ask}, links, 5.0, "node 0 to open its ports").get(node0) or {}
         port_status = ans.get("ports") or {}
         listening = {"rendezvous": port_status.get(str(c0["master_port"]), "no answer from node 0"),
@@ -271,12 +271,12 @@ class Coordinator:
             agg_host = c["aggregator_host"]
             if node == node0:  # node 0's own workers reach the aggregator as the launcher tells them
                 agg_host = "127.0.0.1" if c["aggregator_bind_host"] in ("0.0.0.0", "::") else c["aggregator_bind_host"]
-            probes[node] = {"t": "d.probe", "timeout": CONNECT_TIMEOUT_S, "nonce": nonce, "targets": [
+            probes[node] = command("d.probe", timeout=CONNECT_TIMEOUT_S, nonce=nonce, targets=[
                 {"label": "rendezvous", "host": c["master_addr"], "port": c["master_port"]},
-                {"label": "aggregator", "host": agg_host, "port": c["aggregator_port"]}]}
+                {"label": "aggregator", "host": agg_host, "port": c["aggregator_port"]}])
         got = self.ask(probes, links, CONNECT_TIMEOUT_S + 3.0,
                        f"every node to connect to node 0's ports (at most {CONNECT_TIMEOUT_S:.0f} s each)")
-        self.ask({node0: {"t": "d.unlisten"}}, links, 3.0, "node 0 to close its ports")
+        self.ask({node0: command("d.unlisten")}, links, 3.0, "node 0 to close its ports")
         reach = {node: (r.get("results") or {}) for node, r in got.items()}
         for node in probes:
             reach.setdefault(node, {"rendezvous": {"status": "error", "detail": "no answer from the agent"},
@@ -287,15 +287,15 @@ class Coordinator:
                  ) -> dict[str, Outcome]:
         name = f".traceml-doctor-shared-{secrets.token_hex(6)}"
         nonce = secrets.token_bytes(16)
-        written = self.ask({node0: {"t": "d.fs-write", "name": name, "nonce": nonce}}, links, 5.0,
+        written = self.ask({node0: command("d.fs-write", name=name, nonce=nonce)}, links, 5.0,
                            "node 0 to write a file in the logs dir").get(node0) or {"ok": False, "error": "no answer"}
         reads: dict[str, Any] = {}
         if written.get("ok"):
-            others = {n: {"t": "d.fs-read", "name": name, "nonce": nonce, "wait": 2.0} for n in facts if n != node0}
+            others = {n: command("d.fs-read", name=name, nonce=nonce, wait=2.0) for n in facts if n != node0}
             reads = self.ask(others, links, 6.0, "the other nodes to read node 0's file")
             for n in others:
                 reads.setdefault(n, {"match": False, "error": "no answer from the agent", "path": "?"})
-            self.ask({node0: {"t": "d.fs-clean", "name": name}}, links, 3.0, "node 0 to remove its file")
+            self.ask({node0: command("d.fs-clean", name=name)}, links, 3.0, "node 0 to remove its file")
         c0 = facts[node0].get("config") or {}
         summary = os.path.join(str(facts[node0].get("logs_dir")), str(c0.get("run_name", "<run-name>")), "final_summary.json")
         return crossnode.logs_shared(node0, written, reads, summary)
@@ -309,7 +309,7 @@ class Coordinator:
             args = [kind, c["master_addr"], c["master_port"], f["node_rank"], world, timeout]
             if kind == "nccl":
                 args.append(",".join(str(s) for s in NCCL_SWEEP_BYTES))
-            cmds[node] = {"t": "d.torch", "args": args, "timeout": timeout + 5.0}
+            cmds[node] = command("d.torch", args=args, timeout=timeout + 5.0)
         label = "a gloo all-reduce across the nodes" if kind == "gloo" else "the NCCL bandwidth sweep"
         got = self.ask(cmds, links, timeout + 10.0, f"{label} (torch in a child process on each node)")
         for node in cmds:
@@ -323,9 +323,9 @@ class Coordinator:
         c0 = facts[node0]["config"]
         run = f"traceml-doctor-{secrets.token_hex(4)}"
         wait = min(self.options.timeout, 15.0)
-        started = self.ask({node0: {"t": "d.agg-start", "run": run, "job": self.ctx.job_id, "port": c0["aggregator_port"],
-                                    "bind_host": c0["aggregator_bind_host"], "nnodes": len(facts), "wait": wait,
-                                    "master_addr": c0["master_addr"]}},
+        started = self.ask({node0: command("d.agg-start", run=run, job=self.ctx.job_id, port=c0["aggregator_port"],
+                                           bind_host=c0["aggregator_bind_host"], nnodes=len(facts), wait=wait,
+                                           master_addr=c0["master_addr"])},
                            links, wait + 5.0, "node 0 to start the aggregator").get(node0) or {"ok": False}
         ranks = {n: int(f["node_rank"]) for n, f in facts.items()}
         sent: dict[str, Any] = {}
@@ -337,15 +337,15 @@ class Coordinator:
                 host = c["aggregator_host"]
                 if node == node0:  # as the launcher tells node 0's workers
                     host = "127.0.0.1" if c["aggregator_bind_host"] in ("0.0.0.0", "::") else c["aggregator_bind_host"]
-                cmds[node] = {"t": "d.agg-send", "host": host, "port": c["aggregator_port"], "run": run,
-                              "job": self.ctx.job_id, "rank": ranks[node], "world": len(facts),
-                              "timeout": CONNECT_TIMEOUT_S}
+                cmds[node] = command("d.agg-send", host=host, port=c["aggregator_port"], run=run,
+                                     job=self.ctx.job_id, rank=ranks[node], world=len(facts),
+                                     timeout=CONNECT_TIMEOUT_S)
             sent = self.ask(cmds, links, CONNECT_TIMEOUT_S * 2 + 3.0, "every node to send test telemetry to node 0")
             for node, cmd in cmds.items():
                 sent.setdefault(node, {"ok": False, "stage": "agent", "detail": "no answer from the agent"})
                 sent[node].setdefault("host", cmd["host"])
                 sent[node].setdefault("port", cmd["port"])
-            finished = self.ask({node0: {"t": "d.agg-finish", "expect": len(facts), "wait": 3.0}}, links, 25.0,
+            finished = self.ask({node0: command("d.agg-finish", expect=len(facts), wait=3.0)}, links, 25.0,
                                 "node 0's aggregator to write its summary").get(node0) or {}
         return crossnode.aggregator(started, sent, finished, ranks, node0)
 
@@ -353,27 +353,26 @@ class Coordinator:
                          ) -> dict[str, Outcome]:
         """The link probe of ``traceml run`` between the agents: every node serves it, node 0's
         agent runs the rounds (so the coordinator's host need not reach the nodes)."""
-        from traceml_core.linkprobe.analysis import failed
-        from traceml_core.linkprobe.probe import DEFAULT_BYTES, ROUNDS_BUDGET_S
+        from traceml_core import selftest
 
         names = [n for n, _ in sorted(facts.items(), key=lambda kv: int(kv[1]["node_rank"]))]
         ident = {"run": f"traceml-doctor-{secrets.token_hex(4)}", "job": self.ctx.job_id, "nnodes": len(names)}
-        serving = self.ask({n: {"t": "d.lp-serve", **ident, "node": i} for i, n in enumerate(names)}, links, 5.0,
+        serving = self.ask({n: command("d.lp-serve", **ident, node=i) for i, n in enumerate(names)}, links, 5.0,
                            "every node to start its link probe server")
         ports = [int((serving.get(n) or {}).get("port") or 0) for n in names]
         wait = 5.0
         try:
             if not ports[0]:
-                probe = failed(f"node 0's agent could not serve the probe: "
+                probe = selftest.probe_failed(f"node 0's agent could not serve the probe: "
                                f"{(serving.get(names[0]) or {}).get('error') or 'no answer'}")
             else:
-                asked = {names[0]: {"t": "d.lp-run", **ident, "hosts": names, "ports": ports,
-                                    "nbytes": DEFAULT_BYTES, "wait": wait, "budget": ROUNDS_BUDGET_S}}
-                got = self.ask(asked, links, wait + ROUNDS_BUDGET_S + 15.0,
+                asked = {names[0]: command("d.lp-run", **ident, hosts=names, ports=ports,
+                                           nbytes=selftest.DEFAULT_BYTES, wait=wait, budget=selftest.ROUNDS_BUDGET_S)}
+                got = self.ask(asked, links, wait + selftest.ROUNDS_BUDGET_S + 15.0,
                                "node 0 to measure the links between the nodes (link probe)")
-                probe = (got.get(names[0]) or {}).get("probe") or failed("no answer from node 0's agent")
+                probe = (got.get(names[0]) or {}).get("probe") or selftest.probe_failed("no answer from node 0's agent")
         finally:
-            self.ask({n: {"t": "d.lp-stop"} for n in names}, links, 3.0, "the nodes to stop their probe servers")
+            self.ask({n: command("d.lp-stop") for n in names}, links, 3.0, "the nodes to stop their probe servers")
         return crossnode.link_bandwidth(probe, names)
 
     # -- end -----------------------------------------------------------------------------------
@@ -381,7 +380,7 @@ class Coordinator:
     def stop(self, links: Mapping[str, Link]) -> None:
         for link in links.values():
             try:
-                link.send({"t": "d.bye"})
+                link.send(command("d.bye"))
             except OSError:
                 pass
             link.close()

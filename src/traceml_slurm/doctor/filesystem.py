@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from traceml_core.errors import ConfigError
+
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from .thresholds import LOGS_MIN_FREE_BYTES, SHM_MIN_BYTES_PER_CPU_WORKER, SHM_MIN_BYTES_PER_GPU
@@ -40,11 +42,15 @@ def logs_dir(ctx: NodeContext) -> tuple[str, str]:
     c = ctx.launch().config
     if c is not None:
         return c.logs_dir, c.source("logs_dir")
-    env = ctx.environ
+    env = ctx.facts.env.traceml_vars
     if env.get("TRACEML_LOGS_DIR"):
         return env["TRACEML_LOGS_DIR"], "env:TRACEML_LOGS_DIR"
-    if env.get("SLURM_SUBMIT_DIR"):
-        return env["SLURM_SUBMIT_DIR"].rstrip("/") + "/logs", "slurm:SLURM_SUBMIT_DIR"
+    try:
+        submit_dir = ctx.facts.vars.submit_dir
+    except ConfigError:
+        submit_dir = None
+    if submit_dir:
+        return submit_dir.rstrip("/") + "/logs", "slurm:SLURM_SUBMIT_DIR"
     return "./logs", "default"
 
 

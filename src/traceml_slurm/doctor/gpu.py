@@ -16,10 +16,11 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from traceml_core.selftest import GpuDevice
+
 from ..context import Context
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
-from traceml_core.sdk.samplers.nvml import GpuDevice
 from .thresholds import GPU_FOREIGN_MEMORY_BYTES
 
 NO_GPU = "no GPU"
@@ -29,13 +30,8 @@ NO_REAL_GPU_FIX = ("This node has no usable NVIDIA GPU. If the partition has non
 
 
 def visible_devices(ctx: NodeContext) -> Optional[list[str]]:
-    raw = ctx.environ.get("CUDA_VISIBLE_DEVICES")
-    if raw is None:
-        return None
-    raw = raw.strip()
-    if raw in ("", "NoDevFiles", "-1"):
-        return []
-    return [p.strip() for p in raw.split(",") if p.strip()]
+    visible = ctx.facts.env.cuda_visible_devices
+    return None if visible is None else list(visible)
 
 
 def allocated(devices: list[GpuDevice], visible: Optional[list[str]]) -> list[GpuDevice]:
@@ -91,7 +87,8 @@ def check_count(ctx: NodeContext) -> Outcome:
     nproc = _nproc(ctx)
     data = {"slurm": asked, "cuda_visible_devices": visible, "nvml": n_nvml, "torch": n_torch,
             "nproc_per_node": nproc, "nvml_error": nvml_error, "torch_error": torch.error}
-    witnesses = (f"SLURM_GPUS_ON_NODE={asked}, CUDA_VISIBLE_DEVICES="
+    slurm = (ctx.gpus().source or "slurm:SLURM_GPUS_ON_NODE").removeprefix("slurm:")
+    witnesses = (f"{slurm}={asked}, CUDA_VISIBLE_DEVICES="
                  f"{'unset' if visible is None else ','.join(visible) or 'empty'}, NVML "
                  f"{n_nvml if n_nvml is not None else 'unavailable'}, torch "
                  f"{n_torch if n_torch is not None else 'unavailable'}, nproc_per_node {nproc}")

@@ -5,8 +5,16 @@ from __future__ import annotations
 import fcntl
 import socket
 import struct
+from dataclasses import dataclass
 
-from .node import Interface
+
+@dataclass
+class Interface:
+    name: str
+    up: bool
+    addresses: tuple[str, ...] = ()
+    loopback: bool = False
+
 
 _SIOCGIFFLAGS = 0x8913
 _SIOCGIFADDR = 0x8915

@@ -11,7 +11,8 @@ import socket
 from typing import Optional
 
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
-from .node import Interface, NodeContext
+from .netinfo import Interface
+from .node import NodeContext
 
 #: variable -> (risky value test, why it matters)
 RISKY = {
@@ -168,7 +169,7 @@ def match_nccl_ifname(spec: str, interfaces: list[Interface]) -> list[Interface]
 
 
 def check_socket_ifname(ctx: NodeContext) -> Outcome:
-    env = ctx.environ
+    env = ctx.facts.env.comm_vars
     nccl = env.get("NCCL_SOCKET_IFNAME", "").strip()
     gloo = env.get("GLOO_SOCKET_IFNAME", "").strip()
     if not nccl and not gloo:
@@ -209,7 +210,7 @@ def check_socket_ifname(ctx: NodeContext) -> Outcome:
 
 
 def check_risky_vars(ctx: NodeContext) -> Outcome:
-    env = ctx.environ
+    env = ctx.facts.env.comm_vars
     found = []
     for var, why in RISKY.items():
         v = env.get(var, "").strip()

@@ -1,10 +1,12 @@
-"""What the checks of one node read: environment, options, and lazily-computed facts.
+"""What the checks of one node read: the Slurm facts, the options, and lazily-computed node facts.
 
-Everything a check touches goes through :class:`NodeContext`, so unit tests give it an environment
-mapping, a fake NVML, a ready :class:`~.torchprobe.TorchInfo` and fake interfaces, and run the very
-same check functions the agents run. Expensive facts (the launch config, NVML, torch in a child
-process) are computed once, on first use; torch is started early in the background because it is
-the slowest (:meth:`start_background`).
+Everything a check touches goes through :class:`NodeContext`: the job and the process environment as
+:class:`~traceml_slurm.facts.Facts` (the checks never read the environment mapping; it is only handed
+on to child processes), the launch config as ``traceml run`` resolves it, NVML, torch in a child
+process, the network interfaces and the controller. Unit tests give it an environment mapping, a
+fake NVML, a ready :class:`~.torchprobe.TorchInfo` and fake interfaces, and run the very same check
+functions the agents run. Expensive facts are computed once, on first use; torch is started early in
+the background because it is the slowest (:meth:`start_background`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,15 @@ from typing import Any, Callable, Mapping, Optional
 
 from traceml_core.config import LaunchConfig, resolve
 from traceml_core.errors import ConfigError
+from traceml_core.selftest import NvmlBackend as Nvml, NvmlUnavailable, load_nvml
 
-from ..context import Context, classify
-from ..hostlists import expand_nodelist
+from ..context import Context
+from ..facts import Facts, Gpus
 from ..settings import SlurmVars
-from traceml_core.sdk.samplers.nvml import NvmlBackend as Nvml, NvmlUnavailable, load_nvml
+from .netinfo import Interface
 from .progress import Progress, Quiet
 from .thresholds import DEFAULT_TIMEOUT_S
-from .torchprobe import ProbeProcess, TorchInfo
-
+from .torchprobe import INFO_ARGS, ProbeProcess, TorchInfo
 
 
 @dataclass(frozen=True)
@@ -39,23 +41,18 @@ class Options:
     script: Optional[str] = None
     ignore: frozenset[str] = frozenset()
     verbose: bool = False
+    #: the controller backend: "auto" (pyslurm when it imports, else scontrol), "pyslurm" or "scontrol"
+    controller: str = "auto"
 
     def to_wire(self) -> dict[str, Any]:
         return {"local": self.local, "full": self.full, "timeout": self.timeout, "script": self.script,
-                "ignore": sorted(self.ignore), "verbose": self.verbose}
+                "ignore": sorted(self.ignore), "verbose": self.verbose, "controller": self.controller}
 
     @classmethod
     def from_wire(cls, d: Mapping[str, Any]) -> "Options":
         return cls(bool(d.get("local")), bool(d.get("full")), float(d.get("timeout") or DEFAULT_TIMEOUT_S),
-                   d.get("script"), frozenset(d.get("ignore") or ()), bool(d.get("verbose")))
-
-
-@dataclass
-class Interface:
-    name: str
-    up: bool
-    addresses: tuple[str, ...] = ()
-    loopback: bool = False
+                   d.get("script"), frozenset(d.get("ignore") or ()), bool(d.get("verbose")),
+                   str(d.get("controller") or "auto"))
 
 
 @dataclass
@@ -87,7 +84,9 @@ class NodeContext:
         controller: Any = None,
         torch_process: Optional[ProbeProcess] = None,
     ) -> None:
-        self.environ = dict(environ)
+        #: the environment, handed on unread to the processes the doctor starts (torch probe, srun)
+        self.child_environ: Mapping[str, str] = dict(environ)
+        self.facts = Facts.of(self.child_environ)
         self.options = options
         self.hostname = hostname or socket.gethostname()
         self._nvml_loader = nvml_loader
@@ -106,37 +105,42 @@ class NodeContext:
         self.python = sys.executable
         self.python_version = ".".join(str(p) for p in sys.version_info[:3])
 
-    # -- Slurm ---------------------------------------------------------------------------------
+    # -- Slurm -----------------------------------------------------------------------------------
 
     @property
     def slurm(self) -> SlurmVars:
         """Raises ConfigError for a malformed SLURM_* variable (the context check reports it)."""
-        return SlurmVars.from_environ(self.environ)
+        return self.facts.vars
 
     @property
     def context(self) -> Context:
-        try:
-            return classify(self.slurm)
-        except ConfigError:
-            return Context.NONE if not self.environ.get("SLURM_JOB_ID") else Context.STEP
+        return self.facts.context_or_guess
 
     @property
     def job_id(self) -> Optional[str]:
-        return self.environ.get("SLURM_JOB_ID") or None
+        return self.facts.job_id
+
+    @property
+    def node(self) -> str:
+        """The node's Slurm name (as in SLURM_JOB_NODELIST), else its hostname."""
+        return self.facts.node_name or self.hostname
 
     def job_nodes(self) -> list[str]:
-        text = self.environ.get("SLURM_JOB_NODELIST") or self.environ.get("SLURM_NODELIST") or ""
         try:
-            return expand_nodelist(text, "SLURM_JOB_NODELIST") if text.strip() else []
+            return list(self.facts.job_hosts)
         except ConfigError:
             return []
 
-    def gpus_on_node(self) -> int:
-        raw = self.environ.get("SLURM_GPUS_ON_NODE", "").strip()
+    def gpus(self) -> Gpus:
+        """The GPUs Slurm gave this node (the same count the resolver starts workers for); none known
+        when a SLURM_* value is malformed (slurm.context says which)."""
         try:
-            return max(0, int(raw)) if raw else 0
-        except ValueError:
-            return 0
+            return self.facts.gpus
+        except ConfigError:
+            return Gpus(None, None)
+
+    def gpus_on_node(self) -> int:
+        return self.gpus().allocated
 
     # -- the launch config ---------------------------------------------------------------------
 
@@ -147,33 +151,19 @@ class NodeContext:
 
     def _resolve(self) -> ConfigOutcome:
         try:
-            return ConfigOutcome(resolve({}, self.environ, script=self.options.script))
+            return ConfigOutcome(resolve({}, self.facts.environ, script=self.options.script))
         except ConfigError as exc:
             first = str(exc)
-        ctx = self.context
-        if ctx in (Context.BATCH_SHELL, Context.SALLOC_SHELL):
+        if self.context in (Context.BATCH_SHELL, Context.SALLOC_SHELL):
             # `traceml run` refuses in this shell by design; show what node 0's srun step would get.
-            env = self.node0_step_environ()
-            if env is not None:
+            node0 = self.facts.node0_step()
+            if node0 is not None:
                 try:
-                    return ConfigOutcome(resolve({}, env, script=self.options.script), emulated=True,
+                    return ConfigOutcome(resolve({}, node0.environ, script=self.options.script), emulated=True,
                                          shell_refusal=first)
                 except ConfigError as exc:
                     return ConfigOutcome(error=str(exc), emulated=True, shell_refusal=first)
         return ConfigOutcome(error=first)
-
-    def node0_step_environ(self) -> Optional[dict[str, str]]:
-        """The environment `srun --ntasks-per-node=1 traceml run` would give its task on node 0."""
-        nodes = self.job_nodes()
-        if not nodes:
-            return None
-        n = len(nodes)
-        env = dict(self.environ)
-        env.update({"SLURM_STEP_ID": "0", "SLURM_STEP_NUM_NODES": str(n),
-                    "SLURM_STEP_NODELIST": self.environ.get("SLURM_JOB_NODELIST", ",".join(nodes)),
-                    "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})" if n > 1 else "1", "SLURM_NODEID": "0",
-                    "SLURM_STEP_NUM_TASKS": str(n), "SLURMD_NODENAME": nodes[0]})
-        return env
 
     def node_rank(self) -> Optional[int]:
         c = self.launch().config
@@ -183,8 +173,10 @@ class NodeContext:
             return 0  # the batch shell runs on the first node of the allocation
         if self.context is Context.SALLOC_SHELL:
             return None  # the login host is no node of the job
-        raw = self.environ.get("SLURM_NODEID", "")
-        return int(raw) if raw.isdigit() else None
+        try:
+            return self.facts.vars.nodeid
+        except ConfigError:
+            return None
 
     def is_node0(self) -> bool:
         return self.node_rank() == 0
@@ -211,18 +203,11 @@ class NodeContext:
         except Exception as exc:  # noqa: BLE001 - an NVML call failing mid-way
             return None, f"NVML error: {type(exc).__name__}: {exc}"
 
-    def wants_cuda_init(self) -> bool:
-        if self.gpus_on_node() > 0:
-            return True
-        devices, _ = self.nvml_devices()
-        return bool(devices)
-
     def start_background(self) -> None:
         """Start `import torch` in a child now: it is the slowest fact and overlaps everything else."""
         if self._torch_info is None and self._torch_proc is None:
-            args = ["info"] + (["--cuda-init"] if self.wants_cuda_init() else [])
             try:
-                self._torch_proc = ProbeProcess(args, self.options.timeout, self.environ, python=self.python)
+                self._torch_proc = ProbeProcess(INFO_ARGS, self.options.timeout, self.child_environ, python=self.python)
             except OSError as exc:
                 self._torch_info = TorchInfo(error=f"cannot start {self.python}: {exc}")
 
@@ -253,12 +238,8 @@ class NodeContext:
     def controller(self) -> Any:
         """The controller-facts backend (pyslurm or scontrol); raises ControllerError."""
         if self._controller is None:
-            from .controller import select_backend
+            from ..controller import select_backend
 
-            self._controller = select_backend(timeout=min(5.0, self.options.timeout))
+            prefer = None if self.options.controller == "auto" else self.options.controller
+            self._controller = select_backend(timeout=min(5.0, self.options.timeout), prefer=prefer)
         return self._controller
-
-
-def node_name(environ: Mapping[str, str]) -> str:
-    """The node's Slurm name (as in SLURM_JOB_NODELIST), else its hostname."""
-    return environ.get("SLURMD_NODENAME") or socket.gethostname()

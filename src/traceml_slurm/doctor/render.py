@@ -26,8 +26,8 @@ class Style:
         self.fancy = fancy
 
     @classmethod
-    def for_stream(cls, stream: IO[str], environ: Mapping[str, str]) -> "Style":
-        if environ.get("NO_COLOR") is not None or not getattr(stream, "isatty", lambda: False)():
+    def for_stream(cls, stream: IO[str], no_color: bool = False) -> "Style":
+        if no_color or not getattr(stream, "isatty", lambda: False)():
             return cls(False)
         try:
             "✓✗".encode(getattr(stream, "encoding", None) or "ascii")
@@ -128,8 +128,9 @@ def header(report: Report) -> str:
             f"{nodes}, from the {j.context} on {j.calling_host} ({j.tier} tier)")
 
 
-def render_text(report: Report, stream: IO[str], environ: Mapping[str, str], verbose: bool = False) -> None:
-    style = Style.for_stream(stream, environ)
+def render_text(report: Report, stream: IO[str], *, no_color: bool = False, verbose: bool = False) -> None:
+    """``no_color``: NO_COLOR is set (https://no-color.org); plain marks then, as when not a terminal."""
+    style = Style.for_stream(stream, no_color)
     out = [style.bold(header(report)), ""]
     current = None
     for r in report.sorted_results():

@@ -50,7 +50,7 @@ def check_nccl(ctx: NodeContext) -> Outcome:
 
 
 def _traceml_on_path(ctx: NodeContext) -> tuple[str | None, str | None]:
-    found = shutil.which("traceml", path=ctx.environ.get("PATH", ""))
+    found = shutil.which("traceml", path=ctx.facts.env.path)
     if not found:
         return None, None
     try:

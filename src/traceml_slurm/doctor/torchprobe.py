@@ -25,6 +25,10 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 MARKER = "TRACEML_DOCTOR_RESULT "
+#: what the doctor asks of torch on every node: versions, devices, and CUDA initialised on every
+#: device torch sees (when it sees none, CUDA's error, which the GPU checks show when Slurm allocated
+#: GPUs). Always the same, so it can start before anything else is known (doctor --local).
+INFO_ARGS = ("info", "--cuda-init")
 
 
 # -- parent side -----------------------------------------------------------------------------------

@@ -3,8 +3,9 @@ its summary.
 
 At the time limit Slurm sends SIGTERM to every step, waits ``KillWait`` seconds, then SIGKILLs.
 ``traceml run`` turns SIGTERM into "stop the workers, write the summary", which takes about
-:data:`~.thresholds.SUMMARY_BUDGET_S`. When KillWait is shorter, ``--signal=TERM@N`` (without
-``B:``) gives every step SIGTERM N seconds before the limit instead. Slurm 22.05 shows the
+:data:`~.thresholds.SUMMARY_BUDGET_S`. When KillWait is shorter, the advice is the one time-limit
+recipe (:mod:`traceml_slurm.timelimit`: ``#SBATCH --signal=TERM@120``, every step's tasks get
+SIGTERM 120 s before the limit). Slurm 22.05 shows the
 ``--signal`` of a job nowhere but in its batch script (``#SBATCH --signal=...``) or the submitting
 shell's ``SBATCH_SIGNAL``, so that is where we look. ``traceml run`` ignores USR1/USR2.
 """
@@ -16,6 +17,7 @@ import signal
 from dataclasses import dataclass
 from typing import Optional
 
+from ..timelimit import MARGIN_S, SBATCH_LINE
 from .controller import ControllerError, _facts, unavailable
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
@@ -53,7 +55,7 @@ def parse_signal(text: str) -> Optional[SignalSpec]:
 
 
 def find_signal(ctx: NodeContext) -> Optional[SignalSpec]:
-    env = ctx.environ.get("SBATCH_SIGNAL", "").strip()
+    env = ctx.facts.env.sbatch_signal
     if env:
         return parse_signal(env)
     script = _facts(ctx, "script")
@@ -133,15 +135,15 @@ def check_signal(ctx: NodeContext) -> Outcome:
             note = f"; --signal={spec.text} comes only {spec.seconds} s before the limit"
     if kill_wait is None:
         return warned(f"KillWait unknown (the controller did not say){note}",
-                      f"Add `#SBATCH --signal=TERM@{int(SUMMARY_BUDGET_S) * 2}` so TraceML stops in time to write the summary.",
+                      f"Add `{SBATCH_LINE}` so TraceML stops in time to write the summary.",
                       **data)
     if kill_wait >= SUMMARY_BUDGET_S:
         return passed(f"at the time limit: SIGTERM, then SIGKILL after KillWait={kill_wait:.0f} s, enough for TraceML's "
                       f"~{SUMMARY_BUDGET_S:.0f} s{note}", **data)
     return warned(f"KillWait={kill_wait:.0f} s: at the time limit TraceML gets {kill_wait:.0f} s between SIGTERM and "
                   f"SIGKILL, but stopping the workers and writing the summary takes ~{SUMMARY_BUDGET_S:.0f} s{note}",
-                  f"Add `#SBATCH --signal=TERM@{int(SUMMARY_BUDGET_S) * 2}`: every step then gets SIGTERM "
-                  f"{int(SUMMARY_BUDGET_S) * 2} s before the limit, and TraceML writes the summary in time.", **data)
+                  f"Add `{SBATCH_LINE}`: every step then gets SIGTERM {MARGIN_S} s before the limit, and "
+                  f"TraceML writes the summary in time.", **data)
 
 
 CHECKS = (

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from traceml_core.helpformat import ParagraphFormatter
+
 from .options import OPTIONS_GROUPS, TEMPLATE_OPTIONS
 
 #: flags that change what is shown, not the job: left out of the regeneration line in the header
@@ -29,15 +31,17 @@ Precedence: flag > --preset > default. See --print for where each value came fro
 
 EPILOG = """\
 examples:
-  traceml slurm template --nodes 2 --gpus-per-node 4 --time 2:00:00 train.py --epochs 3
-  traceml slurm template --preset pyxis --container-image nvcr.io#me/train:1 --nodes 4 train.py
-  traceml slurm template --print --nodes 2 train.py      # show it, with the source of every value
+  traceml slurm template --nodes 2 --gpus-per-node 4 --time 2:00:00 \\
+      train.py --epochs 3
+  traceml slurm template --preset pyxis --container-image nvcr.io#me/train:1 \\
+      --nodes 4 train.py
+  traceml slurm template --print --nodes 2 train.py  # print it, with sources
 """
 
 
 def add_template_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p = sub.add_parser("template", help="write a ready sbatch job for traceml run (one launcher per node)",
-                       description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=DESCRIPTION, epilog=EPILOG, formatter_class=ParagraphFormatter)
     out = p.add_argument_group("output")
     out.add_argument("-o", "--out-dir", metavar="DIR", default=None,
                      help="write <job-name>.sbatch (and launch.sh) here [default: . unless --print/--json only]")

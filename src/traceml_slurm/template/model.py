@@ -270,12 +270,12 @@ def _cross_check(values: dict[str, Any], sources: dict[str, str], notes: list[st
             notes.append(f"--signal-margin={margin} is short: the launcher may take up to 15 s to stop its workers "
                          f"before node 0 writes the summary; {MIN_COMFORTABLE_MARGIN_S} s or more is safer.")
         if limit is None:
-            notes.append(f"no --time: the partition's default limit applies, and the batch shell is signalled "
+            notes.append(f"no --time: the partition's default limit applies, and the step's tasks get SIGTERM "
                          f"{margin} s before it.")
         elif limit.unlimited:
             notes.append("no time limit: the early signal never fires (scancel and preemption still send SIGTERM).")
         else:
-            notes.append(f"Slurm signals the batch shell about {margin} s before the {limit.describe()} limit "
+            notes.append(f"Slurm sends the step's tasks SIGTERM about {margin} s before the {limit.describe()} limit "
                          f"(up to 60 s earlier: Slurm checks time limits about once a minute).")
 
 

@@ -14,6 +14,7 @@ from typing import Any, Callable, Optional
 from traceml_core import limits
 from traceml_core.options import MODES
 
+from ..timelimit import MARGIN_S
 from .slurmtime import FORMATS_TEXT, parse_time
 
 GPU_REQUESTS = ("gres", "gpus-per-node")
@@ -229,9 +230,9 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    "Slurm's stdout/stderr file name (sbatch --output).", "PATTERN"),
     TemplateOption("time", "value", parse_time_text, None, f"Time limit: {FORMATS_TEXT}.", "TIME", group="time",
                    default_doc="the partition's default"),
-    TemplateOption("signal_margin", "value", _int(0, 65535), 120,
-                   "Seconds before the time limit at which the batch shell is signalled and the step gets "
-                   "SIGTERM, so TraceML can write its summary. 0: no early signal.", "S", group="time"),
+    TemplateOption("signal_margin", "value", _int(0, 65535), MARGIN_S,
+                   "Seconds before the time limit at which the step's tasks get SIGTERM (sbatch "
+                   "--signal=TERM@S), so TraceML can write its summary. 0: no early signal.", "S", group="time"),
     TemplateOption("requeue", "tristate", None, None, "Allow (--requeue) or forbid (--no-requeue) requeueing; "
                    "a requeued run writes a new run directory.", group="time", default_doc="the site's default"),
     TemplateOption("setup", "list", parse_setup_line, (), "Shell line run once in the batch shell before srun "
@@ -252,7 +253,7 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    "(pyxis --container-mounts, apptainer --bind). Repeatable.", "SPEC", group="container"),
     TemplateOption("mode", "value", _choice(MODES), "summary", "TraceML mode; multi-node runs use summary.",
                    "MODE", group="run", choices=MODES),
-    TemplateOption("logs_dir", "value", _nonempty, None, "Where node 0 writes <run-name>/final_summary.{json,txt}.",
+    TemplateOption("logs_dir", "value", _nonempty, None, "Where node 0 writes <run-name>/final_summary.{json,txt,html}.",
                    "DIR", group="run", default_doc="$SLURM_SUBMIT_DIR/logs"),
 )
 

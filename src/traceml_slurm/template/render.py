@@ -12,13 +12,10 @@ What every generated job does, and why:
 - ``PYTHONUNBUFFERED=1``: output reaches the Slurm log as it happens.
 - ``TRACEML_TOKEN``: a fresh random token per job, exported before srun so Slurm hands it to every
   node's launcher through the step's environment (no shared file, never on the network).
-- Time limit: ``#SBATCH --signal=B:TERM@<margin>`` signals only the batch shell. Its trap must not
-  signal srun: srun turns a SIGTERM into SIGKILL for its tasks. It runs ``scancel --signal=TERM
-  $SLURM_JOB_ID`` instead, which delivers a plain SIGTERM to the job's steps (never to the batch
-  shell without ``--full``). Each launcher then stops its workers and node 0 writes the summary,
-  marked interrupted. srun runs in the background so the shell can run the trap while it waits;
-  ``wait`` returns early when a trap runs, so the shell waits again until srun has ended and exits
-  with srun's status.
+- Time limit: the one recipe (:mod:`traceml_slurm.timelimit`), ``#SBATCH --signal=TERM@<margin>``:
+  Slurm sends SIGTERM to the step's tasks (never to the batch shell or srun, which would turn it
+  into SIGKILL for its tasks) ``--signal-margin`` seconds before the limit. Each launcher then
+  stops its workers and node 0 writes the summary, marked interrupted.
 - Setup lines run with ``set +u`` (``module`` and ``conda activate`` scripts read unset variables)
   in the batch shell before srun, so node 0 starts its aggregator promptly after srun.
 """
@@ -32,6 +29,7 @@ from typing import Optional
 
 from traceml_core import __version__
 
+from ..timelimit import directive
 from .model import JobSpec, ResolvedJob
 
 WRAPPER_NAME = "launch.sh"
@@ -99,7 +97,7 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
     elif spec.requeue is False:
         d.append("--no-requeue")
     if spec.signal_margin > 0:
-        d.append(f"--signal=B:TERM@{spec.signal_margin}")
+        d.append(directive(spec.signal_margin))
     return d
 
 
@@ -195,44 +193,20 @@ def build_sbatch(job: ResolvedJob) -> str:
                    "# One task per GPU, each task one rank; each reads its rank from Slurm (no torchrun).")
     lines += [
         comment,
-        "# --kill-on-bad-exit=1: a failed node stops the others. In the background, so this shell can take",
-        "# the time-limit signal while it waits.",
-        _continued(srun_words(s), run) + " &",
-        "traceml_srun=$!",
-        "traceml_rc=0",
-        'wait "$traceml_srun" || traceml_rc=$?',
-        "# A trapped signal makes wait return early (status > 128) while srun still runs: wait again.",
-        'while kill -0 "$traceml_srun" 2>/dev/null; do',
-        f"{INDENT}traceml_rc=0",
-        f'{INDENT}wait "$traceml_srun" || traceml_rc=$?',
-        "done",
-        'exit "$traceml_rc"',
+        "# --kill-on-bad-exit=1: a failed node stops the others.",
+        _continued(srun_words(s), run),
     ]
     return "\n".join(lines) + "\n"
 
 
 def _signal_block(s: JobSpec) -> list[str]:
-    if s.signal_margin > 0:
-        why = [f"# Time limit: Slurm sends SIGTERM to this shell {s.signal_margin} s before the limit "
-               f"(--signal=B:TERM@{s.signal_margin})."]
-    else:
-        why = ["# SIGTERM to this shell (scancel --batch, preemption)."]
-    return why + [
-        "# Signalling srun would make it SIGKILL its tasks, so ask Slurm for a plain SIGTERM to the job's",
-        "# steps (scancel without --full never signals this shell): each launcher stops its workers and",
-        "# node 0 writes the summary, marked interrupted.",
-        "traceml_forwarded=0",
-        "traceml_forward_term() {",
-        f'{INDENT}if [ "$traceml_forwarded" = 0 ]; then',
-        f"{INDENT}{INDENT}traceml_forwarded=1",
-        f'{INDENT}{INDENT}echo "traceml-job: SIGTERM: asking the step to stop and write its summary" >&2',
-        f'{INDENT}{INDENT}scancel --signal=TERM "$SLURM_JOB_ID" ||',
-        f'{INDENT}{INDENT}{INDENT}echo "traceml-job: scancel failed; the step gets Slurm\'s own SIGTERM at the limit" >&2',
-        f"{INDENT}fi",
-        "}",
-        "trap traceml_forward_term TERM",
-        "",
-    ]
+    if s.signal_margin <= 0:
+        return ["# No early signal (--signal-margin 0): at the time limit Slurm sends SIGTERM and, KillWait",
+                "# seconds later, SIGKILL; node 0 writes the summary if that is long enough.", ""]
+    return [f"# Time limit: {s.signal_margin} s before it ({directive(s.signal_margin)}), Slurm sends SIGTERM to "
+            "every task of the step",
+            "# (not to this shell or srun): each launcher stops its workers and node 0 writes the summary,",
+            "# marked interrupted.", ""]
 
 
 def build_wrapper(job: ResolvedJob) -> str:

@@ -1,0 +1,357 @@
+"""The summary's typed parts: what one summary step hands the next (and the verdicts read).
+
+The summary is built from :class:`~traceml_core.rundata.RunData` by small pure steps
+(``report/summary.py``); each rank becomes a :class:`RankSummary`, the run's figures the verdicts
+need travel in a :class:`VerdictContext`. ``to_json`` of each class writes its part of
+``final_summary.json`` exactly as documented in ``docs/summary-schema.md`` (same keys, same order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from ..rundata import RankEvent
+
+
+def _d(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+@dataclass
+class PhaseSummary:
+    """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
+
+    count: int
+    mean_ms: Optional[float]
+    steady_mean_ms: Optional[float]
+    p50_ms: Optional[float] = None
+    p90_ms: Optional[float] = None
+    p99_ms: Optional[float] = None
+    max_ms: Optional[float] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "mean_ms": self.mean_ms, "steady_mean_ms": self.steady_mean_ms,
+                "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
+                "max_ms": self.max_ms}
+
+    @classmethod
+    def from_json(cls, p: Any) -> Optional["PhaseSummary"]:
+        if not isinstance(p, dict):
+            return None
+        return cls(p.get("count") or 0, p.get("mean_ms"), p.get("steady_mean_ms"), p.get("p50_ms"),
+                   p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"))
+
+
+@dataclass
+class CommSummary:
+    """One rank's communication per steady step (nccl-tests' algbw / busbw)."""
+
+    steps: int
+    exposed_ms: Optional[float]
+    exposed_fraction: Optional[float]
+    busy_ms: Optional[float]
+    overlap_fraction: Optional[float]
+    bytes_per_step: int
+    calls_per_step: float
+    algbw_gbps: Optional[float]
+    busbw_gbps: Optional[float]
+
+    #: the figures compared across ranks (the run's ``communication`` section), in its order
+    FIGURES = ("exposed_ms", "exposed_fraction", "busy_ms", "overlap_fraction", "bytes_per_step",
+               "calls_per_step", "algbw_gbps", "busbw_gbps")
+
+    def to_json(self) -> dict[str, Any]:
+        return {"steps": self.steps, **{k: getattr(self, k) for k in self.FIGURES}}
+
+    @classmethod
+    def from_json(cls, c: Any) -> Optional["CommSummary"]:
+        if not isinstance(c, dict):
+            return None
+        return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
+
+
+@dataclass
+class MemTrend:
+    """Peak memory early, in the middle and late in a rank's run (bytes); ``rising`` when
+    early < middle < late."""
+
+    early_bytes: int
+    middle_bytes: int
+    late_bytes: int
+    growth_bytes: int
+    growth_pct: Optional[float]
+    rising: bool
+
+    def to_json(self) -> dict[str, Any]:
+        return {"early_bytes": self.early_bytes, "middle_bytes": self.middle_bytes,
+                "late_bytes": self.late_bytes, "growth_bytes": self.growth_bytes,
+                "growth_pct": self.growth_pct, "rising": self.rising}
+
+    @classmethod
+    def from_json(cls, t: Any) -> Optional["MemTrend"]:
+        if not isinstance(t, dict):
+            return None
+        return cls(t.get("early_bytes") or 0, t.get("middle_bytes") or 0, t.get("late_bytes") or 0,
+                   t.get("growth_bytes") or 0, t.get("growth_pct"), bool(t.get("rising")))
+
+
+@dataclass
+class MemPeak:
+    max_bytes: int
+    mean_bytes: int
+    trend: Optional[MemTrend]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_bytes": self.max_bytes, "mean_bytes": self.mean_bytes,
+                "trend": self.trend.to_json() if self.trend else None}
+
+    @classmethod
+    def from_json(cls, m: Any) -> Optional["MemPeak"]:
+        if not isinstance(m, dict):
+            return None
+        return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")))
+
+
+@dataclass
+class RankTelemetry:
+    """One rank's record accounting: what arrived, what it produced, what may be unsent."""
+
+    received: int = 0
+    #: None for a rank that never joined (nothing bounds what it produced)
+    expected: Optional[int] = None
+    lost: Optional[int] = None
+    #: records it may have produced that nobody could count (0 after its goodbye; None: unbounded)
+    unsent_max: Optional[int] = None
+    gaps: int = 0
+    duplicates: int = 0
+    client_dropped: int = 0
+    relay_dropped: int = 0
+    rejected: int = 0
+    reconnects: int = 0
+    sketched: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"received": self.received, "expected": self.expected, "lost": self.lost,
+                "unsent_max": self.unsent_max, "gaps": self.gaps, "duplicates": self.duplicates,
+                "client_dropped": self.client_dropped, "relay_dropped": self.relay_dropped,
+                "rejected": self.rejected, "reconnects": self.reconnects, "sketched": self.sketched}
+
+    @classmethod
+    def from_json(cls, t: Any) -> "RankTelemetry":
+        t = _d(t)
+        return cls(t.get("received") or 0, t.get("expected"), t.get("lost"), t.get("unsent_max"),
+                   t.get("gaps") or 0, t.get("duplicates") or 0, t.get("client_dropped") or 0,
+                   t.get("relay_dropped") or 0, t.get("rejected") or 0, t.get("reconnects") or 0,
+                   t.get("sketched") or 0)
+
+
+@dataclass
+class ExitRecord:
+    """torchrun's record of a worker that failed: its exit code or the signal that ended it, and
+    Python's error when the worker wrote one (its last line, and the traceback)."""
+
+    exitcode: Optional[int] = None
+    signal: Optional[str] = None
+    message: Optional[str] = None
+    traceback: Optional[str] = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"exitcode": self.exitcode, "signal": self.signal, "message": self.message,
+                "traceback": self.traceback}
+
+    @classmethod
+    def from_json(cls, e: Any) -> Optional["ExitRecord"]:
+        if not isinstance(e, dict):
+            return None
+        return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
+
+
+@dataclass
+class RankSummary:
+    """One rank in the summary (``ranks[]``): how it ended, its phases and its telemetry."""
+
+    rank: int
+    node: Optional[int]
+    host: str
+    local_rank: Optional[int]
+    status: str
+    error: Optional[str] = None
+    #: records received (= traced steps that reached node 0)
+    steps: int = 0
+    steady_steps: int = 0
+    last_step: int = -1
+    #: records it said it produced (its goodbye), None without one
+    steps_produced: Optional[int] = None
+    fail_step: Optional[int] = None
+    fail_in_step: bool = False
+    failed_at: Optional[float] = None
+    exit: Optional[ExitRecord] = None
+    #: by phase name (``step``, ``forward``, ...); None where not measured
+    phases: dict[str, Optional[PhaseSummary]] = field(default_factory=dict)
+    outside_ms: Optional[float] = None
+    comm: Optional[CommSummary] = None
+    mem_peak: Optional[MemPeak] = None
+    telemetry: RankTelemetry = field(default_factory=RankTelemetry)
+    #: events it reported in all
+    events: int = 0
+    last_events: list[RankEvent] = field(default_factory=list)
+    #: set by the failure diagnosis (report/failure.py) on a failed run's failed ranks
+    failure: Optional[dict[str, Any]] = None
+
+    def steady_ms(self, phase: str) -> Optional[float]:
+        """Steady mean (ms) of a phase, ``outside`` included; None when not measured."""
+        if phase == "outside":
+            return self.outside_ms
+        ph = self.phases.get(phase)
+        return None if not ph else ph.steady_mean_ms
+
+    @property
+    def name(self) -> str:
+        """``rank 3 (node 1, gpu-node-1)``: how every sentence names a rank."""
+        host = f", {self.host}" if self.host else ""
+        return f"rank {self.rank} (node {self.node}{host})"
+
+    def culprit(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "host": self.host or None}
+
+    def to_json(self) -> dict[str, Any]:
+        out = {
+            "rank": self.rank, "node": self.node, "host": self.host, "local_rank": self.local_rank,
+            "status": self.status, "error": self.error, "steps": self.steps,
+            "steady_steps": self.steady_steps, "last_step": self.last_step,
+            "steps_produced": self.steps_produced, "fail_step": self.fail_step,
+            "fail_in_step": self.fail_in_step, "failed_at": self.failed_at,
+            "exit": self.exit.to_json() if self.exit else None,
+            "phases": {k: v.to_json() if v else None for k, v in self.phases.items()},
+            "outside_ms": self.outside_ms, "comm": self.comm.to_json() if self.comm else None,
+            "mem_peak": self.mem_peak.to_json() if self.mem_peak else None,
+            "telemetry": self.telemetry.to_json(), "events": self.events,
+            "last_events": [e.to_checkpoint() for e in self.last_events],
+        }
+        if self.failure is not None:
+            out["failure"] = self.failure
+        return out
+
+    @classmethod
+    def from_json(cls, r: Any) -> "RankSummary":
+        """A rank row of a summary (a partial summary's too: it has fewer fields)."""
+        r = _d(r)
+        return cls(
+            rank=r.get("rank", -1), node=r.get("node"), host=r.get("host") or "",
+            local_rank=r.get("local_rank"), status=r.get("status") or "unknown", error=r.get("error"),
+            steps=r.get("steps") or r.get("received") or 0, steady_steps=r.get("steady_steps") or 0,
+            last_step=r.get("last_step", -1), steps_produced=r.get("steps_produced"),
+            fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
+            failed_at=r.get("failed_at"), exit=ExitRecord.from_json(r.get("exit")),
+            phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
+            outside_ms=r.get("outside_ms"), comm=CommSummary.from_json(r.get("comm")),
+            mem_peak=MemPeak.from_json(r.get("mem_peak")),
+            telemetry=RankTelemetry.from_json(r.get("telemetry")), events=r.get("events") or 0,
+            last_events=[RankEvent.from_checkpoint(e) for e in r.get("last_events") or [] if isinstance(e, dict)],
+            failure=r.get("failure"))
+
+
+@dataclass
+class Spread:
+    """A figure across ranks: the median, and the least and most with their ranks."""
+
+    median: float
+    min: Any
+    min_rank: int
+    max: Any
+    max_rank: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median": self.median, "min": self.min, "min_rank": self.min_rank,
+                "max": self.max, "max_rank": self.max_rank}
+
+    @classmethod
+    def from_json(cls, s: Any) -> Optional["Spread"]:
+        if not isinstance(s, dict):
+            return None
+        return cls(s.get("median") or 0.0, s.get("min"), s.get("min_rank", -1), s.get("max"),
+                   s.get("max_rank", -1))
+
+
+@dataclass
+class Communication:
+    """The run's communication: each rank's figures side by side, and the link probe."""
+
+    measured: bool
+    ranks_measured: int
+    not_measured_why: Optional[str]
+    #: by :data:`CommSummary.FIGURES` name; None where no rank has it
+    spreads: dict[str, Optional[Spread]] = field(default_factory=dict)
+    probe: Optional[dict[str, Any]] = None
+
+    def median(self, figure: str) -> Optional[float]:
+        s = self.spreads.get(figure)
+        return None if s is None else s.median
+
+    def to_json(self) -> dict[str, Any]:
+        return {"measured": self.measured, "ranks_measured": self.ranks_measured,
+                "not_measured_why": self.not_measured_why,
+                **{k: (s.to_json() if s else None) for k, s in self.spreads.items()},
+                "probe": self.probe}
+
+    @classmethod
+    def from_json(cls, c: Any) -> "Communication":
+        c = _d(c)
+        return cls(bool(c.get("measured")), c.get("ranks_measured") or 0, c.get("not_measured_why"),
+                   {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
+
+
+@dataclass
+class GpuSummary:
+    """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node."""
+
+    node: int
+    index: int
+    samples: int
+    util_pct_mean: Optional[float]
+    util_pct_max: Optional[float]
+    mem_used_max: Optional[float]
+    mem_total: Optional[float]
+    temp_c_max: Optional[float]
+    power_w_mean: Optional[float]
+    power_w_max: Optional[float]
+
+    def to_json(self) -> dict[str, Any]:
+        """The node's row (without ``node``, which its node row says)."""
+        return {"index": self.index, "samples": self.samples, "util_pct_mean": self.util_pct_mean,
+                "util_pct_max": self.util_pct_max, "mem_used_max": self.mem_used_max,
+                "mem_total": self.mem_total, "temp_c_max": self.temp_c_max,
+                "power_w_mean": self.power_w_mean, "power_w_max": self.power_w_max}
+
+    @classmethod
+    def from_json(cls, g: Any, node: int) -> "GpuSummary":
+        """A GPU of node ``node``'s row."""
+        g = _d(g)
+        return cls(node, g.get("index", 0), g.get("samples") or 0, g.get("util_pct_mean"),
+                   g.get("util_pct_max"), g.get("mem_used_max"), g.get("mem_total"), g.get("temp_c_max"),
+                   g.get("power_w_mean"), g.get("power_w_max"))
+
+
+@dataclass
+class VerdictContext:
+    """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
+
+    #: ``cuda``, ``cpu`` or ``unknown`` (what the ranks computed on, as far as was measured)
+    device: str = "unknown"
+    world: int = 1
+    nnodes: int = 1
+    #: the run's one median step (every step of every rank), ms
+    median_step_ms: Optional[float] = None
+    #: how steps were found (report/steps.py): ``trace_step``, ``inferred``, a framework, ``mixed``
+    step_source: Optional[str] = None
+    #: why no rank recorded a step, or None
+    no_steps: Optional[str] = None
+    gpus: list[GpuSummary] = field(default_factory=list)
+    #: every GPU's mean utilisation, averaged; None without GPUs
+    gpu_util_pct: Optional[float] = None
+    #: the busiest node's mean CPU use, %
+    cpu_busy_pct: Optional[float] = None
+    communication: Optional[Communication] = None
+    #: the verdicts found so far, by kind (a later detector may defer to an earlier one)
+    found: dict[str, dict[str, Any]] = field(default_factory=dict)
