@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from aggregator_ingest import make_cols  # noqa: E402
-from traceml_core.aggregator.persist import pack_checkpoint  # noqa: E402
+from traceml_core.rundir import pack_checkpoint  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from aggregator_ingest import make_cols  # noqa: E402
 from traceml_core.aggregator.ingest import Ingest  # noqa: E402
-from traceml_core.aggregator.persist import pack_checkpoint  # noqa: E402
+from traceml_core.rundir import pack_checkpoint  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.launcher.relayframes import fold_frame  # noqa: E402

@@ -40,6 +40,9 @@ OTHER_VARIABLES = {
                       "before `srun` in multi-node jobs: every node's launcher then shares it through the step's "
                       "environment. Generated jobs do this. Without it, multi-node runs derive one from a per-user secret in "
                       "`~/.traceml/secret` (needs a home directory shared by the nodes). See [Security](security.md)."),
+    "TRACEML_PROMETHEUS_DIR": ("user", "`--export prometheus`: the directory of node_exporter's textfile "
+                               "collector where node 0 writes one file per node (`{host}` in it becomes the "
+                               "node's host name). Default: `<run-dir>/prometheus`. See [Exports](exports.md)."),
     "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
                             "addresses of the coordinator they connect back to."),
     "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "

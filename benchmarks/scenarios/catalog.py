@@ -2,25 +2,26 @@
 a correct classifier must give it (its ground truth).
 
 A verdict kind belongs to one *class* of the matrix: the cause it names, or ``none`` for the
-verdicts that describe a healthy run (``compute_bound``, ``no_clear_bottleneck``: information, not
-a problem). A scenario is judged right when the primary verdict's class is its ``expect``, the
+verdicts that describe a healthy run (``compute_bound``, ``no_clear_bottleneck``, and
+``cpu_contention``, other processes holding the node's cores: information about the machine, not
+a cause in the job). A scenario is judged right when the primary verdict's class is its ``expect``, the
 primary names the ``culprit`` rank and (for a straggler) puts the excess in ``phase`` where the
 scenario says so, and every kind in ``also`` follows among the other verdicts. Controls (``expect``
 ``none``) must have no ``warning`` or ``critical`` verdict at all, primary or not.
 
-Magnitudes are chosen against the control's step (an MLP on 8,192 samples: ~7 ms of compute on
-an idle core of the development machine, 15-25 ms when the machine is loaded), so each cause is
-clearly present whatever the load, never tuned to a threshold.
+Magnitudes are relative to each rank's own compute (``train.py``: "twice as slow", "a batch costs
+twice the compute to load"), so a cause is the same share of a step on an idle machine and on one
+shared with ten other jobs, and each is far from every threshold, never tuned to one.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 #: verdict kind -> class of the matrix (its column)
 CLASS_OF = {
-    "compute_bound": "none", "no_clear_bottleneck": "none",
+    "compute_bound": "none", "no_clear_bottleneck": "none", "cpu_contention": "none",
     "straggler": "straggler", "input_bound": "input_bound", "memory_creep": "memory_creep",
     "communication_bound": "communication_bound", "periodic_work": "periodic_work",
     "cpu_oversubscribed": "cpu_oversubscribed", "host_sync": "host_sync",
@@ -50,7 +51,8 @@ class Scenario:
     also: tuple[str, ...] = ()
     #: clear-cut: one cause, well above every threshold; must be stable across runs and modes
     clear_cut: bool = True
-    #: the cheapest scenario of its cause: in the CI subset
+    #: the cheapest scenario of its cause: in the CI subset (get_batch input is there already, in
+    #: tests/launcher/test_input_headline.py)
     ci: bool = False
     #: what the machine needs: "cpu" (any), "cuda"
     needs: str = "cpu"
@@ -66,33 +68,38 @@ def _s(name: str, cause: str, expect: str, *args: str, **kw: Any) -> Scenario:
     return Scenario(name=name, cause=cause, args=tuple(args), expect=expect, **kw)
 
 
-STEPS = "120"
+STEPS = "100"
 MiB_KIB = "2048"
+#: "twice as slow": the slow rank's extra work per step equals its own compute
+TWICE = "1.0"
 
 SCENARIOS: tuple[Scenario, ...] = (
     # --- controls: nothing wrong (batches made up front, compute far above the all-reduce) ------
     _s("control", "nothing (batches made up front)", "none", "--steps", STEPS, ci=True),
     _s("control-long", "nothing, 600 steps", "none", "--steps", "600"),
     # --- input --------------------------------------------------------------------------------
-    _s("loader", "DataLoader: slow __getitem__, 1 worker", "input_bound",
-       "--steps", STEPS, "--input", "loader", "--item-ms", "1.2", "--workers", "1", ci=True),
-    _s("loader-0w", "DataLoader: slow __getitem__, no workers", "input_bound",
-       "--steps", STEPS, "--input", "loader", "--item-ms", "0.6", "--workers", "0"),
-    _s("get-batch", "get_batch() before each step, no DataLoader", "input_bound",
-       "--steps", STEPS, "--input", "get_batch", "--fetch-ms", "25", ci=True),
+    _s("loader", "DataLoader: a batch costs 2x the compute to load, 1 worker", "input_bound",
+       "--steps", STEPS, "--input", "loader", "--item-factor", "2", "--workers", "1", ci=True),
+    _s("loader-0w", "DataLoader: a batch costs 1x the compute to load, no workers", "input_bound",
+       "--steps", STEPS, "--input", "loader", "--item-factor", "1", "--workers", "0"),
+    _s("get-batch", "get_batch() costing 1x the compute before each step, no DataLoader", "input_bound",
+       "--steps", STEPS, "--input", "get_batch", "--fetch-factor", "1"),
     # --- one slow rank, the extra work in each phase -------------------------------------------
-    _s("slow-forward", "rank 1 +12 ms in forward", "straggler",
-       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "forward", "--slow-ms", "12",
-       culprit=1, phase="forward", ci=True),
-    _s("slow-backward", "rank 1 +12 ms in backward", "straggler",
-       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "backward", "--slow-ms", "12",
+    _s("slow-forward", "rank 1 twice as slow, the extra in forward", "straggler",
+       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "forward", "--slow-factor", TWICE,
+       culprit=1, phase="forward"),
+    _s("slow-backward", "rank 1 twice as slow, the extra in backward", "straggler",
+       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "backward", "--slow-factor", TWICE,
        culprit=1, phase="backward"),
-    _s("slow-optimizer", "rank 0 +12 ms in the optimizer", "straggler",
-       "--steps", STEPS, "--slow-rank", "0", "--slow-phase", "optimizer", "--slow-ms", "12",
+    _s("slow-optimizer", "rank 0 twice as slow, the extra in the optimizer", "straggler",
+       "--steps", STEPS, "--slow-rank", "0", "--slow-phase", "optimizer", "--slow-factor", TWICE,
        culprit=0, phase="optimizer"),
-    _s("slow-nophase", "rank 1 +12 ms in no phase (inside the step)", "straggler",
-       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "nophase", "--slow-ms", "12",
+    _s("slow-nophase", "rank 1 twice as slow, the extra in no phase (inside the step)", "straggler",
+       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "nophase", "--slow-factor", TWICE,
        culprit=1, phase="nophase", ci=True),
+    _s("slow-input", "rank 1's batches cost 1x its compute to fetch (its data shard is slow)", "straggler",
+       "--steps", STEPS, "--slow-rank", "1", "--slow-phase", "input", "--slow-factor", TWICE,
+       culprit=1, phase="outside"),
     # --- memory ---------------------------------------------------------------------------------
     _s("creep-100-large", "rank 1 keeps 2 MiB per step, 100 steps", "memory_creep",
        "--steps", "100", "--leak-rank", "1", "--leak-kib", MiB_KIB, culprit=1, ci=True),
@@ -107,8 +114,8 @@ SCENARIOS: tuple[Scenario, ...] = (
     _s("plateau", "rank 1 keeps 2 MiB per step for 60 steps, then stops (250 steps)", "none",
        "--steps", "250", "--leak-rank", "1", "--leak-kib", MiB_KIB, "--leak-until", "60", ci=True),
     # --- between steps ------------------------------------------------------------------------
-    _s("periodic", "every 10 steps 200 ms between steps (evaluation)", "periodic_work",
-       "--steps", STEPS, "--every", "10", "--every-ms", "200", ci=True),
+    _s("periodic", "every 10 steps the compute of 10 steps between steps (evaluation)", "periodic_work",
+       "--steps", STEPS, "--every", "10", "--every-factor", "1", ci=True),
     # --- CPU ------------------------------------------------------------------------------------
     _s("oversubscribed", "4 torch threads per rank, 2 ranks, 2 cores", "cpu_oversubscribed",
        "--steps", STEPS, "--threads", "4", ci=True),
@@ -116,10 +123,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     _s("creep-slows", "rank 1 keeps 2 MiB per step and scans it (slows its rank)", "memory_creep",
        "--steps", "100", "--leak-rank", "1", "--leak-kib", MiB_KIB, "--leak-touch",
        culprit=1, also=("straggler",), clear_cut=False, ci=True),
-    _s("input-straggler", "synchronous slow loading on all ranks, and rank 1 +12 ms in forward",
-       "input_bound", "--steps", STEPS, "--input", "loader", "--item-ms", "1.2", "--workers", "0",
-       "--slow-rank", "1", "--slow-phase", "forward", "--slow-ms", "12",
-       also=("straggler",), clear_cut=False),
+    _s("input-straggler", "synchronous loading costing 1.5x the compute on all ranks, and rank 1 "
+       "0.5x slower in forward", "input_bound", "--steps", STEPS, "--input", "loader",
+       "--item-factor", "1.5", "--workers", "0", "--slow-rank", "1", "--slow-phase", "forward",
+       "--slow-factor", "0.5", also=("straggler",), clear_cut=False),
     # --- CUDA only ------------------------------------------------------------------------------
     _s("host-sync", "loss.item() every step (CUDA)", "host_sync", "--steps", STEPS, "--sync",
        needs="cuda"),
@@ -130,6 +137,23 @@ BY_NAME = {s.name: s for s in SCENARIOS}
 
 def ci_subset() -> list[Scenario]:
     return [s for s in SCENARIOS if s.ci]
+
+
+def shortened(sc: Scenario, steps: int) -> Scenario:
+    """The scenario with at most ``steps`` steps (the CI subset's budget), its other
+    step counts (a plateau's end) scaled with it."""
+    args = list(sc.args)
+    if "--steps" not in args:
+        return sc
+    i = args.index("--steps")
+    old = int(args[i + 1])
+    if old <= steps:
+        return sc
+    args[i + 1] = str(steps)
+    if "--leak-until" in args:
+        j = args.index("--leak-until")
+        args[j + 1] = str(max(1, int(args[j + 1]) * steps // old))
+    return replace(sc, args=tuple(args))
 
 
 @dataclass

@@ -16,7 +16,11 @@ from typing import Optional, Sequence
 from . import __version__
 from .errors import TraceMLError
 from .helpformat import ParagraphFormatter
+from .exporters import LIVE_KINDS
 from .options import EXPORT_KINDS, OPTIONS
+
+#: what `traceml report --export` writes from a finished run (the live ones go out during it)
+END_EXPORTS = tuple(k for k in EXPORT_KINDS if k not in LIVE_KINDS)
 
 RUN_EPILOG = """\
 The grammar is torchrun's: flags, then SCRIPT, then the script's arguments.
@@ -57,7 +61,7 @@ def _add_run_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     for o in OPTIONS:
         default = o.default_doc or o.default
         p.add_argument(o.flag, dest=o.key, metavar=o.metavar or None, default=None,
-                       help=f"{o.help} [{o.env}; default: {default}]")
+                       help=f"{o.help} [{o.env}; default: {default}]".replace("%", "%%"))
     p.add_argument("--print-config", action="store_true",
                    help="print the resolved launch config with the source of each value, then exit")
     p.add_argument("--json", action="store_true", help="with --print-config: print JSON only")
@@ -81,7 +85,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     r.add_argument("run_dir", help="the run directory <logs-dir>/<run-name>, or its final_summary.json")
     r.add_argument("--output", "-o", metavar="PATH", default=None,
                    help="where to write the page (default: final_summary.html beside the JSON)")
-    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=EXPORT_KINDS,
+    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=END_EXPORTS,
                    help="also write the run's series for another tool: tensorboard or jsonl (repeatable)")
     c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
     c.add_argument("a")
@@ -151,12 +155,10 @@ def cmd_run(argv: Sequence[str]) -> int:
 
 def print_config(config, script: Optional[str], script_args: Sequence[str], *, as_json: bool,
                  extra: Sequence[str] = (), notes: Sequence[str] = ()) -> int:
-    from .launcher.torchrun import torchrun_command
+    from .launcher.torchrun import torchrun_command, worker_command
 
     task = config.layout == "task"
     if task:
-        from .launcher.task import worker_command
-
         cmd = worker_command(script or "SCRIPT", script_args, module="--module" in extra,
                              no_python="--no-python" in extra)
     else:

@@ -27,7 +27,8 @@ from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
 #: keys that are not options but context a cluster may provide (job identity)
-CONTEXT_KEYS = ("job_id", "node_name", "job_end_time", "task_rank", "local_rank")
+CONTEXT_KEYS = ("job_id", "node_name", "job_start_time", "job_end_time", "restart_count", "task_rank",
+                "local_rank")
 #: the launch layouts (the ``layout`` option's resolved values); see LaunchConfig.layout
 NODE_LAYOUT, TASK_LAYOUT = "node", "task"
 
@@ -64,10 +65,15 @@ class LaunchConfig:
     dashboard_host: str = "127.0.0.1"
     dashboard_port: int = 0
     export: str = "none"
+    export_interval: float = 10.0
     job_id: Optional[str] = None
     node_name: Optional[str] = None
+    #: when the cluster started the job (its allocation), epoch seconds, if the cluster says
+    job_start_time: Optional[float] = None
     #: when the cluster will stop the job (its time limit), epoch seconds, if the cluster says
     job_end_time: Optional[float] = None
+    #: how often the cluster requeued the job before this run (0: never), if the cluster says
+    restart_count: Optional[int] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's
     #: node list); lets node 0 name a node that never joined. Not printed with the other values.
     hostnames: tuple[str, ...] = ()
@@ -93,6 +99,12 @@ class LaunchConfig:
 
     def source(self, key: str) -> str:
         return self.sources.get(key, "default")
+
+    def flag_source(self, key: str) -> str:
+        """Where ``key`` came from as the user wrote it: the flag (``--hang-timeout``) for a
+        command-line value, else the source (``env:TRACEML_HANG_TIMEOUT``, ``slurm:...``)."""
+        src = self.source(key)
+        return "--" + key.replace("_", "-") if src == "cli" else src
 
     def items(self) -> list[tuple[str, Any, str]]:
         keys = [o.key for o in OPTIONS] + list(CONTEXT_KEYS)

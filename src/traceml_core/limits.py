@@ -97,6 +97,8 @@ STATUS_INTERVAL_S = Limit("status interval", 0.1, 3_600.0, "from 0.1 s to an hou
                           "seconds")
 REFRESH_S = Limit("refresh interval", 0.05, 60.0, "redrawing more than 20 times a second only burns CPU",
                   "seconds")
+EXPORT_INTERVAL_S = Limit("export interval", 1.0, 3_600.0, "from a second (each export builds a summary "
+                          "of the run so far) to an hour", "seconds")
 #: Slurm job and step ids are 32-bit unsigned integers (slurm.h: NO_VAL is 0xfffffffe)
 JOB_ID = Limit("Slurm job id", 0, 4_294_967_294, "Slurm job ids are 32-bit")
 RESTARTS = Limit("restart count", 0, 65_535, "Slurm's restart counter is 16-bit")
@@ -117,7 +119,7 @@ PATH_CHARS = Limit("path length", 1, 4_096, "PATH_MAX on Linux", "characters")
 # field); docs/wire-protocol.md lists them (generated). A value outside is not a measurement (a bug
 # or an attack): a step column past its bound gets its frame refused, a float sample past it (NaN
 # and infinity included) becomes "not measured", and both are counted in the summary. The bounds
-# also keep every sum node 0 keeps far from what a checkpoint can hold (aggregator/persist.py
+# also keep every sum node 0 keeps far from what a checkpoint can hold (rundir.py
 # stores an integer of any size anyway).
 #: one phase of one step, in nanoseconds: 2**52 ns is 52 days
 STEP_NS = Limit("duration of a step phase", 0, 2**52, "52 days: no training step lasts that long", "ns")
@@ -136,7 +138,7 @@ MEASURED: tuple[Limit, ...] = (EPOCH_S, STEP_NS, BYTES, CALLS, PERCENT, CELSIUS,
 
 #: every limit, in the order the documentation lists them (names are unique: models refer to them)
 ALL: tuple[Limit, ...] = (NODES, NODE_RANK, PROCS_PER_NODE, GPUS_PER_NODE, WORLD_SIZE, PORT, PORT_OR_AUTO,
-                          WAIT_S, HANG_S, STATUS_INTERVAL_S, REFRESH_S, JOB_ID, RESTARTS, CPUS_PER_TASK, TASKS, TASK_RANK, LOCAL_RANK, EPOCH_S,
+                          WAIT_S, HANG_S, STATUS_INTERVAL_S, REFRESH_S, EXPORT_INTERVAL_S, JOB_ID, RESTARTS, CPUS_PER_TASK, TASKS, TASK_RANK, LOCAL_RANK, EPOCH_S,
                           NODELIST_CHARS, HOST_CHARS, PATH_CHARS, STEP_NS, BYTES, CALLS, PERCENT, CELSIUS, WATTS)
 
 assert len({lim.name for lim in ALL}) == len(ALL)

@@ -22,8 +22,9 @@ from .limits import Limit
 from .valuetypes import Kind
 
 MODES = ("summary", "cli", "dashboard")
-#: what --export can write besides the summary (traceml_core/report/export.py)
-EXPORT_KINDS = ("tensorboard", "jsonl")
+#: what --export can write besides the summary: at the end (traceml_core/report/export.py), and
+#: during the run (traceml_core/exporters, exporters.LIVE_KINDS)
+EXPORT_KINDS = ("tensorboard", "jsonl", "wandb", "mlflow", "prometheus")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 
 
@@ -227,10 +228,15 @@ OPTIONS: tuple[Option, ...] = (
            "goes on (--hang-timeout decides whether to stop it).", "S|auto|off",
            default_doc="auto"),
     Option("export", _exports, "none",
-           "Also write the run's per-step series for other tools, from node 0's aggregator at the "
-           "end of the run: tensorboard (event files in <run-dir>/tensorboard; needs the "
-           "tensorboard extra) and/or jsonl (<run-dir>/steps.jsonl, a line per step bucket); "
-           "comma-separated. Never fails training.", "KINDS"),
+           "Also send the run's per-step series to other tools, from node 0's aggregator; "
+           "comma-separated. During the run (every --export-interval): wandb, mlflow, prometheus "
+           "(node_exporter textfiles); at the end: tensorboard (<run-dir>/tensorboard), jsonl "
+           "(<run-dir>/steps.jsonl). Each needs its extra (pip install traceml-slurm[wandb]); a "
+           "slow or failing one never slows training or costs the summary (docs/exports.md).",
+           "KINDS"),
+    Option("export_interval", limits.EXPORT_INTERVAL_S, 10.0,
+           "Seconds between live exports (wandb, mlflow, prometheus); longer on large runs, where "
+           "building one takes longer (at most 5 % of the time).", "S"),
     Option("link_probe", _link_probe, str(LINK_PROBE_MB),
            "Multi-node: before training, node 0 measures the TCP bandwidth between the nodes' "
            "launchers (each node sends up to this many MB, for at most 1 s, to each of two other "

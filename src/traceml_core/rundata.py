@@ -24,7 +24,7 @@ Serialised = dict[str, Any]
 
 
 # --- one rank ----------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class PhaseData:
     """One duration column (``step_ns``, ``forward_ns``, ...) of one rank, in nanoseconds.
 
@@ -63,6 +63,10 @@ class PhaseData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "PhaseData":
+        try:  # the usual case, every field there: the fast way (node 0 holds thousands of these)
+            return cls(**d)
+        except TypeError:
+            pass
         return cls(d.get("count", 0), d.get("sum", 0), d.get("max", -1),
                    d.get("min", -1), d.get("warm_count", 0), d.get("warm_sum", 0),
                    d.get("unmeasured", 0), dict(d.get("sketch") or {}))
@@ -73,7 +77,7 @@ class PhaseData:
                 "unmeasured": self.unmeasured, "sketch": self.sketch}
 
 
-@dataclass
+@dataclass(slots=True)
 class TotalsData:
     """A column that only needs totals (communication bytes, calls, busy time): -1 values left out."""
 
@@ -90,6 +94,10 @@ class TotalsData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "TotalsData":
+        try:
+            return cls(**d)
+        except TypeError:
+            pass
         return cls(d.get("count", 0), d.get("sum", 0), d.get("max", -1),
                    d.get("warm_count", 0), d.get("warm_sum", 0))
 
@@ -98,7 +106,7 @@ class TotalsData:
                 "warm_count": self.warm_count, "warm_sum": self.warm_sum}
 
 
-@dataclass
+@dataclass(slots=True)
 class MemData:
     """Peak memory per step (bytes): records that measured it, their sum and the largest."""
 
@@ -114,7 +122,7 @@ class MemData:
         return {"count": self.count, "sum": self.sum, "max": self.max}
 
 
-@dataclass
+@dataclass(slots=True)
 class OutsideData:
     """Time between one traced step's end and the next one's start (ns): sum over ``count`` gaps."""
 
@@ -133,7 +141,7 @@ class OutsideData:
         return {"sum": self.sum, "count": self.count}
 
 
-@dataclass
+@dataclass(slots=True)
 class RankBye:
     """A rank's own goodbye: how it ended, how many records it produced, where it failed."""
 
@@ -156,7 +164,7 @@ class RankBye:
                 "fail_step": self.fail_step, "fail_in_step": self.fail_in_step}
 
 
-@dataclass
+@dataclass(slots=True)
 class RankEvent:
     """An event a rank reported (``exception``, ``error``, ``warning``, ...), text bounded."""
 
@@ -172,7 +180,7 @@ class RankEvent:
         return {"kind": self.kind, "text": self.text, "ts": self.ts}
 
 
-@dataclass
+@dataclass(slots=True)
 class StepSource:
     """How a rank's steps are found (its ``step_source`` event, sdk/source.py)."""
 
@@ -206,7 +214,7 @@ class StepSource:
         return out
 
 
-@dataclass
+@dataclass(slots=True)
 class RankData:
     """Everything node 0 knows about one global rank: identity, connection, loss accounting,
     its ending and its statistics."""
@@ -321,7 +329,7 @@ class RankData:
 
 
 # --- nodes and the end -----------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class WorkerExit:
     """torchrun's record of one failed worker (its launcher passes it on): exit code or signal."""
 
@@ -347,7 +355,7 @@ class WorkerExit:
                 "message": self.message, "traceback": self.traceback}
 
 
-@dataclass
+@dataclass(slots=True)
 class OomReport:
     """A node's memory cgroup after the run: OOM kills it counted and its limit."""
 
@@ -372,7 +380,29 @@ def _workers(v: Any) -> list[WorkerExit]:
     return [WorkerExit.from_checkpoint(w) for w in v or []]
 
 
-@dataclass
+@dataclass(slots=True)
+class TorchrunEnd:
+    """How a node's torchrun ended, as its launcher reported it (launcher/run.py)."""
+
+    exitcode: Optional[int] = None
+    #: the signal that killed it, only when its launcher did not send it (the OOM killer, a user)
+    signal: Optional[str] = None
+    #: when it ended (epoch seconds)
+    at: Optional[float] = None
+    #: when its launcher, signalled itself (scancel, srun stopping the step), began stopping it
+    stopped_at: Optional[float] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["TorchrunEnd"]:
+        if not d:
+            return None
+        return cls(d.get("exitcode"), d.get("signal"), d.get("at"), d.get("stopped_at"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"exitcode": self.exitcode, "signal": self.signal, "at": self.at, "stopped_at": self.stopped_at}
+
+
+@dataclass(slots=True)
 class NodeBye:
     """A node launcher's own end (nodes other than 0): its status, exit code and worker report."""
 
@@ -383,23 +413,55 @@ class NodeBye:
     #: its OOM report; ``has_oom`` False when the launcher sent none
     oom: Optional[OomReport] = None
     has_oom: bool = False
+    #: how its torchrun ended (None: not said)
+    torchrun: Optional[TorchrunEnd] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["NodeBye"]:
         if d is None:
             return None
         return cls(d.get("status"), d.get("exit_code"), d.get("at"), _workers(d.get("workers")),
-                   OomReport.from_checkpoint(d.get("oom")), "oom" in d)
+                   OomReport.from_checkpoint(d.get("oom")), "oom" in d,
+                   TorchrunEnd.from_checkpoint(d.get("torchrun")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status, "exit_code": self.exit_code, "at": self.at,
                                "workers": [w.to_checkpoint() for w in self.workers]}
         if self.has_oom:
             out["oom"] = self.oom.to_checkpoint() if self.oom else None
+        if self.torchrun is not None:
+            out["torchrun"] = self.torchrun.to_checkpoint()
         return out
 
 
-@dataclass
+@dataclass(slots=True)
+class LaunchLifecycle:
+    """When one node's launch entered each phase (traceml_core/launcher/lifecycle.py), epoch
+    seconds, as its launcher reported it at the end (node 0 in its finish, the others in their
+    goodbye): what the goodput ledger divides the allocation's time by."""
+
+    #: phase name (wire/protocol.LAUNCH_PHASES) -> when it began, in the order they came
+    phases: dict[str, float] = field(default_factory=dict)
+    #: when the node's relay first received a step record; None when none did
+    first_step: Optional[float] = None
+    #: when the cluster started the job (its allocation); None when it did not say
+    allocation_start: Optional[float] = None
+    #: how often the cluster requeued the job before this run; None when it did not say
+    restarts: Optional[int] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["LaunchLifecycle"]:
+        if d is None:
+            return None
+        return cls({str(p): float(at) for p, at in d.get("phases") or []}, d.get("first_step"),
+                   d.get("allocation_start"), d.get("restarts"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"phases": [[p, at] for p, at in self.phases.items()], "first_step": self.first_step,
+                "allocation_start": self.allocation_start, "restarts": self.restarts}
+
+
+@dataclass(slots=True)
 class NodeData:
     """One node as node 0 saw it: who joined when, through what, and how its launcher ended."""
 
@@ -413,20 +475,22 @@ class NodeData:
     #: its launcher's connection closed without a goodbye at this time
     left_at: Optional[float] = None
     bye: Optional[NodeBye] = None
+    lifecycle: Optional[LaunchLifecycle] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "NodeData":
         return cls(d["node"], str(d.get("host") or ""), d.get("joined_at"), str(d.get("via") or ""),
                    d.get("nproc"), bool(d.get("connected")), d.get("left_at"),
-                   NodeBye.from_checkpoint(d.get("bye")))
+                   NodeBye.from_checkpoint(d.get("bye")), LaunchLifecycle.from_checkpoint(d.get("lifecycle")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"node": self.node, "host": self.host, "joined_at": self.joined_at, "via": self.via,
                 "nproc": self.nproc, "connected": self.connected, "left_at": self.left_at,
-                "bye": self.bye.to_checkpoint() if self.bye else None}
+                "bye": self.bye.to_checkpoint() if self.bye else None,
+                "lifecycle": self.lifecycle.to_checkpoint() if self.lifecycle else None}
 
 
-@dataclass
+@dataclass(slots=True)
 class Finish:
     """How the run ended, as node 0's launcher reported it (or, when the aggregator was gone, as
     the launcher told ``traceml summarize``)."""
@@ -443,6 +507,8 @@ class Finish:
     #: node 0's OOM report; ``has_oom`` False when the launcher sent none
     oom: Optional[OomReport] = None
     has_oom: bool = False
+    #: how node 0's torchrun ended (None: not said)
+    torchrun: Optional[TorchrunEnd] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Finish"]:
@@ -450,7 +516,8 @@ class Finish:
             return None
         return cls(d.get("exit_code"), bool(d.get("interrupted")), str(d.get("reason") or ""),
                    [n for n in d.get("failed_nodes") or []], d.get("source"), d.get("at"),
-                   _workers(d.get("workers")), OomReport.from_checkpoint(d.get("oom")), "oom" in d)
+                   _workers(d.get("workers")), OomReport.from_checkpoint(d.get("oom")), "oom" in d,
+                   TorchrunEnd.from_checkpoint(d.get("torchrun")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         out: dict[str, Any] = {"exit_code": self.exit_code, "interrupted": self.interrupted,
@@ -459,11 +526,13 @@ class Finish:
                                "workers": [w.to_checkpoint() for w in self.workers]}
         if self.has_oom:
             out["oom"] = self.oom.to_checkpoint() if self.oom else None
+        if self.torchrun is not None:
+            out["torchrun"] = self.torchrun.to_checkpoint()
         return out
 
 
 # --- system evidence -------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class Running:
     """count / sum / max of a sampled metric (``max`` None: never sampled)."""
 
@@ -484,7 +553,7 @@ class Running:
         return {"n": self.n, "sum": self.sum, "max": self.max}
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuData:
     """One GPU's sampled metrics (the system frame's, wire/frames.GPU_LIMITS), each running."""
 
@@ -507,7 +576,7 @@ class GpuData:
 GPU_METRICS = tuple(f.name for f in fields(GpuData) if f.name != "index")
 
 
-@dataclass
+@dataclass(slots=True)
 class OverTime:
     """A node's metrics over wall-clock time: ``used`` buckets of ``width_s`` from ``t0``; per
     metric the bucket means (``mean``) or maxima (``max``), None where nothing was sampled."""
@@ -529,7 +598,7 @@ class OverTime:
                 "max": self.max}
 
 
-@dataclass
+@dataclass(slots=True)
 class SystemData:
     """One node's system evidence: CPU, RAM and per-GPU metrics (running), and over time."""
 
@@ -562,7 +631,7 @@ class SystemData:
 
 
 # --- hangs -------------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class HangReport:
     """One hang autopsy (report/hang.py builds it): where each rank was stuck when no rank had
     completed a step for ``silent_s``. ``groups`` and ``ranks`` are the JSON rows the summary's
@@ -579,6 +648,10 @@ class HangReport:
     #: records node 0 had received when the autopsy started: more later means training went on
     records_at: int = 0
     collect_s: Optional[float] = None
+    #: when step records reached node 0 again (the stall resolved), and how long none had:
+    #: from the last records before the stall to the first after it (None: not resolved)
+    resolved_at: Optional[float] = None
+    stall_s: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "HangReport":
@@ -586,13 +659,16 @@ class HangReport:
                    d.get("threshold_s") or 0.0, str(d.get("threshold_source") or ""),
                    str(d.get("finding") or ""), list(d.get("culprits") or []),
                    list(d.get("groups") or []), list(d.get("ranks") or []),
-                   d.get("records_at") or 0, d.get("collect_s"))
+                   d.get("records_at") or 0, d.get("collect_s"), d.get("resolved_at"), d.get("stall_s"))
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
-                "threshold_source": self.threshold_source, "finding": self.finding,
-                "culprits": list(self.culprits), "groups": self.groups, "ranks": self.ranks,
-                "records_at": self.records_at, "collect_s": self.collect_s}
+        out = {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
+               "threshold_source": self.threshold_source, "finding": self.finding,
+               "culprits": list(self.culprits), "groups": self.groups, "ranks": self.ranks,
+               "records_at": self.records_at, "collect_s": self.collect_s}
+        if self.stall_s is not None:
+            out.update(resolved_at=self.resolved_at, stall_s=self.stall_s)
+        return out
 
     def culprit_row(self) -> Optional[dict[str, Any]]:
         """The first culprit's autopsy row (rank, node, host, ...), None when nobody is named."""
@@ -602,7 +678,7 @@ class HangReport:
 
 
 # --- the run -----------------------------------------------------------------------------------------
-@dataclass
+@dataclass(slots=True)
 class RunSettings:
     """What the launcher told the aggregator about the run (``AggregatorSettings.public()``,
     without the tokens); ``public`` keeps every field for the checkpoint."""
@@ -643,7 +719,7 @@ class RunSettings:
         return dict(self.public)
 
 
-@dataclass
+@dataclass(slots=True)
 class RunData:
     """The whole run as node 0 knows it: settings, ranks, nodes, system evidence, hangs, the
     launcher's finish, and the aggregator's own counters.

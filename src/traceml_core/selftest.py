@@ -24,17 +24,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-from .sdk.samplers.nvml import FakeNvml, GpuDevice, GpuProcess, NvmlBackend, NvmlUnavailable, fake_gpus, load_nvml
-
 if TYPE_CHECKING:
     from .linkprobe.probe import ProbeRun
 
 #: step records each node sends in a test (send_test_telemetry)
 TEST_RECORDS = 3
-#: the link probe's names, imported on first use (the probe and its analysis cost ~0.3 s to import,
-#: which a doctor --local never needs)
+#: names imported on first use: the link probe and its analysis cost ~0.3 s to import, the SDK's
+#: samplers package ~0.1 s, and a doctor --local on a CPU node needs neither before it answers
+_NVML = ".sdk.samplers.nvml"
 _LAZY = {"DEFAULT_BYTES": ".linkprobe.probe", "ROUNDS_BUDGET_S": ".linkprobe.probe", "ProbeRun": ".linkprobe.probe",
-         "ProbeServer": ".linkprobe.probe", "probe_failed": ".linkprobe.analysis"}
+         "ProbeServer": ".linkprobe.probe", "probe_failed": ".linkprobe.analysis", "FakeNvml": _NVML,
+         "GpuDevice": _NVML, "GpuProcess": _NVML, "NvmlBackend": _NVML, "NvmlUnavailable": _NVML, "fake_gpus": _NVML,
+         "load_nvml": _NVML}
 
 
 def __getattr__(name: str) -> Any:

@@ -85,8 +85,13 @@ class SlurmEnvironment(ClusterEnvironment):
         values["aggregator_port"] = Setting(aggregator_port, v.source("job_id"))
         if v.nodename:
             values["node_name"] = Setting(v.nodename, v.source("nodename"))
+        if v.job_start_time:  # Slurm >= 23.02; 0 or absent: not known
+            values["job_start_time"] = Setting(float(v.job_start_time), v.source("job_start_time"))
         if v.job_end_time:  # Slurm >= 23.02; 0 or absent: not known
             values["job_end_time"] = Setting(float(v.job_end_time), v.source("job_end_time"))
+        # Slurm sets it once the job was requeued; unset: it never was
+        values["restart_count"] = (Setting(v.restart_count, v.source("restart_count")) if v.restart_count
+                                   is not None else Setting(0, "slurm:unset SLURM_RESTART_COUNT"))
         if v.submit_dir:
             values["logs_dir"] = Setting(v.submit_dir.rstrip("/") + "/logs", v.source("submit_dir"))
         values["run_name"] = self._run_name(v)

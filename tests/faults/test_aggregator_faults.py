@@ -14,7 +14,7 @@ import statistics
 import subprocess
 import time
 
-from traceml_core.aggregator.persist import CHECKPOINT_NAME, load_checkpoint
+from traceml_core.rundir import CHECKPOINT_NAME, load_checkpoint
 
 from harness import (PY, Launch, aggregator_pid, assert_counted, assert_no_leftovers, base_env,
                      run)

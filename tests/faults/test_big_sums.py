@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from aggpeers import RankPeer, columns
-from traceml_core.aggregator.persist import load_checkpoint
+from traceml_core.rundir import load_checkpoint
 
 
 def wait_checkpoint(r, cond, timeout: float = 60.0) -> list:

@@ -100,6 +100,9 @@ def test_controls_a_short_pause_gets_nothing_and_a_stall_that_ends_is_a_warning(
     assert long.code == 0 and "[traceml] hang report:" in long.err
     s = long.summary()
     assert s["hang"]["resumed"] is True and s["verdict"]["kind"] != "hang"
+    # the stall's length, once it resolved (issue 27, finding 6): about the pause
+    assert REPORT_AFTER < s["hang"]["stall_s"] < REPORT_AFTER + 6 + 4, s["hang"]
+    assert "[traceml] the stall is over: steps reach node 0 again after" in long.err
     also = [v for v in s["other_verdicts"] if v["kind"] == "hang"]
     assert also and also[0]["severity"] == "warning"
     # every rank paused in its own code (an evaluation): nobody waits in a collective

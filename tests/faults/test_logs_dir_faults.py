@@ -86,11 +86,14 @@ def test_disk_full_mid_run_moves_the_files_and_says_why(tmp_path, mount):
     assert any("No space left on device" in n and str(where) in n for n in s["notes"]), s["notes"]
     assert f"[traceml] summary: {where / 'final_summary.json'}" in r.err
     assert "No space left on device" in r.out  # the printed summary's note
+    # said when it happened, in the job's log (issue 27, finding 7), not only in the summary
+    moved = f"traceml-aggregator: could not write to {small / 'logs' / 'full'} (No space left on device)"
+    assert moved in r.err and r.err.index(moved) < r.err.index("[traceml] workers ended"), r.err[-3000:]
     assert s["telemetry"]["records_received"] == 150 and s["telemetry"]["complete"]
     assert_no_leftovers(r)
     # `traceml summarize` of the original RUN_DIR finds the newer checkpoint in the fallback
     from traceml_core.report.summarize import find_checkpoint
-    from traceml_core.aggregator import persist
+    from traceml_core import rundir as persist
     old_tmp = persist.tempfile.tempdir
     persist.tempfile.tempdir = str(fb)
     try:

@@ -138,7 +138,7 @@ def test_a_checkpoint_planted_by_another_user_cannot_forge_a_summary(shared, pyt
     own = logs / "r1" / "aggregate.state"
     # the attacker's copy of a real checkpoint, with a forged reason, newer than the victim's
     sys.path.insert(0, str(REPO / "src"))
-    from traceml_core.aggregator.persist import load_checkpoint, pack_checkpoint
+    from traceml_core.rundir import load_checkpoint, pack_checkpoint
 
     doc = load_checkpoint(own)
     state = doc["state"]

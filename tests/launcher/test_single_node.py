@@ -117,7 +117,7 @@ def _wait_for(path: Path, timeout: float = 60) -> None:
 
 def _wait_for_records(path: Path, timeout: float = 120) -> None:
     """Until the aggregator's checkpoint holds step records (training is running and reporting)."""
-    from traceml_core.aggregator.persist import load_checkpoint
+    from traceml_core.rundir import load_checkpoint
 
     deadline = time.monotonic() + timeout
     while True:

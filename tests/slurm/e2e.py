@@ -38,6 +38,26 @@ def hostnames(data: dict[str, Any]) -> list[str]:
 
 # ---- loss accounting against the truth (tests/faults/faulty_train.py's progress files) -------------
 
+def check_lifecycles(data: dict[str, Any]) -> None:
+    """Every node's launch lifecycle reached the summary (launcher/lifecycle.py): its phases in
+    order, its first step inside training, the cluster's facts (allocation start: Slurm 23.02 and
+    later; 22.05 does not say) before anything of ours, and no requeue."""
+    import datetime
+
+    def t(iso: str) -> float:
+        return datetime.datetime.fromisoformat(iso).timestamp()
+
+    for node in data["topology"]["nodes"]:
+        lc = node["lifecycle"]
+        assert lc is not None and list(lc["phases"]) == ["preflight", "telemetry_up", "training", "finishing"], node
+        at = [t(v) for v in lc["phases"].values()]
+        assert at == sorted(at), lc
+        assert at[2] <= t(lc["first_step"]) <= at[3], lc
+        assert lc["restarts"] == 0, lc
+        if lc["allocation_start"] is not None:
+            assert t(lc["allocation_start"]) <= at[0] + 1.0, lc   # Slurm's clock has whole seconds
+
+
 def truth(progress: Path) -> dict[int, int]:
     """Steps each rank really completed (the ``step`` lines faulty_train.py writes), by rank."""
     out = {}

@@ -29,7 +29,7 @@ def _launch(tmp_path: Path, body: str) -> Path:
 
 
 def _records(state_file: Path) -> int:
-    from traceml_core.aggregator.persist import load_checkpoint
+    from traceml_core.rundir import load_checkpoint
     try:
         return int(load_checkpoint(state_file)["state"]["records"])
     except (OSError, ValueError):

@@ -60,3 +60,105 @@ def test_a_hang_on_node_2_gets_an_autopsy_naming_node_2(slurm_cluster, tmp_path)
     took = h["at"] - hung_at
     print(f"hang on node 2 -> report: {took:.1f} s (--hang-report-after=5)")
     assert took < 5 + 6, took
+
+
+def test_torchrun_killed_on_node_2_is_the_first_failure(slurm_cluster, tmp_path):
+    """Issue 27, finding 5: torchrun is SIGKILLed on node 2 mid-run (2 nodes x 2 workers). Its
+    workers die with it; node 1's ranks then fail in gloo ("Connection reset by peer"). The
+    headline names node 2's torchrun, killed by SIGKILL, as the first failure with its exit
+    (the node launcher's 137), and the other ranks' errors as consequences."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from traceml_core.rundir import load_checkpoint
+
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    # (plain srun: node 1's launcher is not SIGTERMed by srun when node 2's task fails, so its
+    # summary is not written against Slurm's KillWait; --kill-on-bad-exit reads the same way, see
+    # test_multinode.py::test_node_lost_mid_run_is_named_and_summary_written)
+    body = (TOKEN + f"srun traceml run --run-name=tk {FAULTY} --steps 100000 --step-ms 10\n")
+    job = slurm_cluster.submit(body, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2", "--cpus-per-task=1",
+                               env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
+    state_file = tmp_path / "tk" / "aggregate.state"
+    deadline = time.monotonic() + 90
+    while True:  # mid-run: every rank has stepped
+        try:
+            ranks = load_checkpoint(state_file)["state"]["ranks"]
+        except (OSError, ValueError):
+            ranks = []
+        if len(ranks) == 4 and all(r["received"] > 20 for r in ranks):
+            break
+        assert time.monotonic() < deadline, "training never got under way"
+        time.sleep(0.2)
+    agents = [pid for pid in slurm_cluster.node_pids("node2")
+              if b"traceml_core.launcher.agent" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(agents) == 1, agents
+    os.kill(agents[0], signal.SIGKILL)
+    state = slurm_cluster.wait(job, timeout=120)
+    out = slurm_cluster.output(job)
+    assert state == "FAILED", out[-3000:]
+    data = summary(tmp_path, "tk")
+    v = data["verdict"]
+    assert v["kind"] == "run_failed", (v, out[-3000:])
+    assert v["culprit"]["node"] == 1 and v["culprit"]["host"] == "node2", v
+    assert v["why"].startswith("node 1 (node2): torchrun was killed by SIGKILL"), v["why"]
+    assert "exit code 137" in v["why"], v["why"]
+    assert data["run"]["reason"].startswith("node 1's torchrun was killed by SIGKILL"), data["run"]
+    assert sorted(v["evidence"]["consequence_ranks"]) == [0, 1, 2, 3], v["evidence"]
+    assert "Verdict: RUN-FAILED (critical): node 1 (node2): torchrun was killed by SIGKILL" in out
+
+
+def test_a_stopped_rank_is_named_and_its_stall_timed_not_a_straggler(slurm_cluster, tmp_path):
+    """Issue 27, finding 6: rank 3 (node 2) is SIGSTOPped mid-run until the hang report is in the
+    log, then continued. The report names rank 3, stopped, as the rank the others wait for (its
+    stack cannot be read: a stopped process runs no signal handler; ranks 0-2's were), the stall's
+    length is reported when it resolves (the log and the summary), and the pause is not called a
+    straggler."""
+    import os
+    import signal
+    import time
+
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    body = (TOKEN + f"srun traceml run --run-name=stop --hang-report-after=5 {FAULTY} --steps 300 "
+            "--step-ms 10\n")
+    job = slurm_cluster.submit(body, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2", "--cpus-per-task=1",
+                               env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
+    rank3 = progress / "rank3.txt"
+    deadline = time.monotonic() + 120
+    while not (rank3.exists() and rank3.read_text().count("\nstep ") >= 100):
+        assert time.monotonic() < deadline, "rank 3 never got under way"
+        time.sleep(0.2)
+    pid = int(rank3.read_text().split()[1])
+    os.kill(pid, signal.SIGSTOP)
+    t_stop = time.time()
+    try:
+        deadline = time.monotonic() + 60
+        while "hang report:" not in slurm_cluster.output(job):
+            assert time.monotonic() < deadline, slurm_cluster.output(job)[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    stopped_s = time.time() - t_stop
+    state = slurm_cluster.wait(job, timeout=180)
+    out = slurm_cluster.output(job)
+    assert state == "COMPLETED", out[-3000:]
+    data = summary(tmp_path, "stop")
+    h = data["hang"]
+    assert h["culprits"] == [3] and h["resumed"], h["finding"]
+    assert h["finding"].startswith("rank 3 (node 1, node2) never arrived at the collective the others wait in"), h["finding"]
+    assert "its process is stopped" in h["finding"]
+    by = {a["rank"]: a for a in h["ranks"]}
+    assert by[3]["state"] == "stopped" and [by[r]["state"] for r in (0, 1, 2)] == ["collective"] * 3, by
+    # the stall's length: from the last records before it to the first after, near the stop's
+    print(f"rank 3 stopped {stopped_s:.1f} s; stall reported {h['stall_s']} s")
+    assert h["stall_s"] is not None and abs(h["stall_s"] - stopped_s) < 4.0, (h["stall_s"], stopped_s)
+    verdicts = [data["verdict"]] + data["other_verdicts"]
+    stall = next(v for v in verdicts if v["kind"] == "hang")
+    assert stall["severity"] == "warning" and stall["why"].startswith(f"training stalled for {h['stall_s']:.0f} s")
+    assert stall["culprit"]["rank"] == 3
+    assert "straggler" not in [v["kind"] for v in verdicts], verdicts
+    assert "the stall is over: steps reach node 0 again after" in out

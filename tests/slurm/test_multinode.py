@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 
-from e2e import REPO, check_against_truth, hostnames, job_env, summary, truth
+from e2e import REPO, check_against_truth, check_lifecycles, hostnames, job_env, summary, truth
 
 SBATCH = str(REPO / "examples" / "slurm" / "traceml_ddp.sbatch")
 SMALL = ("--cpus-per-task=1",)
@@ -32,6 +32,7 @@ def test_two_nodes_zero_flag_launch(slurm_cluster, tmp_path):
     assert data["verdict"]["kind"] and data["verdict"]["why"]
     assert data["telemetry"]["records_received"] == 4 * 300
     assert "TraceML summary" in out and "4 clean" in out
+    check_lifecycles(data)
 
 
 def test_three_nodes_straggler_is_named(slurm_cluster, tmp_path):
@@ -69,7 +70,7 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --node-rank
 def _wait_for_records(state_file: Path, timeout: float) -> None:
     """Until the aggregator's checkpoint holds step records (the link probe and the workers'
     start-up are over)."""
-    from traceml_core.aggregator.persist import load_checkpoint
+    from traceml_core.rundir import load_checkpoint
 
     deadline = time.monotonic() + timeout
     while True:
@@ -117,6 +118,10 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
     assert data["run"]["status"] != "completed"
     assert "node 1 (node2)" in data["run"]["reason"], data["run"]
     assert "node 1 (node2)" in out
+    # the first failure is the node whose launcher vanished, not node 1's ranks that lost their peer
+    v = data["verdict"]
+    assert v["kind"] == "run_failed" and v["culprit"]["node"] == 1, v
+    assert v["why"].startswith("node 1 (node2): its TraceML launcher vanished"), v["why"]
 
 
 def test_time_limit_writes_interrupted_summary(slurm_cluster, tmp_path):

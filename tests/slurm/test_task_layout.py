@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from e2e import REPO, hostnames, job_env, summary
+from e2e import REPO, check_lifecycles, hostnames, job_env, summary
 
 SCRIPTS = REPO / "tests" / "zerocode" / "scripts"
 TWO_BY_TWO = ("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "--cpus-per-task=1")
@@ -61,6 +61,8 @@ def test_one_task_per_gpu_lightning_with_zero_flags(slurm_cluster, tmp_path):
     measured = {(p["src"], p["dst"]) for p in probe["pairs"] if p["error"] is None and p["nbytes"] > 0}
     assert measured == {(0, 1), (1, 0)}, probe["pairs"]
     assert probe["slow_link"] is None and probe["slow_node"] is None, probe
+    # rank 0's task and node 2's first task reported their launch lifecycle
+    check_lifecycles(data)
 
 
 def test_tasks_that_do_not_match_the_gpus_are_refused(slurm_cluster, tmp_path):

@@ -188,7 +188,7 @@ def node(handle: Any, node: int = 0, **kw: Any) -> Any:
     s = handle.settings
     kw.setdefault("client_options", {"backoff_initial": 0.02, "backoff_max": 0.2})
     kw.setdefault("flush_s", 0.05)
-    # as `traceml run` does (launcher/telemetry.py): the relay folds its windows into partial
+    # as `traceml run` does (launcher/nodelink.py): the relay folds its windows into partial
     # statistics only in summary mode; the live views read each rank's recent records
     kw.setdefault("fold", s.mode == "summary")
     relay = Relay(token=s.token, run_name=s.run_name, job_id=s.job_id, node=node, nnodes=s.nnodes,

@@ -11,7 +11,7 @@ import time
 
 from aggpeers import columns, make_settings
 from traceml_core.aggregator import server as srv_mod
-from traceml_core.aggregator.persist import CHECKPOINT_NAME, prepare_run_dir
+from traceml_core.rundir import CHECKPOINT_NAME, prepare_run_dir
 from traceml_core.launcher.relayframes import fold_frame
 from traceml_core.wire.frames import validate
 from traceml_core.wire.protocol import HEADER, decode_body, encode

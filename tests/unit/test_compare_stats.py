@@ -79,3 +79,32 @@ def test_block_spread_and_drift_see_a_run_whose_speed_wanders():
     assert drift(steady) < 0.005
     assert drift(wandering) == pytest.approx(0.3, abs=0.01)
     assert drift([1.0] * 5) is None  # too few buckets to say
+
+
+def test_an_interval_of_a_time_never_falls_below_minus_100_percent():
+    """B about ten times faster than a widely spread A, and both runs wandering over time: an
+    interval of the difference widened symmetrically reached -140 %; on the ratio it cannot
+    reach -100 % (a time cannot fall by more than all of it), and it still excludes zero."""
+    from pathlib import Path
+
+    from traceml_core.report.compare import Run, compare_phase
+    from traceml_core.report.uncertainty import ratio_interval, widen_ratio
+
+    rng = random.Random(11)
+    a = [int(rng.lognormvariate(math.log(10e6), 1.0)) for _ in range(30)]
+    b = [int(rng.lognormvariate(math.log(1e6), 0.05)) for _ in range(30)]
+
+    def run(label, steps):
+        return Run(label, Path("x"), {"compare": {"sketches": {"step": _sketch_of(steps)}}})
+
+    pc = compare_phase("step", run("A", a), run("B", b), floor_pct=3.0, block_hw=(0.5, 0.5))
+    lo, hi = pc.interval_pct
+    assert -100.0 < lo < hi < 0.0, pc
+    assert pc.verdict == "faster"
+    # the ratio interval itself brackets the point ratio and stays positive however wide
+    ha, hb = histogram(_sketch_of(a)), histogram(_sketch_of(b))
+    rlo, rhi = ratio_interval(quantile_bootstrap(*ha, 0.5), quantile_bootstrap(*hb, 0.5))
+    r = pc.b_ms / pc.a_ms
+    assert 0.0 < rlo <= r <= rhi
+    wlo, whi = widen_ratio(rlo, rhi, r, (5.0, 5.0))
+    assert 0.0 < wlo < rlo and whi > rhi

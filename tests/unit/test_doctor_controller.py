@@ -152,6 +152,11 @@ def test_uneven_gpus_between_nodes_fails():
     assert o.data["gpus"] == {"node1": 2, "node2": 1}
 
 
+def test_a_job_without_gres_says_so_through_both_backends():
+    o = K.check_gres(ctx_with(R.replay("short-nogres"), "short-nogres"))
+    assert o.status is Status.PASS and o.observed == "no GRES allocated (job TresPerNode=none)"
+
+
 def test_partition_not_up_warns_and_job_not_running_warns():
     o = K.check_partition(ctx_with(R.replay("short-nogres", states="states"), "short-nogres"))
     assert o.status is Status.WARN and "short: DRAIN, MaxTime 5 min, MaxNodes 2" in o.observed

@@ -171,3 +171,45 @@ def test_a_stall_that_resolved_is_a_warning_not_the_headline():
     assert s["verdict"]["kind"] != "hang" and s["hang"]["resumed"] is True
     also = [o for o in s["other_verdicts"] if o["kind"] == "hang"]
     assert also and also[0]["severity"] == "warning" and "then went on" in also[0]["why"]
+
+
+def test_a_killed_torchrun_or_a_vanished_launcher_is_the_first_failure_unless_a_rank_failed_before():
+    """Issue 27, finding 5 (end to end in tests/slurm/test_headline_slurm.py): node 1's torchrun
+    killed by SIGKILL (its node report says so) is named before the gloo errors it caused on node
+    0, even those seen earlier by the clock; its own ranks, without evidence, died with it. A
+    vanished launcher reads the same way. A rank that raised by itself before the node failed
+    stays the first failure."""
+    from traceml_core.report.status import node_failures
+    from traceml_core.rundata import Finish, NodeBye, NodeData, TorchrunEnd
+
+    gloo = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection reset by peer"
+
+    def ranks():
+        return [rank(0, "error", error=gloo, tb=gloo, at=100.1, fail_step=40),
+                rank(1, "error", error=gloo, tb=gloo, at=100.2, fail_step=40),
+                rank(2, "vanished", node=1, at=101.0, steps=38), rank(3, "vanished", node=1, at=101.0, steps=38)]
+
+    killed = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", bye=NodeBye("error", 137, 103.0, torchrun=TorchrunEnd(
+        -9, "SIGKILL", 100.0)))}
+    nodes = node_failures(killed, Finish(exit_code=1, torchrun=TorchrunEnd(1, None, 104.0)))
+    assert [(n.node, n.cause, n.signal, n.exit_code) for n in nodes] == [(1, "torchrun_killed", "SIGKILL", 137)]
+    rs = ranks()
+    v = diagnose(rs, {}, "failed", nodes)
+    assert v["culprit"] == {"rank": None, "node": 1, "host": "n1"}, v
+    assert v["why"].startswith("node 1 (n1): torchrun was killed by SIGKILL (its launcher exited with exit "
+                               "code 137), around step 40; its ranks 2-3 ended with it; ranks 0-1 failed "
+                               "as a consequence"), v["why"]
+    assert v["reason"] == "node 1's torchrun was killed by SIGKILL (exit code 137)"
+    assert v["evidence"]["consequence_ranks"] == [0, 1, 2, 3]
+    assert [r.failure["role"] for r in rs] == ["consequence"] * 4
+
+    lost = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", left_at=100.0)}
+    v = diagnose(ranks(), {}, "failed", node_failures(lost, None))
+    assert v["why"].startswith("node 1 (n1): its TraceML launcher vanished"), v["why"]
+    # a torchrun stopped by its launcher's own SIGTERM is no node failure
+    stopped = {1: NodeData(1, bye=NodeBye("interrupted", 143, torchrun=TorchrunEnd(-15, "SIGTERM")))}
+    assert node_failures(stopped, None) == []
+
+    first = [rank(2, "error", node=1, error="ValueError: bad label 7", tb=TB, at=99.0, fail_step=38)] + ranks()[:2]
+    v = diagnose(first, {}, "failed", nodes)
+    assert v["culprit"]["rank"] == 2 and v["evidence"]["exception_type"] == "ValueError", v

@@ -184,7 +184,8 @@ def test_a_probe_that_cannot_measure_says_so_in_the_summary_and_never_fails_the_
     """Node 0's launcher as ``traceml run`` drives it, with node 1's launcher absent: the probe
     ends within its bounds, and the summary says the links were not measured, and why."""
     from traceml_core.config import LaunchConfig
-    from traceml_core.launcher.telemetry import NodeTelemetry
+    from traceml_core.launcher.keeper import AggregatorKeeper
+    from traceml_core.launcher.nodelink import NodeLink
     from traceml_core.launcher.token import Token
 
     with socket.socket() as s:
@@ -197,16 +198,18 @@ def test_a_probe_that_cannot_measure_says_so_in_the_summary_and_never_fails_the_
                        aggregator_port=port, aggregator_host="127.0.0.1",
                        aggregator_bind_host="127.0.0.1", aggregator_wait=3.0, cluster="none",
                        hostnames=("127.0.0.1", "127.0.0.1"))
-    tel = NodeTelemetry(cfg, Token(TOKEN, "test"))
-    tel.start_aggregator()
+    keeper = AggregatorKeeper(cfg, TOKEN)
+    keeper.start()
+    link = NodeLink(cfg, Token(TOKEN, "test"))
     try:
         t0 = time.monotonic()
-        tel.link_probe()
+        link.link_probe(keeper, cfg.aggregator_wait)
         assert time.monotonic() - t0 < 20.0
     finally:
-        if tel.probe is not None:
-            tel.probe.close()
-        done = tel.handle.finish(0)
+        if link.probe is not None:
+            link.probe.close()
+        link.close_stacks()
+        done = keeper.handle.finish(0)
     s = json.loads(done.summary_json.read_text())
     probe = s["communication"]["probe"]
     assert probe["error"] == "only 1 of 2 nodes' launchers answered the probe" and probe["nodes"] == []

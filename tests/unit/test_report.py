@@ -266,7 +266,7 @@ def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
 def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int = 37) -> dict:
     """A long run of many ranks through the real aggregator state (no sockets): rank ``slow``
     spends 5 ms more per step in forward and 5 ms less in backward (a straggler under DDP)."""
-    from traceml_core.aggregator.persist import prepare_run_dir
+    from traceml_core.rundir import prepare_run_dir
     from traceml_core.aggregator.settings import AggregatorSettings
     from traceml_core.aggregator.state import RunState
     from traceml_core.aggregator.adapter import run_data

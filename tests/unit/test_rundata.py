@@ -15,7 +15,7 @@ import msgpack
 from aggpeers import columns, make_settings
 from traceml_core.aggregator.adapter import checkpoint_data, run_data
 from traceml_core.aggregator.autopsy import Autopsy
-from traceml_core.aggregator.persist import load_checkpoint, pack_checkpoint
+from traceml_core.rundir import load_checkpoint, pack_checkpoint
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
 from traceml_core.rundata import GPU_METRICS, RunData

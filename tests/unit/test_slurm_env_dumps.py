@@ -155,3 +155,18 @@ def test_both_nodes_of_a_real_job_derive_the_same_ports(gen):
     assert all(len(p) == 1 for p in pairs.values()), pairs
     flat = [port for p in pairs.values() for pair in p for port in pair]
     assert len(flat) == len(set(flat))  # no two captured jobs share a port
+
+
+def test_the_launch_lifecycle_gets_the_allocation_start_and_the_requeue_count(gen):
+    """The goodput ledger's cluster facts (launcher/lifecycle.py): when the job started (Slurm
+    23.02 and later say so; 22.05 does not: not measured) and how often it was requeued (Slurm
+    sets SLURM_RESTART_COUNT once it was; unset: never)."""
+    fresh, requeued = load("gres_step_node1", gen), load("requeue_step_node1", gen)
+    c, r = resolve({}, fresh, [SlurmEnvironment]), resolve({}, requeued, [SlurmEnvironment])
+    assert (c.restart_count, r.restart_count) == (0, 1)
+    assert r.source("restart_count") == "slurm:SLURM_RESTART_COUNT"
+    if "SLURM_JOB_START_TIME" in fresh:
+        assert c.job_start_time == float(fresh["SLURM_JOB_START_TIME"]) <= c.job_end_time
+        assert c.source("job_start_time") == "slurm:SLURM_JOB_START_TIME"
+    else:
+        assert gen == "22.05" and c.job_start_time is None

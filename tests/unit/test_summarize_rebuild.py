@@ -8,7 +8,7 @@ import time
 import pytest
 
 from aggpeers import RankPeer
-from traceml_core.aggregator.persist import CHECKPOINT_NAME, load_checkpoint
+from traceml_core.rundir import CHECKPOINT_NAME, load_checkpoint
 from traceml_core.report.summarize import SummarizeError, main, summarize
 
 
@@ -65,3 +65,26 @@ def test_summarize_without_checkpoint_says_what_is_missing(tmp_path, capsys):
     assert "aggregate.state" in str(err.value) and str(tmp_path / "nothing-here") in str(err.value)
     assert main([str(tmp_path / "nothing-here")]) == 1
     assert "No TraceML checkpoint" in capsys.readouterr().err
+
+
+def test_summarize_of_a_run_whose_end_was_recorded_is_exact(rig, capsys):
+    """A run that completed (its final checkpoint holds the end): `traceml summarize` rebuilds
+    exactly the live summary's figures and verdicts, and never says data is missing."""
+    h = rig(nproc_per_node=2, checkpoint_interval_s=0.1)
+    peers = [RankPeer(h.port, r) for r in range(2)]
+    for p in peers:
+        p.steps(40, step_ms=20.0, input_ms=12.0)
+    for p in peers:
+        p.bye()
+    res = h.finish(0, reason="")
+    live = json.loads(res.summary_json.read_text())
+    assert not live["rebuilt"]
+    assert main([str(h.run_dir)]) == 0
+    out = capsys.readouterr().out
+    again = json.loads((h.run_dir / "final_summary.json").read_text())
+    assert again["rebuilt"]["final_checkpoint"] is True
+    assert "missing" not in out and "exact" in out, out
+    assert again["telemetry"]["complete"] is True and live["telemetry"]["complete"] is True
+    for key in ("verdict", "other_verdicts", "step_time", "ranks", "across_ranks", "telemetry"):
+        assert again[key] == live[key], key
+    assert again["run"]["status"] == live["run"]["status"] == "completed"

@@ -199,7 +199,7 @@ def test_communication_bound_with_its_numbers_and_cpu_advice():
     s = _run(2, 1, lambda r: _comm(50.0, 5.0, 10.0, 2.0, 30.0 + r, busy=32.0))
     v = s["verdict"]
     assert v["kind"] == "communication_bound" and v["severity"] == "critical"
-    assert "at least 30.0 ms of its 50.0 ms step (60%" in v["why"]
+    assert "at least 30.0 ms of its 50.0 ms step in 9 of 10 steps (60%" in v["why"]
     assert "40 MB per step in 4 collective(s) at 1.25 GB/s bus bandwidth" in v["why"]
     assert v["evidence"]["busbw_gbps"] == 1.25 and v["evidence"]["least_waiting_rank"] == 0
     assert "GLOO_SOCKET_IFNAME" in v["next_step"] and "no_sync()" in v["next_step"]
@@ -262,3 +262,47 @@ def test_small_all_reduces_on_one_cpu_node_get_latency_advice():
     assert "no_sync()" in v["next_step"] and "99% busy" in v["next_step"]
     for word in GPU_WORDS + ("GLOO_SOCKET_IFNAME", "between the nodes", "bucket_cap_mb"):
         assert word not in v["next_step"], (word, v["next_step"])
+
+
+def _paused(where: str, slow_ms: float = 0.0, steps: int = 1200, batch: int = 100, pause_s: float = 90.0,
+            at: int = 600) -> dict[str, Any]:
+    """4 DDP ranks, 20 ms steps; rank 3 is stopped once for ``pause_s`` at step ``at`` (SIGSTOP):
+    ``where`` ``step`` (inside its forward) or ``outside`` (between steps); the other ranks wait
+    for it in that step's backward. ``slow_ms``: rank 3 is also that much slower in every step."""
+    st = RunState(make_settings(Path("/nonexistent"), nnodes=2, nproc_per_node=2))
+    pause = int(pause_s * 1e9)
+    for rank in range(4):
+        rs = st.rank(rank)
+        rs.node, rs.host = rank // 2, f"gpu-node-{rank // 2}"
+        rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
+        for seq in range(0, steps, batch):
+            me = rank == 3
+            cols = columns(batch, seq, t0_ns=1_700_000_000_000_000_000, step_ms=20.0 + slow_ms,
+                           input_ms=1.0, forward_ms=8.0 + (slow_ms if me else 0.0),
+                           backward_ms=9.0 + (0.0 if me else slow_ms), optimizer_ms=1.0)
+            for i in range(batch):
+                if seq + i >= at:
+                    cols["t_end_ns"][i] += pause
+                if seq + i == at:
+                    if not me:
+                        cols["backward_ns"][i] += pause
+                        cols["step_ns"][i] += pause
+                    elif where == "step":
+                        cols["forward_ns"][i] += pause
+                        cols["step_ns"][i] += pause
+            rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0, "cols": cols})
+    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    return build_summary(run_data(st))
+
+
+def test_a_pause_is_not_a_straggler():
+    """Issue 27, finding 6: one rank stopped for 90 s in a 1,200-step run (75 ms per 20 ms step
+    on average) is one pause, not a rank slower at every step, wherever the stop caught it; a rank
+    that is also slower at every step is still the straggler, for that slowness alone."""
+    for where in ("step", "outside"):
+        s = _paused(where)
+        assert "straggler" not in _kinds(s), (where, s["verdict"])
+    s = _paused("step", slow_ms=6.0)
+    v = next(v for v in [s["verdict"]] + s["other_verdicts"] if v["kind"] == "straggler")
+    assert v["culprit"]["rank"] == 3 and v["evidence"]["pause_ms"] >= 89_000, v
+    assert "6.0 ms more per step" in v["why"] and "not counting one pause of 90.0 s" in v["why"], v["why"]

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from aggpeers import RUN, TOKEN, columns, make_settings
-from traceml_core.aggregator.persist import prepare_run_dir
+from traceml_core.rundir import prepare_run_dir
 from traceml_core.aggregator.rankstate import RankState
 from traceml_core.aggregator.server import Server, open_listener
 from traceml_core.wire.auth import AGGREGATOR, Endpoint, NonceCache, check_hello, make_hello, relay_aud

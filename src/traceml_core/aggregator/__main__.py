@@ -15,6 +15,7 @@ import sys
 import traceback
 from typing import Any
 
+from ..exporters import LIVE_KINDS
 from ..rundata import RunData
 from .settings import ERROR, READY
 
@@ -56,7 +57,7 @@ def claim_run_dir(run_dir: Any, settings: Any) -> Any:
 
 
 def main() -> int:
-    from .persist import fallback_dir, prepare_run_dir
+    from ..rundir import fallback_dir, prepare_run_dir
     from .server import BindError, Server, log, open_listener, raise_fd_limit
     from .settings import AggregatorSettings
 
@@ -83,6 +84,7 @@ def main() -> int:
         run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
+    run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:
         listener = open_listener(settings)
@@ -95,14 +97,22 @@ def main() -> int:
         out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
-            if settings.export:
+            at_end = [k for k in settings.export if k not in LIVE_KINDS]
+            if at_end:
                 try:
                     from ..report.export import export_all
 
-                    for line in export_all(out["summary"], server.run_dir.path, settings.export):
+                    for line in export_all(out["summary"], server.run_dir.path, at_end):
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")
+            if server.exports is not None:  # the live ones: the rest and the files, bounded, once
+                exports = server.exports    # node 0's launcher has the summary (Server.finalize)
+
+                def after_reply() -> None:
+                    for line in exports.finish(out["summary"], out):
+                        log(line)
+                server.after_reply = after_reply
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 
     server = Server(settings, listener, run_dir, finalize, claim=claimed)

@@ -102,7 +102,7 @@ def live(path: Path, owner: Owner, now: Optional[float] = None) -> bool:
 
 
 def _write(path: Path, owner: Owner) -> None:
-    from .persist import atomic_write
+    from ..rundir import atomic_write
 
     atomic_write(path, owner.to_bytes())
 

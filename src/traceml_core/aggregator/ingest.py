@@ -22,6 +22,11 @@ from .state import RunState
 MAX_NODE_LINKS = 4
 
 
+def _torchrun(msg: dict[str, Any]) -> dict[str, Any]:
+    """How the node's torchrun ended (frames.worker_report), when its launcher said."""
+    return {"torchrun": msg["torchrun"]} if msg.get("torchrun") is not None else {}
+
+
 class Ingest:
     def __init__(self, state: RunState, log: Callable[[str], None]) -> None:
         self.state = state
@@ -134,7 +139,9 @@ class Ingest:
         rank = msg.get("rank")
         if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
             st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
-                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"]}
+                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"],
+                                       **_torchrun(msg)}
+            st.node(ident.node).lifecycle = msg["lifecycle"]
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -184,7 +191,9 @@ class Ingest:
             raise ProtocolError(f"rank {rs.rank} joined from node {ident.node} while connected "
                                 f"through node {rs.node}")
         rs.node = ident.node
-        rs.host = msg["host"] or ident.host
+        # the node's host as its relay (its launcher, authenticated for that node) said: a rank
+        # reaches its relay on loopback, so it runs there, whatever its own hello claims
+        rs.host = ident.host or msg["host"] or ""
         rs.pid = msg["pid"]
         rs.local_rank = msg["local_rank"]
         if msg.get("seq_end") is not None and msg["seq_end"] > rs.relay_seq_end:
@@ -278,7 +287,8 @@ class Ingest:
         self.state.finish = {"exit_code": msg.get("exit_code"), "interrupted": msg["interrupted"],
                              "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
                              "source": "launcher", "at": time.time(), "workers": msg["workers"],
-                             "oom": msg["oom"]}
+                             "oom": msg["oom"], **_torchrun(msg)}
+        self.state.node(0).lifecycle = msg["lifecycle"]
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:

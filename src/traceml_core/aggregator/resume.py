@@ -46,7 +46,7 @@ def seed(state: RunState, base: dict[str, Any]) -> None:
         rs.first_t_end = r.get("first_t_end")
     for n in base.get("nodes", []):
         ni = state.node(n["node"])
-        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye"):
+        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye", "lifecycle"):
             if n.get(k) is not None:
                 setattr(ni, k, n[k])
         ni.connected = False

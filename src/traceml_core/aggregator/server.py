@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from ..exporters import LIVE_KINDS
 from ..options import BY_KEY
 from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
@@ -37,7 +38,7 @@ from ..wire.server import Conn, FramedServer, Handler, Limits, listen
 from .adapter import checkpoint_data, run_data
 from .ingest import Ingest
 from .claim import Claim
-from .persist import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
+from ..rundir import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
 from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
@@ -165,10 +166,19 @@ class Server(Handler):
         self._next_checkpoint = now + settings.checkpoint_interval_s
         self._next_tick = now + TICK_S
         self.checkpoint_seconds = 0.0
+        #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
+        self.exports: Optional[Any] = None
+        if any(k in LIVE_KINDS for k in settings.export):
+            from ..exporters.live import live_exports
+
+            self.exports = live_exports(settings, run_dir.path)
+        #: run once the launcher has the final summary and the connections are closed (the live
+        #: exports' last batch and files: bounded, and the launcher waits for no one but the reply)
+        self.after_reply: Optional[Callable[[], None]] = None
 
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
-        from .persist import load_checkpoint
+        from ..rundir import load_checkpoint
         from .resume import seed
 
         try:
@@ -218,6 +228,8 @@ class Server(Handler):
             self._next_flush = now + FLUSH_S
         if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
             self._autopsy_done()
+        if self.state.hangs:
+            self._stall_over()
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -225,6 +237,8 @@ class Server(Handler):
             return
         if now >= self._next_checkpoint:
             self.checkpoint()
+        if self.exports is not None and self.exports.due(now) and not self.finishing:
+            self.exports.tick(self.state)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:
@@ -363,6 +377,20 @@ class Server(Handler):
                                       records_at=self.state.records)
         self._autopsy_for = (conn, msg.get("id"))
 
+    def _stall_over(self) -> None:
+        """The last hang report's stall resolved when step records arrive again: how long none
+        had (from the last records before it: the report's time less its collection and the
+        silence it was asked about) goes into the report, for the summary."""
+        h = self.state.hangs[-1]
+        if h.get("stall_s") is not None or self.state.records <= int(h.get("records_at") or 0):
+            return
+        now = time.time()
+        began = float(h.get("at") or now) - float(h.get("collect_s") or 0.0) - float(h.get("silent_s") or 0.0)
+        h["resolved_at"], h["stall_s"] = now, round(max(0.0, now - began), 1)
+        self.state.dirty = True
+        log(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after the last ones "
+            f"before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
+
     def _autopsy_done(self) -> None:
         autopsy, self.ingest.autopsy = self.ingest.autopsy, None
         try:
@@ -466,6 +494,11 @@ class Server(Handler):
         for c in links:
             self.net.drain_writes(c, 0.2)
         self.net.close_all()
+        if self.after_reply is not None:  # the live exports' end: after the launcher has its reply
+            try:
+                self.after_reply()
+            except Exception as exc:  # noqa: BLE001 - the summary is written; nothing may undo that
+                log(f"live exports failed at the end: {type(exc).__name__}: {exc}")
         self.done = True
 
     def close(self) -> None:

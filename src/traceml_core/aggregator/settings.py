@@ -61,6 +61,8 @@ class AggregatorSettings(BaseModel):
     script_args: list[str] = Field(default_factory=list)
     #: what to write besides the summary at the end (options.EXPORT_KINDS; traceml_core/report/export.py)
     export: list[str] = Field(default_factory=list)
+    #: seconds between live exports (traceml_core/exporters)
+    export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
     #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state

@@ -205,6 +205,9 @@ class Relay(Handler):
 
         # counters
         self._records_in = 0
+        #: when the first step records from a rank reached this relay (epoch s; the launch
+        #: lifecycle's first step), None before
+        self.first_steps_at: Optional[float] = None
         self._records_forwarded = 0
         self._frames_in = 0
         self._frames_forwarded = 0
@@ -484,6 +487,8 @@ class Relay(Handler):
             lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
             self._records_in += n
             self._frames_in += 1
+            if self.first_steps_at is None:
+                self.first_steps_at = time.time()
             if self._pending_bytes + self._queued() + size > self.budget:
                 lane.dropped += n
                 self._records_dropped += n
@@ -533,7 +538,8 @@ class Relay(Handler):
         for rank, d in sorted(dumps.items()):
             self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
                          "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
-                                  "text": d.get("text") or "", "error": d.get("error")}})
+                                  "text": d.get("text") or "", "error": d.get("error"),
+                                  "stopped": bool(d.get("stopped"))}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _steps_bytes(self, msg: dict[str, Any], raw: Optional[bytes]) -> bytes:

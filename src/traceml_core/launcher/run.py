@@ -1,201 +1,268 @@
-"""``traceml run``: one launcher per node.
+"""``traceml run``: one launch per process, through one lifecycle, in either layout.
 
-Node 0 starts the aggregator (a child process, so training survives its death) before anything
-else, so a port clash is reported before training starts. Every node's launcher then starts its
-relay, which joins the aggregator (waiting up to ``aggregator_wait`` with backoff: node 0 may still
-be in a slow ``module load``), starts torchrun with the run's details (the relay's address) in the
-workers' environment, supervises it, and on node 0 asks the aggregator for the final summary,
-which it prints.
+:class:`NodeLaunch` drives the phases of :mod:`.lifecycle` (pre-flight -> telemetry up ->
+training -> finishing -> done) with a :class:`~.starters.WorkerStarter` for the layout (torchrun
+per node, or one task per GPU) and the telemetry duties the starter gives this process:
+
+* the **aggregator keeper** (node 0, or rank 0's task; :mod:`.keeper`) starts node 0's
+  aggregator before anything else, so a port clash is reported before training starts, keeps it
+  alive and at the end asks it for the final summary, which it prints;
+* the **node link** (every node's launcher, or local rank 0's task; :mod:`.nodelink`) starts the
+  node's relay, which joins the aggregator (waiting up to ``aggregator_wait`` with backoff: node 0
+  may still be in a slow ``module load``), serves the link probe, and at the end says ``bye``;
+* the **watchdog** (with the keeper; :mod:`.watchdog`) runs in the monitor loop while the workers
+  train.
+
+How the launch ended becomes an exit status and a reason in one pure function
+(:func:`.outcome.judge`).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import time
-from typing import Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..config import TASK_LAYOUT, LaunchConfig
+from ..config import LaunchConfig
 from ..runinfo import ENV_VAR as RUN_INFO_VAR, RunInfo
-from ..views import start_view
-from .supervise import Supervisor, log
-from .telemetry import NodeTelemetry, _flag_source
-from .token import resolve_token
-from .agent import FD_VAR as AGENT_FD_VAR
+from .keeper import AggregatorKeeper
+from .lifecycle import LifecycleRecord, Phase
 from .memcg import OomWatch
-from .preflight import (AgentLink, PreflightError, WorkerProbe, check_cpus, check_master_port, check_probe,
-                        check_script, probe_failure)
-from .torchrun import agent_command, torchrun_command
+from .nodelink import NodeLink
+from .outcome import HANG_EXIT_CODE, Outcome, WorkersEnded, explain_interrupt, judge, status_of
+from .preflight import check_master_port, check_script
+from .stacks import StackCollector
+from .starters import STOP_GRACE_S, WorkerStarter, make_starter
+from .supervise import log
+from .token import Token, resolve_token
+from .watchdog import Watchdog
 
-#: seconds torchrun gets after SIGTERM before its process group is killed; with the aggregator's
-#: finalisation budget this stays inside Slurm's default KillWait of 30 s
-STOP_GRACE_S = 15.0
-#: seconds a worker's init() may spend connecting; the launcher has already waited for the aggregator
-WORKER_CONNECT_WAIT_S = 5.0
-#: exit status when the hang watchdog (--hang-timeout) stopped the run (timeout(1)'s convention)
-HANG_EXIT_CODE = 124
+__all__ = ["launch", "NodeLaunch", "HANG_EXIT_CODE", "STOP_GRACE_S"]
 
-
-def interrupt_words(config: LaunchConfig, signum: int, at: float) -> str:
-    """``interrupted by SIGTERM: the job reached its time limit (...)``: the signal, and who sent it
-    when the cluster plugin can tell (never raises)."""
-    name = signal.Signals(signum).name
-    words = f"interrupted by {name}" + (" (Ctrl-C)" if signum == signal.SIGINT else "")
-    if config.cluster in ("none", ""):
-        return words
-    try:
-        from ..plugins import load_cluster_environment
-
-        cls = load_cluster_environment(config.cluster)
-        why = cls().explain_interrupt(config, signum, at) if cls is not None else None
-    except Exception:  # noqa: BLE001 - an explanation must never cost the summary
-        why = None
-    return f"{words}: {why}" if why else words
-
-
-def exit_status(code: int) -> int:
-    return 128 - code if code < 0 else code
+#: seconds between two turns of the monitor loop
+TICK_S = 0.2
+#: seconds a task (rank 0, or a node's local rank 0) waits, after its own worker ended, for the
+#: other ranks to end; srun's --kill-on-bad-exit or DDP itself normally ends them together
+OTHERS_GRACE_S = 60.0
 
 
 def launch(config: LaunchConfig, script: str, script_args: Sequence[str],
            environ: Optional[Mapping[str, str]] = None, *, torchrun_args: Sequence[str] = (),
            module: bool = False, no_python: bool = False) -> int:
-    """Run one node of the job; returns the launcher's exit status. ``torchrun_args``: torchrun
+    """Run this process's part of the job; returns its exit status. ``torchrun_args``: torchrun
     flags passed on from the command line (runargs.py); ``module``/``no_python`` are torchrun's
     ``--module``/``--no-python``, already among them."""
-    if config.layout == TASK_LAYOUT:   # this process is one rank (one srun task per GPU)
-        from .task import launch_task
-
-        return launch_task(config, script, script_args, environ, torchrun_args=torchrun_args,
-                           module=module, no_python=no_python)
     environ = os.environ if environ is None else environ
-    # pre-flight, step 1 (cheap): the script exists and compiles, node 0's master port is free;
-    # nothing has started yet
-    check_script(script, module=module, no_python=no_python)
-    if config.node_rank == 0:
-        check_master_port(config.master_port, _flag_source(config, "master_port"), config.nnodes)
-    for warning in config.warnings:
-        log(f"warning: {warning}")
-    if not no_python:
-        crowded = check_cpus(config.nproc_per_node)
-        if crowded:
-            log(f"warning: {crowded}")
-    token = resolve_token(config, environ)
-    if token.warning:
-        log(f"warning: {token.warning}")
+    starter = make_starter(config, environ, script, script_args, torchrun_args=torchrun_args,
+                           module=module, no_python=no_python)
+    return NodeLaunch(config, starter, environ).run()
 
-    # the torchrun process starts first: it imports torch (pre-flight, step 2) while we wait, and
-    # starts torchrun only when told to
-    agent = AgentLink()
-    cmd = agent_command(torchrun_command(config, script, script_args, extra=torchrun_args))
-    env = dict(environ)
-    env[AGENT_FD_VAR] = str(agent.child_fd)
-    env.setdefault("PYTHONUNBUFFERED", "1")
-    sup = Supervisor(cmd, env, grace=STOP_GRACE_S, pass_fds=(agent.child_fd,))
-    try:
-        sup.start()
-    except BaseException:
-        agent.close()
-        sup.restore()
-        raise
-    agent.spawned()
-    try:
-        reply = agent.wait_ready(lambda: sup.poll() is None and sup.interrupted_by is None, log)
-        if reply is None or not reply.get("ready"):
-            agent.abort()
-            code = sup.wait()
-            sup.restore()
-            if sup.interrupted_by is not None:
-                log(f"interrupted by {signal.Signals(sup.interrupted_by).name} before training started")
-                return 128 + int(sup.interrupted_by)
-            if reply is None:
-                raise PreflightError(
-                    f"traceml run: the torchrun process ended (exit code {code}) before it could "
-                    "check the workers' Python; its output above says why. Nothing was started.")
-            raise probe_failure(reply, script)
-        if reply.get("owns_workers") is False:
-            log("warning: this torch does not let TraceML tie the workers' lives to torchrun's; if "
-                "torchrun dies, the launcher stops the workers it left behind instead")
-        oom = OomWatch().start()  # the OOM killer's count in the workers' memory cgroup, from now
-        if not no_python:  # pre-flight, step 3: the worker count against the GPUs torch sees
-            check_probe(WorkerProbe(str(reply.get("torch")), int(reply.get("cuda_devices") or 0),
-                                    reply.get("module"), str(reply.get("python"))),
-                        config.nproc_per_node, _flag_source(config, "nproc_per_node"))
-    except BaseException:
-        agent.abort()
-        sup.signal_now(signal.SIGKILL)
-        sup.wait()
-        sup.restore()
-        raise
 
-    log(f"run {config.run_name}: node {config.node_rank}/{config.nnodes}, {config.nproc_per_node} workers, "
-        f"master {config.master_addr}:{config.master_port}, aggregator "
-        f"{config.aggregator_host}:{config.aggregator_port}")
-    telemetry = NodeTelemetry(config, token)
-    started = time.time()
-    view = None
-    try:
-        if config.node_rank == 0:
-            # raises TraceMLError (port in use, ...) before training starts
-            telemetry.start_aggregator(script, script_args)
-        relay = telemetry.start_relay(config.aggregator_wait,
-                                      interrupted=lambda: sup.interrupted_by is not None)
-        # multi-node: the bandwidth probe between the launchers (node 0 runs it before its workers
-        # start; bounded, --link-probe off skips it)
-        telemetry.link_probe(interrupted=lambda: sup.interrupted_by is not None)
+class NodeLaunch:
+    """One launch through the phases of :mod:`.lifecycle`; :attr:`record` says when each began."""
 
-        info = RunInfo(
-            run_name=config.run_name, job_id=config.job_id, nnodes=config.nnodes, node_rank=config.node_rank,
-            nproc_per_node=config.nproc_per_node,
-            aggregator_host=relay.host if relay is not None else "127.0.0.1",
-            aggregator_port=relay.port if relay is not None else 0, token=token.value,
-            connect_wait=WORKER_CONNECT_WAIT_S if relay is not None else 0.0, mode=config.mode,
-            logs_dir=config.logs_dir, auto_steps=config.auto_steps, stack_dir=telemetry.stacks.path)
-        view = start_view(config, telemetry.snapshot)  # --mode cli|dashboard on node 0, else None
-        pipes = view.popen_kwargs() if view else {}
-        fds = (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ()
-        if not agent.go({RUN_INFO_VAR: info.to_env()}, fds):
-            log("warning: the torchrun process was gone before training could start")
-        if view:
-            view.attach()
-        telemetry.attach(sup)
-        code = sup.wait(on_tick=telemetry.tick)
-    except BaseException:
-        agent.abort()
-        sup.signal_now(signal.SIGKILL)
-        sup.wait()
-        sup.restore()
-        telemetry.stacks.close()
-        raise
-    finally:
-        if view:
-            view.stop()  # the final picture stays on screen; the summary prints below it
-    # which workers failed how (torchrun's own record) and whether the OOM killer took any
-    report = {"workers": agent.collect_failures() if code != 0 else [], "oom": oom.report()}
-    agent.close()
-    interrupted = sup.interrupted_by is not None
-    reason = telemetry.failure_reason() if (code != 0 or interrupted) else None
-    if interrupted:
-        sig = interrupt_words(config, int(sup.interrupted_by), sup.interrupted_at or time.time())
-        reason = f"{reason}; {sig}" if reason else sig
-    status = exit_status(code)
-    if interrupted:  # the shell's convention, whatever torchrun made of the signal: 130 for Ctrl-C
-        status = 128 + int(sup.interrupted_by)
-    if telemetry.hung and not interrupted:
-        status = HANG_EXIT_CODE
-    if reason and status == 0:
-        status = 1
-    log(f"workers ended with exit code {code} after {time.time() - started:.1f} s"
-        + (f" ({reason})" if reason else ""))
-    try:  # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
-        text = telemetry.finish(exit_code=status, interrupted=interrupted, reason=reason, report=report)
-    finally:
-        sup.restore()
-        telemetry.stacks.close()
-    if text:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
-        sys.stdout.flush()
-    if reason and not interrupted:
-        log(f"error: {reason}")
-    return status
+    def __init__(self, config: LaunchConfig, starter: WorkerStarter, environ: Mapping[str, str]) -> None:
+        self.config = config
+        self.starter = starter
+        self.environ = environ
+        self.duties = starter.duties
+        self.speaks = starter.duties.speaks_for_node
+        self.record = LifecycleRecord(allocation_start=config.job_start_time, restarts=config.restart_count)
+        self.token: Optional[Token] = None
+        self.keeper: Optional[AggregatorKeeper] = None
+        self.link: Optional[NodeLink] = None
+        self.watchdog: Optional[Watchdog] = None
+        self.oom: Optional[OomWatch] = None
+        self.view: Any = None
+        self._telemetry_at = 0.0
+        self._training_at = 0.0
+
+    def run(self) -> int:
+        try:
+            status = self._preflight()
+            if status is not None:
+                return status
+            code = self._train()
+            return self._finish(code)
+        finally:
+            if self.record.phase is not Phase.DONE:
+                self.record.enter(Phase.DONE)
+
+    # -- pre-flight ------------------------------------------------------------------------------
+    def _preflight(self) -> Optional[int]:
+        """Refuse a launch that cannot work (PreflightError, exit status 2) before anything starts;
+        an exit status here ends the launch (a signal before training)."""
+        self.record.enter(Phase.PREFLIGHT)
+        s = self.starter
+        # step 1 (cheap): the script exists and compiles; node 0's master port is free (node 0's
+        # launcher, or rank 0's task, hosts torchrun's rendezvous store); nothing has started yet
+        check_script(s.script, module=s.module, no_python=s.no_python)
+        if self.duties.keeps_aggregator:
+            check_master_port(self.config.master_port, self.config.flag_source("master_port"),
+                              self.config.nnodes)
+        if self.speaks:
+            for warning in self.config.warnings:
+                log(f"warning: {warning}")
+        s.check()
+        self.token = resolve_token(self.config, self.environ)
+        if self.token.warning and self.speaks:
+            log(f"warning: {self.token.warning}")
+        status = s.preflight()
+        if status is None:
+            # the OOM killer's count in the workers' memory cgroup, from before they start
+            self.oom = OomWatch().start()
+        return status
+
+    # -- telemetry up, training ------------------------------------------------------------------
+    def _train(self) -> int:
+        """Telemetry up, then the workers, watched by the monitor loop until they end; their exit
+        code. On any exception what was started is killed (and the exception goes on)."""
+        c, s = self.config, self.starter
+        assert self.token is not None
+        self.record.enter(Phase.TELEMETRY_UP)
+        if self.speaks:
+            log(s.describe())
+        self._telemetry_at = time.monotonic()
+        try:
+            if self.duties.keeps_aggregator:
+                self.keeper = AggregatorKeeper(c, self.token.value)
+                self.keeper.start(s.script, s.script_args)  # raises before training on a clash
+            # every rank's faulthandler writes its stacks here (the hang report); in the task
+            # layout every task of the node agrees on the directory without talking
+            stacks = StackCollector(s.stack_dir)
+            relay = None
+            if self.duties.links_node:
+                self.link = NodeLink(c, self.token, stacks)
+                upstream = self.keeper.upstream if self.keeper else (c.aggregator_host, c.aggregator_port)
+                relay = self.link.join(upstream, c.aggregator_wait, s.interrupted, port=s.relay_port,
+                                       announce=self.keeper is None)
+                # multi-node: the bandwidth probe between the launchers (node 0 runs it before its
+                # workers start; bounded, --link-probe off skips it)
+                left = c.aggregator_wait - (time.monotonic() - self._telemetry_at)
+                self.link.link_probe(self.keeper, left, s.interrupted)
+            host, port, connect_wait = s.endpoint(relay)
+            info = RunInfo(
+                run_name=c.run_name, job_id=c.job_id, nnodes=c.nnodes, node_rank=c.node_rank,
+                nproc_per_node=c.nproc_per_node, aggregator_host=host, aggregator_port=port,
+                token=self.token.value, connect_wait=connect_wait, mode=c.mode, logs_dir=c.logs_dir,
+                auto_steps=c.auto_steps, stack_dir=stacks.path)
+            if self.keeper is not None:
+                self.watchdog = Watchdog(c, self.token, self.keeper, s.terminate,
+                                         relay.flush_s if relay is not None else None)
+            self._start_view()
+            self.record.enter(Phase.TRAINING)
+            self._training_at = time.monotonic()
+            pipes = self.view.popen_kwargs() if self.view else {}
+            s.start({RUN_INFO_VAR: info.to_env()},
+                    (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ())
+            if self.view:
+                self.view.attach()
+            if self.watchdog is not None:
+                self.watchdog.training_started()
+            return self._monitor(s.wait, self._tick)
+        except BaseException:
+            s.abort()
+            if self.link is not None:
+                self.link.close_stacks()
+            raise
+        finally:
+            if self.view:
+                self.view.stop()  # the final picture stays on screen; the summary prints below it
+
+    def _start_view(self) -> None:
+        if self.starter.live_view and self.keeper is not None:
+            from ..views import start_view
+
+            self.view = start_view(self.config, self.keeper.snapshot)  # --mode cli|dashboard, else None
+
+    def _monitor(self, done: Callable[[float], Any], tick: Optional[Callable[[], None]],
+                 deadline: Optional[float] = None) -> Any:
+        """The one monitor loop: ``done(TICK_S)`` until it answers (not None), with ``tick()``
+        between; None once the monotonic ``deadline`` passed."""
+        while True:
+            result = done(TICK_S)
+            if result is not None:
+                return result
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            if tick is not None:
+                tick()
+
+    def _tick(self) -> None:
+        """While the workers train: node 0's aggregator kept alive, and the watchdog's round."""
+        if self.keeper is not None:
+            self.keeper.ensure_alive()
+        if self.watchdog is not None:
+            self.watchdog.tick()
+
+    # -- finishing -------------------------------------------------------------------------------
+    def _finish(self, code: int) -> int:
+        s, c = self.starter, self.config
+        self.record.enter(Phase.FINISHING)
+        if self.link is not None and self.link.first_step_at() is not None:
+            self.record.first_step(self.link.first_step_at())
+        hung = self.watchdog.hung if self.watchdog is not None else False
+        ended = WorkersEnded(code, s.interrupted_by, hung)
+        report = {**s.report(code), "oom": self.oom.report() if self.oom else None,
+                  "lifecycle": self.record.to_wire()}
+        wait = s.waits_for_others and ended.signal is None and not hung
+        if self.speaks:
+            log(s.ended_words(code, time.monotonic() - self._training_at)
+                + ("; waiting for the other ranks" if wait else ""))
+        text: Optional[str] = None
+        try:
+            if wait:   # hung ranks never end by themselves: srun ends them once this task exits
+                self._monitor(self._others_ended, None, time.monotonic() + OTHERS_GRACE_S)
+            failure = self.watchdog.failure_reason() if (self.watchdog and status_of(ended) != 0) else None
+            cause = None
+            if ended.signal is not None and self.speaks:
+                cause = explain_interrupt(c, int(ended.signal), s.interrupted_at or time.time())
+            outcome = judge(ended, failure=failure, cause=cause)
+            # a second SIGTERM (srun --kill-on-bad-exit, the time limit) must not kill the summary
+            text = self._report(outcome, report)
+        finally:
+            s.close()
+            if self.link is not None:   # the node's other ranks have ended (or the wait ran out)
+                self.link.close_stacks()
+        if text:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            sys.stdout.flush()
+        if outcome.reason and self.speaks:
+            log(f"error: {outcome.reason}" if not outcome.interrupted else f"stopped: {outcome.reason}")
+        self.record.enter(Phase.DONE)
+        return outcome.status
+
+    def _others_ended(self, pause: float) -> Optional[bool]:
+        """Rank 0: every rank has ended (as the aggregator sees it); a node's local rank 0: the
+        node's other ranks have left its relay. None (after ``pause`` s) while they have not."""
+        if self.keeper is not None:
+            ended = self.keeper.all_ranks_ended()
+        else:
+            ended = self.link is None or self.link.ranks_connected() == 0
+        if ended:
+            return True
+        time.sleep(pause)
+        return None
+
+    def _report(self, outcome: Outcome, report: dict[str, Any]) -> Optional[str]:
+        """Node 0: the final summary's text (always written, rebuilt if need be). Others: ``bye``
+        with this node's worker report (torchrun's failed workers, OOM kills)."""
+        link, keeper = self.link, self.keeper
+        if link is not None:
+            link.stop_extras()
+        if keeper is not None:
+            keeper.ensure_alive()  # so the summary is the live one, with exact loss counts
+            if link is not None:
+                link.drain()
+            text = keeper.finish(outcome.summary_exit_code(self.starter.knows_every_worker),
+                                 interrupted=outcome.interrupted, reason=outcome.reason,
+                                 failed_nodes=self.watchdog.failed_nodes if self.watchdog else [],
+                                 report=report)
+            if link is not None:
+                link.close()
+            return text
+        if link is not None:
+            status = "interrupted" if outcome.interrupted else ("clean" if outcome.status == 0 else "error")
+            link.close(bye={"t": "bye", "status": status, "exit_code": outcome.status, **report})
+        return None

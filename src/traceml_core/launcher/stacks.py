@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Mapping, Optional
 
-from ..aggregator.persist import fallback_root, private_dir
+from ..rundir import fallback_root, private_dir
 from ..sdk.stackdump import dump_signal, stack_file
 
 #: a dump is complete when its file has not grown for this long
@@ -29,7 +29,7 @@ from ..wire.frames import MAX_STACK_TEXT as MAX_DUMP_BYTES  # noqa: E402
 
 
 def node_dir(run_name: str, node: int) -> Path:
-    """The stack directory of one node in the task layout (launcher/task.py): there, each rank is
+    """The stack directory of one node in the task layout (launcher/starters.py): there, each rank is
     started by the cluster, not by this node's launcher, so every task of the node computes the
     same path without talking; it lies in this user's private ``traceml-<uid>`` directory (made
     0700, refused when someone else planted it)."""
@@ -85,6 +85,9 @@ class StackCollector:
                 out[rank] = {"pid": pid, "ok": False, "text": "", "error": f"cannot signal it: {exc.strerror}"}
                 continue
             waiting[rank] = path
+            if stopped(pid):  # its dump comes when it runs again (the signal waits), not now
+                out[rank] = {"pid": pid, "ok": False, "text": "", "stopped": True, "error": STOPPED}
+                del waiting[rank]
         sizes: dict[int, tuple[int, float]] = {}
         deadline = time.monotonic() + timeout
         while waiting and time.monotonic() < deadline:
@@ -103,14 +106,30 @@ class StackCollector:
                     sizes[rank] = (size, now)
         for rank, path in waiting.items():
             text = _read(path)
-            out[rank] = {"pid": pids[rank], "ok": bool(text), "text": text,
-                         "error": None if text else f"no dump within {timeout:.0f} s"}
+            halted = not text and stopped(pids[rank])
+            out[rank] = {"pid": pids[rank], "ok": bool(text), "text": text, "stopped": halted,
+                         "error": None if text else STOPPED if halted else f"no dump within {timeout:.0f} s"}
         return out
 
     def close(self) -> None:
         if self.dir is not None:
             shutil.rmtree(self.dir, ignore_errors=True)
             self.dir = None
+
+
+#: why a stopped rank has no dump
+STOPPED = ("its process is stopped (state T: SIGSTOP, Ctrl-Z, or a debugger holds it), so it runs "
+           "nothing, not even the dump")
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (``T``) or held by a tracer (``t``): it cannot run a signal
+    handler, so it cannot dump its stack, and every collective waits for it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] in (b"T", b"t")
+    except (OSError, IndexError):
+        return False
 
 
 def _read(path: Path) -> str:

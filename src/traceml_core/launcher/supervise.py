@@ -37,7 +37,8 @@ def _ignore_user_signals() -> None:
 
 @dataclass
 class Supervisor:
-    """Owns the torchrun child; ``wait()`` returns its exit code."""
+    """Owns one child (the torchrun process, or the task layout's one worker) and its process
+    group; ``wait()`` returns its exit code."""
 
     cmd: Sequence[str]
     env: Mapping[str, str]
@@ -55,11 +56,14 @@ class Supervisor:
     #: seconds an orphaned worker gets between SIGTERM and SIGKILL
     orphan_grace: float = 5.0
     interrupted_by: Optional[int] = None
+    #: why the launcher stopped the workers on its own initiative (terminate()), if it did
+    terminated: Optional[str] = None
     #: when the first forwarded signal arrived (epoch seconds)
     interrupted_at: Optional[float] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
     _kill_timer: Optional[threading.Timer] = None
+    _reaped: bool = False
 
     def start(self) -> None:
         for sig in FORWARDED + LOGGED:
@@ -111,6 +115,7 @@ class Supervisor:
     def terminate(self, reason: str) -> None:
         """Stop the workers on our own initiative (a node vanished, a rank hung)."""
         if self.proc is not None and self.proc.poll() is None:
+            self.terminated = reason
             log(f"stopping the workers: {reason}")
             self._signal_group(signal.SIGTERM)
             self._kill_timer = threading.Timer(self.grace, self._signal_group, (signal.SIGKILL,))
@@ -120,24 +125,26 @@ class Supervisor:
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()
 
-    def wait(self, tick: float = 0.2, on_tick: Optional[Callable[[], None]] = None) -> int:
+    def wait(self, timeout: Optional[float] = None) -> Optional[int]:
+        """torchrun's exit code once it has ended (None: still running after ``timeout`` seconds;
+        ``timeout=None`` waits until it ends). When it has ended, whatever it left behind is
+        stopped: its process group, and workers orphaned by its death (adopted by us)."""
         assert self.proc is not None
-        while True:
-            try:
-                code = self.proc.wait(timeout=tick)
-                break
-            except subprocess.TimeoutExpired:
-                if on_tick:
-                    on_tick()
-        if self._kill_timer:
-            self._kill_timer.cancel()
-        # the group may still hold orphaned workers if torchrun itself died hard
         try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        # workers run in their own sessions: those torchrun left behind are ours now (subreaper)
-        ownership.stop_adopted(self.worker_marker, grace=self.orphan_grace, log=log)
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        if not self._reaped:
+            self._reaped = True
+            if self._kill_timer:
+                self._kill_timer.cancel()
+            # the group may still hold orphaned workers if torchrun itself died hard
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            # workers run in their own sessions: those torchrun left behind are ours now (subreaper)
+            ownership.stop_adopted(self.worker_marker, grace=self.orphan_grace, log=log)
         return code
 
     def restore(self) -> None:

@@ -1,4 +1,5 @@
-"""Build the torchrun (torch.distributed.run) command line from a LaunchConfig.
+"""The commands that start the workers: torchrun's (torch.distributed.run) from a LaunchConfig,
+and the task layout's one worker.
 
 Static rendezvous, as the seed guide describes: every node is told its rank; node 0 is the
 master. ``--max-restarts=0`` because a restarted worker would restart its step numbering and
@@ -56,3 +57,13 @@ def agent_command(torchrun: Sequence[str]) -> list[str]:
     """The same command run through the pre-flight agent."""
     assert list(torchrun[1:3]) == ["-m", "torch.distributed.run"], torchrun
     return [torchrun[0], "-m", AGENT_MODULE, *torchrun[3:]]
+
+
+def worker_command(script: str, script_args: Sequence[str], *, module: bool = False,
+                   no_python: bool = False, python: str | None = None) -> list[str]:
+    """The task layout's one worker (no torchrun): the script through the bootstrap (a
+    ``--no-python`` program as is)."""
+    if no_python:
+        return [script, *script_args]
+    target = ["-m", script] if module else [script]
+    return [python or sys.executable, "-u", "-m", BOOTSTRAP_MODULE, *target, *script_args]

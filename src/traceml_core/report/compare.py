@@ -38,7 +38,7 @@ from .document import Summary, Timeline
 from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
                          COMPARE_MIN_STEPS)
-from .uncertainty import (block_relative_halfwidth, difference_interval, drift,
+from .uncertainty import (block_relative_halfwidth, difference_interval, drift, ratio_interval, widen_ratio,
                           quantile_bootstrap)
 
 SUMMARY_NAME = "final_summary.json"
@@ -202,12 +202,22 @@ def compare_phase(phase: str, a: Run, b: Run, *, q: float = 0.5, floor_pct: floa
     if floor_ms is None:
         floor_ms = max(COMPARE_MIN_CHANGE_MS, floor_pct / 100.0 * pc.a_ms)
     d = pc.b_ms - pc.a_ms
-    lo, hi = difference_interval(quantile_bootstrap(va, ca, q), quantile_bootstrap(vb, cb, q),
-                                 COMPARE_LEVEL)
+    dist_a, dist_b = quantile_bootstrap(va, ca, q), quantile_bootstrap(vb, cb, q)
     ha, hb = block_hw
-    if ha is not None and hb is not None:  # the series' spread, when wider, decides
-        half = math.hypot(ha * pc.a_ms, hb * pc.b_ms)
-        lo, hi = min(lo, d - half), max(hi, d + half)
+    ratio = ratio_interval(dist_a, dist_b, COMPARE_LEVEL) if pc.a_ms > 0 else None
+    if ratio is not None:
+        # on the ratio B/A (a time cannot fall below zero, so the interval never reaches -100 %),
+        # widened by the series' spread over time where that is wider; in ms of A's median
+        r = pc.b_ms / pc.a_ms
+        rlo, rhi = ratio
+        if ha is not None and hb is not None:
+            rlo, rhi = widen_ratio(rlo, rhi, r, (ha, hb))
+        lo, hi = (rlo - 1.0) * pc.a_ms, (rhi - 1.0) * pc.a_ms
+    else:
+        lo, hi = difference_interval(dist_a, dist_b, COMPARE_LEVEL)
+        if ha is not None and hb is not None:  # the series' spread, when wider, decides
+            half = math.hypot(ha * pc.a_ms, hb * pc.b_ms)
+            lo, hi = min(lo, d - half), max(hi, d + half)
     pc.diff_ms = round(d, 4)
     pc.interval_ms = (round(lo, 4), round(hi, 4))
     pc.floor_pct = round(floor_pct, 2)
@@ -320,7 +330,7 @@ def compare(a: Run, b: Run) -> Comparison:
                            f"{COMPARE_MIN_STEPS} are needed)")
         if s.provisional:
             notes.append(f"{run.label}'s summary is provisional (written at SIGTERM before the end).")
-        if s.rebuilt:
+        if s.rebuilt and not s.rebuilt.get("final_checkpoint"):
             notes.append(f"{run.label}'s summary was rebuilt from a checkpoint; later steps are missing.")
         st = s.run.status
         if st not in (None, "completed"):
@@ -475,7 +485,7 @@ def compare_cli(a: str, b: str, as_json: bool = False, fail_on_regression: Optio
     else:
         sys.stdout.write(render(c))
     if html:
-        from ..aggregator.persist import atomic_write
+        from ..rundir import atomic_write
         from .render_html import render_compare_html
 
         try:

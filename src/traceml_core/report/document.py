@@ -26,7 +26,7 @@ def _d(v: Any) -> J:
     return v if isinstance(v, dict) else {}
 
 
-@dataclass
+@dataclass(slots=True)
 class Verdict:
     """One verdict: what was found, how bad, why (with the numbers), what to do, who."""
 
@@ -59,7 +59,7 @@ class Verdict:
                 **self.extra}
 
 
-@dataclass
+@dataclass(slots=True)
 class RunSection:
     """The run's identity and outcome (``run``)."""
 
@@ -92,7 +92,30 @@ class RunSection:
                 "finish_reported_by": self.finish_reported_by}
 
 
-@dataclass
+@dataclass(slots=True)
+class NodeLifecycle:
+    """When one node's launch entered each phase, as its launcher reported it
+    (``topology.nodes[].lifecycle``; local ISO times; rundata.LaunchLifecycle)."""
+
+    phases: dict[str, Optional[str]] = field(default_factory=dict)
+    first_step: Optional[str] = None
+    allocation_start: Optional[str] = None
+    restarts: Optional[int] = None
+
+    @classmethod
+    def from_json(cls, n: Any) -> Optional["NodeLifecycle"]:
+        if n is None:
+            return None
+        n = _d(n)
+        return cls(dict(n.get("phases") or {}), n.get("first_step"), n.get("allocation_start"),
+                   n.get("restarts"))
+
+    def to_json(self) -> J:
+        return {"phases": self.phases, "first_step": self.first_step,
+                "allocation_start": self.allocation_start, "restarts": self.restarts}
+
+
+@dataclass(slots=True)
 class TopoNode:
     """One node of the topology: who joined when, and how its launcher left."""
 
@@ -105,21 +128,23 @@ class TopoNode:
     left_early: bool = False
     exit_code: Optional[int] = None
     ranks: list[int] = field(default_factory=list)
+    lifecycle: Optional[NodeLifecycle] = None
 
     @classmethod
     def from_json(cls, n: Any) -> "TopoNode":
         n = _d(n)
         return cls(n.get("node", 0), n.get("hostname"), bool(n.get("joined")), n.get("joined_at"),
                    n.get("join_delay_s"), bool(n.get("late")), bool(n.get("left_early")),
-                   n.get("exit_code"), list(n.get("ranks") or []))
+                   n.get("exit_code"), list(n.get("ranks") or []), NodeLifecycle.from_json(n.get("lifecycle")))
 
     def to_json(self) -> J:
         return {"node": self.node, "hostname": self.hostname, "joined": self.joined,
                 "joined_at": self.joined_at, "join_delay_s": self.join_delay_s, "late": self.late,
-                "left_early": self.left_early, "exit_code": self.exit_code, "ranks": self.ranks}
+                "left_early": self.left_early, "exit_code": self.exit_code, "ranks": self.ranks,
+                "lifecycle": self.lifecycle.to_json() if self.lifecycle else None}
 
 
-@dataclass
+@dataclass(slots=True)
 class Topology:
     nnodes: int = 0
     nproc_per_node: int = 0
@@ -141,7 +166,7 @@ class Topology:
                 "nodes_joined": self.nodes_joined, "nodes": [n.to_json() for n in self.nodes]}
 
 
-@dataclass
+@dataclass(slots=True)
 class StepsBlock:
     """How the run's steps were found (``steps``; report/steps.py)."""
 
@@ -170,7 +195,7 @@ class StepsBlock:
                 "notes": self.notes, "explain": self.explain}
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTime:
     """THE median step of the run, and its spread, over every step of every rank (ms)."""
 
@@ -189,7 +214,7 @@ class StepTime:
                 "steps": self.steps}
 
 
-@dataclass
+@dataclass(slots=True)
 class Across:
     """One phase across ranks: how many measured it, the median, the worst rank, the skew."""
 
@@ -212,7 +237,7 @@ class Across:
                 "worst_node": self.worst_node, "worst_ms": self.worst_ms, "skew": self.skew}
 
 
-@dataclass
+@dataclass(slots=True)
 class SystemNode:
     """One node's system evidence over the run (``system.nodes[]``)."""
 
@@ -240,7 +265,7 @@ class SystemNode:
                 "gpus": [g.to_json() for g in self.gpus]}
 
 
-@dataclass
+@dataclass(slots=True)
 class Telemetry:
     """Every record accounted for (``telemetry``)."""
 
@@ -279,7 +304,7 @@ class Telemetry:
                 "aggregator_restarts": self.aggregator_restarts, "wire": self.wire}
 
 
-@dataclass
+@dataclass(slots=True)
 class StepSeries:
     """Step time per series bucket over all ranks (``compare.step_series``)."""
 
@@ -296,7 +321,7 @@ class StepSeries:
         return {"steps_per_bucket": self.steps_per_bucket, "mean_ms": self.mean_ms, "max_ms": self.max_ms}
 
 
-@dataclass
+@dataclass(slots=True)
 class CompareSection:
     """What ``traceml compare`` reads: each phase's histogram over every step of every rank (the
     statistics' serialised merged sketch), and the step time over the run."""
@@ -313,7 +338,7 @@ class CompareSection:
         return {"sketches": self.sketches, "step_series": self.step_series.to_json()}
 
 
-@dataclass
+@dataclass(slots=True)
 class RankSeries:
     """One rank over the run, per step bucket (``timeline.ranks[]``; report/timeline.py)."""
 
@@ -341,7 +366,7 @@ class RankSeries:
                 "mem_max_bytes": self.mem_max_bytes, "t_s": self.t_s}
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSeries:
     index: int
     util_pct: Optional[list[Optional[float]]] = None
@@ -358,7 +383,7 @@ class GpuSeries:
                 "mem_total_bytes": self.mem_total_bytes}
 
 
-@dataclass
+@dataclass(slots=True)
 class NodeSeries:
     """One node over wall-clock time (``timeline.nodes[]``)."""
 
@@ -384,7 +409,7 @@ class NodeSeries:
                 "ram_total_bytes": self.ram_total_bytes, "gpus": [g.to_json() for g in self.gpus]}
 
 
-@dataclass
+@dataclass(slots=True)
 class Envelope:
     """Over all ranks of a large run, per bucket: the least, median and most (``timeline.envelope``)."""
 
@@ -403,7 +428,7 @@ class Envelope:
         return {"ranks": self.ranks, "step_ms": self.step_ms, "own_ms": self.own_ms}
 
 
-@dataclass
+@dataclass(slots=True)
 class Timeline:
     """The run over time (``timeline``): per rank per step bucket, per node per time bucket."""
 
@@ -441,7 +466,7 @@ class Timeline:
                 "nodes": [n.to_json() for n in self.nodes]}
 
 
-@dataclass
+@dataclass(slots=True)
 class HangSection:
     """The last hang report as the summary shows it: the report, and whether steps resumed."""
 
@@ -458,7 +483,7 @@ class HangSection:
         return {**self.report.to_checkpoint(), "resumed": self.resumed}
 
 
-@dataclass
+@dataclass(slots=True)
 class Summary:
     """The whole ``final_summary.json`` (docs/summary-schema.md)."""
 

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterator, Optional, Union
 
-from ..aggregator.persist import atomic_write
+from ..rundir import atomic_write
 from .document import NodeSeries, Summary, Timeline
 
 TB_DIR = "tensorboard"

@@ -34,7 +34,7 @@ from typing import Any, Optional, Sequence
 from ..rundata import OomReport
 from .model import RankSummary
 from .ranklist import ranks_phrase
-from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS
+from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS, NodeFailure
 from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised_an_exception, raised_where,
                          recorded_error, split_exception, traceback_of)
 
@@ -184,22 +184,37 @@ def describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) -> 
 
 
 def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomReport]],
-             run_status: str) -> Optional[dict[str, Any]]:
+             run_status: str, nodes: Sequence[NodeFailure] = ()) -> Optional[dict[str, Any]]:
     """The failure verdict of a failed run (None otherwise). Annotates each failed rank in place
     with ``failure``: ``{"role": "first"|"consequence"|"independent", ...cause}``.
+
+    ``nodes`` (status.node_failures): a node whose torchrun was killed or whose launcher vanished
+    is the first failure unless a rank failed by itself before it; its ranks that left no
+    evidence of their own died with it (consequences).
 
     An interrupted run (SIGTERM from scancel, the time limit, or ``srun --kill-on-bad-exit`` after
     another node failed) gets it too when a rank failed by itself, not by the interruption."""
     if run_status not in ("failed", "interrupted"):
         return None
     failed = [r for r in ranks if r.status in FAILED_ENDINGS]
-    if not failed:
+    node_fail = {nf.node: nf for nf in nodes} if run_status == "failed" else {}
+    if not failed and not node_fail:
         return None
     causes = {r.rank: classify(r, oom_by_node.get(r.node) if r.node is not None else None) for r in failed}
     _align_silent_steps(ranks, causes)
+    for r in failed:  # no evidence of its own on a node that failed: it died with its node
+        nf, c = node_fail.get(r.node) if r.node is not None else None, causes[r.rank]
+        if nf is not None and c["cause"] == "unknown":
+            c["consequence"] = ("its node's torchrun was killed" if nf.cause == "torchrun_killed"
+                                else "its node's launcher vanished")
     real = [r for r in failed if not causes[r.rank]["consequence"]
             and causes[r.rank]["cause"] not in ("unknown", "never_joined")]
-    if run_status == "interrupted" and not real:
+    if node_fail:
+        nf = min(node_fail.values(), key=lambda x: (x.at is None, x.at or 0.0, x.node))
+        if not real or (nf.at is not None and all(causes[r.rank]["at"] is not None and nf.at <= causes[r.rank]["at"]
+                                                 for r in real)):
+            return _node_verdict(nf, failed, causes, real)
+    if not failed or (run_status == "interrupted" and not real):
         return None
     pool = real or [r for r in failed if causes[r.rank]["cause"] != "never_joined"] or failed
     first = min(pool, key=lambda r: (causes[r.rank]["at"] is None, causes[r.rank]["at"] or 0.0, r.rank))
@@ -246,6 +261,50 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
             "evidence": evidence, "reason": reason}
 
 
+def _node_verdict(nf: NodeFailure, failed: Sequence[RankSummary], causes: dict[int, dict[str, Any]],
+                  real: Sequence[RankSummary]) -> dict[str, Any]:
+    """The failure verdict when a node's launcher or torchrun failed first (status.node_failures)."""
+    if nf.cause == "torchrun_killed":
+        code = f" (its launcher exited with exit code {nf.exit_code})" if nf.exit_code is not None else ""
+        what = f"torchrun was killed by {nf.signal}{code}"
+        reason = (f"node {nf.node}'s torchrun was killed by {nf.signal}"
+                  + (f" (exit code {nf.exit_code})" if nf.exit_code is not None else ""))
+        nxt = (f"find who killed torchrun on {nf.name}: the node's kernel log (dmesg) for the OOM killer, "
+               "the scheduler's log (sacct -j JOB -o State,ExitCode,MaxRSS), a health check or a user; "
+               "the other ranks' errors followed from it")
+    else:
+        what = ("its TraceML launcher vanished: its connection closed without a goodbye (the launcher was "
+                "killed, or the node was lost)")
+        reason = f"node {nf.node}'s launcher vanished"
+        nxt = (f"check {nf.name}: whether its `traceml run` was killed (a user, the OOM killer: dmesg) or "
+               "the node failed (sinfo -R, scontrol show node); the other ranks' errors followed from it")
+    own = [r for r in failed if r.node == nf.node and r not in real]
+    independent = [r for r in failed if r not in own and r in real]
+    consequences = [r for r in failed if r not in own and r not in real]
+    steps = [causes[r.rank]["step"] for r in failed if causes[r.rank]["step"] is not None]
+    parts = [f"{nf.name}: {what}" + (f", around step {max(steps)}" if steps else "")]
+    if own:
+        parts.append(f"its {ranks_phrase([r.rank for r in own])} ended with it")
+    if independent:
+        parts.append(f"{ranks_phrase([r.rank for r in independent])} also failed with an error of "
+                     + ("its own" if len(independent) == 1 else "their own"))
+    if consequences:
+        kinds = sorted({causes[r.rank]["consequence"] or "stopped after the first failure" for r in consequences})
+        parts.append(f"{ranks_phrase([r.rank for r in consequences])} failed as a consequence ("
+                     + "; ".join(kinds[:3]) + ")")
+    for r in failed:
+        r.failure = {"role": "independent" if r in real else "consequence",
+                     **{k: v for k, v in causes[r.rank].items() if k not in ("step_words", "step_short", "step_at_least")}}
+    evidence = {"first_rank": None, "node": nf.node, "host": nf.host, "step": max(steps) if steps else None,
+                "step_at_least": False, "cause": nf.cause, "exception_type": None, "message": None,
+                "where": None, "signal": nf.signal, "oom_killed": None, "exitcode": nf.exit_code,
+                "consequence_ranks": sorted(r.rank for r in own + consequences),
+                "independent_ranks": sorted(r.rank for r in independent)}
+    return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
+            "culprit": {"rank": None, "node": nf.node, "host": nf.host}, "evidence": evidence,
+            "reason": reason}
+
+
 def _reached_a_step(r: RankSummary) -> bool:
     return bool(r.steps or r.steps_produced or (type(r.fail_step) is int and r.fail_step > 0))
 
@@ -257,9 +316,9 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
     failed before TraceML started in it), and nothing about steps, peers or performance: no
     worker trained, so "failed as a consequence", "too few steps" and "add trace_step" would
     all mislead. None when some rank completed a step (then it is a failure during training)."""
-    if any(_reached_a_step(r) for r in ranks):
-        return None
     ev = failure["evidence"]
+    if ev.get("first_rank") is None or any(_reached_a_step(r) for r in ranks):
+        return None  # (or a node's launcher or torchrun failed first: its verdict says so)
     first = next(r for r in ranks if r.rank == ev["first_rank"])
     c = first.failure or {}
     failed = [r for r in ranks if r.failure]

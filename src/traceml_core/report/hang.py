@@ -30,6 +30,7 @@ stays a few lines.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
@@ -153,7 +154,7 @@ class RankAutopsy:
     rank: int
     node: Optional[int]
     host: str
-    state: str                 # "collective", "dataloader", "running", "no_dump"
+    state: str                 # "collective", "dataloader", "running", "stopped", "no_dump"
     collective: Optional[str]  # op name, "ddp_backward", ... (None when not in one)
     where: Optional[str]       # innermost user frame of the main thread
     stack: list[str]           # the main thread's frames, innermost first (short form)
@@ -176,7 +177,8 @@ def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[
         step = snapshot["step"]
     if main is None:
         coll = inflight.get("op") if isinstance(inflight, dict) else None
-        return RankAutopsy(rank, node, host, "collective" if coll else "no_dump", coll, None, [],
+        state = "collective" if coll else "stopped" if (dump or {}).get("stopped") else "no_dump"
+        return RankAutopsy(rank, node, host, state, coll, None, [],
                            0, inflight, step, (dump or {}).get("error") or "no stack dump")
     coll = _collective(main.frames, world)
     if isinstance(inflight, dict) and inflight.get("op"):
@@ -211,9 +213,22 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         groups.setdefault(key, []).append(a)
     waiting = [a for a in ranks if a.state == "collective"]
     elsewhere = [a for a in ranks if a.state in ("running", "dataloader")]
+    halted = [a for a in ranks if a.state == "stopped"]
     colls = sorted({words(a.collective) for a in waiting})
     culprits: list[RankAutopsy] = []
-    if waiting and elsewhere:
+    if halted:
+        # a stopped process runs nothing: every collective waits for it, whatever else is seen
+        culprits = halted
+        finding = (f"{ranks_phrase([a.rank for a in halted])} ({_nodes(halted, inline=True)}) "
+                   + ("never arrived at the collective the others wait in (" + ", ".join(colls) + "): "
+                      if waiting else "stopped: ")
+                   + ("its process is stopped (SIGSTOP, Ctrl-Z, or a debugger holds it), so it runs nothing"
+                      if len(halted) == 1 else "their processes are stopped (SIGSTOP, Ctrl-Z, or a debugger "
+                      "holds them), so they run nothing"))
+        if elsewhere:
+            finding += "; " + "; ".join(f"{ranks_phrase([a.rank for a in v])} at {v[0].where}"
+                                        for v in _by_where(elsewhere))
+    elif waiting and elsewhere:
         culprits = elsewhere
         c0 = elsewhere[0]
         place = "waiting for a DataLoader batch" if c0.state == "dataloader" else f"at {c0.where}"
@@ -237,11 +252,20 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
     elif elsewhere and not waiting:
         finding = ("no rank is in a collective: " + "; ".join(
             f"{ranks_phrase([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
+    elif waiting:
+        # every stack read waits in one collective; the ranks without one are not in it
+        absent = [a for a in ranks if a.state == "no_dump"]
+        culprits = absent
+        finding = (f"{ranks_phrase([a.rank for a in waiting])} wait in {colls[0]}; "
+                   f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
+                   "never arrived at it, and no stack could be read from "
+                   + ("it" if len(absent) == 1 else "them"))
     else:
         finding = "no rank's stack could be read"
     missing = [a for a in ranks if a.state == "no_dump"]
-    if missing:
-        finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}"
+    if missing and culprits != missing:
+        finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}" + (
+            f" ({missing[0].error})" if missing[0].error and len({a.error for a in missing}) == 1 else "")
     return {"finding": finding, "culprits": [a.rank for a in culprits],
             "groups": [{"ranks": sorted(a.rank for a in v), "state": k[0], "collective": k[1],
                         "where": v[0].where} for k, v in sorted(groups.items(), key=lambda kv: min(a.rank for a in kv[1]))]}
@@ -264,7 +288,9 @@ def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8)
         a = by_rank[g["ranks"][0]]
         what = words(g["collective"]) if g["state"] == "collective" else (
             "waiting for a DataLoader batch" if g["state"] == "dataloader" else
-            "no stack (" + (a.get("error") or "?") + ")" if g["state"] == "no_dump" else "not in a collective")
+            "no stack (" + (a.get("error") or "?") + ")" if g["state"] == "no_dump" else
+            "stopped: it runs nothing (SIGSTOP, Ctrl-Z, or a debugger)" if g["state"] == "stopped"
+            else "not in a collective")
         at = f" at {a['where']}" if a.get("where") else ""
         step = f", step {a['step']}" if a.get("step") is not None else ""
         mark = ""
@@ -319,6 +345,13 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
                "branch around a collective); if every rank waits in the same collective, check the "
                "network and NCCL (NCCL_DEBUG=INFO)")
         sev = "critical"
+    elif report.stall_s is not None:
+        began = report.resolved_at - report.stall_s if report.resolved_at is not None else None
+        span = (f" from {_clock(began)} to {_clock(report.resolved_at)}" if began is not None else "")
+        why = (f"training stalled for {report.stall_s:.0f} s (no step reached node 0{span}), then "
+               f"went on; while stalled: {report.finding}")
+        nxt = "if the stall was not an evaluation or checkpoint, the stacks show where every rank waited"
+        sev = "warning"
     else:
         why = (f"training stalled for {report.silent_s:.0f} s or more (no rank completed a step), "
                f"then went on; while stalled: {report.finding}")
@@ -326,4 +359,8 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,
             "evidence": {"silent_s": report.silent_s, "threshold_s": report.threshold_s,
-                         "culprits": report.culprits, "groups": report.groups}}
+                         "stall_s": report.stall_s, "culprits": report.culprits, "groups": report.groups}}
+
+
+def _clock(ts: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts))

@@ -18,7 +18,7 @@ def _d(v: Any) -> dict[str, Any]:
     return v if isinstance(v, dict) else {}
 
 
-@dataclass
+@dataclass(slots=True)
 class PhaseSummary:
     """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
 
@@ -29,21 +29,23 @@ class PhaseSummary:
     p90_ms: Optional[float] = None
     p99_ms: Optional[float] = None
     max_ms: Optional[float] = None
+    #: the 10th percentile: for ``comm``, what even the last rank to arrive waits (the verdicts)
+    p10_ms: Optional[float] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"count": self.count, "mean_ms": self.mean_ms, "steady_mean_ms": self.steady_mean_ms,
-                "p50_ms": self.p50_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
-                "max_ms": self.max_ms}
+                "p10_ms": self.p10_ms, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "p99_ms": self.p99_ms, "max_ms": self.max_ms}
 
     @classmethod
     def from_json(cls, p: Any) -> Optional["PhaseSummary"]:
         if not isinstance(p, dict):
             return None
         return cls(p.get("count") or 0, p.get("mean_ms"), p.get("steady_mean_ms"), p.get("p50_ms"),
-                   p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"))
+                   p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"), p.get("p10_ms"))
 
 
-@dataclass
+@dataclass(slots=True)
 class CommSummary:
     """One rank's communication per steady step (nccl-tests' algbw / busbw)."""
 
@@ -71,49 +73,74 @@ class CommSummary:
         return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
 
 
-@dataclass
+@dataclass(slots=True)
 class MemTrend:
-    """Peak memory early, in the middle and late in a rank's run (bytes); ``rising`` when
-    early < middle < late."""
+    """A rank's peak-memory trend over its run (report/trend.py): the robust (Theil-Sen) line
+    through its windows of steps, the growth it fits from the first steady window to the last,
+    whether it was still rising at the end, and the smallest growth it could tell from the
+    samples' own scatter."""
 
-    early_bytes: int
-    middle_bytes: int
-    late_bytes: int
+    method: str
+    #: windows of steps with a memory sample that the line was fit to, and the steps they span
+    windows: int
+    steps: int
+    start_bytes: int
+    end_bytes: int
     growth_bytes: int
     growth_pct: Optional[float]
+    slope_bytes_per_step: float
+    #: the slope over the last half of the windows (a plateau's is ~0)
+    late_slope_bytes_per_step: float
     rising: bool
+    #: the scatter of the samples about the line (robust standard deviation)
+    noise_bytes: int
+    #: a growth over the run below this cannot be told from that scatter (or is under the floor)
+    min_detectable_bytes: int
 
     def to_json(self) -> dict[str, Any]:
-        return {"early_bytes": self.early_bytes, "middle_bytes": self.middle_bytes,
-                "late_bytes": self.late_bytes, "growth_bytes": self.growth_bytes,
-                "growth_pct": self.growth_pct, "rising": self.rising}
+        return {"method": self.method, "windows": self.windows, "steps": self.steps,
+                "start_bytes": self.start_bytes, "end_bytes": self.end_bytes,
+                "growth_bytes": self.growth_bytes, "growth_pct": self.growth_pct,
+                "slope_bytes_per_step": self.slope_bytes_per_step,
+                "late_slope_bytes_per_step": self.late_slope_bytes_per_step, "rising": self.rising,
+                "noise_bytes": self.noise_bytes, "min_detectable_bytes": self.min_detectable_bytes}
 
     @classmethod
     def from_json(cls, t: Any) -> Optional["MemTrend"]:
         if not isinstance(t, dict):
             return None
-        return cls(t.get("early_bytes") or 0, t.get("middle_bytes") or 0, t.get("late_bytes") or 0,
-                   t.get("growth_bytes") or 0, t.get("growth_pct"), bool(t.get("rising")))
+        if "start_bytes" not in t:  # an older summary's early/middle/late trend
+            early, late = t.get("early_bytes") or 0, t.get("late_bytes") or 0
+            return cls("early-late", 0, 0, early, late, t.get("growth_bytes") or 0, t.get("growth_pct"),
+                       0.0, 0.0, bool(t.get("rising")), 0, 0)
+        return cls(str(t.get("method") or ""), t.get("windows") or 0, t.get("steps") or 0,
+                   t.get("start_bytes") or 0, t.get("end_bytes") or 0, t.get("growth_bytes") or 0,
+                   t.get("growth_pct"), t.get("slope_bytes_per_step") or 0.0,
+                   t.get("late_slope_bytes_per_step") or 0.0, bool(t.get("rising")),
+                   t.get("noise_bytes") or 0, t.get("min_detectable_bytes") or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class MemPeak:
     max_bytes: int
     mean_bytes: int
     trend: Optional[MemTrend]
+    #: why there is no trend (too few windows, and how many it needs); None when there is one
+    trend_why: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"max_bytes": self.max_bytes, "mean_bytes": self.mean_bytes,
-                "trend": self.trend.to_json() if self.trend else None}
+                "trend": self.trend.to_json() if self.trend else None, "trend_why": self.trend_why}
 
     @classmethod
     def from_json(cls, m: Any) -> Optional["MemPeak"]:
         if not isinstance(m, dict):
             return None
-        return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")))
+        return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")),
+                   m.get("trend_why"))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankTelemetry:
     """One rank's record accounting: what arrived, what it produced, what may be unsent."""
 
@@ -146,7 +173,7 @@ class RankTelemetry:
                    t.get("sketched") or 0)
 
 
-@dataclass
+@dataclass(slots=True)
 class ExitRecord:
     """torchrun's record of a worker that failed: its exit code or the signal that ended it, and
     Python's error when the worker wrote one (its last line, and the traceback)."""
@@ -167,7 +194,7 @@ class ExitRecord:
         return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
 
 
-@dataclass
+@dataclass(slots=True)
 class RankSummary:
     """One rank in the summary (``ranks[]``): how it ended, its phases and its telemetry."""
 
@@ -252,7 +279,7 @@ class RankSummary:
             failure=r.get("failure"))
 
 
-@dataclass
+@dataclass(slots=True)
 class Spread:
     """A figure across ranks: the median, and the least and most with their ranks."""
 
@@ -274,7 +301,7 @@ class Spread:
                    s.get("max_rank", -1))
 
 
-@dataclass
+@dataclass(slots=True)
 class Communication:
     """The run's communication: each rank's figures side by side, and the link probe."""
 
@@ -302,7 +329,7 @@ class Communication:
                    {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
 
 
-@dataclass
+@dataclass(slots=True)
 class GpuSummary:
     """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node."""
 
@@ -333,7 +360,44 @@ class GpuSummary:
                    g.get("power_w_mean"), g.get("power_w_max"))
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class CpuThreads:
+    """What a rank said about its CPU (sdk/threads.py): torch's intra-op threads, the cores it may
+    run on, and how long per steady step its training thread waited for a core (the run queue;
+    None where not measured: a rank that never shut down cleanly, a kernel without schedstat)."""
+
+    threads: int
+    cpus: frozenset[int]
+    wait_ms: Optional[float] = None
+    run_ms: Optional[float] = None
+
+    @classmethod
+    def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
+        """The ``cpu_threads`` event's text (sdk/threads.py), or None when it is not one."""
+        import json
+
+        try:
+            raw = json.loads(text)
+            threads = int(raw["threads"])
+            cpus: set[int] = set()
+            for lo, hi in raw.get("cpuset") or []:
+                if 0 <= int(lo) <= int(hi) < 1 << 16:
+                    cpus.update(range(int(lo), int(hi) + 1))
+            if not cpus:  # only a count: cores 0..n-1 (shared with the node's other ranks)
+                cpus = set(range(max(1, min(int(raw.get("cpus") or 1), 1 << 16))))
+            wait = run = None
+            steps = int(raw.get("steps") or 0) - int(raw.get("steps0") or 0)
+            if steps > 0 and all(type(raw.get(k)) is int for k in ("wait_ns", "wait0_ns", "run_ns", "run0_ns")):
+                wait = max(0.0, (raw["wait_ns"] - raw["wait0_ns"]) / steps / 1e6)
+                run = max(0.0, (raw["run_ns"] - raw["run0_ns"]) / steps / 1e6)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            return None
+        if not 0 < threads < 1 << 16:
+            return None
+        return cls(threads, frozenset(cpus), wait, run)
+
+
+@dataclass(slots=True)
 class VerdictContext:
     """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
 
@@ -355,3 +419,11 @@ class VerdictContext:
     communication: Optional[Communication] = None
     #: the verdicts found so far, by kind (a later detector may defer to an earlier one)
     found: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: each rank's run in windows of steps (report/windows.py), by rank: when things happened
+    windows: dict[int, Any] = field(default_factory=dict)
+    #: each rank's compute threads and the cores it may use, by rank (sdk/threads.py; ranks
+    #: that never said are missing)
+    cpu_threads: dict[int, "CpuThreads"] = field(default_factory=dict)
+    #: what a detector found and left out, and why (the straggler: an excess that waiting for a
+    #: core explains), for the detectors after it
+    excused: dict[str, Any] = field(default_factory=dict)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import re
 import sys
 from typing import Any, Optional
 
-from ..aggregator.persist import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
 from ..rundata import RunData
 from .partial import finite, last_resort, render_partial
 from .render_txt import render
+from .summary_file import dumps
 from .summary import build_summary
-
-#: a JSON list of numbers/nulls that ``indent`` spread over several lines
-_NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
 
 
 def write_summary(data: RunData, rd: RunDir, run_name: str, *,
@@ -87,13 +83,3 @@ def write_html(summary: dict[str, Any], rd: RunDir, run_name: str, *, sync: bool
         except (OSError, ValueError):
             pass
         return None
-
-
-def dumps(summary: dict[str, Any]) -> bytes:
-    """The summary as indented JSON, with lists of numbers kept on one line each (the series
-    would otherwise take a line per number)."""
-    text = json.dumps(summary, indent=1, allow_nan=False)
-    # a raw newline never occurs inside a JSON string, so a match spanning lines is a list
-    text = _NUMBER_LIST.sub(lambda m: "[" + ",".join(x.strip() for x in m.group(1).split(","))
-                            + "]" if "\n" in m.group(0) else m.group(0), text)
-    return (text + "\n").encode()

@@ -58,7 +58,7 @@ def last_resort(data: dict[str, Any], exc: BaseException, *, files: dict[str, An
     summary of the data without its non-finite values when that can be built, else the partial
     one. Never raises."""
     from ..rundata import RunData
-    from .output import dumps
+    from .summary_file import dumps
     from .summary import build_summary
 
     clean, bad = finite(data)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from ..aggregator.persist import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, atomic_write
+from ..rundir import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, atomic_write
 from ..errors import TraceMLError
 from .summary_file import read_summary
 

@@ -110,8 +110,12 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
         lines.append("  (provisional: written on SIGTERM before the launcher reported the exit)")
     rb = doc.rebuilt
     if rb:
-        lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
-                     "it is missing)")
+        if rb.get("final_checkpoint"):  # the run's end is in it: nothing is missing
+            lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}, after the "
+                         "run's end was recorded: exact)")
+        else:
+            lines.append(f"  (rebuilt from the checkpoint taken at {rb.get('taken_at_iso')}; data after "
+                         "it is missing)")
     if run.reason:
         lines.append(f"  reason: {run.reason}")
     nodes = topo.nodes
@@ -142,7 +146,9 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
 
         head, *rest = render_hang(doc.hang.to_json())
         lines.append("")
-        lines.append(("Hang report (steps then resumed): " if doc.hang.resumed else "Hang report: ")
+        stall = doc.hang.report.stall_s
+        lines.append((f"Hang report (the stall lasted {stall:.0f} s, then steps resumed): " if stall is not None
+                      else "Hang report (steps then resumed): " if doc.hang.resumed else "Hang report: ")
                      + head.split(": ", 1)[1])
         lines += rest
     lines.append("")
@@ -156,7 +162,7 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
             if name != "step":
                 unmeasured.append(name)
             continue
-        label = "between" if name == "outside" else name
+        label = {"outside": "between", "nophase": "no phase"}.get(name, name)
         lines.append(f"  {label:<10}                         {_f(a.median_ms, '', 2):>9} "
                      f"{_f(a.worst_ms, '', 2):>9} ({a.worst_rank:>4})  {_f(a.skew, 'x', 2):>6}")
     if unmeasured and ac.get("step"):
@@ -172,7 +178,12 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
     if mems:
         mx, r = max(mems, key=lambda x: x[0])
         tr = r.mem_peak.trend if r.mem_peak else None
-        trend = "" if not tr or tr.growth_pct is None else f", trend {tr.growth_pct:+.1f}% over the run"
+        if tr and tr.growth_pct is not None:
+            trend = f", trend {tr.growth_pct:+.1f}% over the run"
+        elif r.mem_peak and r.mem_peak.trend_why:
+            trend = f"; {r.mem_peak.trend_why}"
+        else:
+            trend = ""
         lines.append(f"Memory peak: {_bytes(mx)} (rank {r.rank}){trend}")
     sys_parts = []
     for n in doc.system_nodes[:MAX_RANK_LINES]:

@@ -15,7 +15,6 @@ from ..aggregator.series import series_values
 from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
 from ..rundata import PhaseData, RankData
 from .model import MemTrend
-from .thresholds import MEM_MIN_BUCKETS, MEM_SKIP_FRACTION
 
 NS_PER_MS = 1_000_000.0
 
@@ -105,27 +104,3 @@ def merged_series(ranks: Sequence[RankData]) -> dict[str, Any]:
         "mean_ms": [ms(t / c) if c else None for t, c in zip(tot_sum, tot_cnt)],
         "max_ms": [ms(m) if m >= 0 else None for m in tot_max],
     }
-
-
-def mem_trend(mem_max: Sequence[int]) -> Optional[MemTrend]:
-    """Peak-memory trend over a rank's run from its series buckets (-1 = no data).
-
-    Early = median of the buckets right after the skipped start, late = median of the last fifth,
-    middle = median of the middle fifth; ``rising`` when early < middle < late.
-    """
-    vals = [v for v in mem_max if v >= 0]
-    if len(vals) < MEM_MIN_BUCKETS:
-        return None
-    skip = int(len(vals) * MEM_SKIP_FRACTION)
-    body = vals[skip:]
-    k = max(1, len(body) // 5)
-    early = median(body[:k])
-    mid_start = (len(body) - k) // 2
-    middle = median(body[mid_start:mid_start + k])
-    late = median(body[-k:])
-    assert early is not None and middle is not None and late is not None
-    growth = late - early
-    return MemTrend(early_bytes=int(early), middle_bytes=int(middle), late_bytes=int(late),
-                    growth_bytes=int(growth),
-                    growth_pct=round(100.0 * growth / early, 2) if early > 0 else None,
-                    rising=early < middle < late)

@@ -14,6 +14,7 @@ Pure functions of typed run data and the summary's rank rows; the failure headli
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from ..rundata import Finish, NodeData, RankData
@@ -72,15 +73,59 @@ def failed_by_itself(rank: RankSummary) -> bool:
     return raised_an_exception(rank) and peer_loss(rank) is None
 
 
+@dataclass(frozen=True)
+class NodeFailure:
+    """A node whose own launcher or torchrun failed (:func:`node_failures`)."""
+
+    node: int
+    host: Optional[str]
+    #: ``torchrun_killed`` or ``launcher_lost``
+    cause: str
+    signal: Optional[str] = None
+    #: the node launcher's exit code
+    exit_code: Optional[int] = None
+    at: Optional[float] = None
+
+    @property
+    def name(self) -> str:
+        return f"node {self.node}" + (f" ({self.host})" if self.host else "")
+
+
+def node_failures(nodes: dict[int, NodeData], finish: Optional[Finish],
+                  hostnames: Sequence[str] = ()) -> list[NodeFailure]:
+    """Nodes whose own launcher or torchrun ended abnormally, not by the run's stop: torchrun
+    killed by a signal its launcher did not send (its node report: ``torchrun.signal``; node 0's
+    comes with the launcher's finish), or a launcher that vanished (its link closed without a
+    goodbye: the launcher was killed, or the node was lost). Their ranks die with them and the
+    other nodes' ranks then fail in their collectives, so such a node is a cause, not a
+    consequence (report/failure.py names it)."""
+    out = []
+    for n in sorted(nodes):
+        ni = nodes[n]
+        report = finish if n == 0 else ni.bye
+        host = ni.host or (hostnames[n] if 0 <= n < len(hostnames) else "") or None
+        tr = report.torchrun if report is not None else None
+        if tr is not None and tr.signal and tr.signal not in INTERRUPT_SIGNALS:
+            out.append(NodeFailure(n, host, "torchrun_killed", tr.signal, report.exit_code,  # type: ignore[union-attr]
+                                   tr.at if tr.at is not None else report.at))  # type: ignore[union-attr]
+        elif n != 0 and ni.bye is None and ni.left_at is not None:
+            out.append(NodeFailure(n, host, "launcher_lost", at=ni.left_at))
+    return out
+
+
 def failed_before_interrupt(nodes: dict[int, NodeData], exits: dict[int, ExitRecord],
-                            ranks: Sequence[RankSummary]) -> bool:
+                            ranks: Sequence[RankSummary], node_fail: Sequence[NodeFailure] = (),
+                            stopped_at: Optional[float] = None) -> bool:
     """Whether the run had failed on its own before node 0's launcher was interrupted: torchrun
     recorded a failed worker (it records none when a SIGTERM stopped it), another node's
-    launcher ended in error rather than interrupted, or a rank raised an exception of its own
-    (the task layout has no torchrun, and a node's report there is its local rank 0's only).
-    Then the SIGTERM was a consequence (srun --kill-on-bad-exit stopping the step after that
-    rank failed), not the cause."""
+    launcher ended in error rather than interrupted, a node's launcher or torchrun failed
+    (``node_fail``) before node 0's launcher began stopping its torchrun (``stopped_at``), or a
+    rank raised an exception of its own (the task layout has no torchrun, and a node's report
+    there is its local rank 0's only). Then the SIGTERM was a consequence (srun
+    --kill-on-bad-exit stopping the step after that rank failed), not the cause."""
     if any(exit_failed_by_itself(e) for e in exits.values()):
+        return True
+    if stopped_at is not None and any(nf.at is not None and nf.at < stopped_at for nf in node_fail):
         return True
     if any(n != 0 and ni.bye is not None and ni.bye.status == "error" for n, ni in nodes.items()):
         return True

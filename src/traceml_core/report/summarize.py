@@ -3,7 +3,8 @@
 The aggregator checkpoints its whole aggregate to ``<run_dir>/aggregate.state`` every couple of
 seconds, so when it is killed (OOM killer, SIGKILL, node 0 rebooted) no run is lost: this
 rebuilds ``final_summary.{json,txt,html}`` through the same code as the live summary, marked
-``rebuilt`` with the time the checkpoint was taken (data after that is missing). The launcher
+``rebuilt`` with the time the checkpoint was taken (data after that is missing, unless the run's
+end is in it: then the rebuilt summary is exact and says so). The launcher
 calls it itself when its aggregator is gone at the end of a run; users can call it any time.
 
 Usage: ``traceml summarize RUN_DIR`` (or ``python -m traceml_core.report.summarize RUN_DIR``).
@@ -17,10 +18,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.persist import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
+from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
-from ..rundata import Finish, RunData
+from ..rundata import Finish, LaunchLifecycle, NodeData, RunData
 from .output import write_summary
 from .summary import iso
 
@@ -108,16 +109,25 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
                              f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
                              "another traceml version.") from None
+    # the run's end is in the checkpoint (the final one, written with the summary, or one taken
+    # after the launcher's end report): everything the run sent is in it, and the rebuilt
+    # summary is exact
+    end_recorded = bool(doc.get("final")) or data.finish is not None
     if finish is not None and data.finish is None:  # what the launcher knows about the end
         data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
                               source="launcher (after the aggregator was gone)")
+        if isinstance(finish.get("lifecycle"), dict):   # node 0's launcher's own record
+            node0 = next((n for n in data.nodes if n.node == 0), None)
+            if node0 is None:
+                data.nodes.insert(0, node0 := NodeData(0))
+            node0.lifecycle = LaunchLifecycle.from_checkpoint(finish["lifecycle"])
     run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)
     except OSError as exc:
         raise SummarizeError(f"Cannot write the rebuilt summary for {run_dir}: {exc}") from None
     rebuilt = {"checkpoint": str(path), "taken_at": doc["taken_at"],
-               "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": bool(doc.get("final"))}
+               "taken_at_iso": iso(doc["taken_at"]), "final_checkpoint": end_recorded}
     return write_summary(data, rd, run_name, rebuilt=rebuilt)
 
 

@@ -24,24 +24,25 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from ..aggregator.series import series_values
-from ..rundata import Finish, NodeData, OomReport, PhaseData, RankData, RunData
-from ..wire.protocol import DURATION_COLUMNS
+from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
+from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
 from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
-from .document import (Across, CompareSection, HangSection, RunSection, StepSeries, StepTime, Summary,
+from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
                        SystemNode, Telemetry, TopoNode, Topology, Verdict)
-from .model import (Communication, CommSummary, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
+from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
-from .stats import merge_sketches, merged_series, mem_trend, median, ms, phase_quantiles, step_time
+from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
 from .steps import no_steps_reason, steps_block
 from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
-from .verdicts import judge
+from .trend import memory_trend
+from .verdicts import judge, no_phase
+from .windows import memory_points, run_windows
 
 SCHEMA_VERSION = 1
-QUANTILES = (0.5, 0.9, 0.99)
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
 
 
 def phase_name(column: str) -> str:
@@ -75,7 +76,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
                                  s.world_size, end.status),
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
-        cpu_busy_pct=timing.cpu_busy_pct))
+        cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
+        cpu_threads=cpu_threads_of(data.ranks)))
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -86,7 +88,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
             finish_reported_by=finish.source if finish else None),
         topology=topology_of(data, rows.ranks), steps=steps,
         verdict=verdicts[0], other_verdicts=verdicts[1:],
-        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["outside"], warmup_steps=WARMUP_STEPS,
+        phases=[phase_name(c) for c in DURATION_COLUMNS] + ["nophase", "outside"], warmup_steps=WARMUP_STEPS,
         step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
         communication=communication, ranks=rows.ranks, rank_endings=S.endings(rows.ranks),
         system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
@@ -163,9 +165,10 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
 def _phase(ph: PhaseData) -> Optional[PhaseSummary]:
     if ph.count <= 0:
         return None
-    p50, p90, p99 = phase_quantiles(ph, QUANTILES)
+    p10, p50, p90, p99 = phase_quantiles(ph, QUANTILES)
     return PhaseSummary(count=ph.count, mean_ms=ms(ph.mean_ns), steady_mean_ms=ms(ph.steady_mean_ns),
-                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max))
+                        p50_ms=ms(p50), p90_ms=ms(p90), p99_ms=ms(p99), max_ms=ms(ph.max),
+                        p10_ms=ms(p10))
 
 
 def _comm(r: RankData, phases: dict[str, Optional[PhaseSummary]]) -> Optional[CommSummary]:
@@ -245,8 +248,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         phases=phases,
         outside_ms=ms(r.outside.mean_ns),
         comm=_comm(r, phases),
-        mem_peak=(MemPeak(max_bytes=mem.max, mean_bytes=int(mem.sum / mem.count),
-                          trend=mem_trend(series_values(r.series, "mem_max"))) if mem.count else None),
+        mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(
             received=r.received, expected=expected, lost=max(0, expected - r.received),
             unsent_max=_unsent_bound(r, ended),
@@ -258,6 +260,27 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
     )
 
 
+def _mem_peak(r: RankData) -> MemPeak:
+    """The rank's memory peak and its trend over the run (report/trend.py), or why there is none."""
+    trend, why = memory_trend(memory_points(r))
+    return MemPeak(max_bytes=r.mem.max, mean_bytes=int(r.mem.sum / r.mem.count), trend=trend,
+                   trend_why=why)
+
+
+def cpu_threads_of(ranks: Sequence[RankData]) -> dict[int, CpuThreads]:
+    """Each rank's last ``cpu_threads`` event (sdk/threads.py): its threads, its cores and its
+    wait for a core."""
+    out: dict[int, CpuThreads] = {}
+    for r in ranks:
+        for e in reversed(r.events):
+            if e.kind == THREADS_EVENT:
+                fact = CpuThreads.from_event_text(e.text)
+                if fact is not None:
+                    out[r.rank] = fact
+                break
+    return out
+
+
 def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> RankSummary:
     # its error: what torchrun's record of it says (Python's error of a worker that failed before
     # TraceML started in it), if anything
@@ -267,6 +290,14 @@ def _never_joined(rank: int, node: int, exit_: Optional[ExitRecord] = None) -> R
 
 
 # --- topology ------------------------------------------------------------------------------------
+def _lifecycle(lc: Optional[LaunchLifecycle]) -> Optional[NodeLifecycle]:
+    """A node's launch lifecycle with local ISO times."""
+    if lc is None:
+        return None
+    return NodeLifecycle({p: iso(at) for p, at in lc.phases.items()}, iso(lc.first_step),
+                         iso(lc.allocation_start), lc.restarts)
+
+
 def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
     """The topology step: the world's shape, and per node who joined when and how it left."""
     s, finish = data.settings, data.finish
@@ -285,7 +316,8 @@ def topology_of(data: RunData, ranks: Sequence[RankSummary]) -> Topology:
             joined_at=iso(joined_at), join_delay_s=delay,
             late=bool(delay is not None and delay > s.late_after_s),
             left_early=ni.left_at is not None or node in failed_nodes,
-            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, [])))
+            exit_code=ni.bye.exit_code if ni.bye else None, ranks=by_node.get(node, []),
+            lifecycle=_lifecycle(ni.lifecycle)))
     return Topology(nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, world_size=s.world_size,
                     master_addr=s.master_addr or None, nodes_joined=sum(1 for n in rows if n.joined),
                     nodes=rows)
@@ -325,9 +357,11 @@ def timing_of(data: RunData, ranks: Sequence[RankSummary]) -> Timing:
 def across_ranks(ranks: Sequence[RankSummary]) -> dict[str, Optional[Across]]:
     """Per phase, the ranks' steady means side by side: the median, the worst and the skew."""
     out: dict[str, Optional[Across]] = {}
-    for c in DURATION_COLUMNS + ("outside",):
+    for c in DURATION_COLUMNS + ("nophase", "outside"):
         name = phase_name(c)
-        vals = [(v, r.rank, r.node) for r in ranks for v in (r.steady_ms(name),) if v is not None]
+        vals = [(v, r.rank, r.node) for r in ranks
+                for v in ((no_phase(r.steady_ms("step"), r.steady_ms) if name == "nophase" else r.steady_ms(name)),)
+                if v is not None]
         if not vals:
             out[name] = None
             continue
@@ -425,8 +459,10 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
     rank's role; a run no rank of which reached a step did not start), else the launcher's
     reason."""
     finish, ranks = data.finish, rows.ranks
+    nodes = S.node_failures(data.node_by_id(), finish, data.settings.hostnames)
+    stopped_at = finish.torchrun.stopped_at if finish is not None and finish.torchrun is not None else None
     status = S.run_status(finish, ranks, provisional,
-                          S.failed_before_interrupt(data.node_by_id(), rows.exits, ranks))
+                          S.failed_before_interrupt(data.node_by_id(), rows.exits, ranks, nodes, stopped_at))
     hang, ended_hung = last_hang(data)
     reason = finish.reason if finish else ""
     alone = False
@@ -434,7 +470,7 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
         found: Optional[dict[str, Any]] = hang_verdict(data.hangs[-1], ended_hung=True)
         short = "hung: " + data.hangs[-1].finding
     else:
-        found = diagnose(ranks, rows.oom_by_node, status)
+        found = diagnose(ranks, rows.oom_by_node, status, nodes)
         never = did_not_start(ranks, found) if found is not None else None
         if never is not None:  # no rank trained: nothing about steps or performance
             found, alone = never, True

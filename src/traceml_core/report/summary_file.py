@@ -1,13 +1,15 @@
-"""Reading a ``final_summary.json`` a user points at, with the one-paragraph errors both ``traceml
-report`` and ``traceml compare`` give (each names the file and says what to pass instead)."""
+"""The ``final_summary.json`` file: how it is written (:func:`dumps`), and reading one a user points
+at, with the one-paragraph errors both ``traceml report`` and ``traceml compare`` give (each names
+the file and says what to pass instead)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
-from ..aggregator.persist import SUMMARY_JSON
+from ..rundir import SUMMARY_JSON
 from ..errors import TraceMLError
 
 
@@ -25,3 +27,17 @@ def read_summary(p: Path, who: str, error: type[TraceMLError]) -> dict[str, Any]
         raise error(f"{who}: not a TraceML summary (no schema_version/run fields). Pass the "
                     f"{SUMMARY_JSON} that `traceml run` wrote, or its run directory.")
     return doc
+
+
+#: a JSON list of numbers/nulls that ``indent`` spread over several lines
+_NUMBER_LIST = re.compile(r"\[(\s*(?:-?[0-9][0-9.eE+-]*|null)(?:,\s*(?:-?[0-9][0-9.eE+-]*|null))*\s*)\]")
+
+
+def dumps(summary: dict[str, Any]) -> bytes:
+    """The summary as indented JSON, with lists of numbers kept on one line each (the series
+    would otherwise take a line per number)."""
+    text = json.dumps(summary, indent=1, allow_nan=False)
+    # a raw newline never occurs inside a JSON string, so a match spanning lines is a list
+    text = _NUMBER_LIST.sub(lambda m: "[" + ",".join(x.strip() for x in m.group(1).split(","))
+                            + "]" if "\n" in m.group(0) else m.group(0), text)
+    return (text + "\n").encode()

@@ -47,6 +47,34 @@ STRAGGLER_EXCESS_CRIT = 0.25
 #: ...and at least 2 ms per step: below that the difference is scheduler and timer noise on
 #: small CPU runs.
 STRAGGLER_FLOOR_MS = 2.0
+#: A straggler is slower through the run, not in a stretch of it: the excess judged is the one
+#: the rank shows in at least half of the run's stretches of steps (the median of its excess per
+#: stretch over the other ranks' median). A rank that another process starved of its core for a
+#: while, or that was paused, has a large mean excess but none in most stretches; one with a
+#: slower GPU, a slower data shard or extra work shows it in every stretch. The median, not a
+#: lower quantile: on a machine shared with other jobs, two ranks' stretches differ by tens of
+#: milliseconds either way, and a lower quantile would hide a real straggler under that noise.
+STRAGGLER_PERSISTENT_QUANTILE = 0.5
+#: ...and beyond the run's own noise: the mean excess over the stretches less this many standard
+#: errors (the stretches' robust scatter about their trend), about 97.5 % one-sided confidence.
+#: On a machine shared with other jobs two ranks' stretches differ by tens of milliseconds either
+#: way, and persist for a while; an excess that noise can explain is not a straggler.
+STRAGGLER_CONFIDENCE_SE = 2.0
+#: A stretch is at least this many steps (whole windows of the run's series).
+STRAGGLER_STRETCH_STEPS = 8
+#: ...judged on at least this many stretches of steady steps; with fewer, the mean excess is
+#: used and the verdict says that persistence was not checked (and how many it needs).
+STRAGGLER_MIN_WINDOWS = 4
+#: "mostly in <phase>" only when that phase holds at least half of the rank's excess; otherwise
+#: the excess is "spread over" every phase holding at least a fifth of it.
+ATTRIBUTION_MOSTLY = 0.5
+ATTRIBUTION_LIST = 0.2
+#: A pause is not a straggler (verdicts.one_pause): one wait of the other ranks longer than 50
+#: median steps is one event (a rank stopped, a debugger, a save on one rank), not slowness at
+#: every step; it is taken out of that rank's excess before the rest is judged. 50 steps: a
+#: straggler's own longest step rarely exceeds a few of its slow steps, while the pauses this is
+#: for last seconds to minutes.
+PAUSE_MIN_STEPS = 50.0
 
 # --- memory creep --------------------------------------------------------------------------------
 #: The early window starts after this fraction of the run (allocator caches and optimizer state
@@ -61,8 +89,45 @@ MEM_CREEP_GROWTH_CRIT = 0.30
 #: ...and at least 64 MiB, so allocator rounding and a few cached blocks on a small model are not
 #: called a leak.
 MEM_CREEP_FLOOR_BYTES = 64 * MiB
-#: The trend needs this many series buckets with data (each bucket covers >= 1 step).
-MEM_MIN_BUCKETS = 16
+#: The trend (a robust Theil-Sen line, report/trend.py) needs this many windows of steps with a
+#: memory sample after the skipped start: four points give six pairwise slopes, enough for a
+#: median that one outlier cannot move; fewer, and the summary says so and how many it needs.
+MEM_MIN_WINDOWS = 4
+#: Still rising at the end: the slope over the last half of the windows is at least half the
+#: whole run's. A leak keeps its pace (late slope ~ the whole run's); a plateau (memory that grew
+#: early, then stopped: caches filling, optimizer state) has a late slope near zero.
+MEM_STILL_RISING = 0.5
+
+# --- periodic work between steps ----------------------------------------------------------------
+#: Time between steps is *periodic* (an evaluation, a checkpoint, logging every k steps) when it
+#: comes in bursts: windows whose time between steps is over 3x the median window's (and over it
+#: by at least 1 ms per step) hold at least 60 % of it, in at least 2 separate bursts, and at most
+#: half of the windows are bursts. Otherwise it is spread over every step (a get_batch()).
+PERIODIC_BURST_RATIO = 3.0
+PERIODIC_BURST_FLOOR_MS = 1.0
+PERIODIC_BURST_SHARE = 0.6
+PERIODIC_MIN_BURSTS = 2
+#: ...needs this many windows of steady steps to see a pattern at all.
+PERIODIC_MIN_WINDOWS = 8
+#: Severity, as for input: the share of the wall clock per step the bursts take, and an absolute
+#: floor in ms per step on average.
+PERIODIC_FRACTION_WARN = 0.10
+PERIODIC_FRACTION_CRIT = 0.30
+PERIODIC_FLOOR_MS = 1.0
+PERIODIC_CRIT_FLOOR_MS = 5.0
+
+# --- CPU threads -----------------------------------------------------------------------------------
+#: A CPU run is oversubscribed when the ranks of a node ask, together, for more torch intra-op
+#: threads than the cores they may run on (their affinity masks' union): more than one thread per
+#: core, some always wait; OpenMP's threads spin while they wait, which makes it worse than the
+#: ratio suggests. Critical from two threads per core.
+CPU_OVERSUBSCRIBED = 1.0
+CPU_OVERSUBSCRIBED_CRIT = 2.0
+#: Waiting for a core a tenth of the wall clock per step (the training thread runnable, not
+#: running) is worth a note: the step times include it. Information only, never a warning: it
+#: comes from outside the job's work (other processes, or the job's own threads, which the
+#: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
+CPU_CONTENTION_NOTE = 0.10
 
 # --- GPU utilisation -----------------------------------------------------------------------------
 #: NVML utilisation is the fraction of time any kernel ran; under 50 % on average the GPUs are idle
@@ -88,6 +153,14 @@ COMM_FRACTION_CRIT = 0.35
 COMM_FLOOR_MS = 1.0
 #: A critical communication verdict also needs 5 ms per step.
 COMM_CRIT_FLOOR_MS = 5.0
+#: The wait judged is each rank's 10th percentile of its per-step wait, the least over ranks: in
+#: a step, the last rank to arrive at the all-reduce waits only for the transfer itself, the
+#: others also for it. Ranks that take turns at arriving last (jitter from a busy CPU, no slow
+#: link) each wait little in a good share of steps, so their low percentile is small however
+#: long their mean wait; on a slow link every step waits for the bytes to move, so even the 10th
+#: percentile is long. (With more than ~5 ranks taking turns, each is last in under a tenth of
+#: the steps, and the figure includes some waiting for peers.)
+COMM_WAIT_QUANTILE = 0.10
 #: Overlap below 30 % (exposed wait >= 70 % of the time collectives are in flight): the
 #: all-reduce mostly runs after backward instead of under it, so bucket size and ordering
 #: (bucket_cap_mb, static_graph) are worth a look besides the network itself.

@@ -19,7 +19,7 @@ its own time, never in its step time.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
@@ -27,6 +27,7 @@ from .document import Envelope, GpuSeries, NodeSeries, RankSeries, Timeline, Ver
 from .model import RankSummary
 from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
+from .windows import means, phase_col, regroup
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
 RANK_LINES = 64
@@ -35,38 +36,26 @@ FEATURED_RANKS = 16
 NS_PER_MS = 1e6
 
 
-def _regroup(values: list, factor: int, combine: str) -> list:
-    if factor <= 1:
-        return values
-    fn = sum if combine == "sum" else max
-    return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
-
-
 def _means(sums: list, cnts: list, n: int) -> list[Optional[float]]:
-    out = [round(s / c / NS_PER_MS, 4) if c else None for s, c in zip(sums, cnts)]
-    return out + [None] * (n - len(out))
-
-
-def _phase_col(name: str) -> str:
-    return name[:-3] if name.endswith("_ns") else name
+    return means(sums, cnts, n, digits=4)
 
 
 def rank_series(r: RankData, width: int, n: int, started_at: float) -> RankSeries:
     """One rank's series at bucket width ``width`` (a multiple of its own), ``n`` buckets long."""
     s = r.series
     f = max(1, width // max(1, int(s["width"])))
-    scnt = _regroup(series_values(s, "step_cnt"), f, "sum")
-    step = _means(_regroup(series_values(s, "step_sum"), f, "sum"), scnt, n)
+    scnt = regroup(series_values(s, "step_cnt"), f, "sum")
+    step = _means(regroup(series_values(s, "step_sum"), f, "sum"), scnt, n)
     smax = [None if m < 0 else round(m / NS_PER_MS, 4)
-            for m in _regroup(series_values(s, "step_max"), f, "max")]
-    mem = [None if m < 0 else m for m in _regroup(series_values(s, "mem_max"), f, "max")]
+            for m in regroup(series_values(s, "step_max"), f, "max")]
+    mem = [None if m < 0 else m for m in regroup(series_values(s, "mem_max"), f, "max")]
     t_end = [None if t < 0 else round(t / 1e9 - started_at, 3)
-             for t in _regroup(series_values(s, "t_end"), f, "max")]
+             for t in regroup(series_values(s, "t_end"), f, "max")]
     phases: dict[str, list[Optional[float]]] = {}
     for col in series_phases(s):
-        cnt = _regroup(series_values(s, "phase_cnt", col), f, "sum")
+        cnt = regroup(series_values(s, "phase_cnt", col), f, "sum")
         if any(cnt):
-            phases[_phase_col(col)] = _means(_regroup(series_values(s, "phase_sum", col), f, "sum"),
+            phases[phase_col(col)] = _means(regroup(series_values(s, "phase_sum", col), f, "sum"),
                                              cnt, n)
     own = []
     for i, st in enumerate(step):
@@ -86,8 +75,8 @@ def _step_and_own(r: RankData, width: int, n: int) -> tuple[list, list]:
     f = max(1, width // max(1, int(s["width"])))
 
     def means(key: str, phase: Optional[str] = None) -> list[Optional[float]]:
-        cnt = _regroup(series_values(s, key.replace("sum", "cnt"), phase), f, "sum")
-        tot = _regroup(series_values(s, key, phase), f, "sum")
+        cnt = regroup(series_values(s, key.replace("sum", "cnt"), phase), f, "sum")
+        tot = regroup(series_values(s, key, phase), f, "sum")
         out = [t / c / NS_PER_MS if c else None for t, c in zip(tot, cnt)]
         return out + [None] * (n - len(out))
 

@@ -143,6 +143,34 @@ def difference_interval(a: list[tuple[float, float]], b: list[tuple[float, float
     return lo, hi
 
 
+def ratio_interval(a: list[tuple[float, float]], b: list[tuple[float, float]],
+                   level: float = 0.95) -> Optional[tuple[float, float]]:
+    """Interval of ``stat_B / stat_A`` for independent bootstrap distributions ``a`` and ``b``.
+
+    A time cannot fall by more than all of it: an interval of the *difference* widened
+    symmetrically can reach below -100 % of A (a 95 % interval of [-140 %, -28 %]), one of the
+    *ratio* cannot go below 0 (the ratio of two positive times), whatever the spread. None when
+    A's distribution has no positive value (a ratio to zero is no figure)."""
+    a = [(va, pa) for va, pa in _trim(a) if va > 0]
+    b = _trim(b)
+    if not a or not b:
+        return None
+    pairs = [(vb / va, pa * pb) for va, pa in a for vb, pb in b]
+    tail = (1.0 - level) / 2.0
+    lo, hi = _dist_quantiles(pairs, (tail, 1.0 - tail))
+    return lo, hi
+
+
+def widen_ratio(lo: float, hi: float, ratio: float, rel_halfwidths: Sequence[float]) -> tuple[float, float]:
+    """The ratio interval ``[lo, hi]`` widened, where wider, by the runs' relative spread over
+    time (each a relative half-width of one run's median, see :func:`block_relative_halfwidth`),
+    combined on the log scale: ``ratio * exp(+-sqrt(sum(log(1 + h)^2)))``, which stays above 0."""
+    if not rel_halfwidths or ratio <= 0:
+        return lo, hi
+    half = math.sqrt(sum(math.log1p(max(0.0, h)) ** 2 for h in rel_halfwidths))
+    return min(lo, ratio * math.exp(-half)), max(hi, ratio * math.exp(half))
+
+
 # --- the block bootstrap over the step series -----------------------------------------------------
 def _median(xs: Sequence[float]) -> float:
     s = sorted(xs)

@@ -78,6 +78,8 @@ class _Session:
         self.tracer: Tracer = TRACER
         self.client: Any = None
         self.probe: Any = None
+        #: the CPU probe (sdk/threads.py): threads, cores, the training thread's wait for a core
+        self.cpu: Any = None
         self.status = "clean"
         self.error: Optional[str] = None
         #: the step a fatal error happened in (or, between steps, the next step's index), and
@@ -273,6 +275,11 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
+    from .threads import ThreadsProbe
+
+    # threads against cores, and the wait for a core of the thread that trains (the one in init)
+    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id)
+    s.client.add_periodic(s.cpu, 0.5)
     _install_exit_hooks()
     if info is not None and info.stack_dir:
         from . import stackdump
@@ -343,6 +350,8 @@ def shutdown(timeout: Optional[float] = None) -> None:
     if s is None or s.closed:
         return
     TRACER.owners.before_shutdown()   # the final step-source notice goes out before the bye
+    if s.cpu is not None:
+        s.cpu.final()              # the run's wait for a core, before the bye too
     s.closed = True
     TRACER.stop()
     r = s.recorder

@@ -96,7 +96,9 @@ def start_view(config: Any, fetch: Fetch, *, log: Callable[[str], None] = _log) 
             dash = Dashboard(feed, host=config.dashboard_host, port=config.dashboard_port,
                              preferred_port=int(config.aggregator_port) + 1)
             dash.start()
-            for line in dash.announce():
+            from .dashboard import token_exposure
+
+            for line in dash.announce(token_exposure(2, str(getattr(config, "cluster", "") or ""))):
                 log(line)
             return _Handle(feed, dash)
         if is_terminal(sys.stdout):

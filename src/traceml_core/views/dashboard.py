@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
 import socket
+import stat
 import threading
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -129,6 +131,54 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(405, b"read-only\n", "text/plain; charset=utf-8")
 
 
+def token_exposure(fd: int = 2, cluster: str = "") -> Optional[str]:
+    """Why the launcher's log (``fd``) may be read by others, or None when only this user can:
+    a terminal, or a file of this user's that nobody else may read (mode 0600). A regular file
+    readable by others is named with its mode; under a cluster (``cluster``, e.g. ``slurm``) the
+    output is a pipe to the job's output file, which Slurm creates with the user's umask (usually
+    readable by everyone). A pipe outside a cluster is the user's own (``| tee``, a test)."""
+    try:
+        if os.isatty(fd):
+            return None
+        st = os.fstat(fd)
+    except OSError:
+        return "the log's destination could not be checked"
+    if stat.S_ISREG(st.st_mode):
+        if st.st_uid == os.getuid() and not st.st_mode & 0o077:
+            return None
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            name = "the log file"
+        return (f"{name} is readable by others (mode {stat.S_IMODE(st.st_mode):04o}; `chmod 600` it, or "
+                "set `umask 077` before the run, to see the token here)")
+    if cluster and cluster != "none":
+        return ("the log goes to the job's output file, which the scheduler creates readable by others "
+                "unless your umask says otherwise")
+    return None
+
+
+def write_private_url(dash: "Dashboard") -> Optional[str]:
+    """The dashboard's address with its token, in ``$TMPDIR/traceml-<uid>/dashboard-<port>.url``
+    (the directory 0700 and this user's, the file 0600, never through a symlink); its path, or
+    None when it cannot be written."""
+    from ..rundir import fallback_root, private_dir
+
+    try:
+        private_dir(fallback_root())
+        path = fallback_root() / f"dashboard-{dash.port}.url"
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(dash.url + "\n")
+        return str(path)
+    except OSError:
+        return None
+
+
 class Dashboard:
     def __init__(self, feed: LiveFeed, *, host: str = "127.0.0.1", port: int = 0,
                  preferred_port: Optional[int] = None, token: Optional[str] = None) -> None:
@@ -157,13 +207,24 @@ class Dashboard:
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}/?token={self.token}"
 
-    def announce(self) -> list[str]:
+    def announce(self, exposed: Optional[str] = None) -> list[str]:
+        """The log lines that say where the dashboard is. ``exposed``: why the log may be read by
+        others (:func:`token_exposure`); then the token goes to a file only this user can read
+        (:func:`write_private_url`), and the lines say where."""
         node = socket.gethostname()
+        secret = f"?token={self.token}"
         lines = [f"dashboard: {self.url}"]
+        if exposed is not None:
+            where = write_private_url(self)
+            secret = ""
+            lines = [f"dashboard: {self.url.split('?', 1)[0]} (the address with its access token is in "
+                     + (f"{where}, readable only by you" if where else "no file: TraceML could not write one")
+                     + f"; it is not printed here because {exposed})"]
         if self.host in ("127.0.0.1", "::1", "localhost"):
             lines.append(f"  from your laptop: ssh -L {self.port}:127.0.0.1:{self.port} {node}  "
                          f"(add -J <login-node> if {node} is only reachable through it), then open "
-                         f"http://localhost:{self.port}/?token={self.token}")
+                         f"http://localhost:{self.port}/{secret}"
+                         + (" with the token from that file" if exposed is not None else ""))
         else:
             lines.append(f"  warning: listening on {self.host}, not only on this node: the token in "
                          "the URL is the only protection")

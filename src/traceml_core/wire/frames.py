@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from .. import limits
 from ..limits import Limit
 from . import fold
-from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
                        SYSTEM_FIELDS, ProtocolError)
 
 #: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
@@ -258,7 +258,42 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
         src = oom.get("source")
         oom = {"kills": oom["kills"], "limit_bytes": limit if type(limit) is int else None,
                "source": src[:200] if isinstance(src, str) else None}
-    return {"workers": workers, "oom": oom}
+    tr = msg.get("torchrun")
+    if tr is not None:  # how the node's torchrun ended (launcher/run.py: torchrun_record)
+        if type(tr) is not dict:
+            raise ProtocolError("torchrun must be a map")
+        sig, code = tr.get("signal"), tr.get("exitcode")
+        tr = {"exitcode": code if type(code) is int else None,
+              "signal": sig[:32] if isinstance(sig, str) else None,
+              **{k: measured(msg, tr.get(k), limits.EPOCH_S, f"torchrun {k}") if type(tr.get(k)) in _NUM else None
+                 for k in ("at", "stopped_at")}}
+    return {"workers": workers, "oom": oom, **({"torchrun": tr} if tr is not None else {})}
+
+
+def launch_lifecycle(msg: dict[str, Any]) -> None:
+    """The launcher's ``lifecycle`` record in a ``finish`` or a node ``bye`` (optional;
+    launcher/lifecycle.py), normalised in place: ``{"phases": [[phase, at], ...], "first_step",
+    "allocation_start", "restarts"}``, each phase of :data:`LAUNCH_PHASES` at most once; a time
+    outside :data:`limits.EPOCH_S` or a count outside :data:`limits.RESTARTS` is not measured
+    (None, counted). Anything else is dropped (None): the record never costs its frame."""
+    raw = msg.get("lifecycle")
+    if type(raw) is not dict or type(raw.get("phases")) is not list:
+        msg["lifecycle"] = None
+        return
+
+    def when(v: Any) -> Optional[float]:
+        return measured(msg, v, limits.EPOCH_S, "lifecycle time") if type(v) in _NUM else None
+
+    phases: list[list[Any]] = []
+    for entry in raw["phases"][:len(LAUNCH_PHASES)]:
+        if type(entry) is list and len(entry) == 2 and entry[0] in LAUNCH_PHASES \
+                and all(p[0] != entry[0] for p in phases) and when(entry[1]) is not None:
+            phases.append([entry[0], float(entry[1])])
+    restarts = raw.get("restarts")
+    msg["lifecycle"] = {
+        "phases": phases, "first_step": when(raw.get("first_step")),
+        "allocation_start": when(raw.get("allocation_start")),
+        "restarts": measured(msg, restarts, limits.RESTARTS, "restarts") if type(restarts) is int else None}
 
 
 def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
@@ -271,6 +306,7 @@ def check_bye(msg: dict[str, Any]) -> dict[str, Any]:
         if code is not None and type(code) is not int:
             raise ProtocolError("bye: exit_code must be an integer")
         msg.update(worker_report(msg))
+        launch_lifecycle(msg)
         return msg
     _int(msg, "rank")
     if msg.get("status") not in BYE_STATUSES:
@@ -351,6 +387,7 @@ def check_finish(msg: dict[str, Any]) -> dict[str, Any]:
     msg["interrupted"] = bool(msg.get("interrupted"))
     msg["reason"] = str(msg.get("reason") or "")[:500]
     msg.update(worker_report(msg))
+    launch_lifecycle(msg)
     return msg
 
 
@@ -460,6 +497,8 @@ def _stacks_data(data: Any) -> None:
                                 "characters and ok a bool")
         if err is not None and (not isinstance(err, str) or len(err) > MAX_TEXT):
             raise ProtocolError("resp stacks: error must be a short string or null")
+        if data.get("stopped") is not None and type(data["stopped"]) is not bool:
+            raise ProtocolError("resp stacks: stopped must be a bool or null")
         return
     if src != "sdk":
         raise ProtocolError("resp stacks: source must be faulthandler or sdk")

@@ -42,7 +42,11 @@ Rank → relay, after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
-            is not a notable event.
+            is not a notable event. Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
+            is a JSON object with the rank's intra-op threads and the cores it may use, and its
+            training thread's time on a CPU and waiting for one (``threads``, ``cpus``,
+            ``cpuset``, ``steps``, ``run_ns``, ``wait_ns`` and the same at the settled start;
+            traceml_core/sdk/threads.py), sent once training settled and at shutdown.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -77,13 +81,25 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              (cumulative); ``seq_end`` is the seq after the last record it received from the rank,
              so records dropped at the very end still count as lost. Also carried by ``gone``.
 ``system``   ``{"t","node","host","samples"}``: the node's samples (see :data:`SYSTEM_FIELDS`).
-``bye``      ``{"t","status","exit_code","workers","oom"}`` (no ``rank``): the node's launcher
+``bye``      ``{"t","status","exit_code","workers","oom","torchrun"}`` (no ``rank``): the node's launcher
              ended, with its exit code and the node's **worker report**
              (:func:`traceml_core.wire.frames.worker_report`): ``workers`` is torchrun's outcome for
              each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts"}``,
              ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's
              memory cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null
-             where unreadable. The last frame of the link: the link closing without it before the
+             where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
+             "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
+             it; ``stopped_at`` when the launcher, signalled itself, began stopping it; or null).
+             Optional ``lifecycle``: when the node's launch entered each phase (**lifecycle
+             record**, :func:`traceml_core.wire.frames.launch_lifecycle`): ``{"phases": [[phase,
+             at], ...], "first_step", "allocation_start", "restarts"}``, phases named from
+             :data:`LAUNCH_PHASES` (``preflight``, ``telemetry_up``, ``training``, ``finishing``,
+             ``done``; see [the launch lifecycle](reliability.md#the-launch-lifecycle)), each at
+             most once, times in seconds since 1970; ``first_step`` when the node's relay first
+             received step records, ``allocation_start`` when the cluster started the job,
+             ``restarts`` how often it was requeued (null where not known). A time past its bound
+             is not measured (null, counted in ``values_refused``); anything else malformed drops
+             the record, never the frame. The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
@@ -107,10 +123,11 @@ Aggregator → relay → rank (downstream, after ``welcome``):
 Launcher → aggregator, on the ``control`` connection (requests carry an ``id``, echoed in the
 answer, so an answer to a timed-out request is never taken for the next one's):
 
-``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom"}``: training
+``finish``  ``{"t","exit_code","interrupted","reason","failed_nodes","workers","oom","torchrun"}``: training
             is over (``exit_code`` int, ``interrupted`` bool (SIGTERM/scancel/time limit),
             ``reason`` one line, ``failed_nodes`` list of node ranks the launcher saw fail or
-            vanish, ``workers``/``oom`` node 0's worker report as in the node ``bye``). The
+            vanish, ``workers``/``oom``/``torchrun`` node 0's report and ``lifecycle`` its
+            lifecycle record, as in the node ``bye``). The
             aggregator drains what is in flight (bounded), writes the summary, answers
             ``finished`` ``{"t","summary_json","summary_txt","rebuilt"}`` (paths, or ``None`` with an
             ``"error"`` string) and exits.
@@ -137,6 +154,9 @@ import msgpack
 
 #: 3: the ``fold`` frame's series rows are sent row by row (node 0 copies them as bytes)
 PROTOCOL_VERSION = 3
+#: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
+#: ``lifecycle`` record names them
+LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer
@@ -205,6 +225,8 @@ BYE_STATUSES = ("clean", "error", "interrupted")
 #: how a rank's steps are found: the script's trace_step, inferred from optimizer steps (no
 #: trace_step), or a framework's own hooks (traceml_core.integrations)
 STEP_SOURCES = ("trace_step", "inferred", "lightning", "huggingface", "accelerate")
+#: the event a rank sends with its compute threads and usable cores (sdk/threads.py)
+CPU_THREADS_EVENT = "cpu_threads"
 
 
 class ProtocolError(Exception):

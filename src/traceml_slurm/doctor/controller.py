@@ -4,30 +4,93 @@ controller sees them, through either backend of :mod:`traceml_slurm.controller` 
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Optional
 
 from ..controller import ControllerError, gpu_count
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 
 
-# -- the checks ---------------------------------------------------------------------------------------
+# -- the controller's answers: asked once, all at once --------------------------------------------------
+
+class Answers:
+    """The controller's answers for this doctor run (job, config, batch script, then the job's nodes
+    and partition), asked in the background as soon as a ctl.* or time.* check is going to run: with
+    scontrol each is a process and a round trip, so they go in parallel (pyslurm answers in-process,
+    one after the other). A check waits only for the answer it reads."""
+
+    def __init__(self, ctx: NodeContext) -> None:
+        self.ctx = ctx
+        self._lock = threading.Lock()
+        self._futures: dict[str, Future[Any]] = {}
+        self._pool: Optional[ThreadPoolExecutor] = None
+
+    def _backend(self) -> Any:
+        return self.ctx.controller()
+
+    def _ask(self, what: str) -> Any:
+        try:
+            backend = self._backend()
+            if what == "job":
+                return backend.job(str(self.ctx.job_id))
+            if what == "config":
+                return backend.config()
+            if what == "script":
+                return backend.batch_script(str(self.ctx.job_id))
+            job = self.get("job")
+            if isinstance(job, ControllerError):
+                return job
+            if what == "nodes":
+                return backend.nodes(job.nodes)
+            if what == "partition":
+                return backend.partition(job.partition.split(",")[0]) if job.partition else None
+            raise KeyError(what)
+        except ControllerError as exc:
+            return exc
+
+    def start(self) -> None:
+        """Ask every question now, in the background (idempotent)."""
+        with self._lock:
+            if self._pool is not None or not self.ctx.job_id:
+                return
+            try:
+                parallel = self._backend().name == "scontrol"
+            except ControllerError:
+                return
+            self._pool = ThreadPoolExecutor(max_workers=len(QUESTIONS) if parallel else 1,
+                                            thread_name_prefix="doctor-controller")
+            for what in QUESTIONS:
+                self._futures[what] = self._pool.submit(self._ask, what)
+            self._pool.shutdown(wait=False)
+
+    def get(self, what: str) -> Any:
+        """The answer, or the ControllerError that stands for it (asked here when not started)."""
+        with self._lock:
+            future = self._futures.get(what)
+        if future is None:
+            value = self._ask(what)
+            done: Future[Any] = Future()
+            done.set_result(value)
+            with self._lock:
+                future = self._futures.setdefault(what, done)
+        return future.result()
+
+
+#: what is asked of the controller (the job first: nodes and partition wait for it)
+QUESTIONS = ("job", "config", "script", "nodes", "partition")
+
+
+def answers(ctx: NodeContext) -> Answers:
+    if ctx.controller_answers is None:
+        ctx.controller_answers = Answers(ctx)
+    return ctx.controller_answers
+
 
 def _facts(ctx: NodeContext, what: str) -> Any:
-    """Cached controller answer for this run: the job facts are read once for four checks."""
-    cache = ctx.__dict__.setdefault("_ctl_cache", {})
-    if what not in cache:
-        try:
-            backend = ctx.controller()
-            if what == "job":
-                cache[what] = backend.job(str(ctx.job_id))
-            elif what == "config":
-                cache[what] = backend.config()
-            elif what == "script":
-                cache[what] = backend.batch_script(str(ctx.job_id))
-        except ControllerError as exc:
-            cache[what] = exc
-    return cache[what]
+    """The controller's answer for this run (asked once; the job facts serve four checks)."""
+    return answers(ctx).get(what)
 
 
 def unavailable(err: ControllerError) -> Outcome:
@@ -69,10 +132,9 @@ def check_nodes(ctx: NodeContext) -> Outcome:
     j = _facts(ctx, "job")
     if isinstance(j, ControllerError):
         return unavailable(j)
-    try:
-        nodes = ctx.controller().nodes(j.nodes)
-    except ControllerError as exc:
-        return unavailable(exc)
+    nodes = _facts(ctx, "nodes")
+    if isinstance(nodes, ControllerError):
+        return unavailable(nodes)
     data = {"nodes": {n.name: {"state": n.state, "reason": n.reason} for n in nodes}}
     line = ", ".join(f"{n.name} {n.state}" for n in nodes)
     bad = [n for n in nodes if any(s in n.state.upper() for s in BAD_NODE_STATES)]
@@ -92,7 +154,7 @@ def check_gres(ctx: NodeContext) -> Outcome:
     j = _facts(ctx, "job")
     if isinstance(j, ControllerError):
         return unavailable(j)
-    if not j.gres_per_node:
+    if not any(j.gres_per_node.values()):  # a job without GRES has a node list of empty strings
         return passed(f"no GRES allocated (job TresPerNode={j.tres_per_node or 'none'})", gres={})
     counts = {host: gpu_count(g) for host, g in j.gres_per_node.items()}
     line = ", ".join(f"{h}: {g}" for h, g in j.gres_per_node.items())
@@ -111,10 +173,9 @@ def check_partition(ctx: NodeContext) -> Outcome:
         return unavailable(j)
     if not j.partition:
         return skipped("the job names no partition")
-    try:
-        p = ctx.controller().partition(j.partition.split(",")[0])
-    except ControllerError as exc:
-        return unavailable(exc)
+    p = _facts(ctx, "partition")
+    if isinstance(p, ControllerError):
+        return unavailable(p)
     mt = "UNLIMITED" if p.max_time_s is None else f"{p.max_time_s / 60:.0f} min"
     mn = "UNLIMITED" if p.max_nodes is None else str(p.max_nodes)
     line = f"{p.name}: {p.state}, MaxTime {mt}, MaxNodes {mn}"

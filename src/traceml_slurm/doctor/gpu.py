@@ -14,14 +14,17 @@ starts CPU workers) or, for a CPU script on purpose, ``--ignore gpu``.
 from __future__ import annotations
 
 import os
-from typing import Optional
-
-from traceml_core.selftest import GpuDevice
+from typing import TYPE_CHECKING, Optional
 
 from ..context import Context
+from ..controller import ControllerError
+from .controller import _facts
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from .thresholds import GPU_FOREIGN_MEMORY_BYTES
+
+if TYPE_CHECKING:
+    from traceml_core.selftest import GpuDevice
 
 NO_GPU = "no GPU"
 NO_REAL_GPU_FIX = ("This node has no usable NVIDIA GPU. If the partition has none (a test cluster whose GRES are "
@@ -55,10 +58,9 @@ def _nproc(ctx: NodeContext) -> Optional[int]:
 def _job_gpu_request(ctx: NodeContext) -> Optional[str]:
     """What the job asked for in GPUs, from the controller (a shell on the login host has none of
     the per-node variables); None when the controller cannot be asked."""
-    try:
-        job = ctx.controller().job(str(ctx.job_id))
-    except Exception:  # noqa: BLE001 - no scontrol/pyslurm here, or the controller did not answer
-        return None
+    job = _facts(ctx, "job")
+    if isinstance(job, ControllerError):
+        return None  # no scontrol/pyslurm here, or the controller did not answer
     if job.tres_per_node and "gpu" in job.tres_per_node:
         return f"{job.tres_per_node} per node"
     if job.gres_per_node:

@@ -16,15 +16,18 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional
 
 from traceml_core.config import LaunchConfig, resolve
 from traceml_core.errors import ConfigError
-from traceml_core.selftest import NvmlBackend as Nvml, NvmlUnavailable, load_nvml
+from traceml_core import selftest
 
 from ..context import Context
 from ..facts import Facts, Gpus
 from ..settings import SlurmVars
+
+if TYPE_CHECKING:
+    from traceml_core.selftest import NvmlBackend as Nvml
 from .netinfo import Interface
 from .progress import Progress, Quiet
 from .thresholds import DEFAULT_TIMEOUT_S
@@ -74,7 +77,7 @@ class NodeContext:
         options: Options = Options(),
         *,
         hostname: Optional[str] = None,
-        nvml_loader: Callable[[], Nvml] = load_nvml,
+        nvml_loader: Optional[Callable[[], "Nvml"]] = None,
         torch_info: Optional[TorchInfo] = None,
         interfaces: Optional[list[Interface]] = None,
         shm_path: str = "/dev/shm",
@@ -90,7 +93,7 @@ class NodeContext:
         self.options = options
         self.hostname = hostname or socket.gethostname()
         self._nvml_loader = nvml_loader
-        self._nvml: Optional[Nvml] = None
+        self._nvml: Optional["Nvml"] = None
         self._nvml_error: Optional[str] = None
         self._nvml_loaded = False
         self._torch_info = torch_info
@@ -102,6 +105,8 @@ class NodeContext:
         self.progress = progress or Quiet()
         self._config: Optional[ConfigOutcome] = None
         self._controller = controller
+        #: the controller's answers for this run (doctor/controller.py: asked once, in the background)
+        self.controller_answers: Any = None
         self.python = sys.executable
         self.python_version = ".".join(str(p) for p in sys.version_info[:3])
 
@@ -183,22 +188,22 @@ class NodeContext:
 
     # -- NVML and torch ------------------------------------------------------------------------
 
-    def nvml(self) -> Nvml:
+    def nvml(self) -> "Nvml":
         """The NVML backend; raises NvmlUnavailable (cached) when there is none."""
         if not self._nvml_loaded:
             self._nvml_loaded = True
             try:
-                self._nvml = self._nvml_loader()
-            except NvmlUnavailable as exc:
+                self._nvml = (self._nvml_loader or selftest.load_nvml)()
+            except selftest.NvmlUnavailable as exc:
                 self._nvml_error = str(exc)
         if self._nvml is None:
-            raise NvmlUnavailable(self._nvml_error or "NVML unavailable")
+            raise selftest.NvmlUnavailable(self._nvml_error or "NVML unavailable")
         return self._nvml
 
     def nvml_devices(self) -> tuple[Optional[list], Optional[str]]:
         try:
             return self.nvml().devices(), None
-        except NvmlUnavailable as exc:
+        except selftest.NvmlUnavailable as exc:
             return None, str(exc)
         except Exception as exc:  # noqa: BLE001 - an NVML call failing mid-way
             return None, f"NVML error: {type(exc).__name__}: {exc}"

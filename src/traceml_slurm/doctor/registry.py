@@ -46,6 +46,8 @@ def run_checks(specs: Iterable[CheckSpec], ctx: NodeContext) -> dict[str, Outcom
     specs = [s for s in specs if not is_ignored(s.id, ctx.options.ignore)]
     if any(s.id in TORCH_CHECKS for s in specs):
         ctx.start_background()
+    if any(s.group in ("ctl", "time") for s in specs):
+        controller.answers(ctx).start()  # every question to the controller at once, in the background
     out: dict[str, Outcome] = {}
     # the torch checks last: everything else (scontrol calls, sockets, files) runs while torch imports
     for spec in sorted(specs, key=lambda s: s.id in TORCH_CHECKS):

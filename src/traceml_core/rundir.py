@@ -1,4 +1,8 @@
-"""Files the aggregator writes: the run directory (with a fallback), atomic writes, checkpoints.
+"""A run's directory and its files: the directory (with a fallback), atomic writes, checkpoints.
+
+The aggregator writes them (checkpoints, the summary at the end), the report reads and rewrites
+them (``traceml summarize``, ``traceml report``, exports), the launcher finds them; all through
+this one module, which depends on neither.
 
 Nothing here may lose a run: every write goes to a temporary file in the same directory and is
 renamed over the target (readers see the old or the new file, never half of one), and when the
@@ -22,9 +26,9 @@ import os
 import stat
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import msgpack
 
@@ -101,6 +105,8 @@ class RunDir:
     wanted: Path
     path: Path
     note: Optional[str] = None
+    #: told the note when the files move (the aggregator logs it: the move is said when it happens)
+    on_move: Optional[Callable[[str], None]] = field(default=None, repr=False, compare=False)
 
     @property
     def is_fallback(self) -> bool:
@@ -109,11 +115,14 @@ class RunDir:
     def switch_to_fallback(self, run_name: str, reason: str) -> None:
         run_name = self.wanted.name  # the run's directory name (a claimed sibling's: claim.py)
         fb, refused = make_fallback(run_name)
-        self.note = (f"could not write to {self.wanted} ({reason}); the files are in {fb} instead "
-                     "(fix the permissions or free space of --logs-dir, or set it to a writable "
-                     "directory)" + (f". The usual fallback {fallback_dir(run_name)} was refused: {refused}"
-                                     if refused else ""))
+        moved = (f"could not write to {self.wanted} ({reason}); the files are in {fb} instead "
+                 "(fix the permissions or free space of --logs-dir, or set it to a writable "
+                 "directory)" + (f". The usual fallback {fallback_dir(run_name)} was refused: {refused}"
+                                 if refused else ""))
+        self.note = "; ".join(n for n in (self.note, moved) if n)  # (a claim's note stays)
         self.path = fb
+        if self.on_move is not None:
+            self.on_move(moved)
 
 
 def _create(path: Path) -> int:

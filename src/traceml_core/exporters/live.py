@@ -1,0 +1,105 @@
+"""The aggregator's side of the live exports: when to build a batch, and the end.
+
+:meth:`LiveExports.tick` runs inside the aggregator's loop: it builds a provisional summary of the
+run so far (the typed run data, as the live views' verdict does), turns it into a batch and offers
+it to the destinations. It is paced like the checkpoints: the next one comes after
+``--export-interval`` seconds, or later when building took more than :data:`SHARE` of the time
+since (at 4,096 ranks a summary takes ~0.8 s: one batch every ~16 s). :meth:`LiveExports.finish`
+runs after the final summary is written: the rest of the series and the files, within a deadline,
+then ``exports.json`` and one log line per destination.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+
+from . import LIVE_KINDS
+from .batch import BatchBuilder, FinalFiles, RunIdentity
+from .hub import Exporter, ExportHub, ExportStats
+
+if TYPE_CHECKING:
+    from ..aggregator.settings import AggregatorSettings
+    from ..aggregator.state import RunState
+
+#: the largest share of the wall clock spent building batches (the interval stretches): node 0's
+#: aggregator shares the node's cores with training
+SHARE = 0.05
+
+
+def _wandb() -> Exporter:
+    from .to_wandb import WandbExporter
+
+    return WandbExporter()
+
+
+def _mlflow() -> Exporter:
+    from .to_mlflow import MlflowExporter
+
+    return MlflowExporter()
+
+
+def _prometheus() -> Exporter:
+    from .to_prometheus import PrometheusExporter
+
+    return PrometheusExporter()
+
+
+MAKERS: dict[str, Callable[[], Exporter]] = {"wandb": _wandb, "mlflow": _mlflow, "prometheus": _prometheus}
+
+
+class LiveExports:
+    def __init__(self, settings: "AggregatorSettings", run_dir: Path, kinds: Sequence[str]) -> None:
+        self.identity = RunIdentity(
+            run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
+            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
+            hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir))
+        self.run_dir = Path(run_dir)
+        self.hub = ExportHub({k: MAKERS[k] for k in kinds}, self.identity)
+        self.builder = BatchBuilder()
+        self.interval = settings.export_interval_s
+        self.next_at = time.monotonic() + self.interval
+        self.build_seconds = 0.0
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def tick(self, state: "RunState") -> None:
+        """Build and offer one batch of the run so far (in the aggregator's loop; never raises)."""
+        t0 = time.perf_counter()
+        try:
+            from ..aggregator.adapter import run_data
+            from ..report.summary import build_summary
+
+            summary = build_summary(run_data(state), provisional=True)
+            self.hub.offer(self.builder.build(summary, at=time.time()))
+        except Exception:  # noqa: BLE001 - an export must never cost the run anything
+            pass
+        dt = time.perf_counter() - t0
+        self.build_seconds += dt
+        self.next_at = time.monotonic() + max(self.interval, dt / SHARE)
+
+    def finish(self, summary: dict[str, Any], files: dict[str, Any]) -> list[str]:
+        """The final batch (after the summary is written): returns the lines to log."""
+        try:
+            from ..report.document import Summary
+
+            doc = Summary.from_json(summary)
+            final = FinalFiles(doc.run.status or "completed", files.get("summary_json"),
+                               files.get("summary_txt"), files.get("summary_html"))
+            batch = self.builder.build(doc, at=time.time(), final=final)
+        except Exception as exc:  # noqa: BLE001
+            return [f"live exports: the final batch could not be built ({type(exc).__name__}: {exc})"]
+        stats = self.hub.finish(batch)
+        path = self.hub.write_report(self.run_dir)
+        return [s.line() for s in stats] + ([f"export report: {path}"] if path else [])
+
+    def report(self) -> list[ExportStats]:
+        return self.hub.report()
+
+
+def live_exports(settings: "AggregatorSettings", run_dir: Path) -> Optional[LiveExports]:
+    """The run's live exports, or None when none was asked for."""
+    kinds = [k for k in settings.export if k in LIVE_KINDS]
+    return LiveExports(settings, run_dir, kinds) if kinds else None

@@ -1,0 +1,204 @@
+"""``--export wandb,mlflow,prometheus``: a real run exports while it trains, and each destination is
+read back with its own library: W&B's offline run with ``wandb leet inspect`` (W&B's reader of its
+transaction log), MLflow's local file store with ``MlflowClient``, the Prometheus textfile with
+``prometheus_client``'s parser (the format node_exporter reads).
+
+And the bounds, with the real exporters: a destination that hangs (an MLflow "server" that accepts
+and never answers) never blocks the aggregator's offers; its batches are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+for lib in ("wandb", "mlflow", "prometheus_client"):
+    pytest.importorskip(lib)
+
+#: one rank, ~40 ms a step for ~8 s: several export intervals of 1 s while it trains (each build
+#: of a batch stretches the next interval to 20x its cost: a few batches on a loaded machine)
+TRAIN = '''
+import time, torch
+import traceml_core as traceml
+traceml.init()
+model = torch.nn.Linear(8, 1)
+for _ in range(200):
+    with traceml.trace_step(model):
+        model(torch.randn(4, 8)).sum().backward()
+        time.sleep(0.04)
+'''
+
+
+def run_env(tmp: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "TRACEML_", "WANDB_", "MLFLOW_"))}
+    env.update(PYTHONPATH=str(REPO / "src"), OMP_NUM_THREADS="1", WANDB_MODE="offline",
+               WANDB_SILENT="true", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("live")
+    (tmp / "train.py").write_text(TRAIN)
+    started = time.time()
+    p = subprocess.run([sys.executable, "-m", "traceml_core.cli", "run", "--nproc-per-node=1",
+                        f"--logs-dir={tmp / 'logs'}", "--run-name=live",
+                        "--export=wandb,mlflow,prometheus", "--export-interval=1", "train.py"],
+                       cwd=tmp, env=run_env(tmp), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-4000:]
+    run_dir = tmp / "logs" / "live"
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    return {"dir": run_dir, "summary": summary, "stderr": p.stderr, "started": started,
+            "report": json.loads((run_dir / "exports.json").read_text())["exports"]}
+
+
+def ended_at(summary: dict) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(summary["run"]["ended_at"]).timestamp()
+
+
+def last_steps(run_dir: Path) -> dict[str, int]:
+    """The last step bucket of each rank, as the end-of-run series (steps.jsonl's rows) says."""
+    from traceml_core.report.export import rank_rows
+
+    summary = json.loads((run_dir / "final_summary.json").read_text())
+    out: dict[str, int] = {}
+    for row in rank_rows(summary):
+        if row["kind"] == "rank" and row["step_ms"] is not None:
+            out[f"rank_{row['rank']:04d}"] = row["step_last"]
+    return out
+
+
+def test_every_destination_reports_what_it_wrote_and_dropped(exported):
+    by_kind = {e["kind"]: e for e in exported["report"]}
+    assert sorted(by_kind) == ["mlflow", "prometheus", "wandb"]
+    for kind, e in by_kind.items():
+        assert e["error"] is None and e["finished"], e
+        assert e["batches"] >= 2, e   # live batches and the final one
+        line = f"export {kind}: {e['points_written']:,} points written"
+        if e["points_dropped"]:  # a destination slower than the run (W&B starting on a busy machine)
+            line += f" to {e['target']}; {e['points_dropped']:,} dropped"
+        assert line in exported["stderr"], (line, exported["stderr"][-2000:])
+
+
+def test_wandb_offline_run_read_back_with_wandbs_reader(exported):
+    wandb_dir = exported["dir"] / "wandb"
+    run = next(wandb_dir.glob("offline-run-*"))
+    cli = [str(BIN / "wandb"), "leet", "inspect", "--json", str(run)]
+    records = [json.loads(line) for line in subprocess.run(cli, capture_output=True, text=True,
+                                                           timeout=120, check=True).stdout.splitlines()]
+    history = [r["history"]["item"] for r in records if r.get("type") == "history"]
+    steps = [h["step"] for h in history if "rank_0000/step_ms" in h]
+    assert steps == sorted(steps) and len(steps) >= 3, steps
+    assert steps[-1] == last_steps(exported["dir"])["rank_0000"]     # nothing of the end missing
+    # written during the run: points went out before training ended
+    ended = ended_at(exported["summary"])
+    early = [h for h in history if "rank_0000/step_ms" in h and h["_timestamp"] < ended - 1.0]
+    assert len(early) >= 2, (len(early), len(history))
+    (header,) = [r["run"] for r in records if r.get("type") == "run"]
+    assert header["display_name"] == "live" and header["config"]["update"]["world_size"] == 1
+    summary: dict = {}
+    for r in records:
+        if r.get("type") == "summary":
+            summary.update(r["summary"].get("update") or {})
+    assert summary["verdict/kind"] == exported["summary"]["verdict"]["kind"]
+    assert summary["status"] == "completed"
+    assert [r["exit"].get("exit_code", 0) for r in records if r.get("type") == "exit"] == [0]
+    arts = [r for r in records if r.get("type") == "artifact"]
+    assert arts and arts[-1]["artifact"]["type"] == "traceml-report", arts[-1:]
+
+
+def test_mlflow_file_store_read_back_with_mlflows_client(exported):
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(exported["dir"] / "mlruns").resolve().as_uri())
+    exp = client.get_experiment_by_name("traceml")
+    (run,) = client.search_runs([exp.experiment_id])
+    assert run.info.run_name == "live" and run.info.status == "FINISHED"
+    assert run.data.params["world_size"] == "1"
+    assert run.data.tags["traceml.verdict"] == exported["summary"]["verdict"]["kind"]
+    history = client.get_metric_history(run.info.run_id, "rank_0000/step_ms")
+    steps = [m.step for m in history]
+    assert steps == sorted(steps) and len(set(steps)) == len(steps) >= 3, steps
+    assert steps[-1] == last_steps(exported["dir"])["rank_0000"]
+    ended_ms = 1000 * ended_at(exported["summary"])
+    assert sum(m.timestamp < ended_ms - 1000 for m in history) >= 2   # written during the run
+    names = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"final_summary.json", "final_summary.html", "final_summary.txt"} <= names, names
+
+
+def test_prometheus_textfile_parses_with_prometheus_client(exported):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    (path,) = list((exported["dir"] / "prometheus").glob("traceml_live_*.prom"))
+    families = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+    step = families["traceml_step_seconds"].samples
+    assert len(step) == 1 and step[0].labels["rank"] == "0" and step[0].labels["run"] == "live"
+    assert 0.02 < step[0].value < 5.0, step
+    verdict = families["traceml_verdict_info"].samples[0]
+    assert verdict.labels["kind"] == exported["summary"]["verdict"]["kind"] and verdict.value == 1
+    assert families["traceml_run_info"].samples[0].labels["status"] == "completed"
+    assert {s.labels["phase"] for s in families["traceml_phase_seconds"].samples} >= {"forward", "backward"}
+    assert not list(path.parent.glob("*.tmp*")), "a temporary file was left behind"
+
+
+# --- the bounds, with a real exporter against a destination that never answers -------------------
+def test_a_destination_that_hangs_never_blocks_and_its_points_are_counted(tmp_path, monkeypatch):
+    from traceml_core.exporters.batch import Batch, FinalFiles, Point, RunIdentity
+    from traceml_core.exporters.hub import QUEUE_BATCHES, ExportHub
+    from traceml_core.exporters.live import MAKERS
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept_and_say_nothing() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                pass
+
+    t = threading.Thread(target=accept_and_say_nothing, daemon=True)
+    t.start()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "300")
+    run = RunIdentity("hang", None, time.time(), 1, 1, ("h",), "train.py", str(tmp_path))
+    hub = ExportHub({"mlflow": MAKERS["mlflow"]}, run)
+    try:
+        slowest = 0.0
+        for i in range(QUEUE_BATCHES + 6):
+            batch = Batch(time.time(), (Point("rank_0000", "rank", float(i), {"step_ms": 1.0}, rank=0),))
+            t0 = time.perf_counter()
+            hub.offer(batch)
+            slowest = max(slowest, time.perf_counter() - t0)
+        assert slowest < 0.05, slowest   # the aggregator's loop never waits for a destination
+        (stats,) = hub.finish(Batch(time.time(), final=FinalFiles("completed")), deadline_s=1.0)
+        assert not stats.finished and stats.points_written == 0
+        # all but the batches waiting in its queue were dropped and counted, and the final one
+        # took the place of one of those
+        assert stats.batches_dropped >= 7 and stats.points_dropped == stats.batches_dropped, stats
+        assert "did not reach it in time" in stats.line() and "dropped" in stats.line()
+    finally:
+        stop.set()
+        for c in held:
+            c.close()
+        server.close()

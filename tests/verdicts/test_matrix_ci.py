@@ -1,0 +1,56 @@
+"""The CI subset of the verdict matrix (benchmarks/verdict_matrix.py): the cheapest scenario of
+each cause, each a real `traceml run` of two gloo DDP ranks (benchmarks/scenarios/train.py with
+the cause injected), asserting the primary verdict (its kind, culprit rank and phase), the
+effect listed after its cause, and no wrong verdict; the controls get no warning or critical
+at all; the control runs a second time, in the live `cli` mode (stability across runs and modes;
+the benchmark measures it on every scenario, 3 runs in each mode); every verdict's sentences come
+back from its evidence in final_summary.json. (get_batch input is tested for real in
+tests/launcher/test_input_headline.py.)
+
+The scenarios' causes are sized against each rank's own compute (train.py), so they hold on a
+loaded machine: CI runs two test streams side by side on two cores.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from scenarios.catalog import ci_subset, problems, shortened  # noqa: E402
+from scenarios.runner import run_scenario  # noqa: E402
+
+from traceml_core.report.verdicts import SAY, say  # noqa: E402
+
+#: steps per scenario in CI: 35 steady steps after the warm-up (the verdicts need 20), in enough
+#: stretches of 8 steps to tell a straggler from a stall (4)
+STEPS = 60
+CI = [shortened(s, STEPS) for s in ci_subset() if s.needs == "cpu"]
+BY = {s.name: s for s in CI}
+
+
+def _check(sc, out, logs: Path) -> None:
+    assert not out.error, out.error
+    bad = problems(sc, out)
+    assert not bad, f"{sc.name} [{out.mode}]: {'; '.join(bad)}; why: {out.why}"
+    summary = json.loads((logs / f"{sc.name}-{out.mode}-{out.run}" / "final_summary.json").read_text())
+    for v in [summary["verdict"]] + summary["other_verdicts"]:
+        if v["kind"] in SAY:
+            assert say(v["kind"], v["evidence"]) == (v["why"], v["next_step"]), v
+
+
+@pytest.mark.parametrize("name", [s.name for s in CI])
+def test_ci_scenario_gets_its_verdict(name, tmp_path):
+    sc = BY[name]
+    _check(sc, run_scenario(sc, "summary", tmp_path, 0, timeout=300), tmp_path)
+
+
+@pytest.mark.parametrize("name", ["control"])
+def test_the_same_verdict_in_the_live_cli_mode(name, tmp_path):
+    sc = BY[name]
+    _check(sc, run_scenario(sc, "cli", tmp_path, 1, timeout=300), tmp_path)
