@@ -9,7 +9,7 @@ taking its core for a while), whether the time between steps comes every step or
 (an evaluation every k steps), whether memory still rises at the end.
 
 Resolution: a window is at least one step, and the time between steps is known per batch of
-records a rank sends (sealed every 0.2 s: sdk/hotpath.py), shared out evenly over the batch's
+records a rank sends (sealed every 0.2 s: sdk/recorder.py), shared out evenly over the batch's
 steps; a burst shorter than that is spread over the steps of its batch.
 """
 

@@ -25,7 +25,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..wire.protocol import CPU_THREADS_EVENT as EVENT_KIND
 
@@ -81,10 +81,14 @@ class SchedStat:
 
 
 class ThreadsProbe:
-    """Called periodically by the client thread, and once more at shutdown (:meth:`final`)."""
+    """Called periodically by the client thread, and once more at shutdown (:meth:`final`);
+    ``notify`` queues an event for the aggregator (the session's ``api.notify``: passed in, so
+    this module never imports the session)."""
 
-    def __init__(self, recorder: Any, tid: Optional[int] = None) -> None:
+    def __init__(self, recorder: Any, notify: Callable[[dict[str, Any]], bool],
+                 tid: Optional[int] = None) -> None:
         self.recorder = recorder
+        self.notify = notify
         self.sched = SchedStat(tid if tid is not None else threading.main_thread().native_id)
         self.sent: Optional[tuple[int, tuple[int, ...]]] = None
         self.settled: Optional[tuple[int, Optional[tuple[int, int]]]] = None
@@ -95,15 +99,13 @@ class ThreadsProbe:
         return int(torch.get_num_threads()), tuple(usable_cpus())
 
     def _send(self, fact: tuple[int, tuple[int, ...]], steps: int, sched: Optional[tuple[int, int]]) -> bool:
-        from . import api
-
         s0 = self.settled or (steps, sched)
         text = json.dumps({
             "threads": fact[0], "cpus": len(fact[1]), "cpuset": ranges(list(fact[1]))[:64],
             "steps": steps, "run_ns": sched[0] if sched else None, "wait_ns": sched[1] if sched else None,
             "steps0": s0[0], "run0_ns": s0[1][0] if s0[1] else None, "wait0_ns": s0[1][1] if s0[1] else None,
         }, separators=(",", ":"))
-        return api.notify({"t": "event", "kind": EVENT_KIND, "ts": time.time(), "text": text})
+        return self.notify({"t": "event", "kind": EVENT_KIND, "ts": time.time(), "text": text})
 
     def __call__(self) -> None:
         steps = self.recorder.count
