@@ -99,7 +99,10 @@ def in_job(runs: int, busy: int, srcs: list[str], out: str, renice: int) -> None
                 cpu = (after.children_user - before.children_user) + (after.children_system - before.children_system)
                 report = json.loads(p.stdout)
                 slowest = max(report["checks"], key=lambda c: c["duration_s"])
+                torch = next((o["data"].get("import_s") for c in report["checks"] if c["id"] == "sw.torch"
+                              for o in c["nodes"].values()), None)
                 rows.append({"src": src, "wall": wall, "cpu": cpu, "slowest": [slowest["id"], slowest["duration_s"]],
+                             "torch_import": torch,
                              "load": os.getloadavg()[0], "summary": report["summary"],
                              "failed": [c["id"] for c in report["checks"] if c["status"] == "fail"]})
     finally:
@@ -134,6 +137,10 @@ def allocation(runs: int, busy: int, against: str, renice: int) -> None:
         medians[src] = statistics.median(walls)
         slow = max(mine, key=lambda r: r["slowest"][1])["slowest"]
         label = "this checkout" if src == srcs[0] else f"{against}"
+        over = [r["wall"] - r["torch_import"] for r in mine if r.get("torch_import") is not None]
+        if over:  # what the doctor adds to `import torch` in its child, which is the floor of --local
+            print(f"  {label}: `import torch` in the child median {statistics.median(r['torch_import'] for r in mine if r.get('torch_import') is not None):.2f} s; "
+                  f"the doctor's own time around it median {statistics.median(over):.2f} s")
         print(f"  {label}: median {medians[src]:.2f} s, min {min(walls):.2f} s, max {max(walls):.2f} s; CPU median "
               f"{statistics.median(r['cpu'] for r in mine):.2f} s (doctor and its children); slowest check {slow[0]} "
               f"{slow[1]:.2f} s; {mine[-1]['summary']}, failed: {', '.join(mine[-1]['failed']) or 'none'}")

@@ -169,9 +169,14 @@ class Server(Handler):
         #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
         self.exports: Optional[Any] = None
         if any(k in LIVE_KINDS for k in settings.export):
+            from ..exporters.batch import RunIdentity
             from ..exporters.live import live_exports
 
-            self.exports = live_exports(settings, run_dir.path)
+            identity = RunIdentity(
+                run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
+                nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
+                hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir.path))
+            self.exports = live_exports(identity, run_dir.path, settings.export, settings.export_interval_s)
         #: run once the launcher has the final summary and the connections are closed (the live
         #: exports' last batch and files: bounded, and the launcher waits for no one but the reply)
         self.after_reply: Optional[Callable[[], None]] = None
@@ -238,7 +243,14 @@ class Server(Handler):
         if now >= self._next_checkpoint:
             self.checkpoint()
         if self.exports is not None and self.exports.due(now) and not self.finishing:
-            self.exports.tick(self.state)
+            self.exports.tick(self._summary_so_far)
+
+    def _summary_so_far(self) -> dict[str, Any]:
+        """The provisional summary of the run so far (a live export's batch is built from it)."""
+        from ..report.summary import build_summary
+        from .adapter import run_data
+
+        return build_summary(run_data(self.state), provisional=True)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:

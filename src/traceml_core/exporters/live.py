@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
+from ..report.document import Summary
 from . import LIVE_KINDS
 from .batch import BatchBuilder, FinalFiles, RunIdentity
 from .hub import Exporter, ExportHub, ExportStats
-
-if TYPE_CHECKING:
-    from ..aggregator.settings import AggregatorSettings
-    from ..aggregator.state import RunState
 
 #: the largest share of the wall clock spent building batches (the interval stretches): node 0's
 #: aggregator shares the node's cores with training
@@ -50,30 +47,28 @@ MAKERS: dict[str, Callable[[], Exporter]] = {"wandb": _wandb, "mlflow": _mlflow,
 
 
 class LiveExports:
-    def __init__(self, settings: "AggregatorSettings", run_dir: Path, kinds: Sequence[str]) -> None:
-        self.identity = RunIdentity(
-            run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
-            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
-            hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir))
+    """The live destinations of one run. It knows the run only through what the aggregator hands
+    it (its identity, and a function that builds the provisional summary of the run so far), so
+    exporters depend on the summary's types, never on the aggregator's state: the aggregator
+    produces, an exporter ships."""
+
+    def __init__(self, identity: RunIdentity, run_dir: Path, kinds: Sequence[str], interval_s: float) -> None:
+        self.identity = identity
         self.run_dir = Path(run_dir)
         self.hub = ExportHub({k: MAKERS[k] for k in kinds}, self.identity)
         self.builder = BatchBuilder()
-        self.interval = settings.export_interval_s
+        self.interval = interval_s
         self.next_at = time.monotonic() + self.interval
         self.build_seconds = 0.0
 
     def due(self, now: float) -> bool:
         return now >= self.next_at
 
-    def tick(self, state: "RunState") -> None:
+    def tick(self, summary_so_far: Callable[[], "Summary | dict[str, Any]"]) -> None:
         """Build and offer one batch of the run so far (in the aggregator's loop; never raises)."""
         t0 = time.perf_counter()
         try:
-            from ..aggregator.adapter import run_data
-            from ..report.summary import build_summary
-
-            summary = build_summary(run_data(state), provisional=True)
-            self.hub.offer(self.builder.build(summary, at=time.time()))
+            self.hub.offer(self.builder.build(summary_so_far(), at=time.time()))
         except Exception:  # noqa: BLE001 - an export must never cost the run anything
             pass
         dt = time.perf_counter() - t0
@@ -83,8 +78,6 @@ class LiveExports:
     def finish(self, summary: dict[str, Any], files: dict[str, Any]) -> list[str]:
         """The final batch (after the summary is written): returns the lines to log."""
         try:
-            from ..report.document import Summary
-
             doc = Summary.from_json(summary)
             final = FinalFiles(doc.run.status or "completed", files.get("summary_json"),
                                files.get("summary_txt"), files.get("summary_html"))
@@ -99,7 +92,8 @@ class LiveExports:
         return self.hub.report()
 
 
-def live_exports(settings: "AggregatorSettings", run_dir: Path) -> Optional[LiveExports]:
+def live_exports(identity: RunIdentity, run_dir: Path, export: Sequence[str],
+                 interval_s: float) -> Optional[LiveExports]:
     """The run's live exports, or None when none was asked for."""
-    kinds = [k for k in settings.export if k in LIVE_KINDS]
-    return LiveExports(settings, run_dir, kinds) if kinds else None
+    kinds = [k for k in export if k in LIVE_KINDS]
+    return LiveExports(identity, run_dir, kinds, interval_s) if kinds else None

@@ -324,6 +324,8 @@ class TerminalView:
         self.live = Live(console=self.console, get_renderable=self._renderable, auto_refresh=True,
                          refresh_per_second=max(0.2, 1.0 / refresh), transient=False,
                          redirect_stdout=True, redirect_stderr=True)
+        # rich's own lock for its render and refresh (an RLock); our own if a rich version lacks it
+        self._print_lock = getattr(self.live, "_lock", None) or threading.RLock()
         self.pump = OutputPump(self._print)
 
     def _renderable(self) -> Any:
@@ -335,9 +337,18 @@ class TerminalView:
             return Text(f"TraceML live view error: {type(exc).__name__}: {exc}", style="red")
 
     def _print(self, text: str) -> None:
+        """Print a line of training output above the view, as one write.
+
+        Rich's refresh thread moves the cursor up by the height of the view it drew last and draws
+        anew, all under the Live's lock; a print from this thread builds the same cursor movement
+        but, without that lock, may write it after a refresh drew a view of another height: the
+        cursor then lands on a line of training output and erases it (seen: the first frame with
+        the ranks' rows took 'step 100' away). Holding the Live's lock makes build and write one.
+        """
         from rich.text import Text
 
-        self.console.print(Text.from_ansi(text.rstrip("\n")), highlight=False, soft_wrap=True)
+        with self._print_lock:
+            self.console.print(Text.from_ansi(text.rstrip("\n")), highlight=False, soft_wrap=True)
 
     def popen_kwargs(self) -> dict[str, Any]:
         return self.pump.popen_kwargs()

@@ -90,7 +90,12 @@ def test_one_nvml_layer_serves_the_sampler_and_the_doctor():
         real = inspect.signature(getattr(nvml.PynvmlBackend, name))
         fake = inspect.signature(getattr(nvml.FakeNvml, name))
         assert list(real.parameters) == list(fake.parameters), name
-    assert inspect.signature(NodeContext).parameters["nvml_loader"].default is nvml.load_nvml
+    # the doctor's default loader (None: looked up on first use, so a doctor on a CPU node never
+    # imports the samplers) is core's self-test entry, which is this module's loader
+    from traceml_core import selftest
+
+    assert inspect.signature(NodeContext).parameters["nvml_loader"].default is None
+    assert selftest.load_nvml is nvml.load_nvml
     # the doctor's snapshot comes from the same per-field reads the sampler makes
     fake = nvml.FakeNvml(nvml.fake_gpus(2, used=5, processes=[[nvml.GpuProcess(7, 1)]]))
     devs = fake.devices()
