@@ -43,6 +43,10 @@ OTHER_VARIABLES = {
     "TRACEML_PROMETHEUS_DIR": ("user", "`--export prometheus`: the directory of node_exporter's textfile "
                                "collector where node 0 writes one file per node (`{host}` in it becomes the "
                                "node's host name). Default: `<run-dir>/prometheus`. See [Exports](exports.md)."),
+    "TRACEML_NODE_STORE": ("user", "The node evidence store that every run and `traceml slurm doctor` under "
+                           "Slurm add to, and `traceml slurm nodes` reads. Default: "
+                           "`$XDG_CACHE_HOME/traceml/nodes.sqlite`, else `~/.cache/traceml/nodes.sqlite`. "
+                           "See [Node health](node-health.md)."),
     "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
                             "addresses of the coordinator they connect back to."),
     "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from traceml_core.errors import ConfigError
 from traceml_core.limits import JOB_ID
-from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
+from traceml_core.plugins import ClusterEnvironment, Contribution, NextJob, Refusal, RunEvidence, Setting
 
 from .context import Context
 from .facts import LAUNCH_KEYS, Facts, launcher_srun_line
@@ -278,6 +278,20 @@ class SlurmEnvironment(ClusterEnvironment):
         from .interrupts import explain
 
         return explain(config, signum, at)
+
+    def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> Optional[NextJob]:
+        """The run's node evidence into the user's node store; the exclude line when a host of this
+        cluster is bad enough (traceml_slurm/nodes)."""
+        from .nodes import next_job, record
+
+        facts = Facts.of(environ)
+        return next_job(*record(facts.node_store, facts.cluster_name, evidence))
+
+    def cpu_request(self, environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
+        """What Slurm gave each task in CPUs, and the lines that ask for more (cpus.py)."""
+        from .cpus import cpu_request
+
+        return cpu_request(environ)
 
     # -- checks on the merged config -------------------------------------------------------------
 

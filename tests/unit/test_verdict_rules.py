@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from aggpeers import make_settings
+from aggpeers import make_settings, relayed
 from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.render_txt import render
@@ -71,8 +71,8 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
                 cols["comm_bytes"].append(40_000 if comm else -1)
                 cols["comm_bus_bytes"].append(40_000 if comm else -1)
                 cols["comm_calls"].append(1 if comm else -1)
-            rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": n, "dropped": 0, "cols": cols})
-            rs.flush()  # as the live aggregator does every tick: one frame, one batch of the series
+            # one relay window per batch, through the wire and node 0's trust boundary
+            rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": n, "dropped": 0, "cols": cols}))
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
     s = build_summary(run_data(st))
     _evidence_backs_every_claim(s)
@@ -373,6 +373,20 @@ def test_a_straggler_of_its_own_is_not_blamed_on_oversubscription():
     assert s["verdict"]["evidence"]["explained_by"] is None
 
 
+def test_a_rank_behind_in_forward_with_4_threads_on_2_cores_is_oversubscription_first():
+    """The matrix's real run: 2 ranks x 4 torch threads on 2 cores; rank 1 falls 9 ms behind,
+    mostly in forward, its main thread waiting for a core no longer than rank 0's (its intra-op
+    threads' waits are not measured). Oversubscription first, the straggler after it, saying
+    so; the control above (one thread per rank, extra work of its own) keeps the straggler first."""
+    def step(rank, i):
+        return _ddp(fwd=15.4, bwd=17.4, comm=0.4) if rank == 1 else _ddp(fwd=10.0, bwd=14.0, comm=9.2)
+    s = _run(2, 200, step, threads=lambda rank: (4, [[0, 1]], 8.0))
+    assert _kinds(s)[:2] == ["cpu_oversubscribed", "straggler"], _kinds(s)
+    st = _get(s, "straggler")
+    assert st["evidence"]["explained_by"] == "cpu_oversubscribed" and st["evidence"]["phase"] == "forward"
+    assert "which may be what slows it" in st["why"]
+
+
 def test_more_work_on_a_busy_cpu_is_still_a_straggler():
     """A shared CPU: every rank waits for a core in proportion to the CPU time it asks for (here
     1 ms of wait per ms on a core). Rank 1 does 15 ms more CPU work per step and so also waits 15
@@ -387,24 +401,38 @@ def test_more_work_on_a_busy_cpu_is_still_a_straggler():
 
 
 # --- input: every rank, or one rank ---------------------------------------------------------------
-def test_every_rank_waiting_for_data_is_input_bound_and_the_slowest_loader_follows():
-    """Both ranks wait for their DataLoader (20 and 35 ms per step): the input pipeline is the
-    cause; rank 1, whose data comes slowest, is the straggler after it, saying so."""
+def test_a_run_paced_by_its_slowest_dataloader_is_input_bound_first():
+    """DDP with equally slow DataLoaders: one rank's loader paces the run (it waits 380 ms for
+    each batch), the other's prefetched meanwhile (25 ms) and it waits in the all-reduce instead.
+    Input-bound first; the pacing rank is the straggler after it, saying so."""
     def step(rank, i):
-        return _ddp(input=35.0 if rank == 1 else 20.0, comm=0.4 if rank == 1 else 15.4)
+        return _ddp(input=380.0 if rank == 0 else 25.0, comm=15.0 if rank == 0 else 370.0)
     s = _run(2, 200, step)
     assert _kinds(s)[:2] == ["input_bound", "straggler"], _kinds(s)
-    assert s["verdict"]["evidence"]["input_ms"] == 20.0
-    assert "the one that waits least waits for the next batch" in s["verdict"]["why"]
     st = _get(s, "straggler")
-    assert st["evidence"]["explained_by"] == "input_bound" and st["culprit"]["rank"] == 1
+    assert st["evidence"]["explained_by"] == "input_bound" and st["culprit"]["rank"] == 0
+    assert s["verdict"]["evidence"]["pacing_rank"] == 0 and s["verdict"]["evidence"]["input_ms"] == 380.0
+    assert "rank 0, whose DataLoader sets the pace, waits for its next batch 90%" in s["verdict"]["why"]
+    assert "this rank's DataLoader sets the pace" in st["why"]
 
 
-def test_one_rank_waiting_for_its_data_is_a_straggler_not_input_bound():
-    """Rank 1's data shard is slow (30 ms per batch), rank 0's is not: a straggler in its input;
-    not input-bound, which is every rank waiting for data."""
+def test_a_slow_rank_whose_peers_loaders_keep_up_is_not_input_bound():
+    """The control of the test above: DataLoaders that keep up (0.3 ms per fetch on every rank)
+    and rank 1 slower in forward (30 ms): a straggler in forward, and no input verdict, even
+    judged on the rank that waits most for its batches."""
     def step(rank, i):
-        return _ddp(input=30.0 if rank == 1 else 0.3, comm=0.4 if rank == 1 else 30.1)
+        return _ddp(fwd=40.0 if rank == 1 else 10.0, input=0.4 if rank == 1 else 0.3,
+                    comm=0.4 if rank == 1 else 30.4)
     s = _run(2, 200, step)
-    assert s["verdict"]["kind"] == "straggler" and s["verdict"]["evidence"]["phase"] == "input", _kinds(s)
+    assert s["verdict"]["kind"] == "straggler" and s["verdict"]["evidence"]["phase"] == "forward", _kinds(s)
     assert "input_bound" not in _kinds(s)
+
+
+def test_extra_time_between_steps_on_one_rank_is_a_straggler():
+    """Rank 1 spends 30 ms between its steps (no DataLoader: a slow fetch of its own, or work on
+    that rank only); rank 0 waits for it in the all-reduce: a straggler between steps."""
+    def step(rank, i):
+        return _ddp(input=None, gap=30.0 if rank == 1 else 0.1, comm=0.4 if rank == 1 else 30.4)
+    s = _run(2, 200, step)
+    assert s["verdict"]["kind"] == "straggler" and s["verdict"]["evidence"]["phase"] == "outside", _kinds(s)
+    assert s["verdict"]["culprit"]["rank"] == 1

@@ -4,8 +4,9 @@ the cause injected), asserting the primary verdict (its kind, culprit rank and p
 effect listed after its cause, and no wrong verdict; the controls get no warning or critical
 at all; the control runs a second time, in the live `cli` mode (stability across runs and modes;
 the benchmark measures it on every scenario, 3 runs in each mode); every verdict's sentences come
-back from its evidence in final_summary.json. (get_batch input is tested for real in
-tests/launcher/test_input_headline.py.)
+back from its evidence in final_summary.json. The share of runs right, the CI subset's accuracy
+figure, is printed at the end of the session (tests/verdicts/conftest.py). (get_batch input is
+tested for real in tests/launcher/test_input_headline.py.)
 
 The scenarios' causes are sized against each rank's own compute (train.py), so they hold on a
 loaded machine: CI runs two test streams side by side on two cores.
@@ -34,9 +35,10 @@ CI = [shortened(s, STEPS) for s in ci_subset() if s.needs == "cpu"]
 BY = {s.name: s for s in CI}
 
 
-def _check(sc, out, logs: Path) -> None:
-    assert not out.error, out.error
+def _check(sc, out, logs: Path, tally) -> None:
     bad = problems(sc, out)
+    tally.runs.append((sc.name, out.mode, bad))
+    assert not out.error, out.error
     assert not bad, f"{sc.name} [{out.mode}]: {'; '.join(bad)}; why: {out.why}"
     summary = json.loads((logs / f"{sc.name}-{out.mode}-{out.run}" / "final_summary.json").read_text())
     for v in [summary["verdict"]] + summary["other_verdicts"]:
@@ -45,12 +47,12 @@ def _check(sc, out, logs: Path) -> None:
 
 
 @pytest.mark.parametrize("name", [s.name for s in CI])
-def test_ci_scenario_gets_its_verdict(name, tmp_path):
+def test_ci_scenario_gets_its_verdict(name, tmp_path, matrix_tally):
     sc = BY[name]
-    _check(sc, run_scenario(sc, "summary", tmp_path, 0, timeout=300), tmp_path)
+    _check(sc, run_scenario(sc, "summary", tmp_path, 0, timeout=300), tmp_path, matrix_tally)
 
 
 @pytest.mark.parametrize("name", ["control"])
-def test_the_same_verdict_in_the_live_cli_mode(name, tmp_path):
+def test_the_same_verdict_in_the_live_cli_mode(name, tmp_path, matrix_tally):
     sc = BY[name]
-    _check(sc, run_scenario(sc, "cli", tmp_path, 1, timeout=300), tmp_path)
+    _check(sc, run_scenario(sc, "cli", tmp_path, 1, timeout=300), tmp_path, matrix_tally)

@@ -94,7 +94,8 @@ def main() -> int:
 
     def finalize(server: Server, data: RunData, provisional: bool) -> dict[str, Any]:
         from ..report.output import write_summary
-        out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
+        out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional,
+                            cluster=settings.cluster)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
             at_end = [k for k in settings.export if k not in LIVE_KINDS]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
+from .grouprelay import tree_fan_in
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
@@ -47,9 +48,9 @@ class AggregatorKeeper:
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=c.flag_source("aggregator_port"),
-            hostnames=list(c.hosts_by_node),
+            hostnames=list(c.hosts_by_node), relay_fan_in=tree_fan_in(c),
             script=script, script_args=list(script_args), export=export_kinds(c.export),
-            export_interval_s=c.export_interval)
+            export_interval_s=c.export_interval, cluster=c.cluster or "")
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.sketch import ENCODING, bucket_value
+from ..statistics.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
 from .document import Summary, Timeline
 from .summary_file import read_summary

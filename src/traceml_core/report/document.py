@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
+from .nextjob import NextJobSection
 
 J = dict[str, Any]
 
@@ -516,6 +517,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     #: the last resort's mark (report/partial.py); None for a whole summary
     partial: Optional[J] = None
+    #: lines for the next job script (report/nextjob.py); None when there are none
+    next_job: Optional[NextJobSection] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -551,7 +554,8 @@ class Summary:
             timeline=Timeline.from_json(doc["timeline"]) if isinstance(doc.get("timeline"), dict) else None,
             files=dict(doc.get("files") or {}), hang=HangSection.from_json(doc.get("hang")),
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
-            notes=list(doc.get("notes") or []), partial=doc.get("partial"))
+            notes=list(doc.get("notes") or []), partial=doc.get("partial"),
+            next_job=NextJobSection.from_json(doc.get("next_job")))
 
     def to_json(self) -> J:
         out: J = {
@@ -573,4 +577,6 @@ class Summary:
         }
         if self.partial is not None:
             out["partial"] = self.partial
+        if self.next_job is not None:
+            out["next_job"] = self.next_job.to_json()
         return out

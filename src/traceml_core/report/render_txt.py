@@ -248,7 +248,20 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
         lines.append("  wire: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad_wire.items()))
     for note in doc.notes:
         lines.append(f"Note: {note}")
+    lines += next_job_lines(doc)
     files = doc.files
     if files.get("json"):
         lines.append(f"Files: {files['json']}" + (f" (report: {files['html']})" if files.get("html") else ""))
     return "\n".join(lines) + "\n"
+
+
+def next_job_lines(doc: Summary) -> list[str]:
+    """``Next job script:`` and each line to paste, with its reason as a shell comment."""
+    nj = doc.next_job
+    if nj is None:
+        return []
+    out = [f"Note: {n}" for n in nj.notes]
+    if nj.lines:
+        out.append("Next job script (paste into your sbatch script):")
+        out += [f"  {line}" + (f"    # {why}" if why else "") for line, why in zip(nj.lines, nj.why)]
+    return out

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
+from . import cpubinding
 from . import thresholds as T
 from .model import RankSummary, VerdictContext
 from .stats import median
@@ -52,8 +53,8 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
 #: the effect's rank on that node or a run-wide effect), explain it: the cause is listed first
 #: and the effect says so. A rank whose memory grows is slowed by it (allocation, a scan of a
 #: growing cache, swapping); ranks that ask for more threads than their node has cores slow each
-#: other down at random, and starve gloo's communication threads; when every rank waits for
-#: data, the rank whose data comes slowest is the straggler, in its input
+#: other down at random, and starve gloo's communication threads; in a run that waits for data,
+#: the rank whose DataLoader is slowest is the straggler, in its input
 CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversubscribed", "input_bound"),
                                       "communication_bound": ("cpu_oversubscribed",),
                                       "compute_bound": ("cpu_oversubscribed",),
@@ -61,6 +62,12 @@ CAUSES: dict[str, tuple[str, ...]] = {"straggler": ("memory_creep", "cpu_oversub
 #: a straggler comes from its node's oversubscription when at least this share of its excess was
 #: its extra wait for a core (measured: sdk/threads.py)
 CAUSE_SHARE = 0.5
+#: ...or, where each rank computes with more than one torch thread, when its excess is in the
+#: phases torch runs on those threads: only the main thread's wait for a core is measured, and
+#: an operator split over threads that wait for a core takes longer on the main thread without
+#: it waiting at all (2 ranks x 4 threads on 2 cores: a rank falls behind in forward, its main
+#: thread waiting no more than the others')
+INTRA_OP_PHASES = ("forward", "backward", "optimizer")
 SEVERITIES = ("critical", "warning", "info")
 #: the phases a rank's own time is made of, besides backward (own work where communication is
 #: measured): ``nophase`` is inside the traced step but outside every measured phase, ``outside``
@@ -178,22 +185,34 @@ def _input_wait(r: RankSummary, uniform_between: Optional[float]) -> Optional[tu
 def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
     periodic = ctx.found.get("periodic_work")
     uniform = periodic["evidence"]["uniform_ms"] if periodic else None
-    waits = [w for w in (_input_wait(r, uniform) for r in live) if w is not None]
-    if not waits:
+    measured = [(r.rank, w) for r, w in ((r, _input_wait(r, uniform)) for r in live) if w is not None]
+    if not measured:
         return None
-    between = sum(1 for w in waits if w[2] == "between") > len(waits) / 2
-    waits = [w for w in waits if (w[2] == "between") == between]
-    # judged on the rank that waits least (its share of the step): input-bound is every rank
-    # waiting for data; one rank waiting while the others do not is a straggler in its input
-    wait, of, _ = min(waits, key=lambda w: w[0] / w[1])
+    between = sum(1 for _, w in measured if w[2] == "between") > len(measured) / 2
+    measured = [(rank, w) for rank, w in measured if (w[2] == "between") == between]
+    # Where the fetch is measured, judged on the rank that waits most: under DDP the ranks wait
+    # for each other, so a run whose loaders are too slow is paced by the slowest of them at each
+    # step; that rank waits for its batches while the others, whose loaders prefetched meanwhile,
+    # wait for it in the all-reduce (their own fetch is instant). Its wait is the run's wait for
+    # data (a straggler in its input follows, explained). Where only the time between steps is
+    # seen, judged on the rank that spends least there: the others' extra time between steps
+    # may be work of their own, not input (a straggler between steps).
+    pick = max if not between else min
+    rank, (wait, of, _) = pick(measured, key=lambda m: m[1][0] / m[1][1])
     frac = wait / of
     sev = _severity(frac, wait, T.INPUT_FRACTION_WARN, T.INPUT_FRACTION_CRIT, T.INPUT_FLOOR_MS,
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
         return None
+    # the CPU's part (report/cpubinding.py): the pacing rank's DataLoader workers against its CPUs
+    # (every rank's where it did not say)
+    pacing = ctx.cpu_threads.get(rank)
+    cpu = None if between else cpubinding.evidence([pacing] if pacing is not None else
+                                                    [ctx.cpu_threads.get(r.rank) for r in live])
     return _verdict("input_bound", sev, None, source="between_steps" if between else "fetch",
                     input_fraction=round(frac, 4), input_ms=round(wait, 4), of_ms=round(of, 4),
-                    periodic_excluded=bool(between and periodic), device=ctx.device)
+                    periodic_excluded=bool(between and periodic), device=ctx.device,
+                    pacing_rank=None if between else rank, ranks=len(measured), cpu=cpu)
 
 
 def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
@@ -218,9 +237,17 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
     else:
         nxt = ("load batches faster: raise DataLoader num_workers (the node's spare cores permitting), "
                "set persistent_workers=True, or move per-sample preprocessing out of __getitem__")
-    return (f"every rank waits for data; the one that waits least waits for the next batch "
-            f"{ev['input_fraction']:.0%} of its step time ({ev['input_ms']:.1f} ms of {ev['of_ms']:.1f} ms per "
-            "step on average)"), nxt
+    one = (f"waits for its next batch {ev['input_fraction']:.0%} of its step time ({ev['input_ms']:.1f} ms of "
+           f"{ev['of_ms']:.1f} ms per step on average)")
+    if ev["ranks"] == 1:
+        why = f"rank {ev['pacing_rank']} {one}"
+    else:
+        why = (f"the run waits for data: rank {ev['pacing_rank']}, whose DataLoader sets the pace, {one}; the "
+               "other ranks wait for it")
+    if ev.get("cpu"):  # what the CPU says of it, and the fix that fits (report/cpubinding.py)
+        cpu_why, nxt = cpubinding.say(ev["cpu"])
+        why += f"; {cpu_why}"
+    return why, nxt
 
 
 # --- periodic work between steps -------------------------------------------------------------------
@@ -444,7 +471,7 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
     elif ev["explained_by"] == "cpu_oversubscribed":
         why += "; its node's ranks ask for more threads than it has cores (see the CPU verdict), which may be what slows it"
     elif ev["explained_by"] == "input_bound":
-        why += "; every rank waits for data (see the input verdict), and its data comes slowest"
+        why += "; the run waits for data (see the input verdict), and this rank's DataLoader sets the pace"
     if phase == "input":
         nxt = (f"rank {r}'s data loading is slower: check its data shard and DataLoader workers, "
                "and the CPU and disk of its node")
@@ -848,6 +875,11 @@ def _say_no_clear_bottleneck(ev: dict[str, Any]) -> tuple[str, str]:
 def _say_no_steps(ev: dict[str, Any]) -> tuple[str, str]:
     from .steps import TWO_LINES
 
+    if ev.get("run_status") in ("interrupted", "failed"):
+        return (ev["reason"],
+                "the ranks' logs say how far each got; a job stopped this early (scancel, a time "
+                "limit shorter than the start-up) ends before training: give it the time to reach "
+                "its first steps")
     return (ev["reason"],
             f"add two lines to the script: `{TWO_LINES[0]}` at the top and `{TWO_LINES[1].split('  ')[0]}` "
             "around the body of each training step (docs: quickstart)")
@@ -881,14 +913,18 @@ def _explains(cause: Verdict, effect: Verdict, node_of: dict[int, Any]) -> bool:
     if cause["kind"] not in CAUSES.get(effect["kind"], ()):
         return False
     if cause["kind"] == "input_bound":
-        # every rank waits for data, and the straggler is the one whose data comes slowest: the
-        # input pipeline is the cause (its excess is in its input)
-        ev = effect["evidence"]
-        return ev.get("phase") == ("outside" if cause["evidence"]["source"] == "between_steps" else "input")
+        # the run waits for data, and the straggler is the rank whose DataLoader paces it (its
+        # excess is its measured wait for batches): the input pipeline is the cause. (Time between
+        # steps on one rank is not linked: it may be work of that rank's own, not input.)
+        return cause["evidence"]["source"] == "fetch" and effect["evidence"].get("phase") == "input"
     if cause["kind"] == "cpu_oversubscribed" and effect["kind"] == "straggler":
-        # only a straggler whose excess is mostly its wait for a core (measured) comes from it
+        # only a straggler whose excess is mostly its wait for a core (measured) comes from it,
+        # or, with several threads per rank, one whose excess is where they compute (not measured)
         ev = effect["evidence"]
-        if ev.get("cpu_wait_ms") is None or ev["cpu_wait_ms"] < CAUSE_SHARE * ev["excess_ms"]:
+        waited = ev.get("cpu_wait_ms") is not None and ev["cpu_wait_ms"] >= CAUSE_SHARE * ev["excess_ms"]
+        threaded = (max(cause["evidence"].get("threads_per_rank") or [1]) > 1
+                    and ev.get("phase") in INTRA_OP_PHASES)
+        if not (waited or threaded):
             return False
     c, e = cause.get("culprit") or {}, effect.get("culprit") or {}
     if c.get("rank") is not None:
@@ -920,7 +956,7 @@ def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
     of steps, ...). A verdict that contradicts another one found (:data:`CONTRADICTS`) is
     dropped; a cause comes before its consequence (:data:`CAUSES`)."""
     if ctx.no_steps:
-        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps)]
+        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps, run_status=ctx.run_status)]
     live = [r for r in ranks if r.phases.get("step") and r.steady_steps >= T.MIN_STEPS]
     if not live:
         most = max((r.steady_steps for r in ranks), default=0)

@@ -278,7 +278,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     from .threads import ThreadsProbe
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init)
-    s.cpu = ThreadsProbe(recorder, notify, threading.current_thread().native_id)
+    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
+                         request=info.cpu_request if info is not None else None, notify=notify)
     s.client.add_periodic(s.cpu, 0.5)
     _install_exit_hooks()
     if info is not None and info.stack_dir:

@@ -16,17 +16,19 @@ dumps for a hang autopsy): add a :class:`Request` row here, a responder in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import sub
+from operator import gt, itemgetter
 from typing import Any, Callable, Optional
 
 from .. import limits
 from ..limits import Limit
+from ..statistics import window as _window
+from ..statistics.window import MAX_VALUE
 from . import fold
-from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
-                       SYSTEM_FIELDS, ProtocolError)
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, PEAK_COLUMNS, STEP_COLUMNS,
+                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError)
 
-#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
-MAX_VALUE = fold.MAX_VALUE
+# MAX_VALUE: larger values are refused as malformed (2**62: what a window of the statistics
+# holds, statistics/window.py); each column has its own, lower, physical bound (COLUMN_LIMITS)
 MAX_TEXT = 4000
 MAX_RANKS_IN_REQ = 1 << 20
 
@@ -118,60 +120,40 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
-#: where ``v`` of a fold frame holds each column's maximum, and that column's bound: a window
-#: whose maxima are within the bounds holds only values within them (the rule of check_columns)
-_FOLD_MAXIMA = tuple(
-    [(fold.PHASE0 + i * fold.PW + fold.P_MAX, COLUMN_LIMITS[c]) for i, c in enumerate(DURATION_COLUMNS)]
-    + [(fold.MEM0 + fold.MEM.index("max"), COLUMN_LIMITS["mem_peak"])]
-    + [(fold.SUM0 + i * len(fold.SUMS) + fold.SUMS.index("max"), COLUMN_LIMITS[c])
-       for i, c in enumerate(SUM_COLUMNS)])
+#: where a window's value holds each column's maximum, and that column's bound: a window whose
+#: maxima are within the bounds holds only values within them (the rule of check_columns)
+_BOUNDED = (*DURATION_COLUMNS, *PEAK_COLUMNS, *SUM_COLUMNS)
+_fold_maxima = itemgetter(*(_window.AT[f"{c}.max"] for c in _BOUNDED))
+_FOLD_LIMITS = tuple(COLUMN_LIMITS[c] for c in _BOUNDED)
 
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
-    """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then ``v`` of
-    the layout's length for its ``k`` rows, every value in -1..MAX_VALUE, rows aligned as the
-    layout says, counts within the window's records, and ``keys`` as many as the phases' key
-    counts. The packed arrays are unpacked here (``v``/``o`` become lists, ``keys`` an array), in
-    C; after this the aggregator adds the partials without another check."""
+    """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then the
+    window's value, checked by the value's own rules (statistics/window.WindowStats.from_wire) and kept
+    in ``msg["value"]``; after this node 0 merges it without another check."""
     _int(msg, "rank")
     _int(msg, "seq")
     _int(msg, "n", lo=1)
     if msg.setdefault("dropped", 0) is not None:
         _int(msg, "dropped")
     _int(msg, "open", optional=True)
-    v, o, keys = msg.get("v"), msg.get("o"), msg.get("keys")
-    if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
-            or len(v) % 8 or len(o) % 8 or len(keys) % 2:
-        raise ProtocolError("fold: v, o and keys must be packed arrays (bytes)")
-    raw = v
-    # list items are read faster than array items; the arrays are kept for node 0's series,
-    # which copies the rows of fresh buckets from them as bytes
-    msg["va"] = va = fold.unpack(raw)
-    msg["v"] = v = va.tolist()
-    if len(v) < fold.ROWS0 or not fold.in_range(raw, v):
-        raise ProtocolError("fold: v must hold integers in -1..2**62")
-    msg["oa"] = oa = fold.unpack(o)
-    msg["o"] = o = oa.tolist()
-    msg["keys"] = fold.unpack(keys, "H")
-    seq, n = msg["seq"], msg["n"]
-    g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
-    if not (0 <= k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
-        raise ProtocolError("fold: v and o do not have the length of their k series rows")
-    if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
-            or n > fold.SPAN * g or k == 1:
-        raise ProtocolError("fold: the series rows are not aligned sub-buckets of the records")
-    p0, pw = fold.PHASE0, fold.PW
-    counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
-    nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
-    if len(keys) != 2 * sum(nkeys) or max(counts) > n or not 1 <= v[fold.H_WEIGHT] <= n \
-            or v[fold.MEM0] > n or min(nkeys) < 0 or v[fold.H_OUT_N] >= n \
-            or min(map(sub, counts, nkeys)) < 0 or n > fold.MAX_RECORDS:
-        raise ProtocolError("fold: counts and sketch keys do not fit the records")
-    nc, r = len(fold.ROW_COUNTS), len(fold.ROW)
-    if k and max(map(max, (v[a:a + nc] for a in range(fold.ROWS0, fold.ROWS0 + k * r, r)))) > n:
-        raise ProtocolError("fold: a series row counts more records than the window holds")
-    if any(v[at] > lim for at, lim in _FOLD_MAXIMA):
+    try:
+        msg["value"] = value = fold.value_of(msg)
+    except ValueError as exc:
+        raise ProtocolError(f"fold: {exc}") from None
+    if any(map(gt, _fold_maxima(value.v), _FOLD_LIMITS)):
         raise ProtocolError("fold: a column's maximum is past its bound")
+    return msg
+
+
+def check_tail(msg: dict[str, Any]) -> dict[str, Any]:
+    """A relay's ``tail`` frame (wire/fold.py): a window's last records, for the live views."""
+    _int(msg, "rank")
+    _int(msg, "seq")
+    _int(msg, "n", lo=1)
+    if msg["n"] > fold.TAIL_MAX:
+        raise ProtocolError(f"tail: at most {fold.TAIL_MAX} records")
+    check_columns(msg.get("cols"), msg["n"])
     return msg
 
 
@@ -339,6 +321,20 @@ def check_loss(msg: dict[str, Any]) -> dict[str, Any]:
     _int(msg, "relay_dropped")
     _int(msg, "seq_end")
     _int(msg, "open", optional=True)
+    return msg
+
+
+def check_node(msg: dict[str, Any]) -> dict[str, Any]:
+    """A group relay's ``node`` frame: a node relay of its group connected (``host``, ``nproc``)
+    or, with ``gone`` true, its link closed."""
+    _int(msg, "node")
+    msg["gone"] = msg.get("gone") is True
+    if msg["gone"]:
+        return msg
+    _str(msg, "host", 255, optional=True)
+    msg["host"] = msg.get("host") or ""
+    if type(msg.get("nproc")) is not int:
+        msg["nproc"] = None
     return msg
 
 
@@ -553,18 +549,22 @@ def check_resp(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "steps": check_steps, "fold": check_fold, "event": check_event, "bye": check_bye, "resp": check_resp,
+    "steps": check_steps, "fold": check_fold, "tail": check_tail, "event": check_event, "bye": check_bye, "resp": check_resp,
     "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
     "probe": check_probe,
     "autopsy": check_autopsy,
+    "node": check_node,
     "end": check_plain,
 }
 
 #: frame types each kind of connection may send (anything else is skipped and counted)
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
-    "node": frozenset(("steps", "fold", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    "node": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    #: a group relay (launcher/grouprelay.py): its nodes' frames, and which nodes it carries
+    "group": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system",
+                        "node")),
     "control": frozenset(("finish", "query", "snapshot", "system", "probe", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),
