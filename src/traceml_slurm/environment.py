@@ -287,6 +287,12 @@ class SlurmEnvironment(ClusterEnvironment):
         facts = Facts.of(environ)
         return next_job(*record(facts.node_store, facts.cluster_name, evidence))
 
+    def cpu_request(self, environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
+        """What Slurm gave each task in CPUs, and the lines that ask for more (cpus.py)."""
+        from .cpus import cpu_request
+
+        return cpu_request(environ)
+
     # -- checks on the merged config -------------------------------------------------------------
 
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:

@@ -146,6 +146,25 @@ class ProcessEnv:
     no_color: bool = False
 
 
+@dataclass(frozen=True)
+class CpuGrant:
+    """The CPU variables of a Slurm task (:attr:`Facts.cpus`); None: unset or malformed."""
+
+    cpus_per_task: Optional[int]
+    srun_cpus_per_task: Optional[int]
+    cpus_on_node: Optional[int]
+
+
+def _count(raw: Optional[str]) -> Optional[int]:
+    from traceml_core.limits import CPUS_PER_TASK
+
+    text = (raw or "").strip()
+    if not text.isdigit():
+        return None
+    n = int(text)
+    return n if 1 <= n <= CPUS_PER_TASK.hi * 64 else None
+
+
 def _visible(raw: Optional[str]) -> Optional[tuple[str, ...]]:
     if raw is None:
         return None
@@ -381,6 +400,18 @@ class Facts:
         from .nodes.store import default_path
 
         return default_path(self._env.get)
+
+    # -- CPU binding ---------------------------------------------------------------------------------
+
+    @cached_property
+    def cpus(self) -> "CpuGrant":
+        """What Slurm gave this task in CPUs: ``SLURM_CPUS_PER_TASK`` (the job's ``--cpus-per-task``;
+        unset: Slurm's default of one per task), ``SRUN_CPUS_PER_TASK`` (what srun passes on),
+        ``SLURM_CPUS_ON_NODE``. Read leniently: a malformed value is unknown (None), never a
+        refusal of the launch (this is telemetry, not the launch's)."""
+        return CpuGrant(_count(self._env.get("SLURM_CPUS_PER_TASK")),
+                        _count(self._env.get("SRUN_CPUS_PER_TASK")),
+                        _count(self._env.get("SLURM_CPUS_ON_NODE")))
 
     # -- the rest of the process environment --------------------------------------------------------
 

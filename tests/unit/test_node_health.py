@@ -202,3 +202,38 @@ def test_the_template_writes_the_exclude_line_of_the_bad_hosts(tmp_path):
     env["TRACEML_NODE_STORE"] = str(tmp_path / "empty.sqlite")
     out = template("--exclude-bad")
     assert "#SBATCH --exclude" not in out and "no host is bad enough to exclude (0 host(s)" in out
+
+
+def _doctor(job: str, slow: str = "node3"):
+    """A doctor's report whose link probe (cross.link-bandwidth) found ``slow`` sending slowly."""
+    from traceml_slurm.doctor.model import CheckResult, JobInfo, Outcome, Report, Status
+
+    link = CheckResult("cross.link-bandwidth", "link", "cross", {
+        h: Outcome(Status.FAIL if h == slow else Status.PASS, "", data={"gbps": 0.012 if h == slow else 1.5,
+                                                                       "recv_gbps": 1.4}) for h in HOSTS})
+    return Report(JobInfo(job, "j", list(HOSTS), "batch", "node1", "default"), [link], 1.0)
+
+
+def test_the_doctor_records_its_link_probe_and_ends_in_the_line(tmp_path):
+    import io
+
+    from traceml_slurm.doctor.nodehealth import next_job as doctor_next_job
+    from traceml_slurm.doctor.render import render_text
+    from traceml_slurm.facts import Facts
+
+    env = {"SLURM_JOB_ID": "1", "TRACEML_NODE_STORE": str(tmp_path / "nodes.sqlite"), "SLURM_CLUSTER_NAME": "c"}
+    first = doctor_next_job(_doctor("1"), Facts.of(env))
+    assert first is None  # slow in one job only: nothing to say yet
+    report = _doctor("2")
+    report.next_job = doctor_next_job(report, Facts.of({**env, "SLURM_JOB_ID": "2"}))
+    assert report.next_job.lines == ("#SBATCH --exclude=node3",)
+    out = io.StringIO()
+    render_text(report, out, no_color=True)
+    assert out.getvalue().rstrip().endswith(
+        "Next job script (paste into your sbatch script; traceml slurm nodes says why):\n"
+        "  #SBATCH --exclude=node3    # node3: link sending at 0.012 GB/s against 1.5 GB/s in 2 of 2 job(s) since "
+        + time.strftime("%b %d")), out.getvalue()
+    assert report.to_json()["next_job"]["lines"] == ["#SBATCH --exclude=node3"]
+    records, _ = NodeStore(tmp_path / "nodes.sqlite").records("c")
+    assert [(r.job_id, r.source) for r in sorted(records, key=lambda r: r.at)] == [("1", "doctor"), ("2", "doctor")]
+    assert doctor_next_job(_doctor("3"), Facts.of({"PATH": ""})) is None  # outside a job: nothing

@@ -146,7 +146,8 @@ class NodeLaunch:
                 run_name=c.run_name, job_id=c.job_id, nnodes=c.nnodes, node_rank=c.node_rank,
                 nproc_per_node=c.nproc_per_node, aggregator_host=host, aggregator_port=port,
                 token=self.token.value, connect_wait=connect_wait, mode=c.mode, logs_dir=c.logs_dir,
-                auto_steps=c.auto_steps, stack_dir=stacks.path)
+                auto_steps=c.auto_steps, stack_dir=stacks.path,
+                cpu_request=cpu_request(c.cluster, self.environ))
             if self.keeper is not None:
                 self.watchdog = Watchdog(c, self.token, self.keeper, s.terminate,
                                          relay.flush_s if relay is not None else None)
@@ -265,4 +266,28 @@ class NodeLaunch:
         if link is not None:
             status = "interrupted" if outcome.interrupted else ("clean" if outcome.status == 0 else "error")
             link.close(bye={"t": "bye", "status": status, "exit_code": outcome.status, **report})
+        return None
+
+
+#: the most of the cluster's CPU request a rank's event carries (the wire takes 2,000 characters)
+MAX_CPU_REQUEST_CHARS = 600
+
+
+def cpu_request(cluster: str, environ: Mapping[str, str]) -> Optional[dict]:
+    """What the cluster plugin says the scheduler gave each task in CPUs (for the input-bound
+    verdict's CPU cause, report/cpubinding.py); None where no plugin or it does not know. Never
+    raises: telemetry must not cost the launch."""
+    if not cluster or cluster == "none":
+        return None
+    try:
+        import json
+
+        from ..plugins import load_cluster_environment
+
+        cls = load_cluster_environment(cluster)
+        got = cls().cpu_request(environ) if cls is not None else None
+        if not isinstance(got, dict) or len(json.dumps(got)) > MAX_CPU_REQUEST_CHARS:
+            return None
+        return got
+    except Exception:  # noqa: BLE001 - a plugin's bug costs the fact, not the run
         return None

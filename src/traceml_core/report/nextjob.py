@@ -1,7 +1,7 @@
 """The summary's ``next_job``: lines for the user's next job script, and why.
 
 Two sources, each in its own place: the verdicts' own fix lines (an input-bound run's CPU request,
-``evidence.fix_lines``: report/cpubinding.py), and the cluster plugin, which node 0's aggregator
+``evidence.cpu.fix_lines``: report/cpubinding.py), and the cluster plugin, which node 0's aggregator
 hands what the run measured of each node (report/nodeevidence.py) and which answers with lines
 from the user's history of those nodes (``ClusterEnvironment.run_ended``; the Slurm plugin's
 node health, ``traceml_slurm/nodes``). A verdict whose culprit is a node the plugin excludes ends
@@ -53,7 +53,7 @@ def amend(summary: J, cluster: str = "") -> None:
     """Add ``next_job`` to a final summary: the verdicts' fix lines, then the cluster plugin's."""
     section = NextJobSection()
     for v in verdicts_of(summary):
-        ev = v.get("evidence") or {}
+        ev = (v.get("evidence") or {}).get("cpu") or {}  # the input-bound verdict's CPU cause
         for line, why in zip(ev.get("fix_lines") or [], ev.get("fix_why") or []):
             if line not in section.lines:
                 section.lines.append(line)

@@ -61,8 +61,14 @@ def node_hosts(summary: Summary) -> dict[int, str]:
 
 def link_observations(summary: Summary) -> list[NodeObservation]:
     probe = (summary.communication.probe if summary.communication else None) or {}
-    nodes = [n for n in probe.get("nodes") or [] if n.get("host")]
-    if probe.get("error") or len(nodes) < 3:
+    return [] if probe.get("error") else link_observations_of(probe.get("nodes") or [])
+
+
+def link_observations_of(nodes: list[dict]) -> list[NodeObservation]:
+    """The link probe's rule on its per-node best rates (``{"host", "gbps", "recv_gbps"}``: a run's
+    probe, or the doctor's, which runs the same probe)."""
+    nodes = [n for n in nodes if n.get("host")]
+    if len(nodes) < 3:
         return []
     out = []
     for key, kind, verb in (("gbps", "link_send", "sends"), ("recv_gbps", "link_recv", "receives")):

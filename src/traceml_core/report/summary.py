@@ -75,6 +75,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         median_step_ms=timing.step_time.median_ms, step_source=steps.source,
         no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
                                  s.world_size, end.status),
+        run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
         cpu_threads=cpu_threads_of(data.ranks)))

@@ -326,7 +326,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     from .threads import ThreadsProbe
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init)
-    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id)
+    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
+                         request=info.cpu_request if info is not None else None)
     s.client.add_periodic(s.cpu, 0.5)
     patches.install_global()
     _install_exit_hooks()

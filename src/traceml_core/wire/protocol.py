@@ -51,7 +51,10 @@ Rank → relay, after ``welcome``:
             is a JSON object with the rank's intra-op threads and the cores it may use, and its
             training thread's time on a CPU and waiting for one (``threads``, ``cpus``,
             ``cpuset``, ``steps``, ``run_ns``, ``wait_ns`` and the same at the settled start;
-            traceml_core/sdk/threads.py), sent once training settled and at shutdown.
+            traceml_core/sdk/threads.py), and what feeds its input (its DataLoader workers,
+            their time on a CPU and waiting for one, its own CPU time, its cgroup's CPU
+            throttling, ``OMP_NUM_THREADS``, the scheduler's CPU request), sent once training
+            settled and at shutdown.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
