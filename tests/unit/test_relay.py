@@ -16,7 +16,8 @@ from pathlib import Path
 from aggpeers import RUN, TOKEN, NodePeer, RankPeer, columns, folded, make_settings
 from traceml_core.aggregator.process import start_aggregator
 from traceml_core.launcher.relay import Relay
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk.recorder import StepRecorder
+from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
 from traceml_core.wire.client import TelemetryClient
 
@@ -77,7 +78,7 @@ def test_counts_exact_through_relays_and_fan_in_is_nodes(aggregator):
     assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 4)
     steps = {0: 3000, 1: 2500, 2: 4000, 3: 1234}
     for rank, n in steps.items():
-        ctx = StepContext(recs[rank])
+        ctx = Tracer(recs[rank]).step
         for _ in range(n):
             with ctx:
                 pass
@@ -186,7 +187,7 @@ def test_slow_upstream_relay_drops_counts_and_reports_exactly(aggregator):
         # steps until the relay had to drop (a few seconds; longer on a busy machine, where the
         # ranks step more slowly and the windows' last records fill the budget later)
         dropping = lambda: relay.stats().records_dropped > 0  # noqa: E731
-        threads = [threading.Thread(target=_record_for, args=(recs[r], StepContext(recs[r]), 60.0, times, dropping))
+        threads = [threading.Thread(target=_record_for, args=(recs[r], Tracer(recs[r]).step, 60.0, times, dropping))
                    for r in (0, 1)]
         for t in threads:
             t.start()
@@ -233,7 +234,7 @@ def test_upstream_killed_relay_counts_then_reports_to_a_new_aggregator(tmp_path)
     h2 = None
     try:
         assert client.wait_connected(5.0)
-        ctx = StepContext(rec)
+        ctx = Tracer(rec).step
         times: list[float] = []
         _record_for(rec, ctx, 0.3, times)
         h.kill()

@@ -34,7 +34,7 @@ import json
 import os
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from ..wire.protocol import CPU_THREADS_EVENT as EVENT_KIND
 
@@ -210,11 +210,15 @@ class SchedStat:
 
 
 class ThreadsProbe:
-    """Called periodically by the client thread, and once more at shutdown (:meth:`final`)."""
+    """Called periodically by the client thread, and once more at shutdown (:meth:`final`);
+    ``notify`` queues an event for the aggregator (the session's ``api.notify``: passed in, so
+    this module never imports the session)."""
 
     def __init__(self, recorder: Any, tid: Optional[int] = None,
-                 request: Optional[dict[str, Any]] = None) -> None:
+                 request: Optional[dict[str, Any]] = None, *,
+                 notify: Callable[[dict[str, Any]], bool]) -> None:
         self.recorder = recorder
+        self.notify = notify
         tid = tid if tid is not None else threading.main_thread().native_id
         self.sched = SchedStat(tid)
         self.feeders = Feeders(tid)
@@ -230,8 +234,6 @@ class ThreadsProbe:
 
     def _send(self, fact: tuple[int, tuple[int, ...]], steps: int, sched: Optional[tuple[int, int]],
               feed: dict[str, Any]) -> bool:
-        from . import api
-
         s0 = self.settled or (steps, sched)
         f0 = self.settled_feed or feed
         text = json.dumps({
@@ -244,7 +246,7 @@ class ThreadsProbe:
         }, separators=(",", ":"))
         if len(text) > MAX_TEXT:  # the wire refuses a longer event text: the request goes first
             text = json.dumps({**json.loads(text), "request": None, "cpuset": []}, separators=(",", ":"))
-        return api.notify({"t": "event", "kind": EVENT_KIND, "ts": time.time(), "text": text})
+        return self.notify({"t": "event", "kind": EVENT_KIND, "ts": time.time(), "text": text})
 
     def __call__(self) -> None:
         steps = self.recorder.count
