@@ -18,7 +18,6 @@ from typing import Any, Optional
 
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
-from .nextjob import NextJobSection
 
 J = dict[str, Any]
 
@@ -482,6 +481,29 @@ class HangSection:
 
     def to_json(self) -> J:
         return {**self.report.to_checkpoint(), "resumed": self.resumed}
+
+
+@dataclass(slots=True)
+class NextJobSection:
+    """``next_job`` of the summary (docs/summary-schema.md): ``lines`` to paste into the next job
+    script, ``why`` (one reason per line), ``notes`` (what could not be judged, and why)."""
+
+    lines: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["NextJobSection"]:
+        if not isinstance(d, dict):
+            return None
+        return cls([str(x) for x in d.get("lines") or []], [str(x) for x in d.get("why") or []],
+                   [str(x) for x in d.get("notes") or []])
+
+    def to_json(self) -> J:
+        return {"lines": self.lines, "why": self.why, "notes": self.notes}
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.notes)
 
 
 @dataclass(slots=True)
