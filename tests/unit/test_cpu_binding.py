@@ -107,7 +107,11 @@ def test_busy_workers_with_cpus_left_over_and_no_workers_at_all():
     v = input_bound(summary(fact(cpus=8, workers=2, wrun=1.9, wwait=0.0)))
     assert v["evidence"]["cpu"]["cause"] == "few_workers" and "raise num_workers to 7" in v["next_step"]
     v = input_bound(summary(fact(cpus=8, workers=0, wrun=0.0, wwait=0.0, rank=1.0)))
-    assert v["evidence"]["cpu"]["cause"] == "no_workers" and v["next_step"] == "use num_workers=7 in the DataLoader"
+    assert v["evidence"]["cpu"]["cause"] == "no_workers" and v["next_step"] == "make them in a DataLoader with num_workers=7"
+    # no workers, and the rank's fetch waits (a wrapped get_batch that reads or sleeps): not the CPU
+    v = input_bound(summary(fact(cpus=8, workers=0, wrun=0.0, wwait=0.0, rank=0.1)))
+    assert v["evidence"]["cpu"]["cause"] == "not_cpu" and "no DataLoader workers" in v["why"]
+    assert "num_workers=" not in v["next_step"]
 
 
 def test_a_cpu_quota_is_named_before_the_cores():

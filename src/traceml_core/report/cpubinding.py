@@ -15,9 +15,10 @@ CPUs per task, the lines that ask for more). One cause, the first that holds for
   they may use: more workers would only share them; ask for more CPUs per task (the plugin's
   lines);
 * ``few_workers``: the workers are busy but CPUs of the task are left over: more workers;
-* ``no_workers``: the rank loads its data in its own process (``num_workers=0``);
-* ``not_cpu``: the workers mostly wait, and the task's CPUs are not full: the CPU is not the
-  limit (the storage, the network or a sleep in the loader is); more workers only hide it.
+* ``no_workers``: the rank makes its batches in its own process (no DataLoader workers) and
+  computes doing it (half a CPU or more);
+* ``not_cpu``: the workers (or, without workers, the rank) mostly wait, and the task's CPUs are
+  not full: the CPU is not the limit (the storage, the network or a sleep in the loader is).
 
 None when the ranks did not say (an older SDK, no ``traceml run``): the verdict then says nothing
 of the CPU. Pure functions; every figure the sentences use is in the evidence, rounded.
@@ -51,8 +52,8 @@ def _cause(f: CpuThreads) -> Optional[str]:
         return "cpu_quota"
     if req is not None and req.cpus_per_task is not None and req.cpus_per_task > cpus and full:
         return "not_inherited"
-    if f.workers == 0:
-        return "no_workers"
+    if f.workers == 0:  # the rank fetches in its own process: computing, or waiting (storage, a sleep)
+        return "no_workers" if f.proc_cores >= WORKER_IDLE else "not_cpu"
     if full:
         return "cpu_binding"
     return "few_workers" if workers / f.workers >= WORKER_IDLE else "not_cpu"
@@ -135,14 +136,21 @@ def say(ev: dict[str, Any]) -> tuple[str, str]:
                 f"rank's affinity mask{granted}) and want {want}: more workers would only share the same CPUs",
                 f"give each rank {ev['want_cpus']} CPUs{fewer}" + paste)
     if cause == "no_workers":
-        why = f"the rank loads its data in its own process (num_workers=0) on {_cpu(cpus)} ({busy:.1f} busy)"
+        why = (f"the rank makes its batches in its own process (no DataLoader workers) and computes doing it "
+               f"({ev['rank_cores']:.1f} CPUs of the {_cpu(cpus)} it may run on)")
         if cpus > 1:
-            return why, f"use num_workers={cpus - 1} in the DataLoader"
-        return why, f"give each rank {ev['want_cpus']} CPUs and use DataLoader workers" + paste
+            return why, f"make them in a DataLoader with num_workers={cpus - 1}"
+        return why, f"give each rank {ev['want_cpus']} CPUs and make the batches in DataLoader workers" + paste
     if cause == "few_workers":
         return (f"the {w} DataLoader worker(s) compute ({ev['workers_cores'] + ev['workers_waiting']:.1f} CPUs "
                 f"on a CPU or waiting for one) and the rank's {_cpu(cpus)} are not all used ({busy:.1f} wanted)",
                 f"raise num_workers to {max(w + 1, cpus - 1)} (each rank may run on {_cpu(cpus)})")
+    if not w:
+        return (f"the CPU is not the limit: the rank makes its batches in its own process (no DataLoader "
+                f"workers) and used {ev['rank_cores']:.1f} CPUs of the {_cpu(cpus)} it may run on: the fetch "
+                "waits (for storage, the network, a lock or a sleep), it does not compute",
+                "find what the fetch waits for (the storage's read speed, a remote dataset, a sleep), or "
+                "overlap it with the step: a DataLoader with workers, or a prefetching thread")
     return (f"the CPU is not the limit: the {w} DataLoader worker(s) were on a CPU or waiting for one "
             f"{ev['workers_cores'] + ev['workers_waiting']:.1f} CPUs' worth, and the rank used {ev['rank_cores']:.1f}, "
             f"of the {_cpu(cpus)} it may run on: the workers wait (for "
