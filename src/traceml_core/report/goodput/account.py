@@ -384,9 +384,10 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     not_measured = _not_measured(data, ranks, ctx)
     if progress.source == "unknown":
         not_measured["redone"] = (
-            "where this attempt resumed is not known: the script does not give TraceML its global step "
-            "and no checkpoint of the attempt before was seen, so the steps it redid are in productive "
-            "step time and the other step buckets (see docs/goodput.md, redone work)")
+            "where this attempt resumed is not known: the script does not give TraceML its global step and "
+            "no checkpoint of the attempt before was seen (torch.save and torch.distributed.checkpoint.save "
+            "are timed, other writers are not), so the steps it redid are in productive step time and the "
+            "other step buckets. Pass trace_step(model, step=global_step) to count them exactly")
     hosts = {n.node: n.host for n in data.nodes}
     # per node: its slots and the milliseconds per bucket (KEYS order), added rank by rank; ranks
     # that never joined all have the same parts, so their rounding is done once
@@ -458,10 +459,11 @@ def _not_measured(data: RunData, ranks: Sequence[RankData], ctx: Context) -> dic
                         "TraceML sees): wrap the loader with traceml.wrap_dataloader, or fetch the batch "
                         "inside trace_step; the wait is in time in no phase")
     if not any(r.facts.progress.first is not None for r in stepped):
-        # the SDK that times checkpoints also marks each rank's first step: none did
-        out["checkpoint"] = ("no worker reported its checkpoint saves (TraceML's workers do not time torch.save "
-                             "or torch.distributed.checkpoint.save in this version); a save between steps is in "
-                             "between-step work, one inside trace_step in time in no phase")
+        # the SDK that times checkpoints also marks each rank's start: none did
+        out["checkpoint"] = ("no worker reported its checkpoint saves (the workers run a TraceML older than the "
+                             "launcher's, which does not time torch.save: install this version in the workers' "
+                             "environment); a save between steps is in between-step work, one inside trace_step "
+                             "in time in no phase")
     if not any(r.phase("comm_ns").count > 0 for r in stepped):
         why = ("a single process: nothing to communicate" if data.settings.world_size <= 1 else
                "no rank timed its collectives (no process group in the traced steps, or a DDP model "
