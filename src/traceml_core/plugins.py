@@ -118,6 +118,13 @@ class ClusterEnvironment(ABC):
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
         return []
 
+    def allocation_start(self, config: Any) -> float | None:
+        """When the scheduler started this job's allocation (epoch seconds), for the goodput
+        ledger's start-up, when the launch config does not carry it already
+        (``config.job_start_time``); None when it cannot tell. Called once, in the background, by
+        node 0's launcher; may ask the scheduler (a few seconds at most)."""
+        return None
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> str | None:
         """Who sent ``signum`` (received at ``at``, epoch seconds), in words, when the scheduler can
         tell: "the job reached its time limit", "the job was cancelled". None when it cannot.

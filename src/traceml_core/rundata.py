@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from .rankfacts import RankFacts
+
 #: a statistics value in the statistics module's serialised form (a sketch or a series); opaque here
 Serialised = dict[str, Any]
 
@@ -269,6 +271,8 @@ class RankData:
     #: protocol version 3 and before; since, a frame is refused whole where it enters, and this
     #: stays 0)
     rejected: int = 0
+    #: what the rank reported besides its steps: checkpoint spans, progress, declared work
+    facts: RankFacts = field(default_factory=RankFacts)
 
     def phase(self, name: str) -> PhaseData:
         """A phase by column (``step_ns``) or phase name (``step``); empty when never measured."""
@@ -309,7 +313,8 @@ class RankData:
             events=[RankEvent.from_checkpoint(e) for e in r.get("events") or []],
             event_count=r.get("event_count", 0),
             step_source=StepSource.from_checkpoint(r.get("step_source")),
-            sketched=r.get("sketched", received), rejected=r.get("rejected", 0))
+            sketched=r.get("sketched", received), rejected=r.get("rejected", 0),
+            facts=RankFacts.from_checkpoint(r.get("facts")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -330,6 +335,7 @@ class RankData:
             "events": [e.to_checkpoint() for e in self.events], "event_count": self.event_count,
             "step_source": self.step_source.to_checkpoint() if self.step_source else None,
             "sketched": self.sketched, **({"rejected": self.rejected} if self.rejected else {}),
+            "facts": self.facts.to_checkpoint(),
         }
 
 

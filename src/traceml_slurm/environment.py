@@ -143,11 +143,9 @@ class SlurmEnvironment(ClusterEnvironment):
             ident, src = f"{v.array_job_id}_{v.array_task_id}", "slurm:SLURM_ARRAY_JOB_ID+SLURM_ARRAY_TASK_ID"
         else:
             ident, src = str(v.job_id), "slurm:SLURM_JOB_NAME+SLURM_JOB_ID"
-        run = f"{name}-{sanitise_run_name(ident)}"
-        if v.restart_count:
-            run += f"-r{v.restart_count}"
-            src += "+SLURM_RESTART_COUNT"
-        return Setting(run, src)
+        # the same for every requeue of the job (SLURM_RESTART_COUNT is the attempt, not the run):
+        # the attempts share one run directory and one goodput ledger (traceml_core/attempts.py)
+        return Setting(f"{name}-{sanitise_run_name(ident)}", src)
 
     def _step_values(self, facts: Facts, out: Contribution) -> None:
         v = facts.vars
@@ -273,6 +271,16 @@ class SlurmEnvironment(ClusterEnvironment):
             f"MASTER_PORT={stale} in the environment is ignored: under Slurm the rendezvous port is "
             f"derived from the job id ({port.value}, {port.source}) so jobs sharing a node do not "
             f"clash. To pin it, pass --master-port or set TRACEML_MASTER_PORT.")
+
+    def allocation_start(self, config: Any) -> Optional[float]:
+        """SLURM_JOB_START_TIME where Slurm gives it (23.02 and later, already in the config), else
+        the controller's StartTime of the job (2 s at most; the current attempt's, after a requeue)."""
+        if config.job_start_time:
+            return float(config.job_start_time)
+        from .interrupts import controller_state
+
+        facts = controller_state(config.job_id)
+        return facts.get("start") if facts else None
 
     def explain_interrupt(self, config: Any, signum: int, at: float) -> Optional[str]:
         from .interrupts import explain

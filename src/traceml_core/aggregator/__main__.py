@@ -84,6 +84,12 @@ def main() -> int:
         run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
+    if claimed is not None and not settings.resume_from:  # the directory is ours: an earlier attempt's
+        from ..attempts import archive_previous             # files move aside (goodput across attempts)
+
+        moved = archive_previous(run_dir.path, settings.run_id)
+        if moved:
+            log(moved)
     run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..rankfacts import FACT_KINDS
 from ..statistics.sketch import merged_quantiles
 from ..wire.auth import Identity
 from ..wire.protocol import ProtocolError
@@ -246,6 +247,9 @@ class Ingest:
         elif t == "event":
             if msg["kind"] == "step_source":
                 rs.step_source = msg["source"]
+            elif msg["kind"] in FACT_KINDS:  # a checkpoint span, progress, declared work
+                if msg.get("fact") is not None:
+                    rs.facts.apply(msg["kind"], msg["fact"])
             else:
                 rs.note_event(msg["kind"], msg["text"], msg["ts"] or time.time())
         elif t == "resp":

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Optional
 
+from ..rankfacts import RankFacts
 from ..statistics.series import BUCKETS, Series
 from ..statistics.window import WindowStats
 
@@ -27,7 +28,7 @@ class RankState:
         "rank", "node", "host", "local_rank", "pid", "joined_at", "last_seen", "connected",
         "closed_at", "connections", "bye", "received", "gaps", "duplicates", "client_dropped",
         "next_seq", "stats", "tail", "tail_n", "tail_keep", "events", "event_count",
-        "relay_dropped", "relay_seq_end", "open_bound", "last_open", "counts", "step_source",
+        "relay_dropped", "relay_seq_end", "open_bound", "last_open", "counts", "step_source", "facts",
     )
 
     def __init__(self, rank: int, tail_records: int = 0, buckets: int = BUCKETS) -> None:
@@ -67,6 +68,8 @@ class RankState:
         #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
         #: i.e. a process that called traceml itself without the worker bootstrap)
         self.step_source: Optional[dict[str, Any]] = None
+        #: checkpoint spans, progress and declared work (its span/progress/work events)
+        self.facts = RankFacts()
 
     # --- reading ---------------------------------------------------------------------------
     @property
@@ -143,6 +146,7 @@ class RankState:
             "next_seq": self.next_seq,
             "events": list(self.events or ()), "event_count": self.event_count,
             "step_source": self.step_source,
+            "facts": self.facts.to_checkpoint(),
         }
         out.update(self.stats.to_data())
         return out

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
+from ..rankfacts import RankFacts
 from ..statistics.window import WindowStats
 from .nodeinfo import NodeInfo
 from .rankstate import RankState
@@ -29,7 +30,7 @@ from .rankstate import RankState
 _ADD = ("received", "gaps", "duplicates", "event_count", "connections")
 _MAX = ("client_dropped", "relay_dropped", "relay_seq_end", "next_seq")
 _NEWER = ("node", "host", "local_rank", "pid", "connected", "closed_at", "bye", "open_bound",
-          "last_open", "counts", "step_source", "last_seen")
+          "last_open", "counts", "step_source", "last_seen", "facts")
 
 
 def seed_rank(rs: RankState, r: dict[str, Any], buckets: int) -> None:
@@ -42,6 +43,7 @@ def seed_rank(rs: RankState, r: dict[str, Any], buckets: int) -> None:
             setattr(rs, k, r[k])
     rs.connected = False
     rs.stats = WindowStats.from_data(r, buckets)
+    rs.facts = RankFacts.from_checkpoint(r.get("facts"))  # later events add to it
 
 
 def seed_node(ni: NodeInfo, n: dict[str, Any]) -> None:

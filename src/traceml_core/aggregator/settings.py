@@ -37,6 +37,11 @@ class AggregatorSettings(BaseModel):
     #: <logs_dir>/<run_name>; a fallback under $TMPDIR/traceml/ is used when it is not writable
     run_dir: Path
     job_id: Optional[str] = None
+    #: which attempt of the job this is (Slurm: SLURM_RESTART_COUNT, 0 when unset) and when the
+    #: cluster started its allocation, where the launch config knows them: the goodput ledger's
+    #: attempt and window, also when no launcher's lifecycle record arrives (a killed attempt)
+    restart_count: Optional[bounded(limits.RESTARTS)] = None  # type: ignore[valid-type]
+    job_start_time: Optional[float] = None
     bind_host: str = "127.0.0.1"
     #: 0 = any free port (the READY line reports the real one)
     port: bounded(limits.PORT_OR_AUTO) = 29765  # type: ignore[valid-type]

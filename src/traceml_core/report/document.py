@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
 
@@ -539,6 +540,8 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     #: the last resort's mark (report/partial.py); None for a whole summary
     partial: Optional[J] = None
+    #: the goodput ledger over the run's attempts (goodput/ledger.py); None in older summaries
+    goodput: Optional[Ledger] = None
     #: lines for the next job script (report/nextjob.py); None when there are none
     next_job: Optional[NextJobSection] = None
 
@@ -577,6 +580,7 @@ class Summary:
             files=dict(doc.get("files") or {}), hang=HangSection.from_json(doc.get("hang")),
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
             notes=list(doc.get("notes") or []), partial=doc.get("partial"),
+            goodput=Ledger.from_json(doc.get("goodput")),
             next_job=NextJobSection.from_json(doc.get("next_job")))
 
     def to_json(self) -> J:
@@ -597,6 +601,8 @@ class Summary:
             "hang": self.hang.to_json() if self.hang else None,
             "hangs": [h.to_checkpoint() for h in self.hangs], "notes": self.notes,
         }
+        if self.goodput is not None:
+            out["goodput"] = self.goodput.to_json()
         if self.partial is not None:
             out["partial"] = self.partial
         if self.next_job is not None:

@@ -157,10 +157,8 @@ def check_tail(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
-def step_source(text: str) -> Optional[dict[str, Any]]:
-    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
-    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
-    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+def _json_object(text: str) -> Optional[dict[str, Any]]:
+    """An event's JSON payload (at most 2,000 characters), when it is an object."""
     import json
 
     if len(text) > 2000:
@@ -169,7 +167,15 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
         raw = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+    return raw if isinstance(raw, dict) else None
+
+
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    raw = _json_object(text)
+    if raw is None or raw.get("source") not in STEP_SOURCES:
         return None
     out: dict[str, Any] = {"source": raw["source"]}
     for key in ("accumulation", "backward_per_step"):
@@ -188,13 +194,65 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
     return out
 
 
+#: the most tokens and FLOPs one step may be declared to be worth (far beyond any model today)
+MAX_TOKENS_PER_STEP = 1e12
+MAX_FLOPS_PER_STEP = 1e24
+
+
+def rank_fact(kind: str, text: str) -> Optional[dict[str, Any]]:
+    """The payload of a ``span``, ``progress`` or ``work`` event (traceml_core/rankfacts.py),
+    checked: every field within its bound or dropped (a time outside :data:`limits.EPOCH_S`, a
+    negative step); None when the text is not such a payload at all (then the event is ignored)."""
+    from ..rankfacts import SPAN_KINDS
+
+    raw = _json_object(text)
+    if raw is None:
+        return None
+
+    def count(v: Any) -> Optional[int]:
+        return v if type(v) is int and 0 <= v <= MAX_VALUE else None
+
+    def when(v: Any) -> Optional[float]:
+        return float(v) if type(v) in _NUM and limits.EPOCH_S.lo < v <= limits.EPOCH_S.hi else None
+
+    def amount(v: Any, hi: float) -> Optional[float]:
+        return float(v) if type(v) in _NUM and 0 <= v <= hi else None
+
+    def word(v: Any, n: int) -> Optional[str]:
+        return v[:n] if isinstance(v, str) else None
+
+    if kind == "span":
+        dur, end = raw.get("dur_ns"), when(raw.get("end"))
+        if raw.get("span") not in SPAN_KINDS or type(dur) is not int or not 0 <= dur <= limits.STEP_NS.hi \
+                or end is None:
+            return None
+        return {"span": raw["span"], "dur_ns": dur, "end": end, "step": count(raw.get("step")),
+                "gstep": count(raw.get("gstep")), "in_step": raw.get("in_step") is True,
+                "api": word(raw.get("api"), 64) or ""}
+    if kind == "progress":
+        if count(raw.get("step")) is None:
+            return None
+        return {"step": raw["step"], "gstep": count(raw.get("gstep")), "start": when(raw.get("start")),
+                "end": when(raw.get("end"))}
+    if kind == "work":
+        return {"tokens_per_step": amount(raw.get("tokens_per_step"), MAX_TOKENS_PER_STEP),
+                "flops_per_step": amount(raw.get("flops_per_step"), MAX_FLOPS_PER_STEP),
+                "dtype": word(raw.get("dtype"), 16), "device": word(raw.get("device"), 128)}
+    return None
+
+
 def check_event(msg: dict[str, Any]) -> dict[str, Any]:
     """An event; kind ``step_source`` carries how the rank's steps are found (``source``: the
-    checked payload, or None when it is not one)."""
+    checked payload, or None when it is not one); kinds ``span``, ``progress`` and ``work`` carry
+    rank facts (``fact``: the checked payload of :func:`rank_fact`, or None)."""
+    from ..rankfacts import FACT_KINDS
+
     _int(msg, "rank")
     _str(msg, "kind", 64)
     if msg["kind"] == "step_source":
         msg["source"] = step_source(msg["text"]) if isinstance(msg.get("text"), str) else None
+    elif msg["kind"] in FACT_KINDS:
+        msg["fact"] = rank_fact(msg["kind"], msg["text"]) if isinstance(msg.get("text"), str) else None
     _str(msg, "text", 2000)
     ts = msg.get("ts")
     msg["ts"] = measured(msg, ts, limits.EPOCH_S, "ts") if type(ts) in _NUM else None

@@ -47,7 +47,15 @@ Rank → relay, after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
-            is not a notable event. Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
+            is not a notable event. Kinds ``span``, ``progress`` and ``work``: ``text`` is a JSON
+            object of the rank's own facts (``traceml_core.rankfacts``, checked by
+            :func:`traceml_core.wire.frames.rank_fact`): a timed span (``{"span": "checkpoint",
+            "dur_ns","end","step","gstep","in_step","api"}``: a checkpoint save, when it ended,
+            the rank's step count and the script's global step then), a progress mark
+            (``{"step","gstep","start","end"}``: the rank's step ``step`` is the script's global
+            step ``gstep``, with its start and end), or the work a step is worth
+            (``{"tokens_per_step","flops_per_step","dtype","device"}``); not notable events.
+            Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
             is a JSON object with the rank's intra-op threads and the cores it may use, and its
             training thread's time on a CPU and waiting for one (``threads``, ``cpus``,
             ``cpuset``, ``steps``, ``run_ns``, ``wait_ns`` and the same at the settled start;

@@ -247,7 +247,7 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    "Seconds before the time limit at which the step's tasks get SIGTERM (sbatch "
                    "--signal=TERM@S), so TraceML can write its summary. 0: no early signal.", "S", group="time"),
     TemplateOption("requeue", "tristate", None, None, "Allow (--requeue) or forbid (--no-requeue) requeueing; "
-                   "a requeued run writes a new run directory.", group="time", default_doc="the site's default"),
+                   "a requeued run keeps its run directory, one attempt after another.", group="time", default_doc="the site's default"),
     TemplateOption("setup", "list", parse_setup_line, (), "Shell line run once in the batch shell before srun "
                    "(module load, source venv/bin/activate). Repeatable.", "LINE", group="env"),
     TemplateOption("node_setup", "list", parse_setup_line, (), "Shell line run on every node inside the step, in "
