@@ -14,6 +14,7 @@ from traceml_core.sdk.tracer import TRACER
 
 def test_a_save_is_one_span_and_nested_saves_are_not_counted_twice(monkeypatch):
     got = []
+    monkeypatch.setattr(spans, "own_steps", lambda: 0)   # no steps yet (whatever tests ran before)
     spans.install(lambda kind, payload: got.append((kind, payload)) or True)
     assert got == [("progress", {"step": 0, "gstep": None, "start": None, "end": None})]
     monkeypatch.setattr(TRACER, "on", True)
@@ -27,7 +28,6 @@ def test_a_save_is_one_span_and_nested_saves_are_not_counted_twice(monkeypatch):
     assert span["step"] == 0 and span["gstep"] is None
     # the global step: marked once while it follows the rank's count, again when it jumps
     got.clear()
-    monkeypatch.setattr(spans, "own_steps", lambda: 0)
     spans.PROGRESS.step(40)
     monkeypatch.setattr(spans, "own_steps", lambda: 1)
     spans.PROGRESS.step(41)
