@@ -156,3 +156,26 @@ def test_a_malformed_frame_in_a_pool_is_rejected_alone():
     rs.ingest_steps({"seq": 6, "n": 3, "cols": good, "dropped": 0})
     assert rs.flush() == 3
     assert rs.received == 6 and rs.rejected == 3 and rs.phases["step_ns"].count == 6
+
+
+def test_a_pause_between_steps_lands_in_the_bucket_of_the_step_after_it():
+    """A batch of 12 steps (a rank's batch of records spans 0.2 s or more) straddles several
+    buckets; the 500 ms pause before its 7th step (an evaluation every k steps) is in that
+    step's bucket, not spread over the batch: the periodic-work verdict needs to see bursts."""
+    rs = RankState(0)
+    n, step, pause = 12, 40_000_000, 500_000_000
+    t, t_end = 0, []
+    for i in range(n):
+        t += step + (pause if i == 6 else 1_000_000)
+        t_end.append(t)
+    cols = {c: [-1] * n for c in STEP_COLUMNS}
+    cols.update({"step": list(range(n)), "t_end_ns": t_end, "step_ns": [step] * n})
+    rs.ingest_steps({"seq": 0, "n": n, "cols": cols, "dropped": 0})
+    rs.flush()
+    d = rs.to_data()["series"]
+    width = d["width"]
+    assert width < n, "the batch must straddle buckets for this test to mean anything"
+    out = series_values(d, "phase_sum", "outside")
+    assert out[6 // width] >= pause, out
+    assert all(v <= width * 1_000_000 for b, v in enumerate(out) if b != 6 // width), out
+    assert sum(out) == rs.outside_sum

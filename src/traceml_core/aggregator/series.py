@@ -68,6 +68,20 @@ def _pairs(a: array, b: array, fn: Any) -> array:
 Measured = tuple[Any, Sequence[int], int, int, int, int, str, Sequence[int]]
 
 
+def _gaps(n: int, measured: Sequence[Measured], t_end: Sequence[int],
+          outside: Optional[tuple[int, int]]) -> Optional[list[int]]:
+    """Each record's time between steps (ns): from the previous step's end to its own start,
+    ``t_end[i] - t_end[i-1] - step[i]``; the first record's is what the batch total leaves (0
+    when it had no predecessor). None when the batch's time between steps is not known."""
+    if outside is None or outside[1] <= 0:
+        return None
+    steps = next((m_[7] for m_ in measured if m_[6] == "step_ns"), None)
+    if steps is None or len(steps) != n:
+        return None
+    gaps = [t_end[i] - t_end[i - 1] - steps[i] for i in range(1, n)]
+    return [outside[0] - sum(gaps)] + gaps
+
+
 class Series:
     """``phases``: the duration columns besides ``step_ns`` whose sums are kept per bucket (those
     of the protocol, wire/fold.SERIES_PHASES; a bucket has room for exactly those)."""
@@ -148,9 +162,12 @@ class Series:
             # a batch straddling buckets: the batch totals of the step, every phase and the
             # outside time are shared out in proportion to the records in each bucket (counts
             # exact, sums exact in total, one batch's means taken as even, so a bucket's phases
-            # stay consistent with its step); maxima (step, memory, step end) are exact per bucket
+            # stay consistent with its step); maxima (step, memory, step end) are exact per bucket,
+            # and so is the time between steps (from each record's end and duration: a pause
+            # every k steps lands in the bucket of the step after it, not spread over the batch)
             given: dict[str, int] = {}
             out_given = 0
+            gaps = _gaps(n, measured, t_end, outside)
             for b in range(first_b, last_b + 1):
                 base = b * R
                 lo = max(b * w - seq, 0)
@@ -185,8 +202,11 @@ class Series:
                 if outside is not None and outside[1] > 0:
                     # intervals: one per record, less the first when it had no predecessor
                     cnt = hi - lo - (1 if outside[1] < n and lo == 0 else 0)
-                    share = (outside[0] - out_given if final
-                             else outside[0] * hi // n - outside[0] * lo // n)
+                    if gaps is not None:
+                        share = outside[0] - out_given if final else sum(gaps[lo:hi])
+                    else:
+                        share = (outside[0] - out_given if final
+                                 else outside[0] * hi // n - outside[0] * lo // n)
                     out_given += share
                     self.out_sum[b] += share
                     c[base + fold.R_OUT_CNT] += cnt

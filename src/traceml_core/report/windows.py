@@ -8,9 +8,9 @@ a rank is slower through the whole run or only in a stretch of it (a stall, anot
 taking its core for a while), whether the time between steps comes every step or in bursts
 (an evaluation every k steps), whether memory still rises at the end.
 
-Resolution: a window is at least one step, and the time between steps is known per batch of
-records a rank sends (sealed every 0.2 s: sdk/hotpath.py), shared out evenly over the batch's
-steps; a burst shorter than that is spread over the steps of its batch.
+Resolution: a window is at least one step, and the time between steps is known per step
+(from each record's end time and duration, aggregator/series.py and the relays' fold rows): a
+pause every k steps lands in the window of the step after it.
 """
 
 from __future__ import annotations
