@@ -1,8 +1,8 @@
 """Aggregator memory and finalisation cost, measured in-process (no sockets: the state alone).
 
-1. Memory is bounded by ranks x phases, not by steps: feed R ranks S steps each (in frames of B
-   records, through the real ``RankState.ingest_steps``) and print the process RSS growth at
-   several points of the run. Issue 8's target: under 200 MB after 10^6 steps per rank on 64 ranks
+1. Memory is bounded by ranks x phases, not by steps: feed R ranks S steps each (in windows of B
+   records, folded as relays do and merged by the real ``RankState.ingest_fold``) and print the
+   process RSS growth at several points of the run. Issue 8's target: under 200 MB after 10^6 steps per rank on 64 ranks
    (``--ranks 64 --steps 1000000``; minutes on a small machine).
 2. Final-summary time for many ranks: checkpoint (``to_data`` + msgpack), ``build_summary``,
    JSON and text rendering for ``--summary-ranks`` ranks (default 4,096).
@@ -28,6 +28,7 @@ from traceml_core.aggregator.settings import AggregatorSettings  # noqa: E402
 from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
+from traceml_core.statistics.window import WindowStats  # noqa: E402
 from traceml_core.rundata import RunData  # noqa: E402
 
 
@@ -36,6 +37,12 @@ def rss_mb() -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def window(seq: int, cols: dict) -> dict:
+    """A checked ``fold`` frame as node 0 takes it: the window's statistics (the relay's work)."""
+    n = len(cols["step"])
+    return {"seq": seq, "n": n, "dropped": 0, "value": WindowStats.of_columns(seq, cols)}
 
 
 def state_for(ranks: int) -> RunState:
@@ -59,9 +66,9 @@ def memory(args: argparse.Namespace) -> dict:
             for r in range(args.ranks):
                 rs = st.rank(r)
                 cols = variants[(r + done // args.batch) % 8]
-                rs.ingest_steps({"seq": done, "n": args.batch, "cols": cols, "dropped": 0})
+                rs.ingest_fold(window(done, cols))
             done += args.batch
-        st.to_data()  # checkpoint-equivalent: folds sketches, flushes pending frames
+        st.to_data()  # checkpoint-equivalent: folds sketches
         el = time.perf_counter() - t0
         now = rss_mb()
         print(f"{done:>12,} {now:>8.0f} {now - base:>10.1f} {el:>9.1f} {done * args.ranks / el:>11,.0f}")
@@ -77,11 +84,10 @@ def finalize(args: argparse.Namespace) -> dict:
         rs = st.rank(r)
         rs.node, rs.host = r // 8, f"node{r // 8:04d}"
         for b in range(4):
-            rs.ingest_steps({"seq": b * 50, "n": 50, "cols": variants[(r + b) % 8], "dropped": 0})
+            rs.ingest_fold(window(b * 50, variants[(r + b) % 8]))
         rs.bye = {"status": "clean", "steps": 200, "error": None, "at": time.time()}
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": [],
                  "source": "launcher", "at": time.time()}
-    st.to_data()  # pending frames computed, as the live aggregator does every second
     t0 = time.perf_counter()
     data = st.to_data()
     t1 = time.perf_counter()

@@ -7,9 +7,10 @@ both ranks follow in lock step, so drift and neighbours hit them alike:
 
 * ``untraced``: plain torch and DDP (its built-in C++ all-reduce), no TraceML;
 * ``comm-off``: ``trace_step`` with every other phase timed and shipped, but no communication
-  timing (DDP's built-in all-reduce, no torch.distributed patches, the step exit without its test
-  for collectives);
-* ``comm-on``: what ships: TraceML's DDP hook times every bucket, exposed wait taken out of backward.
+  timing (DDP's built-in all-reduce, no torch.distributed patches, the host clock without the
+  reducer's timings);
+* ``comm-on``: what ships: the DDP reducer's own timings read at every step exit
+  (``timing.ReducerPolling``), exposed wait taken out of backward.
 
 Per block: the median per-step time (wall) and the process CPU time per step (all threads, so
 gloo's threads count). Printed: each loop's median, and the paired per-block differences
@@ -27,7 +28,6 @@ traced,comm-off`` sets the same two loops side by side.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import socket
@@ -53,14 +53,16 @@ def child(args: argparse.Namespace) -> int:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import traceml_core as traceml
-    from step_overhead import _install, _PreCommContext
-    from traceml_core.sdk import api, comm, hotpath, patches
+    from step_overhead import _install
+    from traceml_core.sdk.step import COMM_MEASURED, COMM_NO_GROUP
+    from traceml_core.sdk.timing import HostClock
+    from traceml_core.sdk.tracer import TRACER
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
     assert traceml.init(aggregator=args.sink, token=TOKEN, run_name=RUN, connect_wait=10)
     dist.init_process_group("gloo")
-    rec = hotpath.REC
+    rec = TRACER.rec
 
     def net() -> nn.Module:
         torch.manual_seed(0)
@@ -69,43 +71,29 @@ def child(args: argparse.Namespace) -> int:
             layers += [nn.Linear(256, 256), nn.ReLU()]
         return nn.Sequential(*layers, nn.Linear(256, 1))
 
-    hooked = DDP(net(), bucket_cap_mb=0.25)           # built with TraceML installed: our hook
-    hotpath.set_recorder(None)
-    patches.uninstall()
-    plain = DDP(net(), bucket_cap_mb=0.25)            # built without: DDP's C++ all-reduce
+    hooked = DDP(net(), bucket_cap_mb=0.25)           # built with TraceML installed: watched
+    polling = TRACER.timing                           # (its reducer's timings read at step exit)
+    TRACER.patches.uninstall()
+    plain = DDP(net(), bucket_cap_mb=0.25)            # built without: not watched
     assert getattr(plain, "_traceml_comm", None) is None and hooked._traceml_comm is not None
     x = torch.randn(args.batch, 256)
     opt_h = torch.optim.SGD(hooked.parameters(), lr=1e-4)
     opt_p = torch.optim.SGD(plain.parameters(), lr=1e-4)
-    on_ctx, off_ctx = api._CTX, _PreCommContext(rec)
     wall, cpu = time.perf_counter_ns, time.process_time_ns
     n = args.steps
     ticks = [0] * (n + 1)
 
-    @contextlib.contextmanager
-    def no_ddp_hook():
-        saved = comm.hook_model
-        comm.hook_model = lambda model: False
-        try:
-            yield
-        finally:
-            comm.hook_model = saved
-
     def run(loop: str) -> tuple[float, float]:
-        hotpath.set_recorder(None)
-        patches.uninstall()
+        TRACER.patches.uninstall()
         model, opt = (hooked, opt_h) if loop == "comm-on" else (plain, opt_p)
         if loop != "untraced":
-            _install("traced" if loop == "comm-on" else "comm-off")
-            with no_ddp_hook():
-                patches.register_model(rec, model)
-            hotpath.set_recorder(rec)
-            api._CTX = on_ctx if loop == "comm-on" else off_ctx
+            _install("traced" if loop == "comm-on" else "comm-off", model)
             if loop == "comm-off":
-                rec.cdef = -2       # no communication accounting at all
+                TRACER.use_timing(HostClock())     # no reducer timings read at step exit
+                TRACER.set_comm(COMM_NO_GROUP)     # no communication accounting at all
             else:
-                comm.mark_measured()
-                rec.cdef = 0
+                TRACER.use_timing(polling)
+                TRACER.set_comm(COMM_MEASURED)
         t0, c0 = wall(), cpu()
         for i in range(n):
             ticks[i] = wall()
@@ -138,12 +126,9 @@ def child(args: argparse.Namespace) -> int:
             res[loop]["c"].append(c)
     explicit = None
     if int(os.environ["WORLD_SIZE"]) == 1:
-        explicit = explicit_calls(traceml, dist, torch, patches, hotpath, api, rec, on_ctx, _install)
+        explicit = explicit_calls(traceml, dist, torch, _install)
     buckets = hooked.reducer._get_zeros_like_grad_buckets()
-    patches.uninstall()
     _install("traced")
-    hotpath.set_recorder(rec)
-    api._CTX = on_ctx
     traceml.shutdown()
     if rank == 0:
         print("CHILD_RESULT " + json.dumps({"res": res, "buckets": len(buckets), "explicit": explicit,
@@ -154,7 +139,7 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def explicit_calls(traceml, dist, torch, patches, hotpath, api, rec, on_ctx, install) -> dict:  # noqa: ANN001
+def explicit_calls(traceml, dist, torch, install) -> dict:  # noqa: ANN001
     """us per ``dist.all_reduce`` of 16 floats inside a traced step, wrapped (comm timing) or not;
     rounds alternate. World size 1: the collective itself costs next to nothing."""
     t = torch.ones(16)
@@ -162,11 +147,7 @@ def explicit_calls(traceml, dist, torch, patches, hotpath, api, rec, on_ctx, ins
     out: dict[str, list[float]] = {"off": [], "on": []}
     for rnd in range(20):
         for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
-            hotpath.set_recorder(None)
-            patches.uninstall()
             install("traced" if mode == "on" else "comm-off")
-            hotpath.set_recorder(rec)
-            api._CTX = on_ctx
             with traceml.trace_step():
                 t0 = time.perf_counter_ns()
                 for _ in range(n):

@@ -65,8 +65,9 @@ def overhead(torch: Any, traceml: Any, size: str, steps: int, reps: int) -> dict
     """Paired untraced/traced blocks of one model size; µs per step, host and device."""
     import torch.nn as nn
     import torch.nn.functional as F
-    from traceml_core.sdk import hotpath, patches
+    from traceml_core.sdk.tracer import TRACER
 
+    patches = TRACER.patches
     dev = torch.device("cuda", torch.cuda.current_device())
     width, batch = (256, 64) if size == "small" else (4096, 1024)
     torch.manual_seed(0)
@@ -75,18 +76,17 @@ def overhead(torch: Any, traceml: Any, size: str, steps: int, reps: int) -> dict
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     xs = [torch.randn(batch, width, device=dev) for _ in range(8)]
     ys = [torch.randn(batch, 1, device=dev) for _ in range(8)]
-    rec = hotpath.REC
+    rec = TRACER.rec
     ev0, ev1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def block(traced: bool) -> tuple[float, float]:
         if traced:
             patches.install_global()
-            if getattr(patches, "_gpu_mode", False):  # after the first traced CUDA step
+            if TRACER.events is not None:     # after the first traced CUDA step
                 patches.install_copy_timing()
-            patches.register_model(rec, model)
-            hotpath.set_recorder(rec)
+            TRACER.models.discard(id(model))
+            TRACER.register_model(model)
         else:
-            hotpath.set_recorder(None)
             patches.uninstall()
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -122,7 +122,6 @@ def overhead(torch: Any, traceml: Any, size: str, steps: int, reps: int) -> dict
             (hb if traced else ha).append(h)
             (db if traced else da).append(d)
     patches.install_global()
-    hotpath.set_recorder(rec)
     host = pairs_median(ha, hb)
     device = pairs_median(da, db)
     return {"size": size, "width": width, "batch": batch, "steps_per_block": steps, "blocks": reps,
@@ -261,10 +260,9 @@ def main() -> int:
         if not ok or not traceml.stats().get("connected"):
             raise RuntimeError(f"traceml.init did not connect to the aggregator: {traceml.stats()}")
         results = [overhead(torch, traceml, size, steps, reps) for size in ("small", "wide")]
-        from traceml_core.sdk import hotpath
+        from traceml_core.sdk.tracer import TRACER
 
-        gpu_timer = getattr(hotpath.REC, "gpu", None)
-        fallbacks = getattr(gpu_timer, "fallbacks", None)
+        fallbacks = getattr(TRACER.events, "fallbacks", None)
         traced = sum(r["traced_steps"] for r in results)
         traceml.shutdown()
         res = run.finish(0)

@@ -16,8 +16,9 @@ torch, not torch with pass-through wrappers.
     python benchmarks/step_overhead.py --variants traced,closures,comm-off   # side by side
 
 ``--variants`` sets other traced loops beside the shipped one in the same run (same rotating
-block order): ``closures`` (the wrappers as plain ``*args, **kwargs`` closures instead of the
-ones codegen.py generates) and ``comm-off`` (no communication timing).
+block order): ``closures`` (the same hook bodies compiled over ``*args, **kwargs`` instead of the
+wrapped function's own parameters: what codegen.py saves) and ``comm-off`` (no communication
+timing).
 
 Target: at most 5 us per step.
 """
@@ -42,68 +43,34 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import traceml_core as traceml  # noqa: E402
 from _bench_common import RUN, TOKEN, SinkProcess, machine, maybe_json, quantiles  # noqa: E402
-from traceml_core.sdk import hotpath, patches  # noqa: E402
+from traceml_core.sdk import hooks  # noqa: E402
+from traceml_core.sdk.recorder import StepRecorder  # noqa: E402
+from traceml_core.sdk.tracer import TRACER, Tracer  # noqa: E402
 
 TARGET_US = 5.0
 
 
 VARIANTS = {
-    "traced": "what ships: wrappers generated with the wrapped function's parameters (codegen.py), "
+    "traced": "what ships: wrappers compiled with the wrapped function's parameters (codegen.py), "
               "communication timing on",
-    "closures": "the same wrappers as plain closures over *args/**kwargs (no codegen.py)",
-    "comm-off": "as traced, without communication timing (no torch.distributed patches; the step "
-                "exit without its one-attribute test for collectives)",
+    "closures": "the same hook bodies compiled over *args/**kwargs (what codegen.py saves)",
+    "comm-off": "as traced, without communication timing (no torch.distributed patches)",
 }
 
 
-class _PreCommContext(hotpath.StepContext):
-    """``trace_step``'s context as it was before communication timing: the comm-off baseline."""
-
-    __slots__ = ()
-
-    def __exit__(self, et, ev, tb):  # noqa: ANN001
-        t1 = time.perf_counter_ns()
-        r = self.r
-        a = r.active
-        if a != 1:
-            if a:
-                r.active = a - 1
-            return False
-        r.active = 0
-        if et is not None:
-            r.raised_at = r.count
-            return False
-        mem = r.mem
-        r.mem = r.mem_last
-        rows = r.rows
-        if rows is None:
-            r.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem), t1)
-            return False
-        rows.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, -1, mem))
-        if len(rows) >= r.batch_size or t1 >= r.seal_at:
-            r.seal(t1)
-        return False
-
-
-def _closures(orig, gpu=False, _factory=None, **_variant):  # noqa: ANN001
-    return functools.wraps(orig)(_factory(orig))
-
-
-def _install(variant: str) -> None:
-    """Install the torch patches the way ``variant`` wants them."""
-    from traceml_core.sdk import comm
-
-    saved = (hotpath.make_forward, hotpath.make_backward, hotpath.make_step, comm.install)
+def _install(variant: str, model: "torch.nn.Module | None" = None) -> None:
+    """Install the torch patches the way ``variant`` wants them, and time ``model``'s forward."""
+    p = TRACER.patches
+    p.uninstall()
+    p.specialise = variant != "closures"
+    p.comm = variant != "comm-off"
     try:
-        if variant == "closures":
-            hotpath.make_forward = functools.partial(_closures, _factory=hotpath.timed_forward)
-            hotpath.make_backward = functools.partial(_closures, _factory=hotpath.timed_backward)
-            hotpath.make_step = functools.partial(_closures, _factory=hotpath.timed_step)
-        if variant == "comm-off":
-            comm.install = lambda originals: False
-        patches.install_global()
+        p.install_global()
+        if model is not None:
+            TRACER.models.discard(id(model))
+            TRACER.register_model(model)
     finally:
-        hotpath.make_forward, hotpath.make_backward, hotpath.make_step, comm.install = saved
+        p.specialise = p.comm = True
 
 
 def main() -> int:
@@ -141,15 +108,12 @@ def main() -> int:
     try:
         assert traceml.init(aggregator=sink.address, token=TOKEN, run_name=RUN, connect_wait=10)
         assert traceml.stats()["connected"], "benchmark receiver not reachable"
-        from traceml_core.sdk import api
-
         model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         data = TensorDataset(torch.randn(args.steps * args.batch, 32),
                              torch.randn(args.steps * args.batch, 1))
         loader = DataLoader(data, batch_size=args.batch)
-        rec = hotpath.REC
-        contexts = {"traced": api._CTX, "closures": api._CTX, "comm-off": _PreCommContext(rec)}
+        rec = TRACER.rec
 
         wall, cpu = time.perf_counter_ns, time.process_time_ns
         n = args.steps
@@ -160,8 +124,7 @@ def main() -> int:
             return statistics.median([ticks[i + 1] - ticks[i] for i in range(n)])
 
         def untraced() -> tuple[float, float, float]:
-            hotpath.set_recorder(None)
-            patches.uninstall()
+            TRACER.patches.uninstall()
             it = iter(loader)
             i = 0
             t0, c0 = wall(), cpu()
@@ -176,12 +139,7 @@ def main() -> int:
             return (t1 - t0) / n, (c1 - c0) / n, per_step(t1)
 
         def traced(variant: str) -> tuple[float, float, float]:
-            hotpath.set_recorder(None)
-            patches.uninstall()
-            _install(variant)
-            patches.register_model(rec, model)
-            hotpath.set_recorder(rec)
-            api._CTX = contexts[variant]
+            _install(variant, model)
             it = iter(loader)
             i = 0
             t0, c0 = wall(), cpu()
@@ -213,10 +171,7 @@ def main() -> int:
                 res[name]["w"].append(w / 1000)
                 res[name]["c"].append(c / 1000)
                 res[name]["m"].append(m / 1000)
-        patches.uninstall()
-        _install("traced")
-        hotpath.set_recorder(rec)
-        api._CTX = contexts["traced"]
+        _install("traced", model)
         steps_traced = rec.count
         traceml.shutdown()
         st = traceml.stats()
@@ -273,7 +228,6 @@ def main() -> int:
 
 def calls(args: argparse.Namespace) -> int:
     """ns per call of each wrapper, codegen against closures, rounds alternating (ABAB)."""
-    from traceml_core.sdk.hotpath import StepContext, StepRecorder
 
     class Net:
         def forward(self, x):  # noqa: ANN001
@@ -288,20 +242,18 @@ def calls(args: argparse.Namespace) -> int:
             return None
 
     net, opt = Net(), Opt()
-    rec = StepRecorder(max_batches=1 << 30)
-    rec.models.add(id(net))
-    rec.fwd0 = 0
+    t = Tracer(StepRecorder(max_batches=1 << 30))
+    t.models.add(id(net))
+    t.time_forward(True)
     kinds = {
-        "codegen": (hotpath.make_forward(Net.forward), hotpath.make_backward(backward),
-                    hotpath.make_step(Opt.step)),
-        "closures": (hotpath.timed_forward(Net.forward), hotpath.timed_backward(backward),
-                     hotpath.timed_step(Opt.step)),
+        kind: (hooks.forward(Net.forward, t, spec), hooks.backward(backward, t, spec),
+               hooks.step(Opt.step, t, spec))
+        for kind, spec in (("codegen", True), ("closures", False))
     }
     n = 20_000 if args.quick else 100_000
     pc = time.perf_counter_ns
     res: dict[tuple[str, str], list[float]] = {}
-    hotpath.set_recorder(rec)
-    rec.active = 1
+    t.active = 1
     try:
         for rnd in range(10 if args.quick else 30):
             for kind in (("codegen", "closures") if rnd % 2 == 0 else ("closures", "codegen")):
@@ -317,8 +269,7 @@ def calls(args: argparse.Namespace) -> int:
                     (lambda: None)()
                 res.setdefault(("(empty lambda)", kind), []).append((pc() - t0) / n)
     finally:
-        rec.active = 0
-        hotpath.set_recorder(None)
+        t.active = 0
     print(f"machine: {machine()}; ns per call (median of rounds; each includes calling a lambda, "
           "shown last), codegen vs closures")
     print(f"{'wrapper':18}{'codegen':>10}{'closures':>10}{'difference':>12}")
@@ -339,7 +290,6 @@ def breakdown(args: argparse.Namespace) -> int:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     from traceml_core.sdk import api
-    from traceml_core.sdk.hotpath import NULL_CONTEXT, StepContext, StepRecorder
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -349,8 +299,7 @@ def breakdown(args: argparse.Namespace) -> int:
                         batch_size=args.batch)
     rec = StepRecorder(max_batches=1 << 30)         # no client: the hot path alone
     api._session = api._Session()
-    contexts = {"traced": StepContext(rec), "closures": StepContext(rec),
-                "comm-off": _PreCommContext(rec)}
+    TRACER.start(rec, patch=False)
     pc = time.perf_counter_ns
     samples: dict[tuple[str, str], list[int]] = {}
     names = ("fetch", "trace_step+enter", "forward", "backward", "opt.step", "exit", "whole step")
@@ -360,14 +309,11 @@ def breakdown(args: argparse.Namespace) -> int:
         k = rep % len(loops)
         order = loops[k:] + loops[:k]
         for loop in (order if (rep // len(loops)) % 2 == 0 else order[::-1]):
-            hotpath.set_recorder(None)
-            patches.uninstall()
-            api._CTX = NULL_CONTEXT
+            TRACER.patches.uninstall()
+            TRACER.stop()                            # trace_step hands out the no-op context
             if loop != "untraced":
-                _install(loop)
-                patches.register_model(rec, model)
-                hotpath.set_recorder(rec)
-                api._CTX = contexts[loop]
+                TRACER.on, TRACER.trace_ctx = True, TRACER.step
+                _install(loop, model)
             it = iter(loader)
             while True:
                 a = pc()
@@ -391,7 +337,7 @@ def breakdown(args: argparse.Namespace) -> int:
                 for name, v in zip(names, (b - a, c - b, d - c, f - e, g - f, h - g, h - a)):
                     samples.setdefault((name, loop), []).append(v)
             rec.sealed.clear()
-    hotpath.set_recorder(None)
+    TRACER.stop()
     print(f"machine: {machine()}, torch {torch.__version__}; {reps} x {n} steps per loop")
     print(f"{'call':18}{'untraced ns':>13}" + "".join(f"{v + ' +ns':>16}" for v in variants))
     totals = {v: 0.0 for v in variants}

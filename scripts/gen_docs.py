@@ -43,6 +43,10 @@ OTHER_VARIABLES = {
     "TRACEML_PROMETHEUS_DIR": ("user", "`--export prometheus`: the directory of node_exporter's textfile "
                                "collector where node 0 writes one file per node (`{host}` in it becomes the "
                                "node's host name). Default: `<run-dir>/prometheus`. See [Exports](exports.md)."),
+    "TRACEML_NODE_STORE": ("user", "The node evidence store that every run and `traceml slurm doctor` under "
+                           "Slurm add to, and `traceml slurm nodes` reads. Default: "
+                           "`$XDG_CACHE_HOME/traceml/nodes.sqlite`, else `~/.cache/traceml/nodes.sqlite`. "
+                           "See [Node health](node-health.md)."),
     "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
                             "addresses of the coordinator they connect back to."),
     "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "
@@ -244,7 +248,31 @@ def doctor_commands() -> str:
     return commands_table()
 
 
+def goodput_buckets() -> str:
+    """The ledger's buckets, from their one table (traceml_core/report/goodput/buckets.py)."""
+    from traceml_core.report.goodput.buckets import BUCKETS
+
+    lines = ["| Bucket (JSON key) | Avoidable | How it is measured |", "| --- | --- | --- |"]
+    for b in BUCKETS:
+        lines.append(f"| {b.label} (`{b.key}`) | {'yes' if b.avoidable else 'no'} | {_cell(b.measured)} |")
+    return "\n".join(lines) + "\n"
+
+
+def peak_flops() -> str:
+    """The dense peak FLOP/s MFU is measured against (traceml_core/report/goodput/advice.PEAK_FLOPS)."""
+    from traceml_core.report.goodput.advice import PEAK_FLOPS
+
+    dtypes = ["fp8", "bf16", "fp16", "tf32", "fp32"]
+    lines = ["| Device name contains | " + " | ".join(dtypes) + " |", "| --- |" + " --- |" * len(dtypes)]
+    for key, table in PEAK_FLOPS:
+        lines.append(f"| {key} | " + " | ".join(f"{table[d] / 1e12:g} TFLOP/s" if d in table else "-"
+                                               for d in dtypes) + " |")
+    return "\n".join(lines) + "\n"
+
+
 GENERATORS = {
+    "goodput-buckets": goodput_buckets,
+    "peak-flops": peak_flops,
     "doctor-commands": doctor_commands,
     "explicit-launch": explicit_launch,
     "torchrun-flags": torchrun_flags,

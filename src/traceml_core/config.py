@@ -60,6 +60,7 @@ class LaunchConfig:
     hang_timeout: float = 0.0
     hang_report_after: str = "auto"
     link_probe: str = "32"
+    relay_fan_in: str = "auto"
     status_interval: float = 10.0
     live_refresh: float = 0.5
     dashboard_host: str = "127.0.0.1"

@@ -153,6 +153,22 @@ def link_probe_bytes(value: str) -> int:
     return 0 if value == "off" else int(value) * 1000 * 1000
 
 
+def _fan_in(text: str) -> str:
+    """``auto``, ``off``, or nodes per group relay (a whole number from 2)."""
+    value = _nonempty(text).lower()
+    if value in ("auto", "off"):
+        return value
+    if value in ("0", "no", "false"):
+        return "off"
+    try:
+        n = int(value)
+    except ValueError:
+        raise ValueError("must be auto, off, or nodes per group relay (a whole number)") from None
+    if not 2 <= n <= limits.NODES.hi:
+        raise ValueError(f"must be between 2 and {limits.NODES.hi} nodes per group relay")
+    return str(n)
+
+
 def _cluster(text: str) -> str:
     return _nonempty(text).lower()
 
@@ -243,6 +259,13 @@ OPTIONS: tuple[Option, ...] = (
            "nodes: 0.1-5 s at the start, never more than the node-join window + 30 s; never fails "
            "the run) and names a node whose link is much slower than the others'; off = skip it.",
            "MB|off", default_doc=f"{LINK_PROBE_MB} (MB per transfer)"),
+    Option("relay_fan_in", _fan_in, "auto",
+           "Multi-node: nodes per group relay. Each node's relay reports to the relay of its "
+           "group's first node, which merges the windows of its group's ranks and reports to node "
+           "0, so node 0 serves about sqrt(nodes) links and stays under one core at tens of "
+           "thousands of ranks; auto = groups of about sqrt(nodes) from 512 nodes on, else none; "
+           "off = every node reports to node 0. The same on every node.", "N|auto|off",
+           default_doc="auto"),
     Option("cluster", _cluster, "auto", "Cluster environment to read: auto, none, or a plugin name (slurm).", "NAME"),
     Option("layout", _layout, "auto",
            "How ranks start: node = one `traceml run` per node starts a worker per GPU with torchrun; "

@@ -12,7 +12,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any, Callable, ClassVar, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 CLUSTER_GROUP = "traceml.clusters"
 COMMAND_GROUP = "traceml.commands"
@@ -49,6 +49,54 @@ class Contribution:
     refusals: list[Refusal] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class NodeObservation:
+    """What one run (or one ``doctor``) measured of one node, judged against the other nodes of
+    the same job: core builds these from its summary (report/nodeevidence.py); a cluster plugin
+    may keep them across the user's jobs (``run_ended``). ``bad``: this node was worse than its
+    peers by the rule of its kind, in this job; ``strong``: a hardware fault (an XID error, an
+    uncorrectable ECC error) that needs no repetition to believe."""
+
+    host: str
+    #: ``link_send``, ``link_recv`` (GB/s), ``compute`` (own time per step, ms), ``failure``,
+    #: ``oom``, ``missing`` (its ranks never arrived), ``bench_cpu`` (GFLOP/s), ``bench_gpu``,
+    #: ``h2d`` (GB/s), ``gpu_health``
+    kind: str
+    #: this node's figure, and the median of the other nodes' in the same job (None: not measured)
+    value: Optional[float] = None
+    peers: Optional[float] = None
+    unit: str = ""
+    bad: bool = False
+    strong: bool = False
+    #: a few words for the reason line ("sends at 0.012 GB/s against 1.5 GB/s")
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RunEvidence:
+    """Everything one run or doctor says about its nodes (``source``: ``run`` or ``doctor``)."""
+
+    job_id: Optional[str]
+    run_name: str
+    at: float
+    source: str
+    hosts: tuple[str, ...]
+    observations: tuple[NodeObservation, ...] = ()
+
+
+@dataclass(frozen=True)
+class NextJob:
+    """What the cluster plugin says the user's next job script should change: ``lines`` to paste
+    (``#SBATCH --exclude=node3``), ``why`` for each, and ``notes`` (the store could not be read,
+    say), shown with the summary."""
+
+    lines: tuple[str, ...] = ()
+    why: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    #: hosts the lines exclude (a verdict naming one of them ends in the line)
+    excluded: tuple[str, ...] = ()
+
+
 class ClusterEnvironment(ABC):
     """One cluster type: ``detect()`` whether we run inside it, ``contribute()`` launch values.
 
@@ -70,10 +118,31 @@ class ClusterEnvironment(ABC):
     def validate(self, config: Any, environ: Mapping[str, str]) -> list[Refusal]:
         return []
 
+    def allocation_start(self, config: Any) -> float | None:
+        """When the scheduler started this job's allocation (epoch seconds), for the goodput
+        ledger's start-up, when the launch config does not carry it already
+        (``config.job_start_time``); None when it cannot tell. Called once, in the background, by
+        node 0's launcher; may ask the scheduler (a few seconds at most)."""
+        return None
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> str | None:
         """Who sent ``signum`` (received at ``at``, epoch seconds), in words, when the scheduler can
         tell: "the job reached its time limit", "the job was cancelled". None when it cannot.
         Called once, after the workers stopped; must answer within a few seconds."""
+        return None
+
+    def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> NextJob | None:
+        """Node 0's aggregator hands over what the run measured of each node, once, before the
+        final summary is written; the plugin may keep it (across the user's jobs) and answer
+        with lines for the next job script. Must answer within a few seconds; an exception is
+        noted in the summary, never raised into it."""
+        return None
+
+    def cpu_request(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
+        """What the scheduler gave this task in CPUs, for the input-bound verdict (sent by each
+        rank with its own CPU facts): ``{"cpus_per_task", "cpus_per_task_source",
+        "srun_cpus_per_task", "cpus_on_node", "version", "fix"}``, where ``fix`` is the lines that
+        request N CPUs per task in the next job, with ``{n}`` for N. None: not known."""
         return None
 
 

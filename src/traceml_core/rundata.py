@@ -19,6 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
+from .rankfacts import RankFacts
+
 #: a statistics value in the statistics module's serialised form (a sketch or a series); opaque here
 Serialised = dict[str, Any]
 
@@ -246,6 +248,9 @@ class RankData:
     #: its answer to the last ``counts`` request (wire/frames.REQUESTS), with ``at``
     counts: Optional[dict[str, Any]] = None
     next_seq: int = 0
+    #: sequence number of the first record in its statistics (0 but for a rank first heard of
+    #: mid-run; the statistics are one WindowStats, traceml_core/statistics/window.py)
+    first_seq: int = 0
     last_step: int = -1
     first_t_end: Optional[int] = None
     last_t_end: Optional[int] = None
@@ -262,8 +267,12 @@ class RankData:
     step_source: Optional[StepSource] = None
     #: records that fed the sketches (weighted), against ``received``
     sketched: int = 0
-    #: records of frames found malformed when their statistics were computed
+    #: records of frames found malformed when their statistics were computed (checkpoints of
+    #: protocol version 3 and before; since, a frame is refused whole where it enters, and this
+    #: stays 0)
     rejected: int = 0
+    #: what the rank reported besides its steps: checkpoint spans, progress, declared work
+    facts: RankFacts = field(default_factory=RankFacts)
 
     def phase(self, name: str) -> PhaseData:
         """A phase by column (``step_ns``) or phase name (``step``); empty when never measured."""
@@ -293,7 +302,7 @@ class RankData:
             relay_dropped=r.get("relay_dropped", 0),
             relay_seq_end=r.get("relay_seq_end", 0),
             open_bound=r.get("open_bound"), last_open=r.get("last_open"),
-            counts=r.get("counts"), next_seq=r.get("next_seq", 0),
+            counts=r.get("counts"), next_seq=r.get("next_seq", 0), first_seq=r.get("first_seq", 0),
             last_step=r.get("last_step", -1), first_t_end=r.get("first_t_end"),
             last_t_end=r.get("last_t_end"),
             phases={k: PhaseData.from_checkpoint(v) for k, v in (r.get("phases") or {}).items()},
@@ -304,7 +313,8 @@ class RankData:
             events=[RankEvent.from_checkpoint(e) for e in r.get("events") or []],
             event_count=r.get("event_count", 0),
             step_source=StepSource.from_checkpoint(r.get("step_source")),
-            sketched=r.get("sketched", received), rejected=r.get("rejected", 0))
+            sketched=r.get("sketched", received), rejected=r.get("rejected", 0),
+            facts=RankFacts.from_checkpoint(r.get("facts")))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {
@@ -316,7 +326,7 @@ class RankData:
             "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
             "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
             "open_bound": self.open_bound, "last_open": self.last_open, "counts": self.counts,
-            "next_seq": self.next_seq, "last_step": self.last_step,
+            "next_seq": self.next_seq, "first_seq": self.first_seq, "last_step": self.last_step,
             "first_t_end": self.first_t_end, "last_t_end": self.last_t_end,
             "phases": {k: v.to_checkpoint() for k, v in self.phases.items()},
             "sums": {k: v.to_checkpoint() for k, v in self.sums.items()},
@@ -324,7 +334,8 @@ class RankData:
             "series": self.series,
             "events": [e.to_checkpoint() for e in self.events], "event_count": self.event_count,
             "step_source": self.step_source.to_checkpoint() if self.step_source else None,
-            "sketched": self.sketched, "rejected": self.rejected,
+            "sketched": self.sketched, **({"rejected": self.rejected} if self.rejected else {}),
+            "facts": self.facts.to_checkpoint(),
         }
 
 

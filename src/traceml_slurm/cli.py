@@ -1,4 +1,4 @@
-"""``traceml slurm {env,doctor,template}``: entry point registered under ``traceml.commands``."""
+"""``traceml slurm {env,doctor,template,nodes}``: entry point registered under ``traceml.commands``."""
 
 from __future__ import annotations
 
@@ -14,9 +14,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true")
     sub.add_parser("doctor", help="preflight checks of this allocation, on every node (traceml slurm doctor -h)",
                    add_help=False)
+    from .nodes.cli import add_nodes_parser
     from .template.cli import add_template_parser
 
     add_template_parser(sub)
+    add_nodes_parser(sub)
     return p
 
 
@@ -39,6 +41,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         from traceml_core.cli import main as core_main
 
         return core_main(["run", "--print-config", "--cluster=slurm"] + (["--json"] if ns.json else []))
+    if ns.command == "nodes":
+        from .nodes.cli import run_nodes
+
+        return run_nodes(ns)
     if ns.command == "template":
         from .template.cli import run_template
 

@@ -61,6 +61,9 @@ class JobFacts:
     #: what the job asked for per node (scontrol's TresPerNode, e.g. "gres/gpu:2"), when the
     #: controller says it (pyslurm 25.11 without slurmdbd does not)
     tres_per_node: Optional[str] = None
+    #: how often the job was requeued (scontrol's Restarts; it counts up the moment a requeue
+    #: begins, while the attempt being requeued is still being stopped); None: not said
+    restarts: Optional[int] = None
 
 
 @dataclass
@@ -213,7 +216,7 @@ class ScontrolBackend:
             partition=_none(r.get("Partition")), nodes=r.get("NodeList", ""), num_nodes=_int_or_none(r.get("NumNodes")),
             time_limit_s=limit_or_none(parse_duration(r.get("TimeLimit"))), start_time=parse_timestamp(r.get("StartTime")),
             end_time=parse_timestamp(r.get("EndTime")), batch_host=_none(r.get("BatchHost")), gres_per_node=gres,
-            tres_per_node=_none(r.get("TresPerNode")))
+            tres_per_node=_none(r.get("TresPerNode")), restarts=_int_or_none(r.get("Restarts")))
 
     def nodes(self, nodelist: str) -> list[NodeFacts]:
         out = []

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from traceml_core.errors import ConfigError
 from traceml_core.limits import JOB_ID
-from traceml_core.plugins import ClusterEnvironment, Contribution, Refusal, Setting
+from traceml_core.plugins import ClusterEnvironment, Contribution, NextJob, Refusal, RunEvidence, Setting
 
 from .context import Context
 from .facts import LAUNCH_KEYS, Facts, launcher_srun_line
@@ -143,11 +143,9 @@ class SlurmEnvironment(ClusterEnvironment):
             ident, src = f"{v.array_job_id}_{v.array_task_id}", "slurm:SLURM_ARRAY_JOB_ID+SLURM_ARRAY_TASK_ID"
         else:
             ident, src = str(v.job_id), "slurm:SLURM_JOB_NAME+SLURM_JOB_ID"
-        run = f"{name}-{sanitise_run_name(ident)}"
-        if v.restart_count:
-            run += f"-r{v.restart_count}"
-            src += "+SLURM_RESTART_COUNT"
-        return Setting(run, src)
+        # the same for every requeue of the job (SLURM_RESTART_COUNT is the attempt, not the run):
+        # the attempts share one run directory and one goodput ledger (traceml_core/attempts.py)
+        return Setting(f"{name}-{sanitise_run_name(ident)}", src)
 
     def _step_values(self, facts: Facts, out: Contribution) -> None:
         v = facts.vars
@@ -274,10 +272,34 @@ class SlurmEnvironment(ClusterEnvironment):
             f"derived from the job id ({port.value}, {port.source}) so jobs sharing a node do not "
             f"clash. To pin it, pass --master-port or set TRACEML_MASTER_PORT.")
 
+    def allocation_start(self, config: Any) -> Optional[float]:
+        """SLURM_JOB_START_TIME where Slurm gives it (23.02 and later, already in the config), else
+        the controller's StartTime of the job (2 s at most; the current attempt's, after a requeue)."""
+        if config.job_start_time:
+            return float(config.job_start_time)
+        from .interrupts import controller_state
+
+        facts = controller_state(config.job_id)
+        return facts.get("start") if facts else None
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> Optional[str]:
         from .interrupts import explain
 
         return explain(config, signum, at)
+
+    def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> Optional[NextJob]:
+        """The run's node evidence into the user's node store; the exclude line when a host of this
+        cluster is bad enough (traceml_slurm/nodes)."""
+        from .nodes import next_job, record
+
+        facts = Facts.of(environ)
+        return next_job(*record(facts.node_store, facts.cluster_name, evidence))
+
+    def cpu_request(self, environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
+        """What Slurm gave each task in CPUs, and the lines that ask for more (cpus.py)."""
+        from .cpus import cpu_request
+
+        return cpu_request(environ)
 
     # -- checks on the merged config -------------------------------------------------------------
 

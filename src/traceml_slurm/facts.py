@@ -39,6 +39,8 @@ from .context import Context, classify
 from .hostlists import expand_nodelist, tasks_per_node
 
 if TYPE_CHECKING:  # pydantic costs ~0.1 s to import: paid only when a SLURM_* value is read
+    from pathlib import Path
+
     from .settings import SlurmVars
 
 #: what a launch contradicting the layout gets refused for (the resolver's refusal keys)
@@ -49,7 +51,7 @@ LAUNCHER_VARS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE
 #: prefixes of the communication variables the doctor judges (NCCL, gloo, torch's NCCL and CUDA switches)
 COMM_PREFIXES = ("NCCL_", "TORCH_NCCL_", "GLOO_", "CUDA_")
 #: TRACEML_* variables that are not launch settings (secrets, the doctor's own protocol, the test cluster)
-_NOT_SETTINGS = ("TRACEML_TOKEN", "TRACEML_DOCTOR_", "TRACEML_CLUSTER_")
+_NOT_SETTINGS = ("TRACEML_TOKEN", "TRACEML_DOCTOR_", "TRACEML_CLUSTER_", "TRACEML_NODE_STORE")
 
 
 def launcher_srun_line(nnodes: Optional[int]) -> str:
@@ -142,6 +144,25 @@ class ProcessEnv:
     sbatch_signal: Optional[str] = None
     #: https://no-color.org: set (to anything) means no colour
     no_color: bool = False
+
+
+@dataclass(frozen=True)
+class CpuGrant:
+    """The CPU variables of a Slurm task (:attr:`Facts.cpus`); None: unset or malformed."""
+
+    cpus_per_task: Optional[int]
+    srun_cpus_per_task: Optional[int]
+    cpus_on_node: Optional[int]
+
+
+def _count(raw: Optional[str]) -> Optional[int]:
+    from traceml_core.limits import CPUS_PER_TASK
+
+    text = (raw or "").strip()
+    if not text.isdigit():
+        return None
+    n = int(text)
+    return n if 1 <= n <= CPUS_PER_TASK.hi * 64 else None
 
 
 def _visible(raw: Optional[str]) -> Optional[tuple[str, ...]]:
@@ -364,6 +385,33 @@ class Facts:
                     "SLURM_STEP_TASKS_PER_NODE": f"1(x{n})" if n > 1 else "1", "SLURM_NODEID": "0",
                     "SLURM_STEP_NUM_TASKS": str(n), "SLURMD_NODENAME": hosts[0]})
         return Facts.of(env)
+
+    # -- node health ---------------------------------------------------------------------------------
+
+    @property
+    def cluster_name(self) -> str:
+        """``SLURM_CLUSTER_NAME`` (node names are per cluster: the node store keys hosts by it)."""
+        return self._env.get("SLURM_CLUSTER_NAME", "").strip()
+
+    @cached_property
+    def node_store(self) -> "Path":
+        """The user's node evidence store (``TRACEML_NODE_STORE``, else under ``XDG_CACHE_HOME`` or
+        ``~/.cache``: nodes/store.py)."""
+        from .nodes.store import default_path
+
+        return default_path(self._env.get)
+
+    # -- CPU binding ---------------------------------------------------------------------------------
+
+    @cached_property
+    def cpus(self) -> "CpuGrant":
+        """What Slurm gave this task in CPUs: ``SLURM_CPUS_PER_TASK`` (the job's ``--cpus-per-task``;
+        unset: Slurm's default of one per task), ``SRUN_CPUS_PER_TASK`` (what srun passes on),
+        ``SLURM_CPUS_ON_NODE``. Read leniently: a malformed value is unknown (None), never a
+        refusal of the launch (this is telemetry, not the launch's)."""
+        return CpuGrant(_count(self._env.get("SLURM_CPUS_PER_TASK")),
+                        _count(self._env.get("SRUN_CPUS_PER_TASK")),
+                        _count(self._env.get("SLURM_CPUS_ON_NODE")))
 
     # -- the rest of the process environment --------------------------------------------------------
 

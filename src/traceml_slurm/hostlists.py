@@ -108,3 +108,8 @@ def expand_tasks_per_node(text: str, variable: str) -> list[int]:
     """Expand Slurm's compressed per-node counts (``2(x3),1`` -> ``[2, 2, 2, 1]``), bounded by the
     node limit."""
     return [count for count, nodes in tasks_per_node(text, variable) for _ in range(nodes)]
+
+
+def compress_hosts(hosts: list[str]) -> str:
+    """``node[3,7]``: hosts as one Slurm host list (what ``--exclude`` and ``--nodelist`` take)."""
+    return hostlist.collect_hostlist(sorted(set(hosts)))

@@ -3,6 +3,9 @@
 Slurm sends SIGTERM both at a job's time limit and on ``scancel`` (and ``srun --kill-on-bad-exit``
 after another task failed, and on preemption), so the signal alone does not say which. In order:
 
+0. the controller counts the job's restarts up past this attempt's ``SLURM_RESTART_COUNT``: the
+   job is being requeued (``scontrol requeue``, preemption or a node failure with ``--requeue``;
+   which one, where the controller's state says), and this attempt's work goes on in the next;
 1. the job's end time, when Slurm gives it to the job (``SLURM_JOB_END_TIME``, Slurm 23.02 and
    later, resolved into the launch config): a signal at or after it is the time limit;
 2. else, or when the signal came before the end time, the controller (``scontrol show job``,
@@ -57,7 +60,20 @@ def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
         return None
     unlimited = limit_or_none(job.time_limit_s) is None
     end = job.start_time + job.time_limit_s if job.start_time and not unlimited else None
-    return {"state": job.state, "end": end, "unlimited": unlimited}
+    return {"state": job.state, "end": end, "unlimited": unlimited, "restarts": job.restarts,
+            "start": job.start_time}
+
+
+def requeued_words(facts: dict[str, Any], restart_count: Optional[int]) -> Optional[str]:
+    """"the job was requeued ..." when the controller's restart count is past this attempt's."""
+    n = facts.get("restarts")
+    if n is None or n <= (restart_count or 0):
+        return None
+    state = str(facts.get("state") or "")
+    why = ("preempted and requeued" if state.startswith("PREEMPTED") else
+           "requeued after a node failure" if state.startswith("NODE_FAIL") else "requeued")
+    return (f"the job was {why} (the controller counts restart {n}; scontrol requeue, preemption or a "
+            "node failure with --requeue): the next attempt goes on in the same run directory")
 
 
 def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state) -> Optional[str]:
@@ -72,6 +88,9 @@ def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state)
     facts = ask(config.job_id)
     source = "SLURM_JOB_END_TIME"
     if facts is not None:
+        requeued = requeued_words(facts, getattr(config, "restart_count", None))
+        if requeued:
+            return requeued
         for key, words in _STATES.items():
             if str(facts["state"]).startswith(key):
                 return words

@@ -106,6 +106,7 @@ def main() -> int:
                 # the others wait for it in the next step's gradient all-reduce
                 next(iter(torch.utils.data.DataLoader(StuckDataset(), num_workers=1)))
         if step == args.pause_at:
+            out.write(f"pause {step}\n")
             time.sleep(args.pause_s)
         x = torch.randn(32, 16, generator=gen)
         y = x.sum(dim=1, keepdim=True)

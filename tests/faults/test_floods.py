@@ -28,7 +28,8 @@ from pathlib import Path
 import pytest
 
 from aggpeers import NodePeer
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk.recorder import StepRecorder
+from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
 from traceml_core.wire.client import TelemetryClient
 
@@ -105,7 +106,7 @@ def _rank(port: int, rank: int = 0) -> tuple[TelemetryClient, StepRecorder]:
 
 
 def _step_for(rec: StepRecorder, seconds: float, times: list[float]) -> None:
-    ctx = StepContext(rec)
+    ctx = Tracer(rec).step
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         t0 = time.perf_counter()

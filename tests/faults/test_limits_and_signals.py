@@ -123,3 +123,27 @@ def test_ctrl_c_exits_130_with_an_interrupted_summary(tmp_path):
     assert run.code == 130, run.err[-2000:]
     data = run.summary()
     assert data["run"]["status"] == "interrupted" and "interrupted by SIGINT (Ctrl-C)" in data["run"]["reason"]
+
+
+def test_sigterm_before_the_first_step_is_not_blamed_on_the_script(tmp_path):
+    """A job stopped while its ranks are still starting (scancel, a short time limit) has no step
+    to judge: the summary says it was interrupted before the first step, never that the script
+    does not call traceml, and its advice is not to add trace_step. (Seen: "NO-STEPS: no rank
+    calls traceml ... add two lines" for a script that does.) The control, a script that never
+    enters trace_step and completes, keeps that verdict (tests/zerocode/test_inferred.py)."""
+    launch = Launch(tmp_path, ["--steps", "5", "--pause-at", "0", "--pause-s", "600"])
+    deadline = time.monotonic() + 180
+    files = [launch.progress_dir / f"rank{r}.txt" for r in (0, 1)]
+    # both ranks past traceml.init() and DDP's set-up, waiting before their first step
+    while not all(f.exists() and "pause 0" in f.read_text() for f in files):
+        assert time.monotonic() < deadline and launch.proc.poll() is None, launch.stderr_now()[-3000:]
+        time.sleep(0.1)
+    launch.proc.send_signal(signal.SIGTERM)
+    run = launch.wait(90)
+    assert run.code == 143, run.err[-2000:]
+    data = run.summary()
+    assert data["run"]["status"] == "interrupted"
+    v = data["verdict"]
+    text = f"{v['why']} {v['next_step']}"
+    assert "calls traceml" not in text and "add two lines" not in text, text
+    assert v["kind"] == "no_steps" and "interrupted before any of its 2 joined rank(s) finished a first step" in v["why"], v

@@ -18,6 +18,8 @@ def job_env(logs_dir: Path, **extra: str) -> dict[str, str]:
     env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
     env["TRACEML_LOGS_DIR"] = str(logs_dir)
     env["OMP_NUM_THREADS"] = "1"
+    # each test's node evidence apart: one test's slow node must not be excluded in the next
+    env["TRACEML_NODE_STORE"] = str(logs_dir / "nodes.sqlite")
     env.pop("TRACEML_RUN_INFO", None)
     env.update(extra)
     return env

@@ -14,14 +14,20 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 80 
 """
 
 
+def _exact(state, out, tmp_path, run, records):
+    """The job completed and its summary holds every record, none dropped or malformed."""
+    assert state == "COMPLETED", out
+    data = summary(tmp_path, run)
+    tel = data["telemetry"]
+    assert tel["records_received"] == tel["records_expected"] == records and tel["complete"]
+    assert tel["relay_dropped"] == 0 and tel["wire"]["malformed"] == 0
+    return data, tel
+
+
 def test_relay_fan_in_and_exact_counts(slurm_cluster, tmp_path):
     job, state, out = slurm_cluster.run_job(SCRIPT, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:2",
                                             "--cpus-per-task=1", timeout=150, env=job_env(tmp_path))
-    assert state == "COMPLETED", out
-    data = summary(tmp_path, "relay")
-    tel = data["telemetry"]
-    assert tel["records_received"] == tel["records_expected"] == 4 * 80 and tel["complete"]
-    assert tel["relay_dropped"] == 0 and tel["wire"]["malformed"] == 0
+    data, tel = _exact(state, out, tmp_path, "relay", 4 * 80)
     # control + one link per node
     assert tel["wire"]["connections"] == 3, tel["wire"]
     ranks = data["ranks"]
@@ -35,3 +41,28 @@ def test_relay_fan_in_and_exact_counts(slurm_cluster, tmp_path):
     assert tel["ranks_without_goodbye"] == 0 and "none lost" in out
     for claim in ("lost the connection", "reconnecting", "could not forward", "could not deliver"):
         assert claim not in out, out
+
+
+TREE = f"""#!/bin/bash
+export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 80 --run-name=tree --relay-fan-in 2
+"""
+
+
+def test_a_group_relay_on_a_real_allocation(slurm_cluster, tmp_path):
+    """The tree as `traceml run` sets it up (forced small: groups of 2 nodes): node 2 is its
+    group's first node, so its launcher serves a group relay on the aggregator's port and its own
+    relay reports to it, by the hostname Slurm gives; node 0 sees the group's link, not node
+    2's, and the summary is that of direct links."""
+    job, state, out = slurm_cluster.run_job(TREE, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1",
+                                            "--cpus-per-task=1", timeout=180, env=job_env(tmp_path))
+    data, tel = _exact(state, out, tmp_path, "tree", 3 * 80)
+    # control + nodes 0 and 1 + the group relay of node 2 (not node 2's own relay)
+    assert tel["wire"]["connections"] == 4, tel["wire"]
+    ranks = data["ranks"]
+    assert [(r["rank"], r["status"], r["steps"], r["node"]) for r in ranks] == [
+        (i, "clean", 80, i) for i in range(3)]
+    assert [r["host"] for r in ranks] == ["node1", "node2", "node3"]
+    assert data["topology"]["nodes_joined"] == 3
+    assert not any(n["left_early"] for n in data["topology"]["nodes"])
+    assert "cannot start the relay of nodes" not in out, out

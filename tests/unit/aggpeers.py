@@ -18,8 +18,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from traceml_core.aggregator.settings import AggregatorSettings
+from traceml_core.statistics.window import WindowStats
 from traceml_core.wire.auth import AGGREGATOR, make_hello, relay_aud
-from traceml_core.wire.protocol import FrameBuffer, encode
+from traceml_core.wire.fold import fold_frame
+from traceml_core.wire.frames import validate
+from traceml_core.wire.protocol import HEADER, FrameBuffer, decode_body, encode
 
 TOKEN = "test-token-0123456789"
 RUN = "test-run"
@@ -60,6 +63,18 @@ def columns(n: int, seq: int = 0, *, step_ms: float = 10.0, input_ms: float = 1.
         "comm_bus_bytes": [-1 if comm_bus_bytes is None else comm_bus_bytes] * n,
         "comm_calls": [-1 if comm_calls is None else comm_calls] * n,
     }
+
+
+def folded(msg: dict[str, Any]) -> dict[str, Any]:
+    """The ``fold`` frame a relay sends for a (merged) ``steps`` frame: the window's statistics."""
+    value = WindowStats.of_columns(msg["seq"], msg["cols"])
+    return fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open"))
+
+
+def relayed(msg: dict[str, Any]) -> dict[str, Any]:
+    """What node 0 takes in for a ``steps`` frame: its window's ``fold`` frame, through the wire
+    encoding and node 0's trust boundary (for feeding a RankState in-process)."""
+    return validate("node", decode_body(encode(folded(msg))[HEADER.size:]))
 
 
 class Peer:
@@ -164,9 +179,10 @@ class NodePeer(Peer):
                    "pid": 1000 + rank, "new": True})
 
     def steps(self, rank: int, n: int, *, seq: Optional[int] = None, **kw: Any) -> None:
+        """``n`` records of ``rank`` as a relay sends them: their window's ``fold`` frame."""
         seq = self.seqs.get(rank, 0) if seq is None else seq
-        self.send({"t": "steps", "rank": rank, "seq": seq, "n": n, "cols": columns(n, seq, **kw),
-                   "dropped": 0})
+        self.send(folded({"t": "steps", "rank": rank, "seq": seq, "n": n, "cols": columns(n, seq, **kw),
+                          "dropped": 0}))
         self.seqs[rank] = seq + n
 
     def rank_bye(self, rank: int, status: str = "clean", error: Optional[str] = None) -> None:
@@ -188,9 +204,9 @@ def node(handle: Any, node: int = 0, **kw: Any) -> Any:
     s = handle.settings
     kw.setdefault("client_options", {"backoff_initial": 0.02, "backoff_max": 0.2})
     kw.setdefault("flush_s", 0.05)
-    # as `traceml run` does (launcher/nodelink.py): the relay folds its windows into partial
-    # statistics only in summary mode; the live views read each rank's recent records
-    kw.setdefault("fold", s.mode == "summary")
+    # as `traceml run` does (launcher/nodelink.py): in the live modes the relay sends each
+    # window's last records beside its statistics (the live views show them)
+    kw.setdefault("tail", s.mode != "summary")
     relay = Relay(token=s.token, run_name=s.run_name, job_id=s.job_id, node=node, nnodes=s.nnodes,
                   nproc_per_node=s.nproc_per_node, upstream=(handle.connect_host, handle.port),
                   hostname=f"host{node}", **kw).start()

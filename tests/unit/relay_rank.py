@@ -11,7 +11,8 @@ from __future__ import annotations
 import sys
 import time
 
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk.recorder import StepRecorder
+from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
 from traceml_core.wire.client import TelemetryClient
 
@@ -27,7 +28,7 @@ def main() -> None:
     if not client.wait_connected(5.0):
         print("not connected", flush=True)
         sys.exit(3)
-    ctx = StepContext(rec)
+    ctx = Tracer(rec).step
     if steps < 0:
         print("running", flush=True)
         while True:

@@ -11,7 +11,7 @@ import json
 import struct
 import time
 
-from aggpeers import TOKEN, RUN, NodePeer, Peer, RankPeer, columns, end_node, node
+from aggpeers import TOKEN, RUN, NodePeer, Peer, RankPeer, columns, end_node, folded, node
 from traceml_core.wire.auth import make_hello, relay_aud
 from traceml_core.wire.protocol import MAX_FRAME, encode
 
@@ -82,9 +82,10 @@ def test_bad_relayed_frames_are_skipped_and_the_link_stays(aggregator):
     link = NodePeer(h.port, 0)
     link.join(0)
     link.steps(0, 5)
+    window = folded({"t": "steps", "rank": 0, "seq": 5, "n": 2, "cols": columns(2, 5)})
     bad = [
-        {"t": "steps", "rank": 0, "seq": 5, "n": 2, "cols": {**columns(2), "step_ns": ["a", "b"]}},
-        {"t": "steps", "rank": 7, "seq": 0, "n": 1, "cols": columns(1)},     # outside the world
+        dict(window, v=window["v"][:-8]),                                  # a value cut short
+        folded({"t": "steps", "rank": 7, "seq": 0, "n": 1, "cols": columns(1)}),  # outside the world
         {"t": "join", "rank": "x"},
         {"t": "gone", "rank": 0},
         {"t": "system", "node": 1, "samples": []},                          # another node's

@@ -31,14 +31,18 @@ def test_ingest_benchmark_runs_without_loss_through_relays():
 
 
 def test_node0_scale_benchmark_runs_side_by_side():
-    """Both sizes and both kinds of relay frames (records, folded) in one run, every record
-    accounted for (the script asserts the counts)."""
-    out = _run("node0_scale.py", "--ranks", "32,64", "--per-relay", "8", "--at-steps", "0,36000", "--quick")
-    rows = [line.split() for line in out.splitlines() if line.split()[2:3] in (["32"], ["64"])]
-    assert [(r[0], r[1], r[3]) for r in rows] == [
-        (kind, at, relays) for at in ("0", "36,000") for relays in ("4", "8") for kind in ("steps", "fold")], out
-    assert "ratio 64/32 ranks, fold, from step 36,000: cores x" in out, out
-    assert "64 ranks from step 36,000: node 0 cores folded / unfolded = " in out, out
+    """Sizes side by side in one run, the tree beside direct links where it applies (512 nodes:
+    23 groups), every record accounted for (the script asserts the counts)."""
+    out = _run("node0_scale.py", "--ranks", "32,512", "--per-relay", "8,1", "--tree", "auto,both",
+               "--at-steps", "0,36000", "--quick")
+    rows = [line.split() for line in out.splitlines() if line.split()[1:2] in (["32"], ["512"])]
+    # (from step, ranks, links, groups): 4 nodes on direct links; 512 nodes through 22 group
+    # relays + group 0's 23 nodes, then the same on 512 direct links
+    assert [(r[0], r[1], r[3], r[4]) for r in rows] == [
+        (at, *row) for at in ("0", "36,000")
+        for row in (("32", "4", "-"), ("512", "45", "23x1s"), ("512", "512", "-"))], out
+    assert "ratio 512/32 ranks, from step 36,000: cores x" in out, out
+    assert "512 ranks, from step 0, group relays / direct links: cores x" in out, out
 
 
 def test_memory_benchmark_runs():

@@ -9,12 +9,9 @@ from __future__ import annotations
 import socket
 import time
 
-from aggpeers import columns, make_settings
+from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator import server as srv_mod
 from traceml_core.rundir import CHECKPOINT_NAME, prepare_run_dir
-from traceml_core.launcher.relayframes import fold_frame
-from traceml_core.wire.frames import validate
-from traceml_core.wire.protocol import HEADER, decode_body, encode
 
 
 def _server(tmp_path, ranks: int):
@@ -26,8 +23,7 @@ def _server(tmp_path, ranks: int):
                          lambda s, d, p: d)
     for r in range(ranks):
         rs = srv.state.rank(r)
-        frame = fold_frame({"t": "steps", "rank": r, "seq": 0, "n": 300, "dropped": 0, "cols": columns(300)})
-        rs.ingest_fold(validate("node", decode_body(encode(frame)[HEADER.size:])))
+        rs.ingest_fold(relayed({"t": "steps", "rank": r, "seq": 0, "n": 300, "dropped": 0, "cols": columns(300)}))
     srv.state.dirty = True
     return srv, lsock
 

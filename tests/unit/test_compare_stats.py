@@ -14,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from traceml_core.aggregator.sketch import QuantileSketch
+from traceml_core.statistics.sketch import QuantileSketch
 from traceml_core.report.compare import histogram
 from traceml_core.report.stats import merge_sketches
 from traceml_core.report.uncertainty import (binom_sf, block_relative_halfwidth, difference_interval,

@@ -53,6 +53,7 @@ def test_scontrol_backend_on_captured_output(tmp_path):
     b = C.ScontrolBackend(exe=str(fake))
     j = b.job("3")
     assert (j.state, j.partition, j.nodes, j.num_nodes, j.time_limit_s) == ("RUNNING", "debug", "node[1-2]", 2, 600.0)
+    assert j.restarts == 0  # the requeue count the interrupt words compare with SLURM_RESTART_COUNT
     assert j.gres_per_node == {"node1": "gpu:a100:1(IDX:0)", "node2": "gpu:a100:1(IDX:0)"}
     p = b.partition("short")
     assert (p.state, p.max_time_s, p.max_nodes) == ("UP", 300.0, None)

@@ -164,3 +164,22 @@ def test_missing_dev_shm_warns(tmp_path):
     o = F.check_shm(make(step(), shm_path=str(tmp_path / "nope")))
     assert o.status is Status.WARN and "missing" in o.observed
 
+
+
+# -- CPUs for each task (the input-bound verdict's facts, before the run) -----------------------------
+
+def test_cpus_show_the_request_and_warn_when_srun_will_not_pass_it_on(monkeypatch):
+    from traceml_slurm import cpus
+    from traceml_slurm.doctor import context as C
+
+    monkeypatch.setattr(cpus, "slurm_version", lambda environ: "22.05.8")
+    o = C.check_cpus(make(step(SLURM_CPUS_PER_TASK="8", SLURM_CPUS_ON_NODE="16")))
+    assert o.status is Status.WARN and o.fix == "In the job script, before srun: `export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK`."
+    assert "--cpus-per-task=8; SRUN_CPUS_PER_TASK unset" in o.observed and "16 allocated on the node" in o.observed
+    assert "srun of Slurm 22.05.8 does not pass --cpus-per-task=8 on" in o.observed
+    assert (o.data["cpus_per_task"], o.data["affinity_cpus"]) == (8, len(os.sched_getaffinity(0)))
+    ok = C.check_cpus(make(step(SLURM_CPUS_PER_TASK="8", SRUN_CPUS_PER_TASK="8")))
+    assert ok.status is Status.PASS and "SRUN_CPUS_PER_TASK 8" in ok.observed
+    assert C.check_cpus(make(step())).status is Status.PASS  # Slurm's default of 1: nothing lost
+    monkeypatch.setattr(cpus, "slurm_version", lambda environ: "24.11.1")
+    assert C.check_cpus(make(step(SLURM_CPUS_PER_TASK="8"))).status is Status.PASS  # 24.11's srun passes it on

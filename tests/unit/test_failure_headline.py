@@ -126,7 +126,7 @@ DUMP_SLEEPING = '''Current thread 0x00007f6aa31bab80 (most recent call first):
 def _hung_summary(records_after: int):
     from pathlib import Path
 
-    from aggpeers import columns, make_settings
+    from aggpeers import columns, make_settings, relayed
     from traceml_core.aggregator.autopsy import Autopsy
     from traceml_core.aggregator.state import RunState
     from traceml_core.aggregator.adapter import run_data
@@ -136,7 +136,7 @@ def _hung_summary(records_after: int):
     for rank in (0, 1):
         rs = st.rank(rank)
         rs.node, rs.host = rank, f"node{rank + 1}"
-        rs.ingest_steps({"t": "steps", "rank": rank, "seq": 0, "n": 40, "dropped": 0, "cols": columns(40)})
+        rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": 0, "n": 40, "dropped": 0, "cols": columns(40)}))
     st.records = 80
     a = Autopsy(1, {0: (0, "node1", 40), 1: (1, "node2", 40)}, world=2, silent_s=61.0,
                 threshold_s=60.0, threshold_source="auto", records_at=80)

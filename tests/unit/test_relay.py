@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 
-from aggpeers import RUN, TOKEN, NodePeer, RankPeer, columns, make_settings
+from aggpeers import RUN, TOKEN, NodePeer, RankPeer, columns, folded, make_settings
 from traceml_core.aggregator.process import start_aggregator
 from traceml_core.launcher.relay import Relay
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk.recorder import StepRecorder
+from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
 from traceml_core.wire.client import TelemetryClient
 
@@ -77,7 +78,7 @@ def test_counts_exact_through_relays_and_fan_in_is_nodes(aggregator):
     assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 4)
     steps = {0: 3000, 1: 2500, 2: 4000, 3: 1234}
     for rank, n in steps.items():
-        ctx = StepContext(recs[rank])
+        ctx = Tracer(recs[rank]).step
         for _ in range(n):
             with ctx:
                 pass
@@ -155,9 +156,10 @@ def test_bad_frame_from_one_rank_closes_only_that_rank(aggregator):
     assert relay.stats().malformed == 1 and s["telemetry"]["wire"]["malformed"] == 0
 
 
-def _record_for(rec, ctx, seconds, step_times):
+def _record_for(rec, ctx, seconds, step_times, until=None):
+    """Traced steps for ``seconds`` (or, with ``until``, until it holds, at most ``seconds``)."""
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and not (until is not None and until()):
         t0 = time.perf_counter()
         with ctx:
             pass
@@ -170,9 +172,10 @@ def test_slow_upstream_relay_drops_counts_and_reports_exactly(aggregator):
     per rank, the ranks never wait and drop nothing; once it reads again the summary's loss is
     exactly what the relay dropped."""
     h = aggregator(nnodes=1, nproc_per_node=2)
-    # unfolded (the live modes' relay): folded windows are a few hundred bytes whatever they hold,
-    # so two ranks would need minutes to fill the budget
-    relay = make_relay(h.port, 0, nnodes=1, budget_bytes=200_000, flush_s=0.02, sndbuf=8192, fold=False)
+    # the live modes' relay (each window's last records go up beside its statistics): a window's
+    # statistics alone are a few hundred bytes whatever it holds, so two ranks would need minutes
+    # to fill the budget
+    relay = make_relay(h.port, 0, nnodes=1, budget_bytes=200_000, flush_s=0.02, sndbuf=8192, tail=True)
     recs = {r: StepRecorder(rank=r, batch_size=256, seal_interval_s=0.005) for r in (0, 1)}
     clients = {r: rank_client(relay.port, r, 0, recs[r]) for r in (0, 1)}
     for c in clients.values():
@@ -181,13 +184,16 @@ def test_slow_upstream_relay_drops_counts_and_reports_exactly(aggregator):
     times: list[float] = []
     os.kill(h.pid, signal.SIGSTOP)
     try:
-        threads = [threading.Thread(target=_record_for, args=(recs[r], StepContext(recs[r]), 2.0, times))
+        # steps until the relay had to drop (a few seconds; longer on a busy machine, where the
+        # ranks step more slowly and the windows' last records fill the budget later)
+        dropping = lambda: relay.stats().records_dropped > 0  # noqa: E731
+        threads = [threading.Thread(target=_record_for, args=(recs[r], Tracer(recs[r]).step, 60.0, times, dropping))
                    for r in (0, 1)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        assert wait_until(lambda: relay.stats().records_dropped > 0, 5.0)
+        assert wait_until(dropping, 5.0)
     finally:
         os.kill(h.pid, signal.SIGCONT)
     for r, c in clients.items():
@@ -219,20 +225,22 @@ def test_upstream_killed_relay_counts_then_reports_to_a_new_aggregator(tmp_path)
     settings = make_settings(tmp_path, nnodes=1, nproc_per_node=1, port=0)
     h = start_aggregator(settings)
     port = h.port
-    # unfolded: folded windows are too small to fill the budget in seconds (see above)
-    relay = make_relay(port, 0, nnodes=1, nproc=1, budget_bytes=100_000, flush_s=0.02, fold=False)
+    # with the windows' last records: statistics alone are too small to fill the budget in
+    # seconds (see above)
+    relay = make_relay(port, 0, nnodes=1, nproc=1, budget_bytes=100_000, flush_s=0.02, tail=True)
     rec = StepRecorder(rank=0, batch_size=128, seal_interval_s=0.005)
     client = rank_client(relay.port, 0, 0, rec)
     client.start()
     h2 = None
     try:
         assert client.wait_connected(5.0)
-        ctx = StepContext(rec)
+        ctx = Tracer(rec).step
         times: list[float] = []
         _record_for(rec, ctx, 0.3, times)
         h.kill()
-        _record_for(rec, ctx, 1.5, times)
-        assert wait_until(lambda: relay.stats().records_dropped > 0, 5.0)
+        dropping = lambda: relay.stats().records_dropped > 0  # noqa: E731
+        _record_for(rec, ctx, 60.0, times, dropping)  # until the relay's budget is full
+        assert wait_until(dropping, 5.0)
         assert client.connected, "the rank stays connected to its relay"
         h2 = start_aggregator(make_settings(tmp_path / "again", nnodes=1, nproc_per_node=1, port=port))
         assert wait_until(lambda: relay.stats().upstream_connected, 10.0)
@@ -265,7 +273,7 @@ def test_relay_link_lost_with_ranks_connected_marks_them_gone(aggregator):
     for rank in (2, 3):
         link.send({"t": "join", "rank": rank, "local_rank": rank - 2, "host": "host1", "pid": 1,
                    "new": True})
-        link.send({"t": "steps", "rank": rank, "seq": 0, "n": 3, "cols": columns(3), "dropped": 0})
+        link.send(folded({"t": "steps", "rank": rank, "seq": 0, "n": 3, "cols": columns(3), "dropped": 0}))
     assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 2)
     link.close()
     assert wait_until(lambda: (h.status() or {}).get("ranks_connected") == 0)

@@ -266,6 +266,7 @@ def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
 def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int = 37) -> dict:
     """A long run of many ranks through the real aggregator state (no sockets): rank ``slow``
     spends 5 ms more per step in forward and 5 ms less in backward (a straggler under DDP)."""
+    from aggpeers import relayed
     from traceml_core.rundir import prepare_run_dir
     from traceml_core.aggregator.settings import AggregatorSettings
     from traceml_core.aggregator.state import RunState
@@ -283,13 +284,12 @@ def _large_run(tmp_path: Path, world: int = 80, steps: int = 20_000, slow: int =
         for seq in range(0, steps, batch):
             t_end = [t + (i + 1) * 10_100_000 for i in range(batch)]
             t = t_end[-1]
-            rs.ingest_steps({"seq": seq, "n": batch, "dropped": 0, "cols": {
+            rs.ingest_fold(relayed({"rank": k, "seq": seq, "n": batch, "dropped": 0, "cols": {
                 "step": list(range(seq, seq + batch)), "t_end_ns": t_end, "step_ns": [10_000_000] * batch,
                 "input_ns": [200_000] * batch, "forward_ns": [2_000_000 + extra] * batch,
                 "backward_ns": [7_000_000 - extra] * batch, "optimizer_ns": [500_000] * batch,
                 "h2d_ns": [-1] * batch, "mem_peak": [300 << 20] * batch,
-                **{c: [-1] * batch for c in COMM_COLUMNS}}})
-        rs.flush()
+                **{c: [-1] * batch for c in COMM_COLUMNS}}}))
     # the node's system samples: the real sampler over a fake NVML (the one thing this machine
     # lacks), two GPUs, one busy and one idle, taken 2 s apart over the run
     from traceml_core.sdk.samplers import FakeGpu, FakeNvml, SystemSampler

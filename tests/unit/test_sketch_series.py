@@ -6,10 +6,14 @@ import random
 
 from hypothesis import given, settings, strategies as st
 
-from traceml_core.aggregator.rankstate import RankState
-from traceml_core.aggregator.series import BUCKETS, series_values
-from traceml_core.aggregator.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
-from traceml_core.wire.protocol import STEP_COLUMNS
+import pytest
+
+from traceml_core.launcher.relayframes import merge_into, steps_frame
+from traceml_core.statistics.series import BUCKETS, series_values
+from traceml_core.statistics.sketch import MAX_BUCKETS, QuantileSketch, merge_dense, quantiles_of
+from traceml_core.statistics.window import WindowStats
+from traceml_core.wire.frames import validate
+from traceml_core.wire.protocol import STEP_COLUMNS, ProtocolError
 
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
 REL = 1 / 128 + 1e-6  # a bucket's midpoint is within 1/128 of every value in it
@@ -60,34 +64,31 @@ def test_memory_is_capped_and_upper_quantiles_stay_accurate():
 
 
 def test_weighted_samples_of_large_batches_keep_quantiles_unbiased():
-    rs = RankState(0, sketch_cap=64)
+    run = WindowStats.running()
     rnd = random.Random(7)
     n = 4000
     vals = [rnd.choice((10_000_000, 20_000_000)) for _ in range(n)]  # half 10 ms, half 20 ms
-    for seq in range(0, n, 1000):  # batches of 1000 with a cap of 64 sketched values each
+    for seq in range(0, n, 1000):  # windows of 1000 with a cap of 64 sketched values each
         cols = {c: [1] * 1000 for c in STEP_COLUMNS}
         cols["step_ns"] = vals[seq:seq + 1000]
         cols["t_end_ns"] = list(range(seq, seq + 1000))
-        rs.ingest_steps({"seq": seq, "n": 1000, "cols": cols, "dropped": 0})
-    rs.flush()
-    ph = rs.phases["step_ns"]
-    assert ph.count == n and ph.sum == sum(vals) and ph.max == 20_000_000  # exact
-    total = ph.sketch.total
+        run.merge(WindowStats.of_columns(seq, cols, cap=64))
+    ph = run.to_data()["phases"]["step_ns"]
+    assert ph["count"] == n and ph["sum"] == sum(vals) and ph["max"] == 20_000_000  # exact
+    sk = run.sketch("step_ns")
+    total = sk.total
     assert abs(total - n) <= 4 * 16  # weights stand for the unsampled records
-    assert rs.sketched == total
-    p25, p75 = ph.sketch.quantiles([0.25, 0.75])
+    assert run.field("sketched") == total
+    p25, p75 = sk.quantiles([0.25, 0.75])
     assert abs(p25 - 1e7) / 1e7 < 0.01 and abs(p75 - 2e7) / 2e7 < 0.01
 
 
 def test_partly_unmeasured_column_is_exact():
-    rs = RankState(0)
     cols = {c: list(range(1, 11)) for c in STEP_COLUMNS}
     cols["input_ns"] = [-1, -1, 5, 5, 5, 5, 5, 5, 5, 5]  # first fetches not measured
-    rs.ingest_steps({"seq": 0, "n": 10, "cols": cols, "dropped": 0})
-    rs.flush()
-    ph = rs.phases["input_ns"]
-    assert (ph.count, ph.sum, ph.unmeasured) == (8, 40, 2)
-    assert ph.warm_count == 3 and ph.warm_sum == 15  # seq 0..4 are warm-up; two unmeasured
+    ph = WindowStats.of_columns(0, cols).to_data()["phases"]["input_ns"]
+    assert (ph["count"], ph["sum"], ph["unmeasured"]) == (8, 40, 2)
+    assert ph["warm_count"] == 3 and ph["warm_sum"] == 15  # seq 0..4 are warm-up; two unmeasured
 
 
 @settings(max_examples=50, deadline=None)
@@ -96,7 +97,7 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
     """Whatever the batching, the buckets hold every record once: counts and sums of the step and
     of each phase add up, the memory and wall-clock maxima survive the merging, and the time
     outside the steps adds up to the rank's own total."""
-    rs = RankState(0)
+    run = WindowStats.running()
     rnd = random.Random(len(batch_sizes))
     seq = t = 0
     totals = {"step_ns": 0, "forward_ns": 0}
@@ -114,14 +115,14 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
         cols = {c: [-1] * n for c in STEP_COLUMNS}     # not measured, unless set below
         cols.update({"step": list(range(seq, seq + n)), "t_end_ns": t_end, "step_ns": steps,
                      "input_ns": inp, "forward_ns": fwd, "mem_peak": mems})
-        rs.ingest_steps({"seq": seq, "n": n, "cols": cols, "dropped": 0})
-        rs.flush()
+        run.merge(WindowStats.of_columns(seq, cols))
         seq += n
         totals["step_ns"] += sum(steps)
         totals["forward_ns"] += sum(fwd)
         inputs_measured += sum(1 for v in inp if v >= 0)
         mx = max(mx, max(mems))
-    d = rs.to_data()["series"]
+    data = run.to_data()
+    d = data["series"]
     cnt = series_values(d, "step_cnt")
     assert len(cnt) <= BUCKETS and d["width"] * BUCKETS >= seq
     assert sum(cnt) == seq and sum(series_values(d, "step_sum")) == totals["step_ns"]
@@ -129,40 +130,58 @@ def test_series_keeps_every_record_in_a_fixed_number_of_buckets(batch_sizes):
     assert sum(series_values(d, "phase_cnt", "input_ns")) == inputs_measured
     assert sum(series_values(d, "phase_cnt", "backward_ns")) == 0
     assert max(series_values(d, "mem_max")) == mx and max(series_values(d, "t_end")) == t
-    assert sum(series_values(d, "phase_sum", "outside")) == rs.outside_sum
-    assert sum(series_values(d, "phase_cnt", "outside")) == rs.outside_n == seq - 1
+    assert sum(series_values(d, "phase_sum", "outside")) == data["outside"]["sum"]
+    assert sum(series_values(d, "phase_cnt", "outside")) == data["outside"]["count"] == seq - 1
 
 
 def test_small_frames_are_pooled_and_give_the_same_statistics_as_one_frame():
+    """A relay merges a rank's small frames of one flush into one window: its statistics are
+    those of one frame holding the same records."""
     rnd = random.Random(3)
     names = STEP_COLUMNS
     cols = {k: [rnd.randrange(1, 10**8) for _ in range(60)] for k in names}
     cols["t_end_ns"] = sorted(cols["t_end_ns"])
-    one, many = RankState(0, sketch_cap=64), RankState(1, sketch_cap=64)
-    one.ingest_steps({"seq": 0, "n": 60, "cols": cols, "dropped": 0})
-    for i in range(0, 60, 3):  # twenty 3-record frames, computed together
-        many.ingest_steps({"seq": i, "n": 3, "cols": {k: v[i:i + 3] for k, v in cols.items()},
-                           "dropped": 0})
-    assert many.pending_n == 60 and many.phases["step_ns"].count == 0
-    a, b = one.to_data(), many.to_data()
+    one = WindowStats.of_columns(0, cols)
+    window = None
+    for i in range(0, 60, 3):  # twenty 3-record frames, merged
+        frame = validate("rank", {"t": "steps", "rank": 0, "seq": i, "n": 3,
+                                  "cols": {k: v[i:i + 3] for k, v in cols.items()}, "dropped": 0})
+        if window is None:
+            window = steps_frame(frame)
+        else:
+            assert merge_into(window, frame)
+    assert window is not None and window["n"] == 60
+    a, b = one.to_data(), WindowStats.of_columns(0, window["cols"]).to_data()
     assert a["phases"] == b["phases"] and a["series"] == b["series"] and a["outside"] == b["outside"]
 
 
 def test_a_malformed_frame_in_a_pool_is_rejected_alone():
-    rs = RankState(0)
+    """A frame is checked whole where it enters (the relay): a bad one is refused, and the
+    good frames around it still count."""
     good = {k: [5] * 3 for k in STEP_COLUMNS}
-    rs.ingest_steps({"seq": 0, "n": 3, "cols": good, "dropped": 0})
-    rs.ingest_steps({"seq": 3, "n": 3, "cols": {**good, "forward_ns": [1, "x", 2]}, "dropped": 0})
-    rs.ingest_steps({"seq": 6, "n": 3, "cols": good, "dropped": 0})
-    assert rs.flush() == 3
-    assert rs.received == 6 and rs.rejected == 3 and rs.phases["step_ns"].count == 6
+    frames = [{"t": "steps", "rank": 0, "seq": 0, "n": 3, "cols": good, "dropped": 0},
+              {"t": "steps", "rank": 0, "seq": 3, "n": 3, "cols": {**good, "forward_ns": [1, "x", 2]}, "dropped": 0},
+              {"t": "steps", "rank": 0, "seq": 6, "n": 3, "cols": good, "dropped": 0}]
+    run, rejected = WindowStats.running(), 0
+    for f in frames:
+        try:
+            validate("rank", f)
+        except ProtocolError:
+            rejected += f["n"]
+            continue
+        run.merge(WindowStats.of_columns(f["seq"], f["cols"]))
+    assert rejected == 3
+    assert run.records == 6 and run.to_data()["phases"]["step_ns"]["count"] == 6
+    with pytest.raises(ProtocolError):
+        validate("rank", frames[1])
 
 
 def test_a_pause_between_steps_lands_in_the_bucket_of_the_step_after_it():
-    """A batch of 12 steps (a rank's batch of records spans 0.2 s or more) straddles several
-    buckets; the 500 ms pause before its 7th step (an evaluation every k steps) is in that
-    step's bucket, not spread over the batch: the periodic-work verdict needs to see bursts."""
-    rs = RankState(0)
+    """12 steps in one frame (a rank's batch of records spans 0.2 s or more: ~12 steps in the
+    live cli mode of the verdict matrix): the 500 ms pause before step 6 (an evaluation every k
+    steps) is in that step's bucket, not spread over the frame's: the periodic-work verdict
+    needs to see bursts."""
+    run = WindowStats.running()
     n, step, pause = 12, 40_000_000, 500_000_000
     t, t_end = 0, []
     for i in range(n):
@@ -170,12 +189,11 @@ def test_a_pause_between_steps_lands_in_the_bucket_of_the_step_after_it():
         t_end.append(t)
     cols = {c: [-1] * n for c in STEP_COLUMNS}
     cols.update({"step": list(range(n)), "t_end_ns": t_end, "step_ns": [step] * n})
-    rs.ingest_steps({"seq": 0, "n": n, "cols": cols, "dropped": 0})
-    rs.flush()
-    d = rs.to_data()["series"]
+    run.merge(WindowStats.of_columns(0, cols))
+    data = run.to_data()
+    d = data["series"]
     width = d["width"]
-    assert width < n, "the batch must straddle buckets for this test to mean anything"
     out = series_values(d, "phase_sum", "outside")
     assert out[6 // width] >= pause, out
     assert all(v <= width * 1_000_000 for b, v in enumerate(out) if b != 6 // width), out
-    assert sum(out) == rs.outside_sum
+    assert sum(out) == data["outside"]["sum"]

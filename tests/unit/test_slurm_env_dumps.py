@@ -116,14 +116,15 @@ def test_refused(name, gen):
     assert "srun" in str(err.value)
 
 
-def test_run_names_identical_across_nodes_and_unique_per_array_task_and_restart(gen):
+def test_run_names_identical_across_nodes_unique_per_array_task_and_kept_across_requeues(gen):
     names = {n: resolve({}, load(n, gen), [SlurmEnvironment]).run_name for n in
              ("gres_step_node0", "gres_step_node1", "array_task0_step", "array_task1_step", "requeue_step_node0",
               "requeue_step_node1")}
     assert names["gres_step_node0"] == names["gres_step_node1"]
     assert names["array_task0_step"] != names["array_task1_step"]
     assert names["array_task0_step"].endswith("_0") and names["array_task1_step"].endswith("_1")
-    assert names["requeue_step_node0"] == names["requeue_step_node1"] and names["requeue_step_node0"].endswith("-r1")
+    # a requeue is the same run: no restart suffix (the attempts share one run directory)
+    assert names["requeue_step_node0"] == names["requeue_step_node1"] and not names["requeue_step_node0"].endswith("-r1")
 
 
 def test_typed_gpus_per_node_not_parsed(gen):

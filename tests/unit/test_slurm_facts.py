@@ -75,11 +75,14 @@ def test_the_process_environment_besides_slurm():
 
 
 #: the only places that may read the process environment: the facts, and the two entry points that
-#: hand it over whole (the doctor's command line and its agent), and the torch child's environment
+#: hand it over whole (the doctor's command line and its agent, `nodes` and the template's
+#: --exclude-bad), and the torch child's environment
 ALLOWED = {
     ("doctor/cli.py", "environ = dict(os.environ)"),
     ("doctor/agent.py", "env = dict(os.environ)"),
     ("doctor/torchprobe.py", "env=_child_env(os.environ if environ is None else environ),"),
+    ("nodes/cli.py", "facts = Facts.of(os.environ)"),
+    ("template/cli.py", "facts = Facts.of(os.environ)"),
 }
 RAW_READ = re.compile(r"os\.environ|os\.getenv|environ\.get\(|environ\[|\.environ\.")
 

@@ -180,11 +180,12 @@ def test_stale_master_addr_is_ignored_with_warning(stale):
     assert c.master_addr == "gpu07" and any(f"MASTER_ADDR={stale}" in w for w in c.warnings)
 
 
-def test_array_task_and_requeue_get_unique_run_names():
+def test_array_tasks_get_unique_run_names_and_a_requeue_keeps_its_run():
     c = r(step(SLURM_ARRAY_JOB_ID="4240", SLURM_ARRAY_TASK_ID="3"))
     assert c.run_name == "ddp-4240_3"
+    # a requeued job is the same run (its attempts share one directory and one goodput ledger)
     c = r(step(SLURM_RESTART_COUNT="2", SLURM_JOB_NAME="my job!/x"))
-    assert c.run_name == "my_job_x-4242-r2"
+    assert c.run_name == "my_job_x-4242"
     assert sanitise_run_name("../..") == "job"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from aggpeers import columns, make_settings
+from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
@@ -22,8 +22,8 @@ def _run(nnodes: int, nproc: int, per_rank: Callable[[int], dict[str, Any]], ste
         rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
         t0 = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
-            rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0,
-                             "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))})
+            rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0,
+                                    "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))}))
     for node, samples in (system or {}).items():
         st.node_system(node).ingest(f"gpu-node-{node}", samples)
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
@@ -290,7 +290,7 @@ def _paused(where: str, slow_ms: float = 0.0, steps: int = 1200, batch: int = 10
                     elif where == "step":
                         cols["forward_ns"][i] += pause
                         cols["step_ns"][i] += pause
-            rs.ingest_steps({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0, "cols": cols})
+            rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0, "cols": cols}))
     st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
     return build_summary(run_data(st))
 

@@ -13,7 +13,8 @@ import msgpack
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from aggpeers import RUN, TOKEN, columns, make_settings
+from aggpeers import RUN, TOKEN, columns, folded, make_settings, relayed
+from traceml_core.launcher.relayframes import merge_into
 from traceml_core.rundir import prepare_run_dir
 from traceml_core.aggregator.rankstate import RankState
 from traceml_core.aggregator.server import Server, open_listener
@@ -75,6 +76,10 @@ frame_like = st.one_of(
               st.dictionaries(st.sampled_from(["rank", "seq", "n", "cols", "dropped", "t"]),
                               st.one_of(st.integers(-5, 5), st.text(max_size=3), st.none(),
                                         st.lists(st.integers(-3, 3), max_size=3)))),
+    # windows' statistics (what relays send): random packed arrays and accounting
+    st.builds(lambda obj: encode({"t": "fold", **obj}),
+              st.dictionaries(st.sampled_from(["rank", "seq", "n", "dropped", "v", "o", "keys"]),
+                              st.one_of(st.integers(-5, 5), st.binary(max_size=64), st.none()))),
 )
 
 
@@ -94,8 +99,8 @@ def test_random_input_never_stops_the_server(server, data, authenticated):
     real = _connect(server, hello=True)
     before = server.state.rank(0).received
     real.sendall(encode({"t": "join", "rank": 0, "local_rank": 0, "host": "h", "pid": 1, "new": True})
-                 + encode({"t": "steps", "rank": 0, "seq": server.state.rank(0).next_seq, "n": 3,
-                           "cols": columns(3), "dropped": 0}))
+                 + encode(folded({"t": "steps", "rank": 0, "seq": server.state.rank(0).next_seq, "n": 3,
+                                  "cols": columns(3), "dropped": 0})))
     assert _pump(server, lambda: server.state.rank(0).received == before + 3)
     real.close()
     assert server.net.buffered >= 0 and not server.done
@@ -121,11 +126,10 @@ def test_steps_frames_with_wrong_types_raise_only_protocol_level_errors(msg, col
         validate("rank", msg)  # the trust boundary: only ProtocolError escapes it
     except ProtocolError:
         return
-    rs.ingest_steps(msg)
-    if rs.flush():  # content found malformed when computing: rejected whole, counted
-        assert rs.received == 0 and rs.rejected > 0
-        assert all(ph.count == 0 and ph.unmeasured == 0 for ph in rs.phases.values())
-        assert rs.series.used == 0 and rs.mem_count == 0 and rs.last_t_end is None
+    if msg["n"]:  # a validated frame always folds at the relay, and node 0 takes its window
+        assert rs.ingest_fold(relayed(msg)) == msg["n"]
+        d = rs.to_data()
+        assert d["phases"]["step_ns"]["count"] + d["phases"]["step_ns"]["unmeasured"] == msg["n"]
     # re-encoding must be possible: whatever was accepted is plain data
     msgpack.packb(rs.to_data())
 
@@ -159,13 +163,15 @@ element = st.one_of(st.integers(-2**63, 2**64 - 1), st.integers(-1, 10**9), st.f
                                        for c in STEP_COLUMNS}))),
        st.integers(0, 3))
 def test_columns_of_any_content_are_accepted_whole_or_rejected_whole(n_cols, pooled):
-    """A frame is validated whole where it enters: accepted frames always compute cleanly."""
+    """A frame is validated whole where it enters: accepted frames always fold cleanly, merged
+    with good ones (a relay's window of several frames) or alone."""
     n, cols = n_cols
     rs = RankState(0)
     good = columns(n)
-    for i in range(pooled):  # good frames pooled with the random one
-        rs.ingest_steps(validate("rank", {"t": "steps", "rank": 0, "seq": i * n, "n": n, "cols": good,
-                                          "dropped": 0}))
+    window = {"t": "steps", "rank": 0, "seq": 0, "n": 0, "cols": {k: [] for k in STEP_COLUMNS}, "dropped": 0}
+    for i in range(pooled):  # good frames merged with the random one, as a relay does
+        assert merge_into(window, validate("rank", {"t": "steps", "rank": 0, "seq": i * n, "n": n,
+                                                    "cols": {k: list(v) for k, v in good.items()}, "dropped": 0}))
     frame = {"t": "steps", "rank": 0, "seq": pooled * n, "n": n, "cols": cols, "dropped": 0}
     try:
         validate("rank", frame)
@@ -173,8 +179,10 @@ def test_columns_of_any_content_are_accepted_whole_or_rejected_whole(n_cols, poo
     except ProtocolError:
         accepted = False
     if accepted:
-        rs.ingest_steps(frame)
-    assert rs.flush() == 0, "a validated frame is never rejected later"
+        assert merge_into(window, frame)
+    if window["n"]:
+        rs.ingest_fold(relayed(window))  # never raises: a validated frame is never rejected later
     assert rs.received == pooled * n + (n if accepted else 0)
-    assert rs.phases["step_ns"].count + rs.phases["step_ns"].unmeasured == rs.received
-    msgpack.packb(rs.to_data())
+    d = rs.to_data()
+    assert d["phases"]["step_ns"]["count"] + d["phases"]["step_ns"]["unmeasured"] == rs.received
+    msgpack.packb(d)

@@ -80,6 +80,21 @@ def test_without_an_end_time_the_controller_decides_or_it_could_be_either():
     assert explain(cfg, signal.SIGINT, 1.0, ask=lambda j: None) is None
 
 
+def test_a_sigterm_during_a_requeue_says_requeued_and_which_kind():
+    """On ``scontrol requeue`` the controller counts the restart at once (JobState=COMPLETING,
+    Restarts=1, as the real 22.05 answers while the attempt is stopped): the attempt was requeued,
+    whatever its end time; a preemption or a node failure says so where the state tells."""
+    cfg = _Cfg()
+    cfg.restart_count = 0
+    requeued = {"state": "COMPLETING", "end": None, "unlimited": False, "restarts": 1}
+    words = explain(cfg, signal.SIGTERM, 1_800_000_000.0 - 480, ask=lambda j: requeued)
+    assert words.startswith("the job was requeued (the controller counts restart 1") and "early warning" not in words
+    assert "preempted and requeued" in explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: {**requeued, "state": "PREEMPTED"})
+    assert "after a node failure" in explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: {**requeued, "state": "NODE_FAIL"})
+    cfg.restart_count = 1  # the second attempt, scancelled: its own restart count, not a new requeue
+    assert "requeued" not in explain(cfg, signal.SIGTERM, 1.0, ask=lambda j: {**requeued, "state": "CANCELLED"})
+
+
 def _template(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "traceml_core.cli", "slurm", "template", *args],
                           capture_output=True, text=True, timeout=60)
@@ -114,7 +129,7 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
     from traceml_slurm.interrupts import controller_state
 
     class _Job:
-        state, start_time, time_limit_s = "RUNNING", 1000.0, 365 * 86400.0
+        state, start_time, time_limit_s, restarts = "RUNNING", 1000.0, 365 * 86400.0, 0
 
     class _Backend:
         def __init__(self, timeout: float) -> None:
@@ -124,4 +139,5 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
             return _Job()
 
     monkeypatch.setattr(controller, "ScontrolBackend", _Backend)
-    assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True}
+    assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True, "restarts": 0,
+                                     "start": 1000.0}

@@ -84,6 +84,12 @@ def main() -> int:
         run_dir.note = "; ".join(n for n in (claimed.note, run_dir.note) if n)
     if run_dir.note:
         log(run_dir.note)
+    if claimed is not None and not settings.resume_from:  # the directory is ours: an earlier attempt's
+        from ..attempts import archive_previous             # files move aside (goodput across attempts)
+
+        moved = archive_previous(run_dir.path, settings.run_id)
+        if moved:
+            log(moved)
     run_dir.on_move = log  # a move to the fallback mid-run is logged when it happens
     raise_fd_limit()
     try:
@@ -94,7 +100,8 @@ def main() -> int:
 
     def finalize(server: Server, data: RunData, provisional: bool) -> dict[str, Any]:
         from ..report.output import write_summary
-        out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional)
+        out = write_summary(data, server.run_dir, settings.run_name, provisional=provisional,
+                            cluster=settings.cluster)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
             at_end = [k for k in settings.export if k not in LIVE_KINDS]

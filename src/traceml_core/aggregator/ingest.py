@@ -13,6 +13,8 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..rankfacts import FACT_KINDS
+from ..statistics.sketch import merged_quantiles
 from ..wire.auth import Identity
 from ..wire.protocol import ProtocolError
 from .rankstate import RankState
@@ -20,6 +22,21 @@ from .state import RunState
 
 #: connections one node may hold at once; more is a reconnect storm and the oldest is closed
 MAX_NODE_LINKS = 4
+
+
+class SubLink:
+    """A node behind a group relay (launcher/grouprelay.py): for everything here it is that
+    node's link (its ranks' routes, its presence); its frames come on the group's connection."""
+
+    __slots__ = ("conn", "ident")
+
+    def __init__(self, conn: Any, ident: Identity) -> None:
+        self.conn = conn
+        self.ident = ident
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.conn, "closed", False))
 
 
 def _torchrun(msg: dict[str, Any]) -> dict[str, Any]:
@@ -41,6 +58,8 @@ class Ingest:
         self.control_seen = False
         self._world_warned = False
         self._linked: set[int] = set()
+        #: per group relay's connection, the nodes it carries now
+        self.groups: dict[Any, dict[int, SubLink]] = {}
         #: the hang autopsy being collected (aggregator/autopsy.py), if any
         self.autopsy: Any = None
         self._median_step: tuple[float, Optional[float]] = (0.0, None)
@@ -54,6 +73,9 @@ class Ingest:
         if len(links) >= MAX_NODE_LINKS:
             st.counters["replaced"] += 1
             evict = links[0]
+            if isinstance(evict, SubLink):  # behind a group relay: that node's older link ends
+                self.link_closed(evict, evict.ident, now, finishing=False)
+                evict = None
         links.append(link)
         self.carried[link] = set()
         # a node seen on a link before (this process, or the checkpoint it resumed from)
@@ -72,6 +94,59 @@ class Ingest:
                  + (f" late, {delay:.1f} s after the start" if late else ""))
         st.dirty = True
         return evict
+
+    # --- group relays ------------------------------------------------------------------------
+    def group_joined(self, link: Any, ident: Identity) -> None:
+        """A group relay connected; its nodes follow in ``node`` frames."""
+        self.groups[link] = {}
+        self.log(f"the group relay of nodes {ident.node}..{self._group_end(ident) - 1} "
+                 f"({ident.host or '?'}) joined")
+
+    def _group_end(self, ident: Identity) -> int:
+        return min(ident.node + max(1, self.state.settings.relay_fan_in), self.state.settings.nnodes)
+
+    def group_frame(self, link: Any, ident: Identity, msg: dict[str, Any], now: float, *,
+                    finishing: bool) -> None:
+        """One validated frame from a group relay: a ``node`` frame (a node of the group came or
+        went: like a node link opening or closing), or a frame of one of its nodes, applied as if
+        that node's own link carried it."""
+        subs = self.groups.setdefault(link, {})
+        if msg["t"] == "node":
+            n = msg["node"]
+            if not ident.node <= n < self._group_end(ident):
+                raise ProtocolError(f"group relay of node {ident.node} announced node {n}, not one of its group's")
+            old = subs.pop(n, None)
+            if old is not None:
+                self.link_closed(old, old.ident, now, finishing=finishing)
+            if not msg["gone"]:
+                sub = subs[n] = SubLink(link, Identity("node", n, -1, msg["host"], None, nproc=msg["nproc"]))
+                self.node_joined(sub, sub.ident, now)
+            return
+        if "rank" in msg:
+            node = msg["rank"] // self.state.settings.nproc_per_node if type(msg["rank"]) is int else -1
+        else:  # system samples and a node launcher's own end say their node
+            node = msg.get("node")
+        sub = subs.get(node) if type(node) is int else None
+        if sub is None:
+            raise ProtocolError(f"relayed {msg['t']!r} frame for node {node}, which this group relay "
+                                "does not carry")
+        self.node_frame(sub, sub.ident, msg)
+
+    def group_closed(self, link: Any, now: float, *, finishing: bool) -> None:
+        """A group relay's connection ended: each node it carried, as if its link ended."""
+        for sub in self.groups.pop(link, {}).values():
+            self.link_closed(sub, sub.ident, now, finishing=finishing)
+
+    def links(self) -> list[Any]:
+        """The open connections that carry nodes (node relays', group relays'), once each."""
+        out: dict[int, Any] = {}
+        for links in self.node_links.values():
+            for c in links:
+                conn = c.conn if isinstance(c, SubLink) else c
+                out[id(conn)] = conn
+        for conn in self.groups:
+            out[id(conn)] = conn
+        return list(out.values())
 
     def control_joined(self, link: Any, ident: Identity, now: float) -> Optional[Any]:
         """Node 0's launcher connected. Returns its previous control link to close, if any."""
@@ -158,17 +233,10 @@ class Ingest:
         if t == "fold":
             if msg.get("open") is not None:
                 rs.last_open = msg["open"]
-            if rs.pending:  # one rank's records are applied in order
-                st.flush_rank(rs)
             st.records += rs.ingest_fold(msg)
             rs.last_seen = time.time()
-        elif t == "steps":
-            if msg.get("open") is not None:
-                rs.last_open = msg["open"]
-            st.records += rs.ingest_steps(msg)
-            if rs.pending:
-                st.unflushed.add(rs)
-            rs.last_seen = time.time()
+        elif t == "tail":
+            rs.note_tail(msg)
         elif t == "gone" or t == "dropped":
             self._loss(rs, msg)
             if t == "gone" and self.route.get(rank) is link:
@@ -179,6 +247,9 @@ class Ingest:
         elif t == "event":
             if msg["kind"] == "step_source":
                 rs.step_source = msg["source"]
+            elif msg["kind"] in FACT_KINDS:  # a checkpoint span, progress, declared work
+                if msg.get("fact") is not None:
+                    rs.facts.apply(msg["kind"], msg["fact"])
             else:
                 rs.note_event(msg["kind"], msg["text"], msg["ts"] or time.time())
         elif t == "resp":
@@ -221,7 +292,6 @@ class Ingest:
         rs = st.ranks.get(rank)
         if rs is None:
             return
-        st.flush_rank(rs)
         rs.connected = False
         rs.closed_at = now
         st.dirty = True
@@ -239,7 +309,6 @@ class Ingest:
         dropped = msg.get("dropped")
         if dropped is not None and dropped > rs.client_dropped:
             rs.client_dropped = dropped
-        self.state.flush_rank(rs)
         rs.bye = {"status": msg["status"], "steps": msg.get("steps"), "error": msg.get("error"),
                   "at": time.time(), "fail_step": msg["fail_step"], "fail_in_step": msg["fail_in_step"]}
 
@@ -251,18 +320,15 @@ class Ingest:
             self.autopsy.add(rs.rank, msg["data"])
 
     def median_step_ms(self, every_s: float = 30.0) -> Optional[float]:
-        """The run's median step (report/stats.step_time: every step of every rank), refreshed at
-        most every ``every_s`` (it merges every rank's histogram)."""
+        """The run's median step (every step of every rank: the ranks' step-time sketches merged,
+        as the summary's ``steps.median_ms``), refreshed at most every ``every_s``."""
         at, value = self._median_step
         now = time.monotonic()
         if value is None or now - at >= every_s:
-            from ..report.stats import merge_sketches, step_time
-
-            self.state.flush()  # frames not yet folded into the histograms count too
             ranks = list(self.state.ranks.values())
             if ranks:
-                value = step_time(merge_sketches(rs.phases["step_ns"].sketch.to_data()
-                                                 for rs in ranks))["median_ms"]
+                p50 = merged_quantiles((rs.stats.sketch("step_ns") for rs in ranks), (0.5,))[0]
+                value = None if p50 is None else round(p50 / 1e6, 4)
             self._median_step = (now, value)
         return value
 

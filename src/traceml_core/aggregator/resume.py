@@ -7,10 +7,12 @@ reached the dead process after that checkpoint, and it is *counted*: each rank's
 go on from the checkpoint's (:func:`seed`), so a record that never made it into any statistics is
 a gap.
 
-The new process keeps the checkpoint as a frozen base and adds what it receives on top;
-:func:`combine` merges the two into the one plain-data shape of :meth:`RunState.to_data`
-(checkpoints and the summary read nothing else). Counts, sums and maxima combine exactly, the
-quantile sketches merge, the per-step series align their bucket widths; the node metrics over
+Each rank's statistics go on from the checkpoint's: its running value
+(:class:`~traceml_core.statistics.window.WindowStats`) is the checkpoint's, and every window received
+after the restart is merged into it, as before the restart (the interval between the last step
+before and the first after included). The rest of the checkpoint is kept as a frozen base, and
+:func:`combine` adds what this process counted on top into the one plain-data shape of
+:meth:`RunState.to_data` (checkpoints and the summary read nothing else); the node metrics over
 time are the newer process's where it has any (a coarser view of the part before the restart is
 kept in the base's samples and means).
 """
@@ -19,37 +21,37 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from .series import Series
-from .sketch import QuantileSketch
-from .state import RunState
+from ..rankfacts import RankFacts
+from ..statistics.window import WindowStats
+from .nodeinfo import NodeInfo
+from .rankstate import RankState
 
 #: rank fields that add up, fields that take the larger, fields where the newer one wins if set
-_ADD = ("received", "gaps", "duplicates", "rejected", "event_count", "sketched", "connections")
+_ADD = ("received", "gaps", "duplicates", "event_count", "connections")
 _MAX = ("client_dropped", "relay_dropped", "relay_seq_end", "next_seq")
 _NEWER = ("node", "host", "local_rank", "pid", "connected", "closed_at", "bye", "open_bound",
-          "last_open", "counts", "step_source", "last_seen")
+          "last_open", "counts", "step_source", "last_seen", "facts")
 
 
-def seed(state: RunState, base: dict[str, Any]) -> None:
-    """Start a restarted aggregator's state where the checkpoint ``base`` left off: sequence
-    numbers, identities and nodes, so gaps count exactly what never arrived and nodes rejoin."""
-    state.base = base
-    state.records = int(base.get("records", 0))
-    for r in base.get("ranks", []):
-        rs = state.rank(r["rank"])
-        rs.next_seq = rs._proc_next = int(r.get("next_seq", 0))
-        for k in ("node", "host", "local_rank", "pid", "joined_at", "step_source"):
-            if r.get(k) is not None:
-                setattr(rs, k, r[k])
-        rs.connected = False
-        rs.last_t_end = r.get("last_t_end")
-        rs.first_t_end = r.get("first_t_end")
-    for n in base.get("nodes", []):
-        ni = state.node(n["node"])
-        for k in ("host", "joined_at", "via", "nproc", "left_at", "bye", "lifecycle"):
-            if n.get(k) is not None:
-                setattr(ni, k, n[k])
-        ni.connected = False
+def seed_rank(rs: RankState, r: dict[str, Any], buckets: int) -> None:
+    """Start a restarted aggregator's rank where the checkpoint's rank ``r`` left off: its
+    sequence number (gaps then count exactly what never arrived), identity, and statistics (the
+    checkpoint's value, which every later window is merged into)."""
+    rs.next_seq = int(r.get("next_seq", 0))
+    for k in ("node", "host", "local_rank", "pid", "joined_at", "step_source"):
+        if r.get(k) is not None:
+            setattr(rs, k, r[k])
+    rs.connected = False
+    rs.stats = WindowStats.from_data(r, buckets)
+    rs.facts = RankFacts.from_checkpoint(r.get("facts"))  # later events add to it
+
+
+def seed_node(ni: NodeInfo, n: dict[str, Any]) -> None:
+    """The checkpoint's node ``n``, for a restarted aggregator: nodes rejoin rather than join."""
+    for k in ("host", "joined_at", "via", "nproc", "left_at", "bye", "lifecycle"):
+        if n.get(k) is not None:
+            setattr(ni, k, n[k])
+    ni.connected = False
 
 
 def combine(base: Optional[dict[str, Any]], live: dict[str, Any]) -> dict[str, Any]:
@@ -87,52 +89,15 @@ def _rank(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
     for k in _NEWER:
         if l.get(k) is not None:
             out[k] = l[k]
-    if l.get("received"):
-        out["last_step"], out["last_t_end"] = l["last_step"], l["last_t_end"]
-    out["first_t_end"] = b.get("first_t_end") if b.get("first_t_end") is not None else l.get("first_t_end")
     out["joined_at"] = b.get("joined_at") or l.get("joined_at")
     out["events"] = (list(b.get("events", [])) + list(l.get("events", [])))[-8:]
-    out["phases"] = {k: _phase(b["phases"].get(k), v) for k, v in l["phases"].items()}
-    out["sums"] = {k: _totals(b.get("sums", {}).get(k), v) for k, v in l.get("sums", {}).items()}
-    bm, lm = b["mem"], l["mem"]
-    out["mem"] = {"count": bm["count"] + lm["count"], "sum": bm["sum"] + lm["sum"],
-                  "max": max(bm["max"], lm["max"])}
-    out["outside"] = {"sum": b["outside"]["sum"] + l["outside"]["sum"],
-                      "count": b["outside"]["count"] + l["outside"]["count"]}
-    out["series"] = _series(b["series"], l["series"])
+    # the statistics: the live rank's value went on from the checkpoint's (seed)
+    out.update({k: v for k, v in l.items() if k in _STATS})
     return out
 
 
-def _phase(b: Optional[dict[str, Any]], l: dict[str, Any]) -> dict[str, Any]:
-    if not b:
-        return l
-    out = _totals(b, l)
-    out["unmeasured"] = b.get("unmeasured", 0) + l.get("unmeasured", 0)
-    mins = [m for m in (b.get("min", -1), l.get("min", -1)) if m is not None and m >= 0]
-    out["min"] = min(mins) if mins else -1
-    sk = QuantileSketch.from_data(b["sketch"])
-    sk.merge(QuantileSketch.from_data(l["sketch"]))
-    out["sketch"] = sk.to_data()
-    return out
-
-
-def _totals(b: Optional[dict[str, Any]], l: dict[str, Any]) -> dict[str, Any]:
-    if not b:
-        return l
-    out = dict(l)
-    for k in ("count", "sum", "warm_count", "warm_sum"):
-        out[k] = b.get(k, 0) + l.get(k, 0)
-    out["max"] = max(b.get("max", -1), l.get("max", -1))
-    return out
-
-
-def _series(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:
-    """Bucket-wise: both brought to the wider width (pairs merged), then summed / maxed."""
-    if not b.get("used"):
-        return l
-    if not l.get("used"):
-        return b
-    return Series.from_data(b).merged(Series.from_data(l)).to_data()
+#: a rank's statistics in its plain data (WindowStats.to_data)
+_STATS = frozenset(WindowStats().to_data())
 
 
 def _system(b: dict[str, Any], l: dict[str, Any]) -> dict[str, Any]:

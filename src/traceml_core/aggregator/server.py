@@ -43,8 +43,6 @@ from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
 TICK_S = 0.2
-#: pending step records are turned into statistics at least this often
-FLUSH_S = 1.0
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
 #: the most checkpoint bytes written per second on average (the interval stretches): the logs
@@ -140,8 +138,8 @@ class Server(Handler):
         self.ingest = Ingest(self.state, log)
         self.endpoint = Endpoint(
             aud=AGGREGATOR, run=settings.run_name, job=settings.job_id,
-            keys={"node": settings.token, "control": settings.control_token},
-            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node)
+            keys={"node": settings.token, "group": settings.token, "control": settings.control_token},
+            nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node, fan_in=settings.relay_fan_in)
         self.nonces = NonceCache()
         self.net = FramedServer(
             listener, self, counters=self.state.counters, log=log, name="",
@@ -150,7 +148,6 @@ class Server(Handler):
                           max_buffered=settings.max_buffered_bytes))
         self.port = self.net.port
         self._finalize_cb = finalize
-        self._next_flush = 0.0
         self._req_id = 0
         #: (connection, request id) to answer when the autopsy in progress is done
         self._autopsy_for: Optional[tuple[Conn, Any]] = None
@@ -184,7 +181,6 @@ class Server(Handler):
     def _resume(self, path: str) -> None:
         """Go on from the checkpoint of the aggregator that died (see resume.py)."""
         from ..rundir import load_checkpoint
-        from .resume import seed
 
         try:
             doc = load_checkpoint(Path(path))
@@ -197,7 +193,7 @@ class Server(Handler):
             log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
                 "starting from nothing: the summary counts every earlier record as lost")
             return
-        seed(self.state, doc["state"])
+        self.state.go_on_from(doc["state"])
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
             "aggregator received after it are counted as lost")
@@ -228,9 +224,6 @@ class Server(Handler):
     def _tick(self, now: float) -> None:
         if self.claim is not None:
             self.claim.refresh(now)
-        if now >= self._next_flush:
-            self.state.flush()
-            self._next_flush = now + FLUSH_S
         if self.ingest.autopsy is not None and self.ingest.autopsy.done(now):
             self._autopsy_done()
         if self.state.hangs:
@@ -314,6 +307,9 @@ class Server(Handler):
         i = conn.ident
         assert i is not None
         now = time.time()
+        if i.kind == "group":
+            self.ingest.group_joined(conn, i)
+            return
         if i.kind == "node":
             old = self.ingest.node_joined(conn, i, now)
         else:
@@ -325,14 +321,17 @@ class Server(Handler):
     def on_frame(self, conn: Conn, msg: dict[str, Any], data: Any, off: int, end: int) -> None:
         i = conn.ident
         assert i is not None
-        if i.kind == "node":
+        if i.kind in ("node", "group"):
             # the link carries the node's other ranks: a bad frame is counted and skipped
             try:
-                checked = validate("node", msg)
+                checked = validate(i.kind, msg)
                 if checked is None:
                     self.state.counters["ignored_frames"] += 1
                     return
                 self._count_refused(conn, checked)
+                if i.kind == "group":
+                    self.ingest.group_frame(conn, i, checked, time.time(), finishing=self.finishing)
+                    return
                 self.ingest.node_frame(conn, i, checked)
             except ProtocolError as exc:
                 self.state.counters["malformed"] += 1
@@ -421,6 +420,9 @@ class Server(Handler):
     def on_close(self, conn: Conn) -> None:
         i = conn.ident
         assert i is not None
+        if i.kind == "group":
+            self.ingest.group_closed(conn, time.time(), finishing=self.finishing)
+            return
         if self.ingest.link_closed(conn, i, time.time(), finishing=self.finishing) \
                 and self.state.finish is None and self.drain_until is None and self.term_until is None:
             self.launcher_lost_until = time.monotonic() + self.settings.launcher_lost_grace_s
@@ -435,9 +437,8 @@ class Server(Handler):
         self._req_id += 1
         frame = {"t": "req", "id": self._req_id, "kind": kind, "ranks": ranks, "args": args or {}}
         validate("down", dict(frame))  # the same rule the receiving end applies
-        for links in self.ingest.node_links.values():
-            for c in links:
-                self.net.send(c, frame)
+        for c in self.ingest.links():
+            self.net.send(c, frame)
         return self._req_id
 
     # --- persistence and the end ----------------------------------------------------------------
@@ -449,8 +450,6 @@ class Server(Handler):
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
-        if data is None:
-            self.state.flush()
         blob = b""
         try:
             blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
@@ -472,7 +471,6 @@ class Server(Handler):
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
-        self.state.flush()
         data = checkpoint_data(self.state)
         self.checkpoint(final=not provisional, data=data)
         run = run_data(self.state, plain=data)
@@ -500,7 +498,7 @@ class Server(Handler):
             self.net.send(target, reply)
             self.net.drain_writes(target, 2.0)
         # the relays hear that this close is the end of the run, not a failure to report
-        links = [c for cs in ing.node_links.values() for c in cs]
+        links = ing.links()
         for c in links:
             self.net.send(c, {"t": "end"})
         for c in links:

@@ -37,6 +37,11 @@ class AggregatorSettings(BaseModel):
     #: <logs_dir>/<run_name>; a fallback under $TMPDIR/traceml/ is used when it is not writable
     run_dir: Path
     job_id: Optional[str] = None
+    #: which attempt of the job this is (Slurm: SLURM_RESTART_COUNT, 0 when unset) and when the
+    #: cluster started its allocation, where the launch config knows them: the goodput ledger's
+    #: attempt and window, also when no launcher's lifecycle record arrives (a killed attempt)
+    restart_count: Optional[bounded(limits.RESTARTS)] = None  # type: ignore[valid-type]
+    job_start_time: Optional[float] = None
     bind_host: str = "127.0.0.1"
     #: 0 = any free port (the READY line reports the real one)
     port: bounded(limits.PORT_OR_AUTO) = 29765  # type: ignore[valid-type]
@@ -63,10 +68,17 @@ class AggregatorSettings(BaseModel):
     export: list[str] = Field(default_factory=list)
     #: seconds between live exports (traceml_core/exporters)
     export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
+    #: the cluster plugin of the launch (``slurm``; ``none``/empty: none): the final summary hands
+    #: it the run's node evidence and shows its lines for the next job (report/nextjob.py)
+    cluster: str = Field("", max_length=64)
     #: the key of the ``control`` hello: made fresh for each aggregator, known only to node 0's
     #: launcher and this process (it travels on the child's stdin), so no other process of the
     #: run - a rank, another node - can finish the run or read its live state
     control_token: str = Field(default_factory=lambda: secrets.token_hex(16))
+    #: nodes per group relay (launcher/grouprelay.py; 0: every node's relay connects here): from
+    #: hundreds of nodes on, the nodes' relays report through group relays on every
+    #: ``relay_fan_in``-th node, which connect here
+    relay_fan_in: int = Field(0, ge=0, le=limits.NODES.hi)
     #: a restarted aggregator: the checkpoint of the one that died, to go on from
     #: (aggregator/resume.py); empty for a fresh run
     resume_from: str = ""
@@ -88,9 +100,6 @@ class AggregatorSettings(BaseModel):
     handshake_timeout_s: bounded(limits.WAIT_S) = 10.0  # type: ignore[valid-type]
     #: at most this many connections may be waiting for their hello; the oldest is dropped beyond
     max_pending_handshakes: int = Field(1024, ge=1, le=1 << 20)
-    #: at most this many records of one batch feed the quantile sketches (systematic sample,
-    #: weighted); counts, sums and maxima always use every record
-    sketch_sample_cap: int = Field(16, ge=1, le=1 << 20)
     #: upper bound on bytes buffered across all connections before the biggest is cut
     max_buffered_bytes: int = Field(512 * 1024 * 1024, ge=1 << 16, le=1 << 40)
 

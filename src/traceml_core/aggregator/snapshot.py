@@ -98,7 +98,6 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
 
 def _build(st: RunState, msg: dict[str, Any], rid: Any) -> dict[str, Any]:
     s = st.settings
-    st.flush()  # statistics of frames received since the last flush (at most 1 s old)
     frame: dict[str, Any] = {
         "t": "snapshot", "id": rid, "server_time": time.time(), "started_at": s.started_at,
         "run_name": s.run_name, "world_size": s.world_size, "nnodes": s.nnodes,

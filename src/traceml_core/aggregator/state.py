@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from ..statistics.series import run_buckets
 from ..wire.protocol import DURATION_COLUMNS
 from ..wire.server import SERVER_COUNTERS as COUNTERS
+from .nodeinfo import NodeInfo
 from .rankstate import TAIL_RECORDS, RankState
+from .resume import combine, seed_node, seed_rank
 from .settings import AggregatorSettings
 from .system import NodeSystem
 
@@ -21,28 +24,6 @@ from .system import NodeSystem
 #: the run's counter of values refused where they entered (wire/frames.measured), beside the
 #: framed server's counters
 VALUES_REFUSED = "values_refused"
-
-
-class NodeInfo:
-    __slots__ = ("node", "host", "joined_at", "via", "nproc", "connected", "left_at", "bye", "lifecycle")
-
-    def __init__(self, node: int) -> None:
-        self.node = node
-        self.host = ""
-        self.joined_at: Optional[float] = None
-        self.via = ""  # "control" (node 0's launcher), "node" (a node launcher) or "rank"
-        self.nproc: Optional[int] = None
-        self.connected = False  # a node/control connection is open
-        self.left_at: Optional[float] = None  # its launcher connection closed without a bye
-        self.bye: Optional[dict[str, Any]] = None  # the node launcher's own end (exit code)
-        #: when its launch entered each phase (wire/frames.launch_lifecycle), from its bye or,
-        #: node 0, its finish
-        self.lifecycle: Optional[dict[str, Any]] = None
-
-    def to_data(self) -> dict[str, Any]:
-        return {"node": self.node, "host": self.host, "joined_at": self.joined_at, "via": self.via,
-                "nproc": self.nproc, "connected": self.connected, "left_at": self.left_at,
-                "bye": self.bye, "lifecycle": self.lifecycle}
 
 
 class RunState:
@@ -62,28 +43,15 @@ class RunState:
         self.probe: Optional[dict[str, Any]] = None
         self.records = 0
         self.dirty = True
-        #: ranks holding frames whose statistics are not computed yet (see RankState.flush)
-        self.unflushed: set[RankState] = set()
+        #: buckets per rank's series (fewer for very large runs: statistics/series.run_buckets)
+        self.buckets = run_buckets(settings.world_size)
         #: a restarted aggregator: the checkpoint it went on from (aggregator/resume.py)
         self.base: Optional[dict[str, Any]] = None
-
-    def flush(self) -> None:
-        """Compute the statistics of every pending frame (before a snapshot, checkpoint, summary)."""
-        todo, self.unflushed = self.unflushed, set()
-        for rs in todo:
-            self.flush_rank(rs)
-
-    def flush_rank(self, rs: RankState) -> None:
-        self.unflushed.discard(rs)
-        rejected = rs.flush()
-        if rejected:
-            self.records -= rejected
-            self.counters["malformed"] += 1
 
     def rank(self, rank: int) -> RankState:
         rs = self.ranks.get(rank)
         if rs is None:
-            rs = self.ranks[rank] = RankState(rank, self.tail_records, self.settings.sketch_sample_cap)
+            rs = self.ranks[rank] = RankState(rank, self.tail_records, self.buckets)
         return rs
 
     def node(self, node: int) -> NodeInfo:
@@ -108,10 +76,17 @@ class RunState:
         elif via != "rank" and ni.via == "rank":
             ni.via = via
 
+    def go_on_from(self, base: dict[str, Any]) -> None:
+        """A restarted aggregator: start where the checkpoint ``base`` left off (resume.py)."""
+        self.base = base
+        self.records = int(base.get("records", 0))
+        for r in base.get("ranks", []):
+            seed_rank(self.rank(r["rank"]), r, self.buckets)
+        for n in base.get("nodes", []):
+            seed_node(self.node(n["node"]), n)
+
     def to_data(self) -> dict[str, Any]:
         """Plain data; for a restarted aggregator, combined with the checkpoint it went on from."""
-        from .resume import combine
-
         return combine(self.base, {
             "settings": self.settings.public(),
             "aggregator_started_at": self.aggregator_started_at,

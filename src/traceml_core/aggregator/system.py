@@ -12,8 +12,8 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
+from ..statistics.series import BUCKETS
 from ..wire.frames import GPU_LIMITS, MAX_GPUS
-from .series import BUCKETS
 
 
 class Running:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ..sdk import inference, source
 from ..sdk.driven import ensure_init
+from ..sdk.source import StepSource
+from ..sdk.tracer import TRACER
 
 
 def attach(accelerator: Any) -> bool:
@@ -35,12 +36,12 @@ def attach(accelerator: Any) -> bool:
     try:
         if not ensure_init():
             return False
-        cur = source.current()
-        if not inference.active() and not (cur is None or cur.source == "inferred"):
+        cur = TRACER.owners.current
+        if not TRACER.infer and not (cur is None or cur.source == "inferred"):
             return False
-        inference.start()
+        TRACER.start_inference()
         prepared(accelerator, list(getattr(accelerator, "_models", []) or []))
-        return inference.active()
+        return TRACER.infer
     except Exception:
         return False
 
@@ -48,17 +49,17 @@ def attach(accelerator: Any) -> bool:
 def prepared(accelerator: Any, objects: Any) -> None:
     """``accelerator.prepare`` returned ``objects``: time the models' forward, note accumulation."""
     try:
-        if not inference.active():
+        if not TRACER.infer:
             return
         import torch
 
         objs: Iterable[Any] = objects if isinstance(objects, (list, tuple)) else (objects,)
         for obj in objs:
             if isinstance(obj, torch.nn.Module):
-                inference.register(obj)
-        source.announce(source.StepSource(
+                TRACER.inference.register(obj)
+        TRACER.owners.announce(StepSource(
             "accelerate", accumulation=_accumulation(accelerator), framework=_version(),
-            forward=bool(inference._inf.models)))
+            forward=bool(TRACER.inference.models)))
     except Exception:
         pass
 

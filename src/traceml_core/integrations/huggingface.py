@@ -41,9 +41,7 @@ class _Hooks:
             if not d.claim(src):
                 return
             if model is not None:
-                from ..sdk import api
-
-                api._register_model(model)    # its forward is the step's forward
+                d.time_model(model)    # its forward is the step's forward
             d.forget_pending_input()
         except Exception as exc:
             d.failed(exc)

@@ -22,14 +22,18 @@ from typing import Any
 from ..sdk import imports
 
 
-def enabled() -> bool:
-    """True inside a worker started by ``traceml run`` with automatic steps on."""
-    from ..sdk import bootstrap
+#: install() ran: this is a worker started by ``traceml run`` with automatic steps on
+_installed = [False]
 
-    return bootstrap.ACTIVE and bootstrap.AUTO_STEPS
+
+def enabled() -> bool:
+    """True inside a worker started by ``traceml run`` with automatic steps on (the worker
+    bootstrap, traceml_core/bootstrap.py, called :func:`install`)."""
+    return _installed[0]
 
 
 def install() -> None:
+    _installed[0] = True
     imports.when_imported("transformers.trainer", _huggingface)
     imports.when_imported("accelerate.accelerator", _accelerate)
 

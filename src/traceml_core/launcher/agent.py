@@ -35,7 +35,7 @@ from typing import Any, Optional
 from .ownership import kill_workers_with_torchrun
 
 FD_VAR = "TRACEML_AGENT_FD"
-BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"   # (launcher/torchrun.py; this module stays light)
+BOOTSTRAP_MODULE = "traceml_core.bootstrap"   # (launcher/torchrun.py; this module stays light)
 #: how many file descriptors a go message may carry (stdout and stderr for a live view)
 MAX_FDS = 2
 
@@ -81,7 +81,7 @@ def _probe(module: Optional[str]) -> dict[str, Any]:
 
 def _module_of(argv: list[str]) -> Optional[str]:
     """The module name when torchrun is asked to run one (``--module NAME``); behind the worker
-    bootstrap (``--module traceml_core.sdk.bootstrap -m NAME``), the user's module."""
+    bootstrap (``--module traceml_core.bootstrap -m NAME``), the user's module."""
     if "--module" not in argv:
         return None
     tokens = [tok for tok in argv if not tok.startswith("-") or tok == "-m"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional, Sequence
 
+from .grouprelay import tree_fan_in
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
@@ -39,17 +40,21 @@ class AggregatorKeeper:
         self._restarts = 0
         self._restart_failed = False
 
-    def start(self, script: str = "", script_args: Sequence[str] = ()) -> None:
-        """Raises TraceMLError (port in use, run directory unusable, ...) before training starts."""
+    def start(self, script: str = "", script_args: Sequence[str] = (), *,
+              allocation_start: Optional[float] = None) -> None:
+        """Raises TraceMLError (port in use, run directory unusable, ...) before training starts.
+        ``allocation_start``: when the cluster started the job, where the launcher learnt it
+        (else the launch config's)."""
         c = self.config
         settings = AggregatorSettings(
             run_name=c.run_name, token=self.token, run_dir=c.run_dir, job_id=c.job_id,
+            restart_count=c.restart_count, job_start_time=allocation_start or c.job_start_time,
             bind_host=c.aggregator_bind_host, port=c.aggregator_port, nnodes=c.nnodes,
             nproc_per_node=c.nproc_per_node, mode=c.mode, node_join_window_s=c.aggregator_wait,
             master_addr=c.master_addr, port_source=c.flag_source("aggregator_port"),
-            hostnames=list(c.hosts_by_node),
+            hostnames=list(c.hosts_by_node), relay_fan_in=tree_fan_in(c),
             script=script, script_args=list(script_args), export=export_kinds(c.export),
-            export_interval_s=c.export_interval)
+            export_interval_s=c.export_interval, cluster=c.cluster or "")
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:

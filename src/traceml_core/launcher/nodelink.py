@@ -19,6 +19,8 @@ from typing import Any, Callable, Optional
 
 from ..config import LaunchConfig
 from ..options import link_probe_bytes
+from ..wire.auth import AGGREGATOR, group_aud
+from .grouprelay import GroupRelay, group_flush_s, tree_fan_in
 from .keeper import AggregatorKeeper
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
 from .stacks import StackCollector
@@ -36,6 +38,8 @@ DRAIN_S = 2.0
 #: seconds a relay gets to empty its queue when it closes (node 0: after the summary; others: with
 #: their bye)
 CLOSE_S, CLOSE_WITH_BYE_S = 1.0, 3.0
+#: a group relay waits this long at its node's end for its group's other nodes' last frames
+GROUP_DRAIN_S = 10.0
 
 
 def probe_port(config: LaunchConfig) -> int:
@@ -61,6 +65,8 @@ class NodeLink:
         self.token_info = token
         self.hostname = socket.gethostname()
         self.relay: Optional[Relay] = None
+        #: this node's group relay, when it is the first node of a group (the tree: grouprelay.py)
+        self.group_relay: Optional[GroupRelay] = None
         self.join_refused = False
         self.probe: Any = None      # linkprobe.probe.NodeProbe while it serves
         #: this node's stack dumps for the hang report (its relay collects them)
@@ -77,12 +83,20 @@ class NodeLink:
         Waits in slices of a second so a SIGTERM (``interrupted``) ends the wait at once, however
         long --aggregator-wait is."""
         c = self.config
+        aud = AGGREGATOR
+        fan = tree_fan_in(c)
+        group = c.node_rank // fan if fan else 0
+        if group:  # the tree: report to the relay of this group's first node (grouprelay.py)
+            head = group * fan
+            if head == c.node_rank:
+                self._start_group_relay(group, fan, upstream)
+            upstream, aud = (c.hosts_by_node[head], c.aggregator_port), group_aud(group)
         try:
             self.relay = Relay(token=self.token_info.value, run_name=c.run_name, job_id=c.job_id,
                                node=c.node_rank, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node,
                                upstream=upstream, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
-                               fold=c.mode == "summary",
+                               tail=c.mode != "summary", upstream_aud=aud,
                                warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
         except OSError as exc:
             where = f" on 127.0.0.1:{port}" if port else ""
@@ -115,6 +129,22 @@ class NodeLink:
                 "the background (raise --aggregator-wait if node 0 starts slowly).")
         self._start_sampler()
         return self.relay
+
+    def _start_group_relay(self, group: int, fan: int, upstream: tuple[str, int]) -> None:
+        """This node is its group's first: serve the group's node relays on the aggregator's port
+        (free here: the aggregator runs on node 0) and report to node 0. Never raises: without
+        it, the group's nodes' relays count what they could not send."""
+        c = self.config
+        try:
+            self.group_relay = GroupRelay(
+                token=self.token_info.value, run_name=c.run_name, job_id=c.job_id, group=group,
+                fan=fan, nnodes=c.nnodes, nproc_per_node=c.nproc_per_node, upstream=upstream,
+                hostname=self.hostname, bind_host=c.aggregator_bind_host, port=c.aggregator_port,
+                flush_s=group_flush_s(c.world_size, FLUSH_S), warn=lambda msg: log(f"warning: {msg}")).start()
+        except OSError as exc:
+            last = min(c.nnodes, group * fan + fan) - 1
+            log(f"warning: cannot start the relay of nodes {group * fan}..{last} on port "
+                f"{c.aggregator_port} ({exc}); their telemetry is lost and counted by their relays")
 
     def _start_sampler(self) -> None:
         """This node's system samples (CPU, RAM, GPUs) go up the relay's link once a second."""
@@ -213,14 +243,16 @@ class NodeLink:
 
     def close(self, bye: Optional[dict[str, Any]] = None) -> None:
         """Close the relay, sending the launcher's ``bye`` after every rank's frames (not node 0,
-        whose launcher said ``finish`` instead)."""
+        whose launcher said ``finish`` instead); then, on a group's first node, its group relay
+        once the group's other nodes closed their links (at most GROUP_DRAIN_S)."""
         relay = self.relay
-        if relay is None:
-            return
-        if bye is None:
-            _relay_report(relay.close(CLOSE_S))
-        else:
-            _relay_report(relay.close(CLOSE_WITH_BYE_S, bye=bye))
+        if relay is not None:
+            if bye is None:
+                _relay_report(relay.close(CLOSE_S))
+            else:
+                _relay_report(relay.close(CLOSE_WITH_BYE_S, bye=bye))
+        if self.group_relay is not None:  # the group's other nodes end about now: their last frames
+            self.group_relay.close(GROUP_DRAIN_S)
 
     def close_stacks(self) -> None:
         self.stacks.close()

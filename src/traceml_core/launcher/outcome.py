@@ -89,3 +89,17 @@ def explain_interrupt(config: Any, signum: int, at: float) -> Optional[str]:
         return cls().explain_interrupt(config, signum, at) if cls is not None else None
     except Exception:  # noqa: BLE001 - an explanation must never cost the summary
         return None
+
+
+def allocation_start(config: Any) -> Optional[float]:
+    """When the cluster started the job's allocation, from the plugin (it may ask the scheduler:
+    a few seconds at most); None when it cannot tell or there is no plugin. Never raises."""
+    if config.cluster in ("none", "") or not config.job_id:
+        return None
+    try:
+        from ..plugins import load_cluster_environment
+
+        cls = load_cluster_environment(config.cluster)
+        return cls().allocation_start(config) if cls is not None else None
+    except Exception:  # noqa: BLE001 - a start time must never cost the run
+        return None

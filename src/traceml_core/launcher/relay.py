@@ -43,12 +43,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Union
 
+from ..statistics.window import WindowStats
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello, relay_aud
 from ..wire.client import TelemetryClient
+from ..wire.fold import fold_frame, tail_frame
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
-from ..wire.server import Conn, FramedServer, Handler, Limits, listen
-from .relayframes import fold_frame, merge_into, steps_frame
+from ..wire.server import Conn, FramedServer, Handler, Limits, Waker, listen
+from .outqueue import OutQueue, Outgoing
+from .relayframes import merge_into, steps_frame
 
 log = logging.getLogger("traceml.relay")
 
@@ -158,11 +161,12 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0, fold: bool = True) -> None:
+                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False,
+                 upstream_aud: str = AGGREGATOR) -> None:
         self.node = node
-        #: send each merged window as a ``fold`` frame (partial statistics; summary mode) rather
-        #: than the records (live views read the last records themselves)
-        self.fold = fold
+        #: besides each window's statistics (``fold``), send its last records (``tail``): the
+        #: live views (one node) show them
+        self.tail = tail
         #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
         self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
@@ -178,20 +182,15 @@ class Relay(Handler):
                                               max_pending=MAX_PENDING,
                                               max_buffered=self.budget, max_out=1 << 20))
         self.host, self.port = self.net.listener.getsockname()[:2]
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
-        self._wake_w.setblocking(False)
-        self.net.add_fd(self._wake_r.fileno(), self._drain_wake)
+        self._waker = Waker(self.net)
 
         self._lanes: dict[int, _Lane] = {}
         self._dirty: dict[_Lane, None] = {}
         self._node_items: deque[dict[str, Any]] = deque()   # from other threads (system frames)
         self._down: deque[dict[str, Any]] = deque()         # req frames from the client thread
         self._retell: deque[_Lane] = deque()                 # lanes whose drops node 0 may not know
-        self._outq: deque[list[Any]] = deque()               # [bytes, rank, records]
+        self.out = OutQueue(on_told=self._told)
         self._pending_bytes = 0   # raw bytes of frames waiting in lanes (relay thread)
-        self._bytes_queued = 0    # encoded bytes put in _outq (relay thread)
-        self._bytes_gone = 0      # ... taken out of it: sent or discarded (client thread)
         self._next_flush = 0.0
 
         self._thread: Optional[threading.Thread] = None
@@ -208,11 +207,7 @@ class Relay(Handler):
         #: when the first step records from a rank reached this relay (epoch s; the launch
         #: lifecycle's first step), None before
         self.first_steps_at: Optional[float] = None
-        self._records_forwarded = 0
         self._frames_in = 0
-        self._frames_forwarded = 0
-        self._records_dropped = 0
-        self._records_unsent = 0
         self._events_dropped = 0
         self._peak = 0
 
@@ -220,9 +215,9 @@ class Relay(Handler):
         opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
         opts.update(client_options or {})
         self.client = TelemetryClient(
-            host, port, token, aud=AGGREGATOR, run=run_name, job=job_id, node=node, rank=-1,
+            host, port, token, aud=upstream_aud, run=run_name, job=job_id, node=node, rank=-1,
             kind="node", hostname=hostname or socket.gethostname(), extra={"nproc": nproc_per_node},
-            source=self, on_connect=self._reannounce, on_frame=self._from_upstream,
+            source=self.out, on_connect=self._reannounce, on_frame=self._from_upstream,
             peer="node 0's aggregator", name=f"traceml-relay-up-{node}", **opts)
 
     # ---- other threads ----------------------------------------------------------------------
@@ -283,13 +278,13 @@ class Relay(Handler):
         return RelayStats(
             ranks_connected=sum(1 for ln in self._lanes.values() if ln.conn is not None),
             ranks_seen=len(self._lanes),
-            records_in=self._records_in, records_forwarded=self._records_forwarded,
-            frames_in=self._frames_in, frames_forwarded=self._frames_forwarded,
-            records_dropped=self._records_dropped, records_unsent=self._records_unsent,
+            records_in=self._records_in, records_forwarded=self.out.records_forwarded,
+            frames_in=self._frames_in, frames_forwarded=self.out.frames_forwarded,
+            records_dropped=self.out.records_dropped, records_unsent=self.out.records_unsent,
             dropped_untold=self.dropped_untold(), events_dropped=self._events_dropped, malformed=self.counters.get("malformed", 0),
             refused=self.counters.get("refused", 0), upstream_connects=cs.connects,
             upstream_connected=cs.connected, upstream_refused=cs.refused,
-            queued_bytes=self._pending_bytes + self._queued(), peak_queued_bytes=self._peak)
+            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak)
 
     def dropped_by_rank(self) -> dict[int, int]:
         return {r: ln.dropped for r, ln in self._lanes.items() if ln.dropped}
@@ -298,59 +293,19 @@ class Relay(Handler):
         """Records this relay dropped that node 0 was never told of (its link was gone)."""
         return sum(ln.dropped - ln.told for ln in self._lanes.values())
 
-    def _queued(self) -> int:
-        return self._bytes_queued - self._bytes_gone
-
     def _wake(self) -> None:
-        try:
-            self._wake_w.send(b"\0")
-        except OSError:
-            pass
+        self._waker.wake()
 
-    def _drain_wake(self, _r: bool, _w: bool) -> None:
-        try:
-            while self._wake_r.recv(4096):
-                pass
-        except OSError:
-            pass
-
-    # ---- RecordSource: the client thread takes frames from _outq -----------------------------
-    def ready(self) -> int:
-        return len(self._outq)
-
-    def pop(self) -> Optional[list[Any]]:
-        try:
-            return self._outq.popleft()
-        except IndexError:
-            return None
-
-    def unpop(self, item: list[Any]) -> None:
-        self._outq.appendleft(item)
-
-    def frame(self, item: list[Any]) -> bytes:
-        return item[0]
-
-    def records(self, item: list[Any]) -> int:
-        return item[2]
-
-    def recycle(self, item: list[Any]) -> None:
-        self._bytes_gone += len(item[0])
-        if len(item) > 3:  # a loss frame: node 0 now knows this lane's drops up to item[3]
-            lane = self._lanes.get(item[1])
-            if lane is not None and item[3] > lane.told:
-                lane.told = item[3]
-            return
-        if item[2]:
-            self._records_forwarded += item[2]
-            self._frames_forwarded += 1
-
-    def discard(self, item: list[Any]) -> None:
-        self._bytes_gone += len(item[0])
-        self._records_unsent += item[2]
+    def _told(self, rank: int, count: int) -> None:
+        """(client thread) A loss frame reached the upstream socket: node 0 knows this lane's
+        drops up to ``count``."""
+        lane = self._lanes.get(rank)
+        if lane is not None and count > lane.told:
+            lane.told = count
 
     @property
     def lost(self) -> int:
-        return self._records_dropped + self._records_unsent
+        return self.out.lost
 
     def _reannounce(self) -> list[Union[dict[str, Any], bytes]]:
         """Client thread, after each welcome: the connected ranks first (node 0 forgot them when
@@ -394,7 +349,7 @@ class Relay(Handler):
                 if urgent or now >= self._next_flush or self._pending_bytes >= FLUSH_BYTES:
                     self._flush(now)
                 if self._draining and not self.net.conns and not self.net.pending \
-                        and not self._dirty and not self._outq:
+                        and not self._dirty and not len(self.out):
                     self._drained.set()
                 if self._closing and self._close_done(now):
                     return
@@ -416,11 +371,7 @@ class Relay(Handler):
     def _shutdown(self) -> None:
         self.net.close_all()
         self.net.poller.close()
-        for s in (self._wake_r, self._wake_w):
-            try:
-                s.close()
-            except OSError:
-                pass
+        self._waker.close()
         self._stopped.set()
         self._drained.set()
 
@@ -428,10 +379,10 @@ class Relay(Handler):
         """After the client stopped: what it could not send was discarded (counted unsent);
         records never merged (the loop died) are unsent too."""
         for ln in self._lanes.values():
-            self._records_unsent += sum(msg["n"] for kind, msg, _raw, _size in ln.items
-                                        if kind == _STEPS)
+            self.out.records_unsent += sum(msg["n"] for kind, msg, _raw, _size in ln.items
+                                           if kind == _STEPS)
             ln.items = []
-        unsent = self._records_unsent
+        unsent = self.out.records_unsent
         if unsent:
             why = ("node 0 had already written the summary" if self._run_ended
                    else "node 0's aggregator was unreachable at the end")
@@ -489,14 +440,14 @@ class Relay(Handler):
             self._frames_in += 1
             if self.first_steps_at is None:
                 self.first_steps_at = time.time()
-            if self._pending_bytes + self._queued() + size > self.budget:
+            if self._pending_bytes + self.out.queued + size > self.budget:
                 lane.dropped += n
-                self._records_dropped += n
+                self.out.records_dropped += n
                 self._dirty[lane] = None
                 return
-            lane.items.append((_STEPS, checked, bytes(data[off:end]), size))
+            lane.items.append((_STEPS, checked, None, size))
         elif t == "event":
-            if self._pending_bytes + self._queued() + size > self.budget:
+            if self._pending_bytes + self.out.queued + size > self.budget:
                 self._events_dropped += 1
                 return
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
@@ -507,7 +458,7 @@ class Relay(Handler):
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
         self._pending_bytes += size
         self._dirty[lane] = None
-        q = self._pending_bytes + self._queued()
+        q = self._pending_bytes + self.out.queued
         if q > self._peak:
             self._peak = q
 
@@ -542,50 +493,52 @@ class Relay(Handler):
                                   "stopped": bool(d.get("stopped"))}})
 
     # ---- merging ----------------------------------------------------------------------------
-    def _steps_bytes(self, msg: dict[str, Any], raw: Optional[bytes]) -> bytes:
-        """What goes upstream for one merged run of a rank's records: its ``fold`` frame, or the
-        ``steps`` frame itself (its received bytes when nothing was merged into it)."""
-        if self.fold:
-            try:
-                return encode(fold_frame(msg))
-            except ValueError:  # sums too large for a fold frame (values near the limit)
-                pass
-        return raw if raw is not None else encode(msg)
+    def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:
+        """Queue one merged run of a rank's records: its statistics (``fold``), and in the live
+        modes its last records (``tail``). Returns the bytes queued."""
+        n = msg["n"]
+        if not n:
+            return 0
+        try:
+            value = WindowStats.of_columns(msg["seq"], msg["cols"])
+        except ValueError:  # sums past what a window holds (values near their bounds): in halves
+            half = n // 2
+            cols = msg["cols"]
+            first = dict(msg, n=half, cols={k: c[:half] for k, c in cols.items()})
+            first.pop("open", None)
+            return self._window(out, first) + self._window(
+                out, dict(msg, seq=msg["seq"] + half, n=n - half, cols={k: c[half:] for k, c in cols.items()}))
+        data = encode(fold_frame(msg["rank"], value, msg.get("dropped", 0), msg.get("open")))
+        size = out.put(Outgoing(data, msg["rank"], msg["n"]))
+        if self.tail:
+            size += out.put(Outgoing(encode(tail_frame(msg["rank"], msg["seq"], msg["n"], msg["cols"]))))
+        return size
 
     def _flush(self, now: float) -> None:
         self._next_flush = now + self.flush_s
-        out = self._outq
+        out = self.out
         added = 0
         while self._node_items:
             try:
                 data = encode(self._node_items.popleft())
             except Exception:  # an unencodable or oversized sample: skip it
                 continue
-            out.append([data, -1, 0])
-            added += len(data)
+            added += out.put(Outgoing(data))
         for lane in self._dirty:
-            cur: Optional[dict[str, Any]] = None  # steps frame being merged
-            cur_raw: Optional[bytes] = None       # its bytes while nothing was merged into it
+            cur: Optional[dict[str, Any]] = None  # the steps frame being merged (ours)
             gone = False
             for kind, msg, raw, size in lane.items:
                 self._pending_bytes -= size
                 if kind == _STEPS:
+                    if cur is not None and merge_into(cur, msg):
+                        continue
                     if cur is not None:
-                        if cur_raw is not None:
-                            cur = steps_frame(cur)
-                        if merge_into(cur, msg):
-                            cur_raw = None
-                            continue
-                        data = self._steps_bytes(cur, cur_raw)
-                        out.append([data, lane.rank, cur["n"]])
-                        added += len(data)
-                    cur, cur_raw = msg, raw
+                        added += self._window(out, cur)
+                    cur = steps_frame(msg)
                     continue
                 if cur is not None:
-                    data = self._steps_bytes(cur, cur_raw)
-                    out.append([data, lane.rank, cur["n"]])
-                    added += len(data)
-                    cur = cur_raw = None
+                    added += self._window(out, cur)
+                    cur = None
                 if kind == _RAW:
                     data = raw  # type: ignore[assignment]
                 elif kind == _JOIN:
@@ -593,23 +546,16 @@ class Relay(Handler):
                 else:
                     data = encode(lane.loss_frame("gone"))
                     gone = True
-                    out.append([data, lane.rank, 0, lane.dropped])
-                    added += len(data)
+                    added += out.put(Outgoing(data, lane.rank, 0, lane.dropped))
                     continue
-                out.append([data, -1, 0])
-                added += len(data)
+                added += out.put(Outgoing(data))
             if cur is not None:
-                data = self._steps_bytes(cur, cur_raw)
-                out.append([data, lane.rank, cur["n"]])
-                added += len(data)
+                added += self._window(out, cur)
             lane.items = []
             if not gone and lane.dropped > lane.reported:
-                data = encode(lane.loss_frame("dropped"))
-                out.append([data, lane.rank, 0, lane.dropped])
-                added += len(data)
+                added += out.put(Outgoing(encode(lane.loss_frame("dropped")), lane.rank, 0, lane.dropped))
         self._dirty = {}
         if added:
-            self._bytes_queued += added
             self.client.wake()
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -30,7 +31,8 @@ from .keeper import AggregatorKeeper
 from .lifecycle import LifecycleRecord, Phase
 from .memcg import OomWatch
 from .nodelink import NodeLink
-from .outcome import HANG_EXIT_CODE, Outcome, WorkersEnded, explain_interrupt, judge, status_of
+from .outcome import (HANG_EXIT_CODE, Outcome, WorkersEnded, allocation_start, explain_interrupt, judge,
+                      status_of)
 from .preflight import check_master_port, check_script
 from .stacks import StackCollector
 from .starters import STOP_GRACE_S, WorkerStarter, make_starter
@@ -42,6 +44,10 @@ __all__ = ["launch", "NodeLaunch", "HANG_EXIT_CODE", "STOP_GRACE_S"]
 
 #: seconds between two turns of the monitor loop
 TICK_S = 0.2
+#: node 0's launcher waits at most this long for the scheduler's answer to when the job began
+#: (asked at its start, on a Slurm that does not give SLURM_JOB_START_TIME) before starting the
+#: aggregator without it
+ALLOCATION_ASK_S = 2.0
 #: seconds a task (rank 0, or a node's local rank 0) waits, after its own worker ended, for the
 #: other ranks to end; srun's --kill-on-bad-exit or DDP itself normally ends them together
 OTHERS_GRACE_S = 60.0
@@ -69,6 +75,14 @@ class NodeLaunch:
         self.duties = starter.duties
         self.speaks = starter.duties.speaks_for_node
         self.record = LifecycleRecord(allocation_start=config.job_start_time, restarts=config.restart_count)
+        self._alloc_ask: Optional[threading.Thread] = None
+        if self.duties.keeps_aggregator and config.job_start_time is None and config.job_id:
+            # older Slurm does not give the job its start: ask the scheduler, in the background
+            # (the aggregator is given the answer when it starts, so even an attempt whose
+            # launcher is killed before its lifecycle record arrives has its window)
+            self._alloc_ask = threading.Thread(target=self._ask_allocation_start, name="traceml-alloc-start",
+                                               daemon=True)
+            self._alloc_ask.start()
         self.token: Optional[Token] = None
         self.keeper: Optional[AggregatorKeeper] = None
         self.link: Optional[NodeLink] = None
@@ -77,6 +91,11 @@ class NodeLaunch:
         self.view: Any = None
         self._telemetry_at = 0.0
         self._training_at = 0.0
+
+    def _ask_allocation_start(self) -> None:
+        start = allocation_start(self.config)
+        if start is not None and self.record.allocation_start is None:
+            self.record.allocation_start = start
 
     def run(self) -> int:
         try:
@@ -126,8 +145,11 @@ class NodeLaunch:
         self._telemetry_at = time.monotonic()
         try:
             if self.duties.keeps_aggregator:
+                if self._alloc_ask is not None:
+                    self._alloc_ask.join(ALLOCATION_ASK_S)  # asked at the launch: mostly answered by now
                 self.keeper = AggregatorKeeper(c, self.token.value)
-                self.keeper.start(s.script, s.script_args)  # raises before training on a clash
+                self.keeper.start(s.script, s.script_args,  # raises before training on a clash
+                                  allocation_start=self.record.allocation_start)
             # every rank's faulthandler writes its stacks here (the hang report); in the task
             # layout every task of the node agrees on the directory without talking
             stacks = StackCollector(s.stack_dir)
@@ -146,7 +168,8 @@ class NodeLaunch:
                 run_name=c.run_name, job_id=c.job_id, nnodes=c.nnodes, node_rank=c.node_rank,
                 nproc_per_node=c.nproc_per_node, aggregator_host=host, aggregator_port=port,
                 token=self.token.value, connect_wait=connect_wait, mode=c.mode, logs_dir=c.logs_dir,
-                auto_steps=c.auto_steps, stack_dir=stacks.path)
+                auto_steps=c.auto_steps, stack_dir=stacks.path,
+                cpu_request=cpu_request(c.cluster, self.environ))
             if self.keeper is not None:
                 self.watchdog = Watchdog(c, self.token, self.keeper, s.terminate,
                                          relay.flush_s if relay is not None else None)
@@ -265,4 +288,28 @@ class NodeLaunch:
         if link is not None:
             status = "interrupted" if outcome.interrupted else ("clean" if outcome.status == 0 else "error")
             link.close(bye={"t": "bye", "status": status, "exit_code": outcome.status, **report})
+        return None
+
+
+#: the most of the cluster's CPU request a rank's event carries (the wire takes 2,000 characters)
+MAX_CPU_REQUEST_CHARS = 600
+
+
+def cpu_request(cluster: str, environ: Mapping[str, str]) -> Optional[dict]:
+    """What the cluster plugin says the scheduler gave each task in CPUs (for the input-bound
+    verdict's CPU cause, report/cpubinding.py); None where no plugin or it does not know. Never
+    raises: telemetry must not cost the launch."""
+    if not cluster or cluster == "none":
+        return None
+    try:
+        import json
+
+        from ..plugins import load_cluster_environment
+
+        cls = load_cluster_environment(cluster)
+        got = cls().cpu_request(environ) if cls is not None else None
+        if not isinstance(got, dict) or len(json.dumps(got)) > MAX_CPU_REQUEST_CHARS:
+            return None
+        return got
+    except Exception:  # noqa: BLE001 - a plugin's bug costs the fact, not the run
         return None

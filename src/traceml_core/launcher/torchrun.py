@@ -18,13 +18,13 @@ from typing import Sequence
 from ..config import LaunchConfig
 
 AGENT_MODULE = "traceml_core.launcher.agent"
-#: what each worker runs in place of the bare script (traceml_core/sdk/bootstrap.py)
-BOOTSTRAP_MODULE = "traceml_core.sdk.bootstrap"
+#: what each worker runs in place of the bare script (traceml_core/bootstrap.py)
+BOOTSTRAP_MODULE = "traceml_core.bootstrap"
 
 
 def worker_argv(script: str, script_args: Sequence[str], extra: Sequence[str]) -> tuple[list[str], list[str]]:
     """(torchrun flags, what follows them) so that each worker starts through the bootstrap:
-    ``--module traceml_core.sdk.bootstrap SCRIPT ARGS`` (``... -m MODULE ARGS`` for ``--module``).
+    ``--module traceml_core.bootstrap SCRIPT ARGS`` (``... -m MODULE ARGS`` for ``--module``).
     A ``--no-python`` program is not Python, so it is left as it is."""
     flags = list(extra)
     if "--no-python" in flags:

@@ -32,9 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from ..aggregator.sketch import ENCODING, bucket_value
+from ..statistics.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
 from .document import Summary, Timeline
+from .goodput.compare import compare_ledgers, render_compare
 from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
                          COMPARE_MIN_STEPS)
@@ -259,12 +260,14 @@ class Comparison:
     differences: list[Difference]
     notes: list[str] = field(default_factory=list)
     gate: Optional[dict[str, Any]] = None
+    #: the two runs' goodput ledgers side by side (report/goodput/compare.py); None: one has none
+    goodput: Optional[dict[str, Any]] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"compare_schema": COMPARE_SCHEMA, "a": self.a, "b": self.b, "verdict": self.verdict,
                 "phases": [asdict(p) for p in self.phases], "extra": [asdict(p) for p in self.extra],
                 "differences": [asdict(d) for d in self.differences], "notes": self.notes,
-                "gate": self.gate, "rule": RULE}
+                "gate": self.gate, "rule": RULE, "goodput": self.goodput}
 
 
 def _gpu_count(s: Summary) -> int:
@@ -365,7 +368,8 @@ def compare(a: Run, b: Run) -> Comparison:
     if step is None or step.a_ms is None or step.b_ms is None:
         reasons.append("the step time is not measured in both runs")
     verdict = _verdict(step, phases, reasons)
-    return Comparison(_side(a), _side(b), verdict, phases, extra, diffs, notes)
+    return Comparison(_side(a), _side(b), verdict, phases, extra, diffs, notes,
+                      goodput=compare_ledgers(sa.goodput, sb.goodput))
 
 
 def _verdict(step: Optional[PhaseChange], phases: list[PhaseChange], reasons: list[str]) -> dict[str, Any]:
@@ -432,6 +436,7 @@ def render(c: Comparison) -> str:
             lines.append(f"  {d.what}: {d.a} | {d.b}{tag}")
     else:
         lines += ["", "Differences: none in topology, script, GPUs or hosts."]
+    lines += [""] + render_compare(c.goodput)
     for n in c.notes:
         lines.append(f"Note: {n}")
     if c.gate is not None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
 
@@ -484,6 +485,29 @@ class HangSection:
 
 
 @dataclass(slots=True)
+class NextJobSection:
+    """``next_job`` of the summary (docs/summary-schema.md): ``lines`` to paste into the next job
+    script, ``why`` (one reason per line), ``notes`` (what could not be judged, and why)."""
+
+    lines: list[str] = field(default_factory=list)
+    why: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["NextJobSection"]:
+        if not isinstance(d, dict):
+            return None
+        return cls([str(x) for x in d.get("lines") or []], [str(x) for x in d.get("why") or []],
+                   [str(x) for x in d.get("notes") or []])
+
+    def to_json(self) -> J:
+        return {"lines": self.lines, "why": self.why, "notes": self.notes}
+
+    def __bool__(self) -> bool:
+        return bool(self.lines or self.notes)
+
+
+@dataclass(slots=True)
 class Summary:
     """The whole ``final_summary.json`` (docs/summary-schema.md)."""
 
@@ -516,6 +540,10 @@ class Summary:
     notes: list[str] = field(default_factory=list)
     #: the last resort's mark (report/partial.py); None for a whole summary
     partial: Optional[J] = None
+    #: the goodput ledger over the run's attempts (goodput/ledger.py); None in older summaries
+    goodput: Optional[Ledger] = None
+    #: lines for the next job script (report/nextjob.py); None when there are none
+    next_job: Optional[NextJobSection] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -551,7 +579,9 @@ class Summary:
             timeline=Timeline.from_json(doc["timeline"]) if isinstance(doc.get("timeline"), dict) else None,
             files=dict(doc.get("files") or {}), hang=HangSection.from_json(doc.get("hang")),
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
-            notes=list(doc.get("notes") or []), partial=doc.get("partial"))
+            notes=list(doc.get("notes") or []), partial=doc.get("partial"),
+            goodput=Ledger.from_json(doc.get("goodput")),
+            next_job=NextJobSection.from_json(doc.get("next_job")))
 
     def to_json(self) -> J:
         out: J = {
@@ -571,6 +601,10 @@ class Summary:
             "hang": self.hang.to_json() if self.hang else None,
             "hangs": [h.to_checkpoint() for h in self.hangs], "notes": self.notes,
         }
+        if self.goodput is not None:
+            out["goodput"] = self.goodput.to_json()
         if self.partial is not None:
             out["partial"] = self.partial
+        if self.next_job is not None:
+            out["next_job"] = self.next_job.to_json()
         return out

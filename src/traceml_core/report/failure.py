@@ -71,7 +71,7 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     if status != "error" and record is not None:
         # the worker never told TraceML (it failed before init(), or its connection was gone),
         # but torchrun's record of it carries Python's own error (the worker bootstrap writes
-        # it: sdk/bootstrap.py), with the traceback. It raised, whatever ended the process
+        # it: traceml_core/bootstrap.py), with the traceback. It raised, whatever ended the process
         # after that (torchrun's SIGTERM can overtake a worker that is already exiting)
         text, tb = record
         etype, msg = split_exception(text.splitlines()[-1])

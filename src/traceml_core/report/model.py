@@ -361,15 +361,67 @@ class GpuSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class CpuRequest:
+    """What the scheduler gave each task in CPUs, as the cluster plugin read it in the launcher
+    (``ClusterEnvironment.cpu_request``) and each rank passed on: for the input-bound verdict's
+    CPU cause (report/cpubinding.py). ``fix``: the lines that ask for N CPUs per task in the next
+    job, ``{n}`` for N; ``pass_on``: the lines that make the launch pass the job's request on to
+    its tasks. None: not known."""
+
+    scheduler: Optional[str] = None
+    version: Optional[str] = None
+    cpus_per_task: Optional[int] = None
+    cpus_per_task_source: Optional[str] = None
+    srun_cpus_per_task: Optional[int] = None
+    cpus_on_node: Optional[int] = None
+    fix: tuple[str, ...] = ()
+    pass_on: tuple[str, ...] = ()
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Optional["CpuRequest"]:
+        """Bounded reading of what a rank sent (it crossed the wire: sizes and types checked)."""
+        if not isinstance(raw, dict):
+            return None
+
+        def text(key: str, n: int = 64) -> Optional[str]:
+            v = raw.get(key)
+            return v[:n] if isinstance(v, str) and v else None
+
+        def count(key: str) -> Optional[int]:
+            v = raw.get(key)
+            return v if type(v) is int and 0 < v < 1 << 16 else None
+
+        def lines(key: str) -> tuple[str, ...]:
+            v = raw.get(key)
+            return tuple(x[:200] for x in v[:4] if isinstance(x, str)) if isinstance(v, list) else ()
+
+        return cls(text("scheduler"), text("version"), count("cpus_per_task"), text("cpus_per_task_source"),
+                   count("srun_cpus_per_task"), count("cpus_on_node"), lines("fix"), lines("pass_on"))
+
+
+@dataclass(frozen=True, slots=True)
 class CpuThreads:
     """What a rank said about its CPU (sdk/threads.py): torch's intra-op threads, the cores it may
     run on, and how long per steady step its training thread waited for a core (the run queue;
-    None where not measured: a rank that never shut down cleanly, a kernel without schedstat)."""
+    None where not measured: a rank that never shut down cleanly, a kernel without schedstat).
+    For the input-bound verdict's CPU cause (report/cpubinding.py), over the same steady steps:
+    its DataLoader worker processes (its live child processes), the CPUs they used
+    (``workers_cores``: CPU seconds per wall second) and waited for (``workers_waiting``: runnable,
+    no core free), the rank process's own CPU use
+    (``proc_cores``), the share of the wall clock its cgroup's CPU quota throttled it
+    (``throttled``), ``OMP_NUM_THREADS`` and the scheduler's CPU request (None: not measured)."""
 
     threads: int
     cpus: frozenset[int]
     wait_ms: Optional[float] = None
     run_ms: Optional[float] = None
+    workers: Optional[int] = None
+    workers_cores: Optional[float] = None
+    workers_waiting: Optional[float] = None
+    proc_cores: Optional[float] = None
+    throttled: Optional[float] = None
+    omp: Optional[str] = None
+    request: Optional[CpuRequest] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -390,11 +442,29 @@ class CpuThreads:
             if steps > 0 and all(type(raw.get(k)) is int for k in ("wait_ns", "wait0_ns", "run_ns", "run0_ns")):
                 wait = max(0.0, (raw["wait_ns"] - raw["wait0_ns"]) / steps / 1e6)
                 run = max(0.0, (raw["run_ns"] - raw["run0_ns"]) / steps / 1e6)
+            wall = _delta(raw, "wall_ns")
+            workers = raw.get("workers")
+            workers = workers if type(workers) is int and 0 <= workers < 1 << 16 else None
+            per_wall = [None if d is None or not wall else round(d / wall, 4)
+                        for d in (_delta(raw, "wrun_ns"), _delta(raw, "wwait_ns"), _delta(raw, "pcpu_ns"),
+                                  _delta(raw, "thr_ns"))]
+            omp = raw.get("omp")
+            omp = omp[:32] if isinstance(omp, str) else None
+            request = CpuRequest.from_json(raw.get("request"))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if not 0 < threads < 1 << 16:
             return None
-        return cls(threads, frozenset(cpus), wait, run)
+        return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request)
+
+
+def _delta(raw: dict[str, Any], key: str) -> Optional[int]:
+    """``raw[key] - raw[key0]`` for a counter of the settled steps and the last sample (ns), or None."""
+    a, b = raw.get(key), raw.get(key.replace("_ns", "0_ns"))
+    if type(a) is not int or type(b) is not int or not 0 <= b <= a < 1 << 62:
+        return None
+    return a - b
 
 
 @dataclass(slots=True)
@@ -411,6 +481,8 @@ class VerdictContext:
     step_source: Optional[str] = None
     #: why no rank recorded a step, or None
     no_steps: Optional[str] = None
+    #: how the run ended (report/status.py); a run stopped before its first step gets other advice
+    run_status: Optional[str] = None
     gpus: list[GpuSummary] = field(default_factory=list)
     #: every GPU's mean utilisation, averaged; None without GPUs
     gpu_util_pct: Optional[float] = None

@@ -3,30 +3,43 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any, Optional
 
-from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, write_file
+from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, load_checkpoint, write_file
 from ..rundata import RunData
 from .partial import finite, last_resort, render_partial
+from .nextjob import amend
 from .render_txt import render
+from .goodput.previous import previous_attempts
 from .summary_file import dumps
 from .summary import build_summary
 
 
 def write_summary(data: RunData, rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
-                  provisional: bool = False) -> dict[str, Any]:
+                  provisional: bool = False, cluster: str = "") -> dict[str, Any]:
     """Build, render and write the files; returns ``{"summary_json", "summary_txt",
     "summary_html", "summary"}`` (``summary_html`` None when the page could not be written).
 
     Paths are decided before rendering so the summary can name them; when the run directory
     fails mid-write, the files move to the fallback and the note says why. The HTML page can
-    never cost the JSON or the text: when it cannot be written, they do not name it.
+    never cost the JSON or the text: when it cannot be written, they do not name it. A final
+    summary gets its ``next_job`` (report/nextjob.py; ``cluster``: the cluster plugin that keeps
+    the run's node evidence).
     """
     files = {"json": str(rd.path / SUMMARY_JSON), "txt": str(rd.path / SUMMARY_TXT),
              "html": str(rd.path / SUMMARY_HTML)}
+    try:  # the run's earlier attempts (a requeue, a chained job): their ledger rows
+        previous = previous_attempts(rd.path, rebuild=rebuild_attempt)
+    except Exception as exc:  # noqa: BLE001 - never lose this attempt's summary over them
+        _warn(f"the run's earlier attempts could not be read ({type(exc).__name__}: {exc})")
+        previous = []
     try:
-        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional)
+        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
+                                previous=previous)
+        if not provisional:
+            amend(summary, cluster if rebuilt is None else "")
         blob = dumps(summary)
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -47,6 +60,13 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
     tpath = write_file(rd, run_name, SUMMARY_TXT, render_text(summary).encode(), sync=not provisional)
     return {"summary_json": str(jpath), "summary_txt": str(tpath),
             "summary_html": None if hpath is None else str(hpath), "summary": summary}
+
+
+def rebuild_attempt(checkpoint: Path) -> dict[str, Any]:
+    """An earlier attempt's summary from its checkpoint (it ended before writing one)."""
+    doc = load_checkpoint(checkpoint)
+    return build_summary(RunData.from_checkpoint(doc["state"]), previous=[], rebuilt={
+        "checkpoint": str(checkpoint), "taken_at": doc["taken_at"], "final_checkpoint": bool(doc.get("final"))})
 
 
 def render_text(summary: dict[str, Any]) -> str:

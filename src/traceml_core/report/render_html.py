@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 from ..assets import chart_assets, fill
 from .document import RunSection
+from .goodput.buckets import BUCKETS
 
 TEMPLATE = Path(__file__).resolve().parent / "static" / "report.html"
 #: summary sections the page does not need
@@ -40,6 +41,7 @@ def _page(title: str, doc: dict[str, Any]) -> str:
     values = dict(chart_assets())
     values["TITLE"] = html.escape(title)
     values["REPORT_DATA"] = _page_data(doc)
+    values["GOODPUT_BUCKETS"] = json.dumps([[b.key, b.label, b.colour, b.measured] for b in BUCKETS])
     return fill(TEMPLATE.read_text(encoding="utf-8"), values)
 
 

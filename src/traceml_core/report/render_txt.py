@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Optional, Union
 
 from .document import Summary, Verdict
+from .goodput.render import render_ledger
 from .ranklist import rank_ranges
 from .status import OK_ENDINGS
 
@@ -197,6 +198,9 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
         sys_parts.append(part)
     if sys_parts:
         lines.append("System: " + "; ".join(sys_parts))
+    ledger = doc.goodput
+    if ledger is not None and len(ledger.attempts) == 1:
+        lines += render_ledger(ledger)
     endings = doc.rank_endings
     if doc.verdict.kind == "no_steps" and set(endings) == {"never_joined"}:
         # the workers ran and exited cleanly without calling traceml: not a network fault
@@ -248,7 +252,22 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
         lines.append("  wire: " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in bad_wire.items()))
     for note in doc.notes:
         lines.append(f"Note: {note}")
+    lines += next_job_lines(doc)
     files = doc.files
     if files.get("json"):
         lines.append(f"Files: {files['json']}" + (f" (report: {files['html']})" if files.get("html") else ""))
+    if ledger is not None and len(ledger.attempts) > 1:  # a run over several attempts: its ledger first
+        lines = render_ledger(ledger) + [""] + lines
     return "\n".join(lines) + "\n"
+
+
+def next_job_lines(doc: Summary) -> list[str]:
+    """``Next job script:`` and each line to paste, with its reason as a shell comment."""
+    nj = doc.next_job
+    if nj is None:
+        return []
+    out = [f"Note: {n}" for n in nj.notes]
+    if nj.lines:
+        out.append("Next job script (paste into your sbatch script):")
+        out += [f"  {line}" + (f"    # {why}" if why else "") for line, why in zip(nj.lines, nj.why)]
+    return out

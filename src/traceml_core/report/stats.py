@@ -8,11 +8,11 @@ serialised form. Cost is proportional to ranks x buckets, never to the number of
 from __future__ import annotations
 
 from array import array
-from operator import add
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Optional, Sequence
 
-from ..aggregator.series import series_values
-from ..aggregator.sketch import ENCODING, merge_dense, quantiles_of, trimmed
+from ..statistics.series import step_across
+from ..statistics.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
+from ..statistics.sketch import quantiles_of
 from ..rundata import PhaseData, RankData
 from .model import MemTrend
 
@@ -45,16 +45,6 @@ def phase_quantiles(ph: PhaseData, qs: Sequence[float]) -> list[Optional[float]]
     return [None if v is None else float(min(v, mx)) if mx >= 0 else v for v in est]
 
 
-def merge_sketches(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """One sketch for all ranks of a phase, compact (trimmed list of counts) for the JSON."""
-    lo, counts, zero = 0, [], 0
-    for sk in sketches:
-        zero += sk["zero"]
-        lo, counts = merge_dense(lo, counts, sk["lo"], sketch_counts(sk))
-    lo, counts = trimmed(lo, counts)
-    return {"encoding": ENCODING, "lo": lo, "zero": zero, "counts": counts}
-
-
 def step_time(merged_step: dict[str, Any]) -> dict[str, Any]:
     """THE median step of a run, and its spread: quantiles of every recorded step of every rank
     (the merged step-time histogram, which ``traceml compare`` reads too), in ms. This is the one
@@ -70,35 +60,9 @@ def merged_quantiles(merged: dict[str, Any], qs: Sequence[float]) -> list[Option
     return quantiles_of(merged["lo"], merged["counts"], merged["zero"], qs)
 
 
-def _regroup(values: Sequence[int], factor: int, combine: str) -> list[int]:
-    out = []
-    for i in range(0, len(values), factor):
-        chunk = values[i:i + factor]
-        out.append(sum(chunk) if combine == "sum" else max(chunk))
-    return out
-
-
 def merged_series(ranks: Sequence[RankData]) -> dict[str, Any]:
     """Step time per series bucket over all ranks: mean and worst, at the coarsest rank width."""
-    width = max((r.series["width"] for r in ranks), default=1)
-    tot_sum: list[int] = []
-    tot_cnt: list[int] = []
-    tot_max: list[int] = []
-    for r in ranks:
-        s = r.series
-        f = width // s["width"]
-        ssum, scnt, smax = (series_values(s, k) for k in ("step_sum", "step_cnt", "step_max"))
-        if f > 1:
-            ssum, scnt, smax = _regroup(ssum, f, "sum"), _regroup(scnt, f, "sum"), _regroup(smax, f, "max")
-        if len(ssum) > len(tot_sum):
-            grow = len(ssum) - len(tot_sum)
-            tot_sum += [0] * grow
-            tot_cnt += [0] * grow
-            tot_max += [-1] * grow
-        n = len(ssum)
-        tot_sum[:n] = map(add, tot_sum[:n], ssum)
-        tot_cnt[:n] = map(add, tot_cnt[:n], scnt)
-        tot_max[:n] = map(max, tot_max[:n], smax)
+    width, tot_sum, tot_cnt, tot_max = step_across([r.series for r in ranks])
     return {
         "steps_per_bucket": width,
         "mean_ms": [ms(t / c) if c else None for t, c in zip(tot_sum, tot_cnt)],

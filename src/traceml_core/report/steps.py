@@ -107,6 +107,12 @@ def no_steps_reason(steps: StepsBlock, joined: int, world: int, run_status: str)
         return (f"none of the {world} ranks connected to TraceML although the workers ran and exited "
                 "cleanly: the script never imported torch under `traceml run` (or it was started "
                 "with --no-python), so no rank called traceml")
+    if run_status in ("interrupted", "failed"):
+        # stopped (scancel, a time limit, Ctrl-C) or failed while the ranks were still starting:
+        # whether the script would have reached trace_step cannot be told from this run
+        ended = "was interrupted" if run_status == "interrupted" else "failed"
+        return (f"the run {ended} before any of its {joined} joined "
+                "rank(s) finished a first step, so nothing about the training can be judged")
     if src == "inferred":
         return ("no rank calls traceml (init()/trace_step) and no torch optimizer ever stepped, so no "
                 "step could be inferred (steps are inferred from Optimizer.step())")

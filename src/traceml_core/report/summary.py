@@ -24,6 +24,9 @@ import time
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
+from .goodput.account import Context, account
+from .goodput.advice import assemble
+from .goodput.ledger import AttemptLedger, Ledger
 from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
@@ -58,10 +61,12 @@ def iso(ts: Optional[float]) -> Optional[str]:
 
 def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
                   rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
-                  now: Optional[float] = None) -> dict[str, Any]:
+                  now: Optional[float] = None,
+                  previous: Optional[Sequence[AttemptLedger]] = None) -> dict[str, Any]:
     """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
     from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
-    the launcher reported the exit (a later write replaces it)."""
+    the launcher reported the exit (a later write replaces it); ``previous``: the run's earlier
+    attempts' ledger rows (goodput/attempts.py), in order."""
     s, finish = data.settings, data.finish
     ended = (finish.at if finish else None) or (rebuilt or {}).get("taken_at") or (
         time.time() if now is None else now)
@@ -75,9 +80,15 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         median_step_ms=timing.step_time.median_ms, step_source=steps.source,
         no_steps=no_steps_reason(steps, sum(1 for r in rows.ranks if r.status != "never_joined"),
                                  s.world_size, end.status),
+        run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
         cpu_threads=cpu_threads_of(data.ranks)))
+    try:
+        ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
+        ledger_note = ""
+    except Exception as exc:  # noqa: BLE001 - the ledger must never cost the run's summary
+        ledger, ledger_note = None, f"the goodput ledger could not be built ({type(exc).__name__}: {exc})"
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -95,9 +106,9 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         telemetry=telemetry_of(data, rows.ranks, rebuilt),
         compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
         timeline=build_timeline(data, rows.ranks, verdicts[0]),
-        files=files or {}, hang=end.hang, hangs=list(data.hangs),
+        files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
-                           _restart_note(data), _refused_note(data)) if n],
+                           _restart_note(data), _refused_note(data), ledger_note) if n],
     ).to_json()
 
 
@@ -523,6 +534,17 @@ def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) 
     if end.stall is not None:
         found = found[:1] + [end.stall] + found[1:]
     return found
+
+
+# --- goodput -------------------------------------------------------------------------------------
+def goodput_of(data: RunData, ranks: Sequence[RankSummary], end: Ending, ended: float, device: str,
+               previous: Sequence[AttemptLedger], rebuilt: Optional[dict[str, Any]]) -> Ledger:
+    """The goodput step: this attempt's allocation divided among the ledger's buckets
+    (goodput/account.py), after the run's earlier attempts, with the advice."""
+    ctx = Context(rows=ranks, status=end.status, reason=end.reason, ended=ended, device=device,
+                  ended_hung=bool(end.hang is not None and not end.hang.resumed), rebuilt=bool(rebuilt))
+    current = account(data, ctx, attempt=len(previous), previous=previous)
+    return assemble(current, previous, data, device)
 
 
 # --- telemetry -------------------------------------------------------------------------------------

@@ -11,13 +11,13 @@ Changing a value here changes the verdicts of every run; say why in the comment.
 
 from __future__ import annotations
 
+# the warm-up steps left out of the "steady" means: split off where the statistics are computed
+# (its reason is there); re-exported, as every verdict reads it here
+from ..statistics.window import WARMUP_STEPS  # noqa: F401
+
 MiB = 1024 * 1024
 
 # --- evidence ------------------------------------------------------------------------------------
-#: The first steps of each rank are left out of the "steady" means the verdicts use: CUDA context
-#: creation, cuDNN autotuning, allocator growth, DataLoader worker start-up and torch.compile all
-#: land there and can be 10-1000x a normal step. Five covers the usual eager-mode warm-up.
-WARMUP_STEPS = 5
 #: With fewer steady steps per rank than this, no bottleneck verdict is given: a mean of a
 #: handful of steps is dominated by one-off hiccups (a checkpoint save, a GC pause).
 MIN_STEPS = 20

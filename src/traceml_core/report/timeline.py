@@ -1,7 +1,7 @@
 """The run over time: per rank, per step bucket; per node, per time bucket (the summary's ``timeline``).
 
-Built from the aggregator's bounded series (:mod:`traceml_core.aggregator.series`: at most
-:data:`~traceml_core.aggregator.series.BUCKETS` buckets per rank, and per node over time), so its
+Built from the aggregator's bounded series (:mod:`traceml_core.statistics.series`: at most
+:data:`~traceml_core.statistics.series.BUCKETS` buckets per rank, and per node over time), so its
 size never grows with the run's length. Every rank is regrouped to the coarsest rank's bucket
 width, so bucket ``i`` covers the same steps (record indices ``[i*W, (i+1)*W)``) on every rank.
 
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..aggregator.series import BUCKETS, OUTSIDE, series_phases, series_values
+from ..statistics.series import BUCKETS, OUTSIDE, regroup, series_phases, series_values
 from ..rundata import RankData, RunData, SystemData
 from .document import Envelope, GpuSeries, NodeSeries, RankSeries, Timeline, Verdict
 from .model import RankSummary
 from .status import OK_ENDINGS
 from .verdicts import WAIT_PHASES, own_time
-from .windows import means, phase_col, regroup
+from .windows import means, phase_col
 
 #: ranks drawn one by one in the summary/report; beyond that, a selection plus the envelope
 RANK_LINES = 64

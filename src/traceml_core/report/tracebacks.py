@@ -103,7 +103,7 @@ def peer_loss(rank: RankSummary) -> Optional[str]:
 
 def recorded_error(rank: RankSummary) -> Optional[tuple[str, str]]:
     """Python's error of the worker as torchrun recorded it (the worker bootstrap writes torchrun's
-    error file: sdk/bootstrap.py): (its error text, its traceback); None without one, or when
+    error file: traceml_core/bootstrap.py): (its error text, its traceback); None without one, or when
     the record only says which signal ended the worker."""
     record = ((rank.exit.message if rank.exit else None) or "").strip()
     if not record or _SIGNAL_RECORD_RE.match(record):

@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
+from . import cpubinding
 from . import thresholds as T
 from .model import RankSummary, VerdictContext
 from .stats import median
@@ -203,10 +204,15 @@ def input_bound(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Ve
                     T.INPUT_CRIT_FLOOR_MS)
     if sev is None:
         return None
+    # the CPU's part (report/cpubinding.py): the pacing rank's DataLoader workers against its CPUs
+    # (every rank's where it did not say)
+    pacing = ctx.cpu_threads.get(rank)
+    cpu = None if between else cpubinding.evidence([pacing] if pacing is not None else
+                                                    [ctx.cpu_threads.get(r.rank) for r in live])
     return _verdict("input_bound", sev, None, source="between_steps" if between else "fetch",
                     input_fraction=round(frac, 4), input_ms=round(wait, 4), of_ms=round(of, 4),
                     periodic_excluded=bool(between and periodic), device=ctx.device,
-                    pacing_rank=None if between else rank, ranks=len(measured))
+                    pacing_rank=None if between else rank, ranks=len(measured), cpu=cpu)
 
 
 def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
@@ -234,9 +240,14 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
     one = (f"waits for its next batch {ev['input_fraction']:.0%} of its step time ({ev['input_ms']:.1f} ms of "
            f"{ev['of_ms']:.1f} ms per step on average)")
     if ev["ranks"] == 1:
-        return f"rank {ev['pacing_rank']} {one}", nxt
-    return (f"the run waits for data: rank {ev['pacing_rank']}, whose DataLoader sets the pace, {one}; the "
-            "other ranks wait for it"), nxt
+        why = f"rank {ev['pacing_rank']} {one}"
+    else:
+        why = (f"the run waits for data: rank {ev['pacing_rank']}, whose DataLoader sets the pace, {one}; the "
+               "other ranks wait for it")
+    if ev.get("cpu"):  # what the CPU says of it, and the fix that fits (report/cpubinding.py)
+        cpu_why, nxt = cpubinding.say(ev["cpu"])
+        why += f"; {cpu_why}"
+    return why, nxt
 
 
 # --- periodic work between steps -------------------------------------------------------------------
@@ -864,6 +875,11 @@ def _say_no_clear_bottleneck(ev: dict[str, Any]) -> tuple[str, str]:
 def _say_no_steps(ev: dict[str, Any]) -> tuple[str, str]:
     from .steps import TWO_LINES
 
+    if ev.get("run_status") in ("interrupted", "failed"):
+        return (ev["reason"],
+                "the ranks' logs say how far each got; a job stopped this early (scancel, a time "
+                "limit shorter than the start-up) ends before training: give it the time to reach "
+                "its first steps")
     return (ev["reason"],
             f"add two lines to the script: `{TWO_LINES[0]}` at the top and `{TWO_LINES[1].split('  ')[0]}` "
             "around the body of each training step (docs: quickstart)")
@@ -940,7 +956,7 @@ def judge(ranks: Sequence[RankSummary], ctx: VerdictContext) -> list[Verdict]:
     of steps, ...). A verdict that contradicts another one found (:data:`CONTRADICTS`) is
     dropped; a cause comes before its consequence (:data:`CAUSES`)."""
     if ctx.no_steps:
-        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps)]
+        return [_verdict("no_steps", "warning", None, reason=ctx.no_steps, run_status=ctx.run_status)]
     live = [r for r in ranks if r.phases.get("step") and r.steady_steps >= T.MIN_STEPS]
     if not live:
         most = max((r.steady_steps for r in ranks), default=0)

@@ -1,6 +1,6 @@
 """A rank's run in windows of consecutive steps: its series buckets, read for the verdicts.
 
-The aggregator keeps every rank's run as at most 256 buckets of consecutive steps (aggregator/
+The aggregator keeps every rank's run as at most 256 buckets of consecutive steps (statistics/
 series.py: per bucket the step's and each phase's sum and count, the time between steps, the
 peak memory). Regrouped to one width for all ranks, bucket ``i`` covers the same steps on every
 rank, so the verdicts can ask *when* something happened, not only how much on average: whether
@@ -8,9 +8,9 @@ a rank is slower through the whole run or only in a stretch of it (a stall, anot
 taking its core for a while), whether the time between steps comes every step or in bursts
 (an evaluation every k steps), whether memory still rises at the end.
 
-Resolution: a window is at least one step, and the time between steps is known per step
-(from each record's end time and duration, aggregator/series.py and the relays' fold rows): a
-pause every k steps lands in the window of the step after it.
+Resolution: a window is at least one step, and the time between steps is measured record by
+record (from one step's end to the next one's, less the next step's own time: statistics/
+window.py), so a burst between two steps lands in the window of the step after it.
 """
 
 from __future__ import annotations
@@ -18,19 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..aggregator.series import OUTSIDE, series_phases, series_values
+from ..statistics.series import OUTSIDE, regroup, series_phases, series_values
 from ..rundata import RankData
 from .thresholds import WARMUP_STEPS
 
 NS_PER_MS = 1e6
-
-
-def regroup(values: list, factor: int, combine: str) -> list:
-    """Neighbouring buckets merged ``factor`` at a time (sums added, maxima kept)."""
-    if factor <= 1:
-        return values
-    fn = sum if combine == "sum" else max
-    return [fn(values[i:i + factor]) for i in range(0, len(values), factor)]
 
 
 def means(sums: list, cnts: list, n: int, digits: Optional[int] = None) -> list[Optional[float]]:

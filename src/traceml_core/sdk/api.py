@@ -38,8 +38,10 @@ import traceback
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 from ..runinfo import ENV_VAR, RunInfo
-from . import hotpath
-from .hotpath import NULL_CONTEXT, StepContext, StepRecorder
+from . import hooks
+from .recorder import StepRecorder
+from .step import NULL_CONTEXT
+from .tracer import TRACER, Tracer
 
 log = logging.getLogger("traceml")
 
@@ -73,6 +75,7 @@ class _Session:
         self.job: Optional[str] = None
         self.address: Optional[tuple[str, int]] = None
         self.recorder: Optional[StepRecorder] = None
+        self.tracer: Tracer = TRACER
         self.client: Any = None
         self.probe: Any = None
         #: the CPU probe (sdk/threads.py): threads, cores, the training thread's wait for a core
@@ -96,56 +99,6 @@ _init_lock = threading.RLock()
 _init_thread: Optional[int] = None
 #: what :func:`after_init` deferred while ``init()`` was running in its own thread
 _after_init: list[Callable[[bool], None]] = []
-#: what trace_step returns: the step context, or (while steps are inferred) _FirstTraceStep
-_CTX: Any = NULL_CONTEXT
-#: the step context itself (StepContext, or GpuStepContext once a CUDA model is known); what
-#: inference and the framework integrations open and close steps with
-_STEP_CTX: Any = NULL_CONTEXT
-
-
-def _use_context(ctx: Any) -> None:
-    """Make ``ctx`` the step context (trace_step keeps handing out the switch while it is set)."""
-    global _CTX, _STEP_CTX
-    _STEP_CTX = ctx
-    if not isinstance(_CTX, _FirstTraceStep):
-        _CTX = ctx
-
-
-def step_context() -> Any:
-    """The current step context (for inference.py and driven.py)."""
-    return _STEP_CTX
-
-
-class _FirstTraceStep:
-    """What ``trace_step`` returns while steps are inferred or driven by a framework: its first
-    use hands the step boundaries to ``trace_step`` (the script knows its steps best) and then it
-    is never returned again."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> Any:
-        global _CTX
-        from . import source
-
-        source.take_over_for_trace_step()
-        _CTX = _STEP_CTX
-        return _STEP_CTX.__enter__()
-
-    def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
-        return _STEP_CTX.__exit__(et, ev, tb)
-
-
-FIRST_TRACE_STEP = _FirstTraceStep()
-
-
-def hand_steps_to_trace_step(on: bool) -> None:
-    """While ``on``, the first ``trace_step`` takes the step boundaries over (see source.py)."""
-    global _CTX
-    if hotpath.REC is None:
-        return
-    _CTX = FIRST_TRACE_STEP if on else _STEP_CTX
-
-
 # ---- init ---------------------------------------------------------------------------------------
 
 def _env_int(environ: Mapping[str, str], name: str) -> Optional[int]:
@@ -302,16 +255,15 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     import torch  # noqa: F401  (the SDK instruments torch; fail here, not in the hot path)
 
     from ..wire.auth import relay_aud
-    from .responders import answer
     from ..wire.client import TelemetryClient
-    from . import patches
     from .memory import MEMORY_INTERVAL_S, MemoryProbe
+    from .responders import answer
 
     batch = max(1, int(a["batch_size"]))
     recorder = StepRecorder(rank=s.rank, batch_size=batch,
                             max_batches=max(2, int(a["max_buffered_steps"]) // batch))
     s.recorder = recorder
-    s.probe = MemoryProbe(recorder)
+    s.probe = MemoryProbe(TRACER)
     host, port = s.address
     s.client = TelemetryClient(
         host, port, token, aud=relay_aud(s.node), run=s.run, job=s.job, node=s.node, rank=s.rank,
@@ -322,25 +274,20 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     )
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
-    s.client.add_periodic(_refresh_wall_offset, 5.0)
+    s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
     from .threads import ThreadsProbe
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init)
-    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id)
+    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
+                         request=info.cpu_request if info is not None else None, notify=notify)
     s.client.add_periodic(s.cpu, 0.5)
-    patches.install_global()
     _install_exit_hooks()
-    from . import comm
-
-    recorder.comm = comm.CommAccount()
     if info is not None and info.stack_dir:
         from . import stackdump
 
         stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
-    _use_context(StepContext(recorder))
-    hotpath.set_recorder(recorder)
-    comm.attach(recorder)       # after set_recorder: DDP models built before init() get the hook
+    TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
@@ -354,24 +301,12 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
         )
 
 
-def _refresh_wall_offset() -> None:
-    r = hotpath.REC
-    if r is not None:
-        r.wall_offset = time.time_ns() - time.perf_counter_ns()
-
-
 def _on_refused(reason: str) -> None:
     # client thread: stop recording; the client discards and counts what was pending
     s = _session
     if s is not None:
         s.reason_off = f"refused by the aggregator: {reason}"
-    hotpath.set_recorder(None)
-    _off()
-
-
-def _off() -> None:
-    global _CTX, _STEP_CTX
-    _CTX = _STEP_CTX = NULL_CONTEXT
+    TRACER.stop()
 
 
 # ---- trace_step ---------------------------------------------------------------------------------
@@ -383,60 +318,16 @@ def trace_step(model: Any = None) -> Any:
     timed; ``model=None`` records everything else. Calls ``init()`` on first use if the script
     did not. Nested ``trace_step`` blocks count as one step (the outermost).
     """
-    if hotpath.REC is None:
-        if _session is None:
-            init()
-            if hotpath.REC is None:
-                return NULL_CONTEXT
-        else:
+    t = TRACER
+    if not t.on:
+        if _session is not None:
             return NULL_CONTEXT
-    if model is not None and id(model) != hotpath.REC.model_id:
-        _register_model(model)
-    return _CTX
-
-
-def _register_model(model: Any) -> None:
-    r = hotpath.REC
-    if r is None:
-        return
-    try:
-        from . import patches
-
-        device = patches.register_model(r, model)
-        if device is not None:
-            _enable_cuda(device)
-    except Exception as exc:
-        r.model_id = id(model)  # do not retry every step
-        _warn_once("register-model", "traceml: could not instrument the model (%s: %s); its "
-                   "forward is not timed", type(exc).__name__, exc)
-
-
-def _enable_cuda(device: Any) -> None:
-    """Time phases with CUDA events from now on (once: the first CUDA model or module seen)."""
-    r = hotpath.REC
-    if r is None or r.gpu is not None:
-        return
-    from . import patches
-    from .cuda_timing import CudaPhaseTimer
-    from .hotpath import GpuStepContext
-
-    r.gpu = CudaPhaseTimer(device)
-    patches.enable_gpu()
-    _use_context(GpuStepContext(r))
-    s = _session
-    if s is not None and s.probe is not None:
-        s.probe.use_cuda(device)
-
-
-def use_comm_polling() -> None:
-    """A DDP model on CPU is watched (sdk/comm.py): steps end by reading its reducer's timings
-    (the GPU context times CUDA models' communication with events instead)."""
-    r = hotpath.REC
-    if r is None or r.gpu is not None or type(_STEP_CTX) is not StepContext:
-        return
-    from .hotpath import CommStepContext
-
-    _use_context(CommStepContext(r))
+        init()
+        if not t.on:
+            return NULL_CONTEXT
+    if model is not None and id(model) != t.model_id:
+        t.register_model(model)
+    return t.trace_ctx
 
 
 def notify(frame: dict[str, Any]) -> bool:
@@ -459,24 +350,17 @@ def shutdown(timeout: Optional[float] = None) -> None:
     s = _session
     if s is None or s.closed:
         return
-    try:
-        from . import source
-
-        source.before_shutdown()   # the final step-source notice goes out before the bye
-    except Exception:
-        pass
+    TRACER.owners.before_shutdown()   # the final step-source notice goes out before the bye
     if s.cpu is not None:
         s.cpu.final()              # the run's wait for a core, before the bye too
     s.closed = True
-    _off()
+    TRACER.stop()
     r = s.recorder
-    hotpath.set_recorder(None)
     client = s.client
     if r is None or client is None:
         return
     try:
-        if r.gpu is not None:
-            r.gpu.drain(r, final=True)
+        TRACER.timing.drain(TRACER, final=True)
         r.flush_partial()
 
         def bye() -> dict[str, Any]:
@@ -499,8 +383,7 @@ def shutdown(timeout: Optional[float] = None) -> None:
 
 
 def _teardown_quietly(s: _Session) -> None:
-    hotpath.set_recorder(None)
-    _off()
+    TRACER.stop()
     try:
         if s.client is not None:
             s.client.close(0.1)
@@ -520,7 +403,7 @@ def _record_exception(etype: Any, value: Any, tb: Any, *, fatal: bool, thread: s
         s.status = "interrupted" if issubclass(etype, KeyboardInterrupt) else "error"
         s.error = summary
         if s.fail_step is None and s.recorder is not None:
-            s.fail_step, s.fail_in_step = _failing_step(s.recorder)
+            s.fail_step, s.fail_in_step = _failing_step(TRACER)
     kind = "exception" if fatal else "thread_exception"
     if thread:
         text = f"in thread {thread}:\n{text}"
@@ -611,20 +494,19 @@ def _note_failing_exit(how: str, code: Any) -> None:
         if s is not None and s.active and not s.closed and code not in (None, 0):
             s.status = "error"
             s.error = f"{how}({code!r})"
-            r = s.recorder
-            if r is not None:  # called before SystemExit is raised: an open step is this one
-                s.fail_step = r.count + (r.gpu.pending if r.gpu is not None else 0)
-                s.fail_in_step = r.active > 0
+            if s.recorder is not None:  # called before SystemExit is raised: an open step is this one
+                s.fail_step = TRACER.produced()
+                s.fail_in_step = TRACER.active > 0
     except Exception:
         pass
 
 
-def _failing_step(r: StepRecorder) -> tuple[int, bool]:
+def _failing_step(t: Tracer) -> tuple[int, bool]:
     """(step, inside) for a fatal exception: the index of the step whose ``trace_step`` block it
     left (that step is not recorded, so it is the next index), or, raised between steps, the
     index of the step that would have come next."""
-    produced = r.count + (r.gpu.pending if r.gpu is not None else 0)
-    return produced, r.raised_at == produced
+    produced = t.produced()
+    return produced, t.raised_at == produced
 
 
 def _after_fork_in_child() -> None:
@@ -633,8 +515,7 @@ def _after_fork_in_child() -> None:
     if s is not None:
         s.closed = True
         s.active = False
-    hotpath.set_recorder(None)
-    _off()
+    TRACER.stop()
 
 
 if hasattr(os, "register_at_fork"):
@@ -662,7 +543,7 @@ class _TimedIterator:
         return getattr(self._it, name)
 
 
-_TimedIterator.__next__ = hotpath.timed_next(_TimedIterator._plain_next)  # type: ignore[attr-defined]
+_TimedIterator.__next__ = hooks.fetch(_TimedIterator._plain_next, TRACER)  # type: ignore[attr-defined]
 
 
 class TimedIterable:
@@ -711,13 +592,13 @@ def stats() -> dict[str, Any]:
         return {"enabled": False, "initialized": False, "reason_off": "init() not called"}
     r = s.recorder
     out: dict[str, Any] = {
-        "enabled": hotpath.REC is not None, "initialized": True, "rank": s.rank,
+        "enabled": TRACER.on, "initialized": True, "rank": s.rank,
         "local_rank": s.local_rank, "world_size": s.world, "node_rank": s.node, "run": s.run,
         "reason_off": s.reason_off, "status": s.status,
         "steps": r.count if r is not None else 0,
         "lost": r.lost if r is not None else 0,
         "buffered": r.buffered if r is not None else 0,
-        "cuda_fallbacks": r.gpu.fallbacks if r is not None and r.gpu is not None else 0,
+        "cuda_fallbacks": getattr(TRACER.timing, "fallbacks", 0) if r is not None else 0,
     }
     if s.client is not None:
         cs = s.client.stats()
@@ -737,12 +618,5 @@ def _reset_for_tests() -> None:
     if s is not None and not s.closed:
         shutdown(0.5)
     _session = None
-    _off()
     _warned.clear()
-    hotpath.set_recorder(None)
-    from . import inference, patches, source
-
-    inference.reset_for_tests()
-    if patches._infer_mode:
-        patches.set_inference(False)
-    source.reset_for_tests()
+    TRACER.reset()

@@ -9,8 +9,9 @@ the same parameters and forwards them one by one. Defaults are forwarded as the 
 original would have used, so behaviour is unchanged; anything unusual (no signature, positional-
 only parameters with defaults after them, ...) falls back to the generic wrapper.
 
-The generated code is a fixed template with parameter names taken from the signature; names are
-checked to be identifiers, so nothing else from the wrapped function reaches ``exec``.
+The generated code is a fixed template (hooks.py) with parameter names taken from the signature;
+names are checked to be identifiers, so nothing else from the wrapped function reaches ``exec``.
+A function whose signature cannot be forwarded gets the same template with ``*args, **kwargs``.
 """
 
 from __future__ import annotations
@@ -61,39 +62,47 @@ def _forwarding(orig: Callable[..., Any]) -> Optional[tuple[str, str, dict[str, 
     return ", ".join(params), ", ".join(call), defaults
 
 
-def specialise(
+def build(
     orig: Callable[..., Any],
     template: str,
-    generic: Callable[[Callable[..., Any]], Callable[..., Any]],
-    module_globals: dict[str, Any],
-    first_param: Optional[str] = None,
+    names: dict[str, Any],
+    state: Any,
+    *,
+    method: bool = False,
+    specialise: bool = True,
 ) -> Callable[..., Any]:
-    """Build ``template`` (with ``{params}``, ``{call}`` and ``{self}`` holes) around ``orig``.
+    """Compile ``template`` (with ``{params}``, ``{call}`` and ``{self}`` holes) around ``orig``.
 
-    ``module_globals`` become the wrapper's globals (so it sees the live ``REC``); ``generic`` is
-    the fallback factory. ``first_param``: the template needs the first parameter (``self``) by
-    a known name -- its actual name is substituted for ``{self}``.
+    The wrapper's globals are ``names``; ``_tm_orig`` (the wrapped function) and ``_tm_t``
+    (``state``) are its closure. ``method``: the template needs the first parameter (``self``)
+    by name -- its actual name is substituted for ``{self}``. Without a readable signature (or
+    with ``specialise=False``: the benchmarks' comparison) the same template is compiled with
+    ``*args, **kwargs``.
     """
-    fw = _forwarding(orig)
+    fw = _forwarding(orig) if specialise else None
+    if fw is not None:
+        params, call, defaults = fw
+        names_in = [x.split("=")[0].lstrip("*") for x in params.split(", ") if x and x != "*"]
+        if method and (not names_in or params.startswith("*")):
+            fw = None
+        else:
+            self_name = names_in[0] if method else ""
     if fw is None:
-        return functools.wraps(orig)(generic(orig))
-    params, call, defaults = fw
-    names = [x.split("=")[0].lstrip("*") for x in params.split(", ") if x and x != "*"]
-    if first_param is not None:
-        if not names or params.startswith("*"):
-            return functools.wraps(orig)(generic(orig))
-        self_name = names[0]
-    else:
-        self_name = ""
-    src = "def _tm_factory(_tm_orig, {dnames}):\n{body}\n    return _tm_wrapper\n".format(
-        dnames=", ".join(defaults) or "_tm_unused=None",
-        body=template.format(params=params, call=call, self=self_name),
-    )
-    ns: dict[str, Any] = {}
+        params = call = "_tm_self, *_tm_args, **_tm_kwargs" if method else "*_tm_args, **_tm_kwargs"
+        defaults, self_name = {}, "_tm_self"
     try:
-        code = compile(src, f"<traceml wrapper of {getattr(orig, '__qualname__', orig)!s}>", "exec")
-        exec(code, module_globals, ns)          # defines _tm_factory only (in ns, not the module)
-        wrapper = ns["_tm_factory"](orig, **defaults)
+        wrapper = _compile(orig, template.format(params=params, call=call, self=self_name),
+                           names, state, defaults)
     except SyntaxError:
-        return functools.wraps(orig)(generic(orig))
+        return build(orig, template, names, state, method=method, specialise=False)
     return functools.wraps(orig)(wrapper)
+
+
+def _compile(orig: Callable[..., Any], body: str, names: dict[str, Any], state: Any,
+             defaults: dict[str, Any]) -> Callable[..., Any]:
+    src = "def _tm_factory(_tm_orig, _tm_t, {dnames}):\n{body}\n    return _tm_wrapper\n".format(
+        dnames=", ".join(defaults) or "_tm_unused=None", body=body)
+    ns: dict[str, Any] = {}
+    code = compile(src, f"<traceml wrapper of {getattr(orig, '__qualname__', orig)!s}>", "exec")
+    exec(code, dict(names), ns)          # defines _tm_factory only (in ns)
+    return ns["_tm_factory"](orig, state, **defaults)

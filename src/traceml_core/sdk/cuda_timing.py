@@ -15,6 +15,9 @@ from an event at launch to one recorded in its future's callback, which torch ru
 current stream synchronised with the collective's completion. Exposed time of a DDP backward is
 from the last bucket's launch (its gradients ready: compute done) to the last completion.
 
+This is the CUDA timing strategy (timing.py): the step context and the hooks call it for every
+phase (``events`` is the timer itself) and at step exit.
+
 The event and stream factories are injectable so the deferred-commit logic can be exercised with
 stand-in events on machines without a GPU; on a GPU the defaults are ``torch.cuda.Event`` and
 ``torch.cuda.current_stream(device)``.
@@ -25,14 +28,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
-from .comm import CommFigures, union_ns, without
-from .hotpath import C_BWD, C_FWD, C_H2D, C_OPT, StepRecorder
+from .collectives import NO_COMM, CommFigures, put_comm, union_ns
+from .recorder import C_BWD, C_FWD, C_H2D, C_OPT, C_TEND
+from .step import StepState
+from .timing import HostClock
 
 _MAX_PRE_SPANS = 256
 
 
-class CudaPhaseTimer:
-    """Brackets phases with CUDA events and commits rows to the recorder once the events are done."""
+class CudaPhaseTimer(HostClock):
+    """Brackets phases with CUDA events and commits records once the events are done."""
 
     def __init__(
         self,
@@ -60,8 +65,8 @@ class CudaPhaseTimer:
         self._pre_spans: list[tuple[int, Any, Any]] = []   # h2d copies between steps
         self._pending: deque[tuple[Any, ...]] = deque()    # rows waiting for their events
         self.fallbacks = 0                                  # rows committed with host times
-        self._opt_ev: Any = None
-        self._opt_mark = 0
+        self.events = self
+        self.direct = False
         #: communication of the current step: ("b", ev0, ev1, S, bus, phase) blocking,
         #: ("s", ev0, [ev1], S, bus) launched (ev1 appended at completion), ("w", ev0, ev1, phase)
         #: a wait, ("r", ev0 of the last bucket, [its "s" items]) a DDP backward's buckets
@@ -97,20 +102,19 @@ class CudaPhaseTimer:
             self._pool += (a, b)
         self._pre_spans = []
 
-    def opt_start(self) -> None:
-        self._opt_ev = self.start()
-        self._opt_mark = len(self._spans)
+    def phase_start(self) -> tuple[Any, int]:
+        """The token of a phase (hooks.py, ``StepState.begin``): its start event and where its
+        step's spans stood."""
+        return self.start(), len(self._spans)
 
-    def opt_stop(self) -> None:
-        ev, self._opt_ev = self._opt_ev, None
-        if ev is None:
-            return
-        if any(col in (C_FWD, C_BWD) for col, _, _ in self._spans[self._opt_mark:]):
+    def phase_stop(self, col: int, token: tuple[Any, int]) -> None:
+        ev, mark = token
+        if col == C_OPT and any(c in (C_FWD, C_BWD) for c, _, _ in self._spans[mark:]):
             # forward/backward ran inside the step (a closure): the event span would hold them
             # too, so this step's optimizer time stays the host time without them
             self._pool.append(ev)
             return
-        self.stop(C_OPT, ev)
+        self.stop(col, ev)
 
     def new_event(self) -> Any:
         return self._pool.pop() if self._pool else self._new_event()
@@ -144,82 +148,67 @@ class CudaPhaseTimer:
         return holder
 
     def begin_step(self) -> None:
+        """The step context enters a step: the copies since the last step are its own."""
         self._spans = self._pre_spans
         self._pre_spans = []
-        self._opt_ev = None
 
-    def abort_step(self) -> None:
+    def abort_step(self, t: StepState) -> None:
         """The step's block raised, or it was abandoned: it is not recorded; its events go back
         to the pool."""
+        HostClock.abort_step(self, t)
         for _, a, b in self._spans:
             self._pool += (a, b)
         self._spans = []
-        if self._opt_ev is not None:
-            self._pool.append(self._opt_ev)
-            self._opt_ev = None
         # its collectives' events: the launch events are ours; end events may still be appended by
         # completion callbacks, so those are left to the garbage collector
         self._pool += [it[1] for it in self._comm if it[0] in ("b", "s", "w")]
         self._comm = []
         self._round = []
 
-    def end_step(self, r: StepRecorder, t1: int, mem: int) -> None:
-        """Called at step exit instead of appending the row: it waits here for its events."""
+    def end_step(self, t: StepState, t1: int) -> None:
+        """At step exit, instead of committing the record: it waits here for its events."""
         comm = None
-        if r.cn:        # (calls, host-clock figures of CPU collectives, CUDA items)
+        if t.cn:        # (calls, host-clock figures of CPU collectives, CUDA items)
             if self._round:     # a backward whose last bucket we did not see (an error)
                 self._comm.append(("r", self._round[-1][1], self._round))
-            comm = (r.cn, r.comm.figures() if r.cdef >= 0 else None, self._comm)
-            if r.cdef < 0:
-                r.comm.reset()
-            r.cn = 0
+            comm = (t.cn, t.comm.figures() if t.cdef >= 0 else None, self._comm)
+            if t.cdef < 0:
+                t.comm.reset()
+            t.cn = 0
             self._comm = []
             self._round = []
-        self._pending.append((t1, t1 - r.t0, r.inp, r.fwd, r.bwd, r.opt, mem, self._spans, comm))
+        self._pending.append((t.vals, self._spans, comm))
         self._spans = []
-        self.drain(r)
+        self.drain(t)
 
     # ---- commit ------------------------------------------------------------------------------
 
-    def drain(self, r: StepRecorder, final: bool = False) -> None:
-        """Commit, in order, every row whose events have completed (all rows when ``final``)."""
+    def drain(self, t: StepState, final: bool = False) -> None:
+        """Commit, in order, every record whose events have completed (all when ``final``); a
+        record whose events have not completed commits with its host times (h2d -1)."""
         pending = self._pending
         while pending:
-            row = pending[0]
-            spans, comm = row[7], row[8]
+            vals, spans, comm = pending[0]
             done = all(end.query() for _, _, end in spans) and (comm is None or _comm_done(comm[2]))
             if not done and not final and len(pending) <= self.max_pending:
                 return
             pending.popleft()
-            t1, step_ns, inp, fwd, bwd, opt, mem, _, _ = row
             if done:
                 gpu = {C_FWD: 0, C_BWD: 0, C_OPT: 0, C_H2D: 0}
-                seen = set()
                 for col, a, b in spans:
                     gpu[col] += int(a.elapsed_time(b) * 1e6)   # elapsed_time is in milliseconds
-                    seen.add(col)
-                fwd = gpu[C_FWD] if C_FWD in seen else fwd
-                bwd = gpu[C_BWD] if C_BWD in seen else bwd
-                opt = gpu[C_OPT] if C_OPT in seen else opt
-                h2d = gpu[C_H2D]
+                for col in {col for col, _, _ in spans} | {C_H2D}:
+                    vals[col] = gpu[col]
             else:
                 self.fallbacks += 1
-                h2d = -1
             for _, a, b in spans:
                 self._pool += (a, b)
-            if comm is None:
-                r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem), t1)
-                continue
-            calls, host, items = comm
-            if host is None or not done:
+            if comm is not None:
+                calls, host, items = comm
                 # coverage incomplete, or no device times for the communication: not measured
-                r.append((t1, step_ns, inp, fwd, bwd, opt, h2d, mem, -1, -1, -1, -1, -1), t1)
-            else:
-                f = host.plus(comm_figures(items))
-                r.append((t1, step_ns, inp, without(fwd, f.sub_fwd), without(bwd, f.sub_bwd),
-                          without(opt, f.sub_opt), h2d, mem, f.exposed, f.busy, f.nbytes,
-                          int(f.bus), calls), t1)
-            self._recycle(items)
+                put_comm(vals, calls, host.plus(comm_figures(items)) if host is not None and done else None)
+                self._recycle(items)
+            t.rec.commit(vals, vals[C_TEND])
 
     def _recycle(self, items: list[tuple[Any, ...]]) -> None:
         seen: set[int] = set()
@@ -255,7 +244,7 @@ def _comm_done(items: list[tuple[Any, ...]]) -> bool:
 def comm_figures(items: list[tuple[Any, ...]]) -> CommFigures:
     """A step's communication figures from completed CUDA events (same rules as the host path)."""
     if not items:
-        return CommFigures(0, 0, 0, 0.0, 0, 0, 0)
+        return NO_COMM
     ref = items[0][1]
 
     def t(ev: Any) -> int:

@@ -16,6 +16,9 @@ takes it over) the optimizer step; an integration adds the phase edges torch can
   197% of the issue). The driver then keeps the torch optimizer timer out for the whole step and
   times only the part after the closure (``on_before_optimizer_step`` .. the step's return).
 
+The phases an integration times are the step state's split brackets (``StepState.begin``/
+``end``): the same host clock and CUDA events as the wrappers (hooks.py).
+
 Nothing here raises into training: every public method catches, logs once and turns the driver
 off (:meth:`StepDriver.failed`). A step left open by an exception is dropped, not recorded:
 :meth:`abandon` (from the framework's exception hook, or at the next step's start).
@@ -27,8 +30,9 @@ import logging
 from time import perf_counter_ns
 from typing import Any, Optional
 
-from . import hotpath, source
-from .hotpath import C_FWD
+from .recorder import C_FWD, C_OPT
+from .source import StepSource
+from .tracer import TRACER, Tracer
 
 log = logging.getLogger("traceml")
 
@@ -46,23 +50,20 @@ class StepDriver:
         self.stepped = False      # the optimizer stepped in the open step
         self.steps = 0
         self.off_reason: Optional[str] = None
-        self._t_fwd = 0
-        self._ev_fwd: Any = None
-        self._t_opt = 0
-        self._opt_open = False
+        self._fwd: Any = None       # the open forward phase's token (StepState.begin)
+        self._opt: Any = None       # the open optimizer phase's token
 
     # ---- ownership ---------------------------------------------------------------------------
 
-    def claim(self, src: source.StepSource) -> bool:
+    def claim(self, src: StepSource) -> bool:
         """Take the step boundaries (from inference); False when tracing is off, the script uses
         trace_step, or another integration drives them."""
         if self.off_reason is not None:
             return False
         try:
-            self.claimed = source.claim(self, src)
-            r = hotpath.REC
-            if self.claimed and r is not None and self.owns_forward:
-                r.fwd0 = 0            # forward is measured from now on
+            self.claimed = TRACER.claim(self, src)
+            if self.claimed and self.owns_forward:
+                TRACER.time_forward(True)       # forward is measured from now on
             return self.claimed
         except Exception as exc:
             self.failed(exc)
@@ -71,13 +72,13 @@ class StepDriver:
     def release(self) -> None:
         try:
             self.abandon()
-            source.release(self)
+            TRACER.owners.release(self)
         except Exception:
             pass
         self.claimed = False
 
     def yield_to_trace_step(self) -> None:
-        """source.py: the script's trace_step takes over."""
+        """The script's trace_step takes over (Tracer.take_over_for_trace_step)."""
         self.abandon()
         self.claimed = False
 
@@ -89,15 +90,15 @@ class StepDriver:
                         "steps are not recorded", self.name, self.off_reason)
         try:
             self.abandon()
-            source.release(self)
+            TRACER.owners.release(self)
         except Exception:
             pass
         self.claimed = False
 
     # ---- boundaries --------------------------------------------------------------------------
 
-    def _rec(self) -> Optional[hotpath.StepRecorder]:
-        return hotpath.REC if self.claimed else None
+    def _rec(self) -> Optional[Tracer]:
+        return TRACER if self.claimed and TRACER.on else None
 
     def open(self) -> None:
         """A micro-batch begins: opens the step if none is open."""
@@ -108,9 +109,7 @@ class StepDriver:
             if not self.is_open:
                 if r.active:      # a step of ours that the framework never closed (exception)
                     r.abandon()
-                from . import api
-
-                api.step_context().__enter__()
+                r.step.__enter__()
                 self.is_open = True
                 self.micro = 0
                 self.stepped = False
@@ -131,21 +130,18 @@ class StepDriver:
             self.is_open = False
             if r.opt_owner is self:
                 r.opt_owner = None
-            from . import api
-
-            api.step_context().__exit__(None, None, None)
+            r.step.__exit__(None, None, None)
             self.steps += 1
         except Exception as exc:
             self.failed(exc)
 
     def abandon(self) -> None:
         """Drop the open step (an exception ended it); nothing is recorded for it."""
-        r = hotpath.REC
-        if self.is_open and r is not None:
-            r.abandon()
+        if self.is_open and TRACER.on:
+            TRACER.abandon()
         self.is_open = False
-        self._ev_fwd = None
-        self._opt_open = False
+        self._fwd = None
+        self._opt = None
         self.micro = 0
 
     @property
@@ -158,7 +154,7 @@ class StepDriver:
         the start of every batch: with gradient accumulation the second micro-batch's broadcast
         falls inside the open step, and its wait (ms) charged to the optimizer turned the
         optimizer phase (~0.3 ms) into 0."""
-        return self._opt_open
+        return self._opt is not None
 
     # ---- phase edges torch cannot see ----------------------------------------------------------
 
@@ -168,23 +164,18 @@ class StepDriver:
             if r is None or not self.is_open or r.in_fwd:
                 return
             r.in_fwd = True
-            if r.gpu is not None:
-                self._ev_fwd = r.gpu.start()
-            self._t_fwd = perf_counter_ns()
+            self._fwd = r.begin()
         except Exception as exc:
             self.failed(exc)
 
     def forward_end(self) -> None:
         try:
             r = self._rec()
-            if r is None or not self.is_open or not self._t_fwd:
+            if r is None or not self.is_open or self._fwd is None:
                 return
-            r.fwd += perf_counter_ns() - self._t_fwd
-            self._t_fwd = 0
+            token, self._fwd = self._fwd, None
             r.in_fwd = False
-            if self._ev_fwd is not None and r.gpu is not None:
-                r.gpu.stop(C_FWD, self._ev_fwd)
-            self._ev_fwd = None
+            r.end(C_FWD, token)
         except Exception as exc:
             self.failed(exc)
 
@@ -194,25 +185,20 @@ class StepDriver:
             if r is None or not self.is_open:
                 return
             self.stepped = True
-            if not self.owns_optimizer or self._opt_open:
+            if not self.owns_optimizer or self._opt is not None:
                 return
             self.forward_end()
-            self._opt_open = True
-            if r.gpu is not None:
-                r.gpu.opt_start()
-            self._t_opt = perf_counter_ns()
+            self._opt = r.begin()
         except Exception as exc:
             self.failed(exc)
 
     def optimizer_end(self) -> None:
         try:
             r = self._rec()
-            if r is None or not self._opt_open:
+            if r is None or self._opt is None:
                 return
-            r.opt += perf_counter_ns() - self._t_opt
-            self._opt_open = False
-            if r.gpu is not None:
-                r.gpu.opt_stop()
+            token, self._opt = self._opt, None
+            r.end(C_OPT, token)
         except Exception as exc:
             self.failed(exc)
 
@@ -221,19 +207,22 @@ class StepDriver:
     def forget_pending_input(self) -> None:
         """Fetches made outside training (validation, a sanity check) are not the next step's
         input wait."""
-        r = hotpath.REC
-        if r is not None and not r.active:
-            r.pending_input = 0
-            if r.gpu is not None:
-                r.gpu.clear_pre()
+        if TRACER.on:
+            TRACER.forget_pending_input(True)
+
+    def time_model(self, model: Any) -> None:
+        """Time ``model``'s forward as the step's forward (as ``trace_step(model)`` does)."""
+        try:
+            if self._rec() is not None:
+                TRACER.register_model(model)
+        except Exception as exc:
+            self.failed(exc)
 
     def use_cuda(self, device: Any) -> None:
         """The framework's model lives on ``device``: time phases with CUDA events if it is a GPU."""
         try:
             if getattr(device, "type", None) == "cuda":
-                from . import api
-
-                api._enable_cuda(device)
+                TRACER.use_cuda(device)
         except Exception as exc:
             self.failed(exc)
 
@@ -242,7 +231,7 @@ def ensure_init() -> bool:
     """``traceml.init()`` for an integration used directly (idempotent); True if recording."""
     from . import api
 
-    if hotpath.REC is not None:
+    if TRACER.on:
         return True
     try:
         return bool(api.init())

@@ -20,7 +20,7 @@ import resource
 import sys
 from typing import Any, Callable, Optional
 
-from .hotpath import StepRecorder
+from .step import StepState
 
 MEMORY_INTERVAL_S = 0.1
 
@@ -64,31 +64,36 @@ def cuda_reserved_reader(device: Any) -> Callable[[], int]:
 
 
 class MemoryProbe:
-    """Called periodically by the client thread; writes the recorder's memory fields."""
+    """Called periodically by the client thread; writes the step state's memory fields."""
 
-    def __init__(self, recorder: StepRecorder, reader: Optional[Callable[[], int]] = None) -> None:
-        self.recorder = recorder
+    def __init__(self, state: StepState, reader: Optional[Callable[[], int]] = None) -> None:
+        self.state = state
         self._rss = RssReader()
         self.reader: Callable[[], int] = reader or self._rss
         self.failures = 0
+        self._cuda = False
 
     def use_cuda(self, device: Any) -> None:
-        """Switch to the CUDA allocator once a model on ``device`` is traced."""
+        """Switch to the CUDA allocator (once the tracer times phases on ``device``)."""
         try:
             self.reader = cuda_reserved_reader(device)
         except Exception:
             pass
 
     def __call__(self) -> None:
+        ev = self.state.events
+        if ev is not None and not self._cuda:   # phases are timed on a GPU: sample its memory
+            self._cuda = True
+            self.use_cuda(ev.device)
         try:
             v = self.reader()
         except Exception:
             self.failures += 1
             return
-        r = self.recorder
-        r.mem_last = v
-        if v > r.mem:
-            r.mem = v
+        t = self.state
+        t.mem_last = v
+        if v > t.mem:
+            t.mem = v
 
     def close(self) -> None:
         self._rss.close()

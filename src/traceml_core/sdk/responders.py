@@ -34,7 +34,7 @@ def stacks(session: Any, args: dict[str, Any]) -> dict[str, Any]:
     stacks themselves come from its relay's faulthandler dump, which needs no interpreter."""
     from .stackdump import snapshot
 
-    out = snapshot()
+    out = snapshot(session.tracer)
     out.pop("ts", None)
     out["source"] = "sdk"
     return out

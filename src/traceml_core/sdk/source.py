@@ -15,11 +15,9 @@ found, whether gradient accumulation was folded into them and what was not measu
 from __future__ import annotations
 
 import json
-import logging
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Optional
-
-log = logging.getLogger("traceml")
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Optional
 
 
 @dataclass(frozen=True)
@@ -45,100 +43,40 @@ class StepSource:
                           separators=(",", ":"))
 
 
-@dataclass
-class _State:
-    current: Optional[StepSource] = None
-    #: the object driving step boundaries (an integration's driver, or the inference module)
-    owner: Any = None
-    on_shutdown: list[Any] = field(default_factory=list)
+class Ownership:
+    """Who owns the step boundaries now and what the aggregator was told about it (one per
+    tracer). The rules of who may take them from whom are the tracer's (``Tracer.claim``)."""
 
+    def __init__(self) -> None:
+        self.current: Optional[StepSource] = None
+        #: the object driving step boundaries (an integration's driver, or the inference)
+        self.owner: Any = None
+        #: how an announcement reaches the aggregator (the session's client; None: not sent)
+        self.notify: Optional[Callable[[dict[str, Any]], Any]] = None
+        self._on_shutdown: list[Callable[[], None]] = []
 
-_state = _State()
+    def announce(self, src: StepSource) -> None:
+        """Record ``src`` as this process's step source and tell the aggregator (best effort)."""
+        self.current = src
+        if self.notify is not None:
+            self.notify({"t": "event", "kind": "step_source", "text": src.text(), "ts": time.time()})
 
+    def update(self, **changes: Any) -> None:
+        """Announce the current source again with ``changes`` (e.g. the observed accumulation)."""
+        if self.current is not None:
+            self.announce(replace(self.current, **changes))
 
-def current() -> Optional[StepSource]:
-    return _state.current
+    def release(self, owner: Any) -> None:
+        if self.owner is owner:
+            self.owner = None
 
+    def at_shutdown(self, fn: Callable[[], None]) -> None:
+        if fn not in self._on_shutdown:
+            self._on_shutdown.append(fn)
 
-def owner() -> Any:
-    return _state.owner
-
-
-def announce(src: StepSource) -> None:
-    """Record ``src`` as this process's step source and tell the aggregator (best effort)."""
-    _state.current = src
-    from . import api
-
-    api.notify({"t": "event", "kind": "step_source", "text": src.text(), "ts": _now()})
-
-
-def update(**changes: Any) -> None:
-    """Announce the current source again with ``changes`` (e.g. the observed accumulation)."""
-    if _state.current is not None:
-        announce(replace(_state.current, **changes))
-
-
-def claim(owner: Any, src: StepSource) -> bool:
-    """``owner`` takes the step boundaries over from inference (not from trace_step or another
-    live integration); returns whether it now owns them."""
-    from . import api, hotpath, inference
-
-    if hotpath.REC is None:
-        return False
-    if _state.owner is not None and _state.owner is not owner and _state.owner is not inference.OWNER:
-        return False
-    if _state.current is not None and _state.current.source == "trace_step":
-        return False
-    if _state.owner is inference.OWNER:
-        inference.stop()
-    _state.owner = owner
-    api.hand_steps_to_trace_step(True)
-    announce(src)
-    return True
-
-
-def release(owner: Any) -> None:
-    if _state.owner is owner:
-        _state.owner = None
-
-
-def take_over_for_trace_step() -> None:
-    """The script called ``trace_step``: it owns the step boundaries from now on."""
-    from . import inference
-
-    prev = _state.owner
-    if prev is inference.OWNER:
-        inference.stop()
-    elif prev is not None:
-        try:
-            prev.yield_to_trace_step()
-        except Exception:
-            pass
-    _state.owner = None
-    if prev is not None:
-        log.info("traceml: the script calls trace_step, which defines the steps from now on")
-    announce(StepSource("trace_step"))
-
-
-def at_shutdown(fn: Any) -> None:
-    if fn not in _state.on_shutdown:
-        _state.on_shutdown.append(fn)
-
-
-def before_shutdown() -> None:
-    for fn in list(_state.on_shutdown):
-        try:
-            fn()
-        except Exception:
-            pass
-
-
-def reset_for_tests() -> None:
-    global _state
-    _state = _State()
-
-
-def _now() -> float:
-    import time
-
-    return time.time()
+    def before_shutdown(self) -> None:
+        for fn in list(self._on_shutdown):
+            try:
+                fn()
+            except Exception:
+                pass

@@ -23,7 +23,10 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
+
+if TYPE_CHECKING:   # (the launcher imports this module: it stays free of the SDK's hot path)
+    from .step import StepState
 
 #: offset of the dump signal from SIGRTMIN (glibc keeps the first two real-time signals)
 SIGNAL_OFFSET = 6
@@ -62,29 +65,24 @@ def install(stack_dir: str, rank: int) -> Optional[Path]:
         return None
 
 
-def snapshot() -> dict[str, Any]:
-    """What the running interpreter can say about where this rank is (client thread)."""
+def snapshot(state: Optional["StepState"]) -> dict[str, Any]:
+    """What the running interpreter can say about where this rank is (client thread): the
+    collective it has in flight (``InFlight.oldest``), when the SDK saw it launched, and where the
+    step counter stands (``state`` None or off: only the collectives)."""
     out: dict[str, Any] = {"ts": time.time(), "in_flight": None, "launched": None, "step": None,
                            "in_step": None}
+    if state is None:
+        return out
     try:
-        from . import hotpath
-
-        r = hotpath.REC
-        if r is not None:
-            out["step"] = int(r.count)
-            out["in_step"] = bool(r.active)
-    except Exception:
-        pass
-    try:
-        from . import comm  # the communication timing of the SDK, when present
-
-        c = comm.in_flight()
+        if state.on:
+            out["step"] = int(state.rec.count)
+            out["in_step"] = bool(state.active)
+        c = state.inflight.oldest()
         if c is not None:
             out["in_flight"] = {"op": str(c.op), "bytes": int(c.nbytes), "seq": int(c.seq),
                                 "started_ns": int(c.started_ns), "group_size": int(c.group_size)}
-        seq = getattr(comm, "_SEQ", None)
-        if seq:
-            out["launched"] = int(seq[0])
+        if state.inflight.launched:
+            out["launched"] = int(state.inflight.launched)
     except Exception:
         pass
     return out

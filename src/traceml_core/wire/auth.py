@@ -77,6 +77,8 @@ class Identity:
     nproc: Optional[int] = None        # kind "node": processes that node starts
 
     def label(self) -> str:
+        if self.kind == "group":
+            return f"group relay (node {self.node})"
         return f"rank {self.rank}" if self.kind == "rank" else f"{self.kind} (node {self.node})"
 
 
@@ -92,6 +94,11 @@ class Endpoint:
     nproc_per_node: int = 1
     #: a relay serves the ranks of its own node only
     node: Optional[int] = None
+    #: a group relay (launcher/grouprelay.py) serves the relays of its group's nodes only
+    nodes: Optional[range] = None
+    #: nodes per group relay (0: no group relays): a ``group`` hello comes from a group's first
+    #: node (a multiple of it)
+    fan_in: int = 0
     #: None: no clock window (the doctor measures clock skew, so a skewed node must be heard)
     window_s: Optional[float] = HELLO_WINDOW_S
     extra_refusals: Mapping[str, str] = field(default_factory=dict)
@@ -167,6 +174,12 @@ def check_hello(msg: dict[str, Any], ep: Endpoint, nonces: NonceCache,
         return f"node rank {node!r} is outside 0..{ep.nnodes - 1} (check --nnodes / --node-rank)"
     if ep.node is not None and node != ep.node:
         return f"hello for node {node} at node {ep.node}'s {ep.aud} (check --node-rank on this node)"
+    if ep.nodes is not None and node not in ep.nodes:
+        return (f"hello for node {node} at the group relay of nodes {ep.nodes.start}.."
+                f"{ep.nodes.stop - 1} (check --node-rank on this node)")
+    if kind == "group" and (not ep.fan_in or node % ep.fan_in):
+        return (f"a group relay on node {node}, but this run's group relays are on every "
+                f"{ep.fan_in}th node" if ep.fan_in else "this run has no group relays")
     if kind == "control" and node != 0:
         return "a control connection comes from node 0 only"
     rank = msg.get("rank")
@@ -193,6 +206,11 @@ def check_hello(msg: dict[str, Any], ep: Endpoint, nonces: NonceCache,
 
 def relay_aud(node: int) -> str:
     return f"relay:{node}"
+
+
+def group_aud(group: int) -> str:
+    """The endpoint name of group ``group``'s relay (launcher/grouprelay.py)."""
+    return f"group:{group}"
 
 
 AGGREGATOR = "aggregator"

@@ -16,17 +16,19 @@ dumps for a hang autopsy): add a :class:`Request` row here, a responder in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from operator import sub
+from operator import gt, itemgetter
 from typing import Any, Callable, Optional
 
 from .. import limits
 from ..limits import Limit
+from ..statistics import window as _window
+from ..statistics.window import MAX_VALUE
 from . import fold
-from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, STEP_COLUMNS, STEP_SOURCES, SUM_COLUMNS,
-                       SYSTEM_FIELDS, ProtocolError)
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, PEAK_COLUMNS, STEP_COLUMNS,
+                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError)
 
-#: larger values are refused as malformed (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
-MAX_VALUE = fold.MAX_VALUE
+# MAX_VALUE: larger values are refused as malformed (2**62: what a window of the statistics
+# holds, statistics/window.py); each column has its own, lower, physical bound (COLUMN_LIMITS)
 MAX_TEXT = 4000
 MAX_RANKS_IN_REQ = 1 << 20
 
@@ -118,67 +120,45 @@ def check_steps(msg: dict[str, Any]) -> dict[str, Any]:
     return msg
 
 
-#: where ``v`` of a fold frame holds each column's maximum, and that column's bound: a window
-#: whose maxima are within the bounds holds only values within them (the rule of check_columns)
-_FOLD_MAXIMA = tuple(
-    [(fold.PHASE0 + i * fold.PW + fold.P_MAX, COLUMN_LIMITS[c]) for i, c in enumerate(DURATION_COLUMNS)]
-    + [(fold.MEM0 + fold.MEM.index("max"), COLUMN_LIMITS["mem_peak"])]
-    + [(fold.SUM0 + i * len(fold.SUMS) + fold.SUMS.index("max"), COLUMN_LIMITS[c])
-       for i, c in enumerate(SUM_COLUMNS)])
+#: where a window's value holds each column's maximum, and that column's bound: a window whose
+#: maxima are within the bounds holds only values within them (the rule of check_columns)
+_BOUNDED = (*DURATION_COLUMNS, *PEAK_COLUMNS, *SUM_COLUMNS)
+_fold_maxima = itemgetter(*(_window.AT[f"{c}.max"] for c in _BOUNDED))
+_FOLD_LIMITS = tuple(COLUMN_LIMITS[c] for c in _BOUNDED)
 
 
 def check_fold(msg: dict[str, Any]) -> dict[str, Any]:
-    """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then ``v`` of
-    the layout's length for its ``k`` rows, every value in -1..MAX_VALUE, rows aligned as the
-    layout says, counts within the window's records, and ``keys`` as many as the phases' key
-    counts. The packed arrays are unpacked here (``v``/``o`` become lists, ``keys`` an array), in
-    C; after this the aggregator adds the partials without another check."""
+    """A relay's ``fold`` frame (wire/fold.py): the accounting fields of ``steps``, then the
+    window's value, checked by the value's own rules (statistics/window.WindowStats.from_wire) and kept
+    in ``msg["value"]``; after this node 0 merges it without another check."""
     _int(msg, "rank")
     _int(msg, "seq")
     _int(msg, "n", lo=1)
     if msg.setdefault("dropped", 0) is not None:
         _int(msg, "dropped")
     _int(msg, "open", optional=True)
-    v, o, keys = msg.get("v"), msg.get("o"), msg.get("keys")
-    if type(v) is not bytes or type(o) is not bytes or type(keys) is not bytes \
-            or len(v) % 8 or len(o) % 8 or len(keys) % 2:
-        raise ProtocolError("fold: v, o and keys must be packed arrays (bytes)")
-    raw = v
-    # list items are read faster than array items; the arrays are kept for node 0's series,
-    # which copies the rows of fresh buckets from them as bytes
-    msg["va"] = va = fold.unpack(raw)
-    msg["v"] = v = va.tolist()
-    if len(v) < fold.ROWS0 or not fold.in_range(raw, v):
-        raise ProtocolError("fold: v must hold integers in -1..2**62")
-    msg["oa"] = oa = fold.unpack(o)
-    msg["o"] = o = oa.tolist()
-    msg["keys"] = fold.unpack(keys, "H")
-    seq, n = msg["seq"], msg["n"]
-    g, b0, k = v[fold.S_G], v[fold.S_B0], v[fold.S_K]
-    if not (0 <= k <= fold.MAX_ROWS and len(v) == fold.fold_len(k) and len(o) == k + 1):
-        raise ProtocolError("fold: v and o do not have the length of their k series rows")
-    if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
-            or n > fold.SPAN * g or k == 1:
-        raise ProtocolError("fold: the series rows are not aligned sub-buckets of the records")
-    p0, pw = fold.PHASE0, fold.PW
-    counts = v[p0 + fold.P_COUNT:fold.MEM0:pw]
-    nkeys = v[p0 + fold.P_NKEYS:fold.MEM0:pw]
-    if len(keys) != 2 * sum(nkeys) or max(counts) > n or not 1 <= v[fold.H_WEIGHT] <= n \
-            or v[fold.MEM0] > n or min(nkeys) < 0 or v[fold.H_OUT_N] >= n \
-            or min(map(sub, counts, nkeys)) < 0 or n > fold.MAX_RECORDS:
-        raise ProtocolError("fold: counts and sketch keys do not fit the records")
-    nc, r = len(fold.ROW_COUNTS), len(fold.ROW)
-    if k and max(map(max, (v[a:a + nc] for a in range(fold.ROWS0, fold.ROWS0 + k * r, r)))) > n:
-        raise ProtocolError("fold: a series row counts more records than the window holds")
-    if any(v[at] > lim for at, lim in _FOLD_MAXIMA):
+    try:
+        msg["value"] = value = fold.value_of(msg)
+    except ValueError as exc:
+        raise ProtocolError(f"fold: {exc}") from None
+    if any(map(gt, _fold_maxima(value.v), _FOLD_LIMITS)):
         raise ProtocolError("fold: a column's maximum is past its bound")
     return msg
 
 
-def step_source(text: str) -> Optional[dict[str, Any]]:
-    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
-    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
-    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+def check_tail(msg: dict[str, Any]) -> dict[str, Any]:
+    """A relay's ``tail`` frame (wire/fold.py): a window's last records, for the live views."""
+    _int(msg, "rank")
+    _int(msg, "seq")
+    _int(msg, "n", lo=1)
+    if msg["n"] > fold.TAIL_MAX:
+        raise ProtocolError(f"tail: at most {fold.TAIL_MAX} records")
+    check_columns(msg.get("cols"), msg["n"])
+    return msg
+
+
+def _json_object(text: str) -> Optional[dict[str, Any]]:
+    """An event's JSON payload (at most 2,000 characters), when it is an object."""
     import json
 
     if len(text) > 2000:
@@ -187,7 +167,15 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
         raw = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(raw, dict) or raw.get("source") not in STEP_SOURCES:
+    return raw if isinstance(raw, dict) else None
+
+
+def step_source(text: str) -> Optional[dict[str, Any]]:
+    """The ``step_source`` event's payload, validated: ``{"source"}`` (one of STEP_SOURCES) plus
+    optional ``accumulation``/``backward_per_step`` (int >= 0), ``backward_steps`` ([int, int]),
+    ``forward`` (bool), ``framework``/``note`` (short strings). None if it is not that."""
+    raw = _json_object(text)
+    if raw is None or raw.get("source") not in STEP_SOURCES:
         return None
     out: dict[str, Any] = {"source": raw["source"]}
     for key in ("accumulation", "backward_per_step"):
@@ -206,13 +194,65 @@ def step_source(text: str) -> Optional[dict[str, Any]]:
     return out
 
 
+#: the most tokens and FLOPs one step may be declared to be worth (far beyond any model today)
+MAX_TOKENS_PER_STEP = 1e12
+MAX_FLOPS_PER_STEP = 1e24
+
+
+def rank_fact(kind: str, text: str) -> Optional[dict[str, Any]]:
+    """The payload of a ``span``, ``progress`` or ``work`` event (traceml_core/rankfacts.py),
+    checked: every field within its bound or dropped (a time outside :data:`limits.EPOCH_S`, a
+    negative step); None when the text is not such a payload at all (then the event is ignored)."""
+    from ..rankfacts import SPAN_KINDS
+
+    raw = _json_object(text)
+    if raw is None:
+        return None
+
+    def count(v: Any) -> Optional[int]:
+        return v if type(v) is int and 0 <= v <= MAX_VALUE else None
+
+    def when(v: Any) -> Optional[float]:
+        return float(v) if type(v) in _NUM and limits.EPOCH_S.lo < v <= limits.EPOCH_S.hi else None
+
+    def amount(v: Any, hi: float) -> Optional[float]:
+        return float(v) if type(v) in _NUM and 0 <= v <= hi else None
+
+    def word(v: Any, n: int) -> Optional[str]:
+        return v[:n] if isinstance(v, str) else None
+
+    if kind == "span":
+        dur, end = raw.get("dur_ns"), when(raw.get("end"))
+        if raw.get("span") not in SPAN_KINDS or type(dur) is not int or not 0 <= dur <= limits.STEP_NS.hi \
+                or end is None:
+            return None
+        return {"span": raw["span"], "dur_ns": dur, "end": end, "step": count(raw.get("step")),
+                "gstep": count(raw.get("gstep")), "in_step": raw.get("in_step") is True,
+                "api": word(raw.get("api"), 64) or ""}
+    if kind == "progress":
+        if count(raw.get("step")) is None:
+            return None
+        return {"step": raw["step"], "gstep": count(raw.get("gstep")), "start": when(raw.get("start")),
+                "end": when(raw.get("end"))}
+    if kind == "work":
+        return {"tokens_per_step": amount(raw.get("tokens_per_step"), MAX_TOKENS_PER_STEP),
+                "flops_per_step": amount(raw.get("flops_per_step"), MAX_FLOPS_PER_STEP),
+                "dtype": word(raw.get("dtype"), 16), "device": word(raw.get("device"), 128)}
+    return None
+
+
 def check_event(msg: dict[str, Any]) -> dict[str, Any]:
     """An event; kind ``step_source`` carries how the rank's steps are found (``source``: the
-    checked payload, or None when it is not one)."""
+    checked payload, or None when it is not one); kinds ``span``, ``progress`` and ``work`` carry
+    rank facts (``fact``: the checked payload of :func:`rank_fact`, or None)."""
+    from ..rankfacts import FACT_KINDS
+
     _int(msg, "rank")
     _str(msg, "kind", 64)
     if msg["kind"] == "step_source":
         msg["source"] = step_source(msg["text"]) if isinstance(msg.get("text"), str) else None
+    elif msg["kind"] in FACT_KINDS:
+        msg["fact"] = rank_fact(msg["kind"], msg["text"]) if isinstance(msg.get("text"), str) else None
     _str(msg, "text", 2000)
     ts = msg.get("ts")
     msg["ts"] = measured(msg, ts, limits.EPOCH_S, "ts") if type(ts) in _NUM else None
@@ -339,6 +379,20 @@ def check_loss(msg: dict[str, Any]) -> dict[str, Any]:
     _int(msg, "relay_dropped")
     _int(msg, "seq_end")
     _int(msg, "open", optional=True)
+    return msg
+
+
+def check_node(msg: dict[str, Any]) -> dict[str, Any]:
+    """A group relay's ``node`` frame: a node relay of its group connected (``host``, ``nproc``)
+    or, with ``gone`` true, its link closed."""
+    _int(msg, "node")
+    msg["gone"] = msg.get("gone") is True
+    if msg["gone"]:
+        return msg
+    _str(msg, "host", 255, optional=True)
+    msg["host"] = msg.get("host") or ""
+    if type(msg.get("nproc")) is not int:
+        msg["nproc"] = None
     return msg
 
 
@@ -553,18 +607,22 @@ def check_resp(msg: dict[str, Any]) -> dict[str, Any]:
 
 
 VALIDATORS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "steps": check_steps, "fold": check_fold, "event": check_event, "bye": check_bye, "resp": check_resp,
+    "steps": check_steps, "fold": check_fold, "tail": check_tail, "event": check_event, "bye": check_bye, "resp": check_resp,
     "join": check_join, "gone": check_loss, "dropped": check_loss, "system": check_system,
     "finish": check_finish, "query": check_plain, "snapshot": check_plain, "req": check_req,
     "probe": check_probe,
     "autopsy": check_autopsy,
+    "node": check_node,
     "end": check_plain,
 }
 
 #: frame types each kind of connection may send (anything else is skipped and counted)
 ACCEPTS: dict[str, frozenset[str]] = {
     "rank": frozenset(("steps", "event", "bye", "resp")),
-    "node": frozenset(("steps", "fold", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    "node": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system")),
+    #: a group relay (launcher/grouprelay.py): its nodes' frames, and which nodes it carries
+    "group": frozenset(("fold", "tail", "event", "bye", "resp", "join", "gone", "dropped", "system",
+                        "node")),
     "control": frozenset(("finish", "query", "snapshot", "system", "probe", "autopsy")),
     #: what a client accepts from its server after ``welcome``
     "down": frozenset(("req", "end")),

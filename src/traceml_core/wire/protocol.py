@@ -1,4 +1,4 @@
-"""TraceML wire protocol, version 3. Both ends import this module; nothing else defines frames.
+"""TraceML wire protocol, version 4. Both ends import this module; nothing else defines frames.
 
 Transport: TCP. Each frame is a 4-byte big-endian unsigned length followed by that many bytes of
 one msgpack map. A frame longer than :data:`MAX_FRAME` (:data:`MAX_HELLO` before the hello is
@@ -9,8 +9,9 @@ relay's or the launcher's frames, at the client for the server's answers.
 
 Route: a training rank talks only to its own node's **relay** (a thread of that node's
 ``traceml run`` launcher, on loopback); each relay holds one connection to the **aggregator** on
-node 0; node 0's launcher holds one ``control`` connection to its aggregator. So node 0 serves one
-connection per node, whatever the number of ranks.
+node 0 (from hundreds of nodes on, to its group's **group relay**, which holds one to the
+aggregator); node 0's launcher holds one ``control`` connection to its aggregator. So node 0
+serves one connection per node (per group), whatever the number of ranks.
 
 Handshake (wire/auth.py): the client's first frame is ``hello``; nothing else is accepted before
 the server answers ``welcome`` (or ``refused`` with a reason, then closes). The hello proves
@@ -30,6 +31,10 @@ Hello ``kind``:
 ``node``     a node's relay (its launcher) joining the aggregator: carries that node's ranks and
              its own ``system`` samples. ``rank`` is -1. Extra field ``nproc``.
 ``control``  node 0's own launcher, at the aggregator (``node`` 0).
+``group``    a group relay (runs of hundreds of nodes: launcher/grouprelay.py), at the aggregator:
+             the launcher of a group's first node (``node``), carrying the frames of its group's
+             nodes, whose relays connect to it (kind ``node``, endpoint ``group:<g>``) instead
+             of to the aggregator. ``rank`` is -1. Extra field ``nodes``.
 
 Rank → relay, after ``welcome``:
 
@@ -42,11 +47,22 @@ Rank → relay, after ``welcome``:
 ``event``   ``{"t","rank","kind","text","ts"}``: a notable event (warning, exception text).
             Kind ``step_source``: ``text`` is a JSON object saying how this rank's steps are
             found (see :func:`traceml_core.wire.frames.step_source`); the latest one counts, it
-            is not a notable event. Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
+            is not a notable event. Kinds ``span``, ``progress`` and ``work``: ``text`` is a JSON
+            object of the rank's own facts (``traceml_core.rankfacts``, checked by
+            :func:`traceml_core.wire.frames.rank_fact`): a timed span (``{"span": "checkpoint",
+            "dur_ns","end","step","gstep","in_step","api"}``: a checkpoint save, when it ended,
+            the rank's step count and the script's global step then), a progress mark
+            (``{"step","gstep","start","end"}``: the rank's step ``step`` is the script's global
+            step ``gstep``, with its start and end), or the work a step is worth
+            (``{"tokens_per_step","flops_per_step","dtype","device"}``); not notable events.
+            Kind ``cpu_threads`` (:data:`CPU_THREADS_EVENT`): ``text``
             is a JSON object with the rank's intra-op threads and the cores it may use, and its
             training thread's time on a CPU and waiting for one (``threads``, ``cpus``,
             ``cpuset``, ``steps``, ``run_ns``, ``wait_ns`` and the same at the settled start;
-            traceml_core/sdk/threads.py), sent once training settled and at shutdown.
+            traceml_core/sdk/threads.py), and what feeds its input (its DataLoader workers,
+            their time on a CPU and waiting for one, its own CPU time, its cgroup's CPU
+            throttling, ``OMP_NUM_THREADS``, the scheduler's CPU request), sent once training
+            settled and at shutdown.
 ``bye``     ``{"t","rank","status","steps","dropped","error","fail_step","fail_in_step"}``: a
             rank's clean or failed end; ``steps`` is the total number of records it produced;
             ``fail_step`` (int or null) is the index of the step a fatal error happened in
@@ -54,21 +70,24 @@ Rank → relay, after ``welcome``:
             not recorded) or, raised between steps, of the step that would have come next.
 ``resp``    ``{"t","id","rank","kind","data"}``: a rank's answer to a ``req`` (below).
 
-Relay → aggregator (kind ``node``), every frame about a rank carrying its ``rank``: the ranks'
-``steps`` (contiguous frames of one rank merged: ``seq`` of the first, ``n`` the sum, ``dropped``
-the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as received, plus:
+Relay → aggregator (kind ``node``), every frame about a rank carrying its ``rank``: each window
+of a rank's records as its statistics (``fold``; contiguous ``steps`` frames of one rank merged
+into one window, never over a gap), the ranks' ``event``, ``bye`` and ``resp`` frames as
+received, plus:
 
-``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}`` (summary mode, instead
-             of ``steps``): one merged window of a rank's records folded into partial
-             statistics, so node 0 adds partials instead of computing from every record.
-             ``seq``, ``n``, ``dropped``, ``open`` are the window's, as in ``steps`` (gaps,
-             duplicates and losses are counted the same way). ``v`` is a packed little-endian
-             int64 array whose layout is defined once in ``traceml_core.wire.fold`` (per
-             duration column: count, sum, max, min, warm-up count and sum, sketch keys; peak
-             memory; per sum column; the per-step-bucket series rows, row by row, when the
-             window straddles buckets), ``o`` the signed outside-step times, ``keys`` packed
-             uint16 sketch keys.
-             Checked at node 0 by ``wire/frames.check_fold``.
+``fold``     ``{"t","rank","seq","n","dropped","open","v","o","keys"}``: the statistics of one
+             window of a rank's records (counts, sums, extremes, the warm-up split, the time
+             outside the steps, sampled sketch keys, the per-step-bucket series rows): one
+             ``traceml_core.statistics.window.WindowStats``, which node 0 merges into the rank's.
+             ``seq``, ``n``, ``dropped``, ``open`` are the window's records', as in ``steps``
+             (gaps, duplicates and losses are counted the same way). ``v`` (packed little-endian
+             int64s), ``o`` (int64s, the signed outside-step times) and ``keys`` (uint16s) follow
+             the value's own field list (``traceml_core.wire.fold``), and are checked at node 0
+             by the value's rules (``wire/frames.check_fold``). Node 0 takes step records in no
+             other form.
+``tail``     ``{"t","rank","seq","n","cols"}`` (live modes ``cli``/``dashboard`` only): the
+             window's last ``n`` (at most 64) records, columns as in ``steps``, beside its
+             ``fold``: the live views show them; no statistics are computed from them.
 ``join``     ``{"t","rank","local_rank","host","pid","new"}``: the relay accepted this rank's
              hello; ``new`` is false when the relay only re-announces its ranks after
              re-establishing its own connection (not a reconnect of the rank), and then carries
@@ -101,6 +120,14 @@ the larger; never merged over a gap), ``event``, ``bye`` and ``resp`` frames as 
              is not measured (null, counted in ``values_refused``); anything else malformed drops
              the record, never the frame. The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.
+
+A group relay (kind ``group``) sends its nodes' frames as they came (each rank's windows
+merged over a few seconds: one ``fold`` with counted sketches; a node launcher's own ``bye``
+with its ``node``), plus:
+
+``node``     ``{"t","node","host","nproc","gone"}``: a node relay of the group connected (or, with
+             ``gone`` true, its link closed): for node 0 it is as if that node's own link opened
+             or closed.
 
 A malformed relayed frame is counted and skipped; it does not close the node's connection.
 
@@ -147,13 +174,21 @@ Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgpack
 
-#: 3: the ``fold`` frame's series rows are sent row by row (node 0 copies them as bytes)
-PROTOCOL_VERSION = 3
+# the step record's columns, and how each is aggregated, live with the statistics; every end reads
+# them here (re-exported)
+from ..statistics.columns import (  # noqa: F401
+    COLUMN_KINDS, COLUMNS, COMM_COLUMNS, DURATION_COLUMNS, PEAK_COLUMNS, STEP_COLUMNS, SUM_COLUMNS,
+    Column,
+)
+
+#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields
+#: (statistics/window.py), in every mode; the live modes add ``tail`` frames; group relays (kind
+#: ``group``, ``node`` frames). 3: the ``fold`` frame's series rows row by row
+PROTOCOL_VERSION = 4
 #: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
 #: ``lifecycle`` record names them
 LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
@@ -166,56 +201,6 @@ RECV_SIZE = 256 * 1024
 #: a hello whose timestamp differs from the server clock by more than this is refused
 HELLO_WINDOW_S = 300.0
 
-
-@dataclass(frozen=True)
-class Column:
-    """One column of a step record. ``kind`` says how receivers aggregate it, so adding a column
-    here (and to the SDK's row) is all it takes for it to reach the summary:
-
-    * ``index``: the step index; ``clock``: the wall clock at the step's end (ns);
-    * ``duration``: nanoseconds; full statistics (count, sum, max, min, quantile sketch, warm-up
-      split, per-step-bucket series), reported as a phase;
-    * ``peak``: a level whose maximum matters (bytes of memory): count, sum, max, per-bucket max;
-    * ``sum``: only totals matter (count, sum, max, warm-up split), e.g. bytes moved, from which
-      rates are derived (sum of bytes / sum of busy time).
-    """
-
-    name: str
-    kind: str
-    doc: str
-
-
-COLUMN_KINDS = ("index", "clock", "duration", "peak", "sum")
-
-#: step record columns, all integers (nanoseconds, bytes); -1 means "not measured this step"
-COLUMNS = (
-    Column("step", "index", "user-visible step index (0-based count of trace_step entries on this rank)"),
-    Column("t_end_ns", "clock", "wall clock (time.time_ns) at step end"),
-    Column("step_ns", "duration", "whole step, from entering trace_step (or the input fetch before it) to exit"),
-    Column("input_ns", "duration", "waiting for the next batch (DataLoader / wrap_dataloader __next__) "
-                                   "credited to this step; -1 when no such fetch was timed (a get_batch() function)"),
-    Column("forward_ns", "duration", "forward passes of the traced model"),
-    Column("backward_ns", "duration", "backward passes"),
-    Column("optimizer_ns", "duration", "optimizer steps"),
-    Column("h2d_ns", "duration", "host-to-device copies (CUDA only)"),
-    Column("mem_peak", "peak", "peak memory during the step: CUDA allocator on GPU, process RSS on CPU"),
-    # communication (sdk/comm.py; -1 throughout when not measured: no process group, or a DDP
-    # model whose all-reduce cannot be timed). forward/backward/optimizer exclude comm_ns.
-    Column("comm_ns", "duration", "exposed communication: time the rank waited for collectives"),
-    Column("comm_busy_ns", "sum", "time at least one collective was in flight (union of launch..completion)"),
-    Column("comm_bytes", "sum", "collective sizes S as nccl-tests defines them, summed (algbw = bytes/busy)"),
-    Column("comm_bus_bytes", "sum", "each S times its op's bus factor, summed (busbw = bus_bytes/busy)"),
-    Column("comm_calls", "sum", "collectives launched in the step (DDP buckets + explicit calls)"),
-)
-STEP_COLUMNS = tuple(c.name for c in COLUMNS)
-#: the columns with full statistics, in report order (``step_ns`` first)
-DURATION_COLUMNS = tuple(c.name for c in COLUMNS if c.kind == "duration")
-PEAK_COLUMNS = tuple(c.name for c in COLUMNS if c.kind == "peak")
-#: the columns that only need totals (count, sum, max; steady = without the warm-up steps)
-SUM_COLUMNS = tuple(c.name for c in COLUMNS if c.kind == "sum")
-#: the communication columns (all -1 together when communication is not measured)
-COMM_COLUMNS = STEP_COLUMNS[STEP_COLUMNS.index("comm_ns"):]
-assert all(c.kind in COLUMN_KINDS for c in COLUMNS) and DURATION_COLUMNS[0] == "step_ns"
 
 SYSTEM_FIELDS = ("ts", "cpu_pct", "ram_used", "ram_total", "gpus")
 GPU_FIELDS = ("index", "util_pct", "mem_used", "mem_total", "temp_c", "power_w")

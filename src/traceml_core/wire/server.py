@@ -400,6 +400,37 @@ class FramedServer:
         return not c.closed
 
 
+class Waker:
+    """Wakes a :class:`FramedServer`'s loop from another thread (a socket pair it also serves):
+    a relay's client thread has frames from upstream, or a close was asked for."""
+
+    def __init__(self, net: FramedServer) -> None:
+        self._r, self._w = socket.socketpair()
+        self._r.setblocking(False)
+        self._w.setblocking(False)
+        net.add_fd(self._r.fileno(), self._drain)
+
+    def wake(self) -> None:
+        try:
+            self._w.send(b"\0")
+        except OSError:
+            pass
+
+    def _drain(self, _r: bool, _w: bool) -> None:
+        try:
+            while self._r.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        for s in (self._r, self._w):
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
 def listen(host: str, port: int, backlog: int = 4096) -> socket.socket:
     """A non-blocking listening TCP socket (IPv6 when ``host`` is an IPv6 address). Raises OSError."""
     import ipaddress

@@ -197,6 +197,11 @@ def main(argv: Optional[Sequence[str]] = None, *, prog: str = "traceml slurm doc
                          f"Please report it (run with -v for the traceback).\n")
         return 3
     report.strict = ns.strict
+    if not options.local and not report.error:
+        from ..facts import Facts
+        from .nodehealth import next_job
+
+        report.next_job = next_job(report, Facts.of(environ))
     from .render import render_json, render_text
 
     if ns.json:

@@ -112,9 +112,40 @@ def check_stale_env(ctx: NodeContext) -> Outcome:
         f"Unset them in the sbatch script before srun: `unset {' '.join(found)}`.", **data)
 
 
+def check_cpus(ctx: NodeContext) -> Outcome:
+    """The CPU facts the input-bound verdict joins with its measured input wait (docs/input-cpu.md),
+    before the run: what Slurm gives each task, what this step may run on, and whether srun passes
+    the job's --cpus-per-task on (22.05 to 23.10 do not)."""
+    import os
+
+    from ..cpus import PASS_ON, passes_on, slurm_version
+
+    grant = ctx.facts.cpus
+    version = slurm_version(ctx.facts.environ)
+    try:
+        mask = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        mask = None
+    omp = ctx.facts.environ.get("OMP_NUM_THREADS")
+    data = {"cpus_per_task": grant.cpus_per_task, "srun_cpus_per_task": grant.srun_cpus_per_task,
+            "cpus_on_node": grant.cpus_on_node, "affinity_cpus": mask, "omp_num_threads": omp, "version": version}
+    asked = (f"--cpus-per-task={grant.cpus_per_task}" if grant.cpus_per_task is not None
+             else "no --cpus-per-task (Slurm's default: 1 CPU per task)")
+    line = (f"{asked}; SRUN_CPUS_PER_TASK {grant.srun_cpus_per_task if grant.srun_cpus_per_task else 'unset'}; "
+            f"this step may run on {mask if mask is not None else '?'} CPU(s); "
+            f"{grant.cpus_on_node if grant.cpus_on_node else '?'} allocated on the node; "
+            f"OMP_NUM_THREADS {omp if omp else 'unset (torchrun sets 1)'}; Slurm {version or 'version unknown'}")
+    if (grant.cpus_per_task or 1) > 1 and grant.srun_cpus_per_task is None and passes_on(version) is False:
+        return warned(f"{line}: srun of Slurm {version} does not pass --cpus-per-task={grant.cpus_per_task} on to "
+                      "its tasks, so each task of `srun traceml run` gets 1 CPU and its DataLoader workers share it",
+                      f"In the job script, before srun: `{PASS_ON}`.", **data)
+    return passed(line, **data)
+
+
 CHECKS = (
     CheckSpec("slurm.context", "Inside a Slurm allocation", check_context, scope="job"),
     CheckSpec("slurm.tasks-per-node", "One launcher task per node", check_tasks_per_node, scope="job"),
     CheckSpec("slurm.launch-config", "Launch config resolves", check_launch_config),
     CheckSpec("slurm.stale-env", "No stale launcher variables", check_stale_env),
+    CheckSpec("slurm.cpus", "CPUs for each task", check_cpus),
 )

@@ -191,6 +191,8 @@ class Report:
     #: set when the doctor itself could not finish (exit 3)
     error: Optional[str] = None
     notes: list[str] = field(default_factory=list)
+    #: the lines for the next job script from the user's node store (doctor/nodehealth.py)
+    next_job: Optional[Any] = None
 
     @property
     def summary(self) -> Summary:
@@ -223,6 +225,10 @@ class Report:
         }
         if self.notes:
             out["notes"] = list(self.notes)
+        if self.next_job is not None:
+            nj = self.next_job
+            out["next_job"] = {"lines": list(nj.lines), "why": list(nj.why), "notes": list(nj.notes),
+                               "excluded": list(nj.excluded)}
         if self.error:
             out["error"] = self.error
         return out

@@ -146,6 +146,12 @@ def render_text(report: Report, stream: IO[str], *, no_color: bool = False, verb
     if report.error:
         out.append(f"{style.mark(Status.FAIL)} the doctor could not finish: {report.error}")
     out.append(summary_line(report))
+    nj = report.next_job
+    if nj is not None:
+        out += [style.dim(f"note: {n}") for n in nj.notes]
+        if nj.lines:
+            out.append("Next job script (paste into your sbatch script; traceml slurm nodes says why):")
+            out += [f"  {line}    # {why}" for line, why in zip(nj.lines, nj.why)]
     stream.write("\n".join(out) + "\n")
     stream.flush()
 

@@ -108,6 +108,8 @@ def run_template(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         script_args = script_args[1:]
     job = resolve_job(given, preset, script=ns.script, script_args=script_args,
                       command=regeneration_args(argv), out_dir=ns.out_dir)
+    if job.spec.exclude_bad:
+        job = with_bad_nodes(job)
     files = build_files(job)
     for f in files:
         ok, message = bash_syntax(f.content)
@@ -143,6 +145,30 @@ def run_template(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         _report(job, files, result, written, tested, show=ns.show)
     return 1 if tested is not None and tested.ran and tested.returncode != 0 else 0
+
+
+def with_bad_nodes(job: Any) -> Any:
+    """``--exclude-bad``: the hosts the user's node store excludes, added to ``--exclude``, with a
+    note saying which and why (or that none is bad)."""
+    from dataclasses import replace
+
+    from ..facts import Facts
+    from ..hostlists import compress_hosts, expand_nodelist
+    from ..nodes import record
+
+    facts = Facts.of(os.environ)
+    health, notes = record(facts.node_store, facts.cluster_name or None, None)
+    bad = [h for h in health if h.exclude]
+    if not bad:
+        known = sum(1 for h in health if h.jobs)
+        note = (f"--exclude-bad: no host is bad enough to exclude ({known} host(s) with recent jobs in "
+                f"{facts.node_store})")
+        return replace(job, notes=job.notes + tuple(notes) + (note,))
+    hosts = [h.host for h in bad] + (expand_nodelist(job.spec.exclude, "--exclude") if job.spec.exclude else [])
+    note = "--exclude-bad: " + "; ".join(h.reason or f"{h.host}: {h.why}" for h in bad)
+    sources = {**job.sources, "exclude": ("flag+" if job.spec.exclude else "") + "node store"}
+    return replace(job, spec=replace(job.spec, exclude=compress_hosts(hosts)), sources=sources,
+                   notes=job.notes + tuple(notes) + (note,))
 
 
 def _write(files: Sequence[Any], out_dir: Path, *, force: bool) -> list[str]:

@@ -54,6 +54,8 @@ class JobSpec:
     qos: Optional[str]
     constraint: Optional[str]
     exclusive: bool
+    exclude: Optional[str]
+    exclude_bad: bool
     output_pattern: str
     time: Optional[str]
     signal_margin: int

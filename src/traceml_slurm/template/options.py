@@ -27,6 +27,7 @@ _NAMES = re.compile(r"^[A-Za-z0-9_.-]+(,[A-Za-z0-9_.-]+)*$")
 _ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MEM = re.compile(r"^[0-9]+[KMGTkmgt]?$")
 _IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.:@-]+(,[A-Za-z0-9_.:@-]+)*$")
+_HOSTLIST = re.compile(r"^[A-Za-z0-9_.\-]+(\[[0-9,\-]+\][A-Za-z0-9_.\-]*)?(,[A-Za-z0-9_.\-]+(\[[0-9,\-]+\][A-Za-z0-9_.\-]*)?)*$")
 _CONSTRAINT = re.compile(r"^[A-Za-z0-9_.:&|,\[\]*()=-]+$")
 _OUTPUT_ESCAPE = re.compile(r"%(%|[0-9]*[A-Za-z]?)")
 
@@ -107,6 +108,14 @@ def parse_constraint(text: str) -> str:
     if not _CONSTRAINT.match(value):
         raise ValueError("is not a Slurm constraint; use feature names (letters, digits, '_', '.', ':', '-', '=') "
                          "joined by & (and), | (or), ',' , [ ] (matching OR), ( ) and *N (count)")
+    return value
+
+
+def parse_hostlist(text: str) -> str:
+    value = _nonempty(text)
+    if not _HOSTLIST.match(value):
+        raise ValueError("is not a Slurm host list; use host names separated by commas, with ranges in "
+                         "brackets, for example node3,node[7-9]")
     return value
 
 
@@ -226,6 +235,10 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
     TemplateOption("qos", "value", _name("QOS name"), None, "Quality of service.", "NAME"),
     TemplateOption("constraint", "value", parse_constraint, None, "Node features (sbatch --constraint).", "EXPR"),
     TemplateOption("exclusive", "bool", None, False, "Whole nodes only (sbatch --exclusive)."),
+    TemplateOption("exclude", "value", parse_hostlist, None, "Hosts the job must not run on (sbatch --exclude), "
+                   "e.g. node3,node[7-9].", "HOSTS"),
+    TemplateOption("exclude_bad", "bool", None, False, "Also exclude the hosts your node store finds bad "
+                   "(`traceml slurm nodes`: worse than their peers in most of their recent jobs)."),
     TemplateOption("output_pattern", "value", parse_output, "%x-%j.out",
                    "Slurm's stdout/stderr file name (sbatch --output).", "PATTERN"),
     TemplateOption("time", "value", parse_time_text, None, f"Time limit: {FORMATS_TEXT}.", "TIME", group="time",
@@ -234,7 +247,7 @@ TEMPLATE_OPTIONS: tuple[TemplateOption, ...] = (
                    "Seconds before the time limit at which the step's tasks get SIGTERM (sbatch "
                    "--signal=TERM@S), so TraceML can write its summary. 0: no early signal.", "S", group="time"),
     TemplateOption("requeue", "tristate", None, None, "Allow (--requeue) or forbid (--no-requeue) requeueing; "
-                   "a requeued run writes a new run directory.", group="time", default_doc="the site's default"),
+                   "a requeued run keeps its run directory, one attempt after another.", group="time", default_doc="the site's default"),
     TemplateOption("setup", "list", parse_setup_line, (), "Shell line run once in the batch shell before srun "
                    "(module load, source venv/bin/activate). Repeatable.", "LINE", group="env"),
     TemplateOption("node_setup", "list", parse_setup_line, (), "Shell line run on every node inside the step, in "

@@ -91,6 +91,8 @@ def sbatch_directives(spec: JobSpec) -> list[str]:
         d.append(f"--time={q(spec.time)}")
     if spec.exclusive:
         d.append("--exclusive")
+    if spec.exclude:
+        d.append(f"--exclude={q(spec.exclude)}")
     d.append(f"--output={q(spec.output_pattern)}")
     if spec.requeue is True:
         d.append("--requeue")

@@ -21,7 +21,7 @@ Sizes: ``COMM_LAYERS`` x ``COMM_WIDTH`` (model), ``COMM_BATCH`` (DDP batch), ``C
 (DDP's bucket_cap_mb, default 0.25 so several buckets), ``COMM_NUMEL`` (explicit collectives).
 
 ``inflight``   rank 0 enters an all_reduce that rank 1 joins 1.5 s late; a thread on rank 0
-               samples ``comm.in_flight()`` meanwhile and reports what it saw
+               samples ``TRACER.inflight.oldest()`` meanwhile and reports what it saw
 """
 
 from __future__ import annotations
@@ -142,14 +142,14 @@ def main() -> None:
     elif MODE == "inflight":
         import threading
 
-        from traceml_core.sdk import comm
+        from traceml_core.sdk.tracer import TRACER
 
         seen: list = []
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.is_set():
-                c = comm.in_flight()
+                c = TRACER.inflight.oldest()
                 if c is not None:
                     seen.append([c.op, c.nbytes, c.seq, c.started_ns, c.group_size])
                 time.sleep(0.05)
@@ -165,7 +165,7 @@ def main() -> None:
             sampler.join()
         facts["seen"] = seen[:3]
         facts["seen_n"] = len(seen)
-        facts["after"] = comm.in_flight()
+        facts["after"] = TRACER.inflight.oldest()
     elif MODE == "fsdp":
         from torch.distributed.fsdp import fully_shard
 

@@ -39,7 +39,7 @@ def test_bootstrap_runs_the_script_like_python_does(tmp_path):
     script.write_text(SCRIPT)
     direct = subprocess.run([PYTHON, str(script), "3", "--flag"], capture_output=True, text=True,
                             env=subprocess_env(), cwd=tmp_path, timeout=120)
-    boot = subprocess.run([PYTHON, "-m", "traceml_core.sdk.bootstrap", str(script), "3", "--flag"],
+    boot = subprocess.run([PYTHON, "-m", "traceml_core.bootstrap", str(script), "3", "--flag"],
                           capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=120)
     assert boot.returncode == direct.returncode == 3, boot.stderr
     assert boot.stdout == direct.stdout, (boot.stdout, direct.stdout)
@@ -52,7 +52,7 @@ def test_bootstrap_runs_a_module_and_keeps_the_traceback(tmp_path):
     (tmp_path / "pkg" / "__init__.py").write_text("")
     (tmp_path / "pkg" / "train.py").write_text(
         "import sys\nprint('module argv', sys.argv[1:], __name__)\nraise ValueError('boom in module')\n")
-    boot = subprocess.run([PYTHON, "-m", "traceml_core.sdk.bootstrap", "-m", "pkg.train", "a"],
+    boot = subprocess.run([PYTHON, "-m", "traceml_core.bootstrap", "-m", "pkg.train", "a"],
                           capture_output=True, text=True, env=subprocess_env(), cwd=tmp_path, timeout=60)
     assert boot.returncode == 1
     assert "module argv ['a'] __main__" in boot.stdout

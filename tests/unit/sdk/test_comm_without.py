@@ -4,7 +4,7 @@ in the summary), never as a made-up 0 ms."""
 
 from __future__ import annotations
 
-from traceml_core.sdk.comm import CLOCK_SLACK, without
+from traceml_core.sdk.collectives import CLOCK_SLACK, without
 
 
 def test_a_phase_charged_more_wait_than_it_lasted_is_not_measured_rather_than_zero():

@@ -14,20 +14,18 @@ PHASES = ("input_ns", "forward_ns", "backward_ns", "optimizer_ns")
 
 
 def start(sdk, sink):
-    from traceml_core.sdk import inference
+    from traceml_core.sdk.tracer import TRACER
 
     assert sdk.init(aggregator=f"127.0.0.1:{sink.port}", token="test-token", run_name="test-run")
-    inference.reset_for_tests()
-    assert inference.start()
+    assert TRACER.start_inference()
 
 
 def finish(sdk, sink):
-    from traceml_core.sdk import inference, patches
+    from traceml_core.sdk.tracer import TRACER
 
     sdk.shutdown()
     assert sink.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
-    inference.stop()
-    patches.set_inference(False)
+    TRACER.inference.stop()
     return sink.ranks[0]
 
 
@@ -77,7 +75,7 @@ def test_a_second_optimizer_does_not_split_the_step(sdk, sink):
 
 
 def test_trace_step_takes_the_steps_over(sdk, sink):
-    from traceml_core.sdk import inference, patches
+    from traceml_core.sdk.tracer import TRACER
 
     start(sdk, sink)
     model = nn.Linear(8, 1)
@@ -90,7 +88,7 @@ def test_trace_step_takes_the_steps_over(sdk, sink):
             model(torch.randn(4, 8)).sum().backward()
             opt.step()
             opt.step()                       # two optimizer steps inside one traced step
-    assert not inference.active() and not patches._infer_mode
+    assert not TRACER.infer and TRACER.owners.owner is None
     log = finish(sdk, sink)
     assert log.records == 3 + 5
     assert [s["source"] for s in sources(log)][-1] == "trace_step"

@@ -91,14 +91,14 @@ def test_lightning_callback_one_step_per_optimizer_step_without_overlap(sdk, sin
 def test_lightning_exception_closes_the_open_step_and_never_raises_from_the_callback(sdk, sink):
     L = pytest.importorskip("lightning.pytorch")
     from traceml_core.integrations.lightning import TraceMLCallback
-    from traceml_core.sdk import hotpath
+    from traceml_core.sdk.tracer import TRACER
 
     start(sdk, sink)
     trainer = _trainer(L, TraceMLCallback())
     with pytest.raises(RuntimeError, match="bad batch"):
         trainer.fit(_lightning_module(L, fail_at=7), DataLoader(data(16 * 20), batch_size=16))
-    r = hotpath.REC
-    assert r is not None and r.active == 0 and r.opt_owner is None, "no step left open"
+    r = TRACER
+    assert r.on and r.active == 0 and r.opt_owner is None, "no step left open"
     # the loop goes on after the exception: a plain traced step records normally
     model = nn.Linear(4, 1)
     with sdk.trace_step(model):
@@ -113,27 +113,29 @@ def test_a_wait_between_micro_batches_is_charged_to_no_phase_while_lightning_own
     (Lightning broadcasts at every batch start, also on the second micro-batch of an accumulated
     step) is exposed communication of the step, not optimizer time: charged there, its wait of
     milliseconds zeroed the optimizer phase of every step on a 2-rank CI run."""
-    from traceml_core.sdk import comm, hotpath
+    from traceml_core.sdk import comm
     from traceml_core.sdk.driven import StepDriver
+    from traceml_core.sdk.recorder import C_FWD, C_OPT
     from traceml_core.sdk.source import StepSource
+    from traceml_core.sdk.tracer import TRACER
 
     start(sdk, sink)
     d = StepDriver("Lightning", owns_optimizer=True, owns_forward=True)
     assert d.claim(StepSource("lightning", accumulation=2))
-    r = hotpath.REC
+    r = TRACER
     phases = []
     for _micro in range(2):
         d.open()
-        phases.append(comm._phase_of(r))        # the batch-start broadcast
+        phases.append(comm.phase_of(r))        # the batch-start broadcast
         d.forward_begin()
-        phases.append(comm._phase_of(r))
+        phases.append(comm.phase_of(r))
         d.forward_end()
     d.optimizer_begin()
-    phases.append(comm._phase_of(r))
+    phases.append(comm.phase_of(r))
     d.optimizer_end()
-    phases.append(comm._phase_of(r))
+    phases.append(comm.phase_of(r))
     d.close()
-    assert phases == [0, hotpath.C_FWD, 0, hotpath.C_FWD, hotpath.C_OPT, 0]
+    assert phases == [0, C_FWD, 0, C_FWD, C_OPT, 0]
     d.release()
     log = finish(sdk, sink)
     assert log.records == 1

@@ -6,8 +6,9 @@ import inspect
 
 import pytest
 
-from traceml_core.sdk import hotpath
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk import hooks
+from traceml_core.sdk.recorder import C_BWD, C_FWD, C_OPT, StepRecorder
+from traceml_core.sdk.tracer import Tracer
 
 
 class Model:
@@ -44,30 +45,26 @@ CALLS = {
 
 @pytest.mark.parametrize("fn", forwards(), ids=lambda f: f.__name__)
 def test_forward_wrapper_is_transparent_and_timed(fn):
-    rec = StepRecorder()
+    t = Tracer(StepRecorder())
     m = Model()
-    rec.model_id = id(m)
-    rec.models.add(id(m))
-    rec.fwd0 = 0
-    wrapped = hotpath.make_forward(fn)
+    t.model_id = id(m)
+    t.models.add(id(m))
+    t.time_forward(True)
+    wrapped = hooks.forward(fn, t)
     assert inspect.signature(wrapped) == inspect.signature(fn)
-    hotpath.set_recorder(rec)
-    try:
-        for args, kwargs in CALLS[fn.__name__]:
+    for args, kwargs in CALLS[fn.__name__]:
+        assert wrapped(m, *args, **kwargs) == fn(m, *args, **kwargs)
+        with t.step:
             assert wrapped(m, *args, **kwargs) == fn(m, *args, **kwargs)
-            with StepContext(rec):
-                assert wrapped(m, *args, **kwargs) == fn(m, *args, **kwargs)
-            assert rec.fwd > 0
-        too_many = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-        try:
-            expected = fn(m, *too_many)
-        except TypeError:
-            with pytest.raises(TypeError):
-                wrapped(m, *too_many)
-        else:
-            assert wrapped(m, *too_many) == expected
-    finally:
-        hotpath.set_recorder(None)
+        assert t.vals[C_FWD] > 0
+    too_many = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+    try:
+        expected = fn(m, *too_many)
+    except TypeError:
+        with pytest.raises(TypeError):
+            wrapped(m, *too_many)
+    else:
+        assert wrapped(m, *too_many) == expected
 
 
 def test_backward_and_step_wrappers_forward_every_argument():
@@ -80,15 +77,11 @@ def test_backward_and_step_wrappers_forward_every_argument():
         seen.append(("step", self, closure))
         return closure() if closure else None
 
-    b = hotpath.make_backward(backward)
-    s = hotpath.make_step(step)
-    rec = StepRecorder()
-    hotpath.set_recorder(rec)
-    try:
-        with StepContext(rec):
-            b("loss", None, True, False, inputs=["w"])
-            assert s("opt", lambda: 42) == 42
-        assert seen == [("loss", None, True, False, ["w"]), ("step", "opt", seen[1][2])]
-        assert rec.bwd > 0 and rec.opt > 0
-    finally:
-        hotpath.set_recorder(None)
+    t = Tracer(StepRecorder())
+    b = hooks.backward(backward, t)
+    s = hooks.step(step, t)
+    with t.step:
+        b("loss", None, True, False, inputs=["w"])
+        assert s("opt", lambda: 42) == 42
+    assert seen == [("loss", None, True, False, ["w"]), ("step", "opt", seen[1][2])]
+    assert t.vals[C_BWD] > 0 and t.vals[C_OPT] > 0

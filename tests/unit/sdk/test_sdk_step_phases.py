@@ -246,9 +246,9 @@ def test_exceptions_inside_a_step_propagate_and_later_steps_are_still_timed(sdk,
 
 
 def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
-    from traceml_core.sdk import patches
+    from traceml_core.sdk.tracer import TRACER
 
-    patches.uninstall()                               # a fresh process: nothing patched yet
+    TRACER.patches.uninstall()                        # a fresh process: nothing patched yet
 
     class EarlyOpt(torch.optim.SGD):
         pass

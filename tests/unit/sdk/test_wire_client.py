@@ -8,7 +8,8 @@ import subprocess
 import threading
 import time
 
-from traceml_core.sdk.hotpath import StepContext, StepRecorder
+from traceml_core.sdk.recorder import StepRecorder
+from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import AUTH_FAILED, relay_aud
 from traceml_core.wire.client import TelemetryClient
 from traceml_core.wire.protocol import FrameBuffer, encode
@@ -25,7 +26,7 @@ def make_client(port, *, token="test-token", run="test-run", source=None, **kw):
 
 
 def record_steps(recorder, n):
-    ctx = StepContext(recorder)
+    ctx = Tracer(recorder).step
     for _ in range(n):
         with ctx:
             pass
@@ -124,7 +125,7 @@ def test_server_killed_mid_run_training_keeps_full_speed_and_loss_is_exact():
         record_steps(rec, 5000)
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
-        ctx = StepContext(rec)
+        ctx = Tracer(rec).step
         worst = 0.0
         for _ in range(30000):        # ~0.1 s of empty steps while the client finds out
             t0 = time.perf_counter()

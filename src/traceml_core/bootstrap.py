@@ -1,6 +1,6 @@
 """The worker bootstrap: what ``traceml run`` starts in each worker in place of the bare script.
 
-``python -m traceml_core.sdk.bootstrap SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
+``python -m traceml_core.bootstrap SCRIPT ARGS...`` (or ``-m MODULE ARGS...``) runs the
 user's script exactly as ``python SCRIPT ARGS...`` would (``__name__ == "__main__"``, ``sys.argv``,
 ``sys.path[0]`` the script's folder, ``__main__`` its module so pickling works, its exit status
 and traceback), after arranging two things for a script that does not call traceml itself:
@@ -9,8 +9,11 @@ and traceback), after arranging two things for a script that does not call trace
   if it never calls traceml), and, unless ``--auto-steps off``, steps are found without code
   changes: from the framework's own hooks where the script trains with Lightning, the Hugging
   Face ``Trainer`` or Accelerate (``traceml_core.integrations``), else inferred from optimizer
-  steps (inference.py);
+  steps (sdk/inference.py);
 * nothing is imported before the script imports it (hooks wait for the import: sdk/imports.py).
+
+It sits above both the SDK and the integrations (it arranges one and starts the other), so
+neither needs to import the other's set-up.
 
 A script that calls ``traceml.init()``/``trace_step`` itself is unaffected: init() is idempotent
 and the first ``trace_step`` takes the step boundaries over.
@@ -25,21 +28,18 @@ import runpy
 import sys
 from typing import Any, Optional
 
-from ..runinfo import RunInfo
+from .runinfo import RunInfo
 
-USAGE = "usage: python -m traceml_core.sdk.bootstrap (SCRIPT | -m MODULE) [ARGS...]"
-
-#: set while this process runs under the bootstrap (the Lightning callback factory reads it)
-ACTIVE = False
-AUTO_STEPS = False
+USAGE = "usage: python -m traceml_core.bootstrap (SCRIPT | -m MODULE) [ARGS...]"
 
 
-def _start_telemetry(_torch: Any) -> None:
-    from . import api, inference
+def _start_telemetry(auto_steps: bool, _torch: Any) -> None:
+    from .sdk import api
+    from .sdk.tracer import TRACER
 
     def then(active: bool) -> None:
-        if active and AUTO_STEPS:
-            inference.start()
+        if active and auto_steps:
+            TRACER.start_inference()
 
     if api.init_running_here():
         # the script called traceml.init() before importing torch, and init's own import of
@@ -52,16 +52,16 @@ def _start_telemetry(_torch: Any) -> None:
 
 def prepare(info: Optional[RunInfo]) -> None:
     """Register the import hooks (no import of torch or a framework here)."""
-    global ACTIVE, AUTO_STEPS
     if info is None:
         return
-    from . import imports
+    import functools
 
-    ACTIVE = True
-    AUTO_STEPS = bool(getattr(info, "auto_steps", True))
-    imports.when_imported("torch", _start_telemetry)
-    if AUTO_STEPS:
-        from ..integrations import zero_code
+    from .sdk import imports
+
+    auto_steps = bool(getattr(info, "auto_steps", True))
+    imports.when_imported("torch", functools.partial(_start_telemetry, auto_steps))
+    if auto_steps:
+        from .integrations import zero_code
 
         zero_code.install()
 
@@ -134,8 +134,4 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 
 if __name__ == "__main__":
-    # run as `python -m`, this file is `__main__`; the state above must live in the importable
-    # module (the Lightning callback factory reads traceml_core.sdk.bootstrap.ACTIVE)
-    from traceml_core.sdk.bootstrap import main as _main
-
-    _main()
+    main()

@@ -65,13 +65,21 @@ def value_bucket(value: float) -> int:
 
 
 class QuantileSketch:
-    """Counts of values per relative-accuracy bucket; mergeable; bounded memory."""
+    """Counts of values per relative-accuracy bucket; mergeable; bounded memory.
 
-    __slots__ = ("lo", "counts", "zero", "negative", "hot", "_hot", "hot_n")
+    The dense store is one integer with a 64-bit lane per bucket (bucket ``lo + i`` is lane
+    ``i``): adding another store's counts (a window's counted sketch, a checkpoint's) is one
+    big-integer shift and addition in C, whatever the number of buckets, and its bytes are the
+    little-endian uint64 counts checkpoints and the wire carry. A lane never overflows into the
+    next: a bucket counts at most a rank's records (below 2**63)."""
+
+    __slots__ = ("lo", "lanes", "n", "zero", "negative", "hot", "_hot", "hot_n")
 
     def __init__(self) -> None:
         self.lo = 0
-        self.counts = array("Q")
+        #: the dense store: bucket ``lo + i``'s count in bits ``64*i .. 64*i + 63``; ``n`` buckets
+        self.lanes = 0
+        self.n = 0
         self.zero = 0
         #: values below zero seen in sketched samples (-1 = "not measured"); not in quantiles
         self.negative = 0
@@ -79,6 +87,16 @@ class QuantileSketch:
         self.hot: dict[int, int] = {}
         self._hot: dict[int, dict[int, int]] = {}
         self.hot_n = 0
+
+    @property
+    def counts(self) -> array:
+        """The dense store's counts (array 'Q', bucket ``lo`` first): a copy."""
+        out = array("Q")
+        if self.n:
+            out.frombytes(self.lanes.to_bytes(8 * self.n, "little"))
+            if _SWAP:
+                out.byteswap()
+        return out
 
     # --- ingest ----------------------------------------------------------------------------
     def add_keys(self, keys: Iterable[int], weight: int = 1) -> None:
@@ -99,49 +117,58 @@ class QuantileSketch:
 
     def fold(self) -> None:
         """Move the uncompacted counts into the dense store (work per distinct key, not value)."""
-        counts = self.counts
+        if not self.hot_n:
+            return
+        block: dict[int, int] = {}
         for weight, hot in [(1, self.hot), *self._hot.items()]:
             for key, count in hot.items():
-                pos = (key >> 1) - self.lo
-                if key < _NEG and 0 <= pos < len(counts) and key:
-                    counts[pos] += count * weight  # the usual case, inline
-                elif key >= _NEG:
+                if key >= _NEG:
                     self.negative += count * weight
                 elif key == 0:
                     self.zero += count * weight
                 else:
-                    self._bump(key >> 1, count * weight)
-                    counts = self.counts
+                    idx = key >> 1
+                    block[idx] = block.get(idx, 0) + count * weight
         self.hot = {}
         self._hot.clear()
         self.hot_n = 0
+        if block:
+            lo = min(block)
+            dense = array("Q", bytes(8 * (max(block) - lo + 1)))
+            for idx, count in block.items():
+                dense[idx - lo] = count
+            self._add_lanes(lo, int.from_bytes(_le(dense), "little"), len(dense))
 
-    def _bump(self, idx: int, count: int) -> None:
-        counts = self.counts
-        if not counts:
-            self.lo = idx
-            counts.append(count)
-            return
-        pos = idx - self.lo
-        if pos < 0:
-            width = len(counts) - pos
-            if width > MAX_BUCKETS:  # collapse: values this low land in the lowest kept bucket
-                counts[0] += count
-                return
-            self.counts = array("Q", bytes(8 * -pos)) + counts
-            self.lo = idx
-            self.counts[0] += count
-        elif pos >= len(counts):
-            counts.extend([0] * (pos + 1 - len(counts)))
-            counts[pos] += count
-            if len(counts) > MAX_BUCKETS:
-                cut = len(counts) - MAX_BUCKETS
-                low = sum(counts[: cut + 1])
-                del counts[:cut]
-                counts[0] = low
-                self.lo += cut
+    def add_dense(self, lo: int, counts: bytes, zero: int = 0, negative: int = 0) -> None:
+        """Add the counts (little-endian uint64 bytes) of the buckets from ``lo``: a window's
+        counted sketch, as a group relay sends it. One big-integer addition in C."""
+        self.zero += zero
+        self.negative += negative
+        if counts:
+            self._add_lanes(lo, int.from_bytes(counts, "little"), len(counts) // 8)
+
+    def _add_lanes(self, lo: int, lanes: int, k: int) -> None:
+        if not self.n:
+            self.lo, self.lanes, self.n = lo, lanes, k
+        elif lo >= self.lo:
+            self.lanes += lanes << (64 * (lo - self.lo))
+            self.n = max(self.n, lo - self.lo + k)
         else:
-            counts[pos] += count
+            shift = self.lo - lo
+            self.lanes = (self.lanes << (64 * shift)) + lanes
+            self.lo, self.n = lo, max(self.n + shift, k)
+        if self.n > MAX_BUCKETS:  # collapse: the lowest values land in the lowest kept bucket
+            c = self.counts
+            cut = len(c) - MAX_BUCKETS
+            low = sum(c[:cut + 1])
+            del c[:cut]
+            c[0] = low
+            self.lo += cut
+            self._set(c)
+
+    def _set(self, counts: array) -> None:
+        self.lanes = int.from_bytes(_le(counts), "little")
+        self.n = len(counts)
 
     # --- queries -----------------------------------------------------------------------------
     @property
@@ -154,18 +181,29 @@ class QuantileSketch:
         return quantiles_of(self.lo, self.counts, self.zero, qs)
 
     def merge(self, other: "QuantileSketch") -> None:
+        """Add ``other``'s counts (a checkpoint's, another rank's): one big-integer addition."""
         other.fold()
         self.fold()
         self.zero += other.zero
         self.negative += other.negative
-        lo, counts = merge_dense(self.lo, self.counts, other.lo, other.counts)
-        self.lo, self.counts = lo, array("Q", counts)
+        if other.n:
+            self._add_lanes(other.lo, other.lanes, other.n)
 
     # --- plain data (checkpoints, summaries) ---------------------------------------------
     def to_data(self) -> dict[str, Any]:
+        """Plain data: the counts without empty buckets at either end (one form however the
+        counts came: keys, or a window's counted buckets)."""
         self.fold()
-        return {"lo": self.lo, "zero": self.zero, "negative": self.negative,
-                "counts": self.counts.tobytes()}
+        c = self.counts
+        i, j = 0, len(c)
+        while i < j and not c[i]:
+            i += 1
+        while j > i and not c[j - 1]:
+            j -= 1
+        if i or j < len(c):
+            c = c[i:j]
+        return {"lo": self.lo + i if len(c) else 0, "zero": self.zero, "negative": self.negative,
+                "counts": _le(c)}
 
     @classmethod
     def from_data(cls, data: dict[str, Any]) -> "QuantileSketch":
@@ -175,8 +213,21 @@ class QuantileSketch:
         sk.negative = int(data.get("negative", 0))
         counts = array("Q")
         counts.frombytes(data["counts"])
-        sk.counts = counts
+        if _SWAP:
+            counts.byteswap()
+        sk._set(counts)
         return sk
+
+
+_SWAP = sys.byteorder != "little"
+
+
+def _le(a: array) -> bytes:
+    """``a``'s bytes, little-endian (what the lanes, checkpoints and the wire hold)."""
+    if _SWAP:
+        a = array(a.typecode, a)
+        a.byteswap()
+    return a.tobytes()
 
 
 def quantiles_of(lo: int, counts: Sequence[int], zero: int, qs: Sequence[float]) -> list[Optional[float]]:
@@ -221,3 +272,23 @@ def trimmed(lo: int, counts: Sequence[int]) -> tuple[int, list[int]]:
     while end > start and counts[end - 1] == 0:
         end -= 1
     return lo + start, counts[start:end]
+
+
+# --- merging many (a run's ranks) ------------------------------------------------------------------
+def merged_quantiles(sketches: Iterable[QuantileSketch], qs: Sequence[float]) -> list[Optional[float]]:
+    """Quantiles of the union of ``sketches`` (every rank's step times: the run's median step)."""
+    acc = QuantileSketch()
+    for sk in sketches:
+        acc.merge(sk)
+    return acc.quantiles(qs)
+
+
+def merge_serialised(sketches: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """One sketch for many serialised ones (:meth:`QuantileSketch.to_data`: a phase of every rank,
+    from a checkpoint or the live state), compact (a trimmed list of counts) for the summary's
+    JSON, which ``traceml compare`` reads back."""
+    acc = QuantileSketch()
+    for sk in sketches:
+        acc.merge(QuantileSketch.from_data(sk))
+    lo, counts = trimmed(acc.lo, acc.counts)
+    return {"encoding": ENCODING, "lo": lo, "zero": acc.zero, "counts": counts}

@@ -1,0 +1,145 @@
+"""The node health rule's false-exclude and miss rates, from real 3-node jobs on the local Slurm cluster.
+
+Run inside the dev cluster's login namespace (it needs the cluster's three nodes and root for ``tc``):
+
+    scripts/dev-cluster exec .venv/bin/python benchmarks/node_health.py [--clean 10] [--slow 3]
+
+One user's store, one job after the other (each a short DDP run of tests/unit/scripts/comm_train.py
+under ``traceml run``, the link probe before it), in this order:
+
+1. ``--clean`` clean jobs: no node is slow, the machine's own load is the only disturbance;
+2. one job with node3's egress at 100 Mbit/s (``tc tbf``), then two clean jobs: a node slow in
+   one job only;
+3. ``--slow`` jobs with node3 slow in every one.
+
+After each job the script reads ``traceml slurm nodes --json`` (what the next summary would say)
+and prints, per job, which hosts one run found worse than their peers and which the rule excludes.
+Then the figures:
+
+* **one-run false alarms**: observations that found a healthy host (node1, node2 in every job,
+  node3 in the clean jobs) worse than its peers, per host and job: what excluding on one run
+  would have cost;
+* **false-exclude rate**: of the rule's judgements of a host that was not slow in its last two
+  jobs (after each job, every host), the share that excluded it;
+* **miss rate**: of the judgements of node3 when it was slow in its last two jobs or more (what
+  the rule is there to catch), the share that did not exclude it; plus the jobs it took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "slurm"))
+
+from cluster import Cluster  # noqa: E402
+
+SCRIPT = REPO / "tests" / "unit" / "scripts" / "comm_train.py"
+BIN = str(Path(sys.executable).parent)
+SLOW_NODE = "node3"
+RATE = "100mbit"
+JOB = f"""#!/bin/bash
+export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+srun --kill-on-bad-exit=1 traceml run {SCRIPT}
+"""
+TRAIN = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "1024", "COMM_BATCH": "8", "COMM_STEPS": "26"}
+
+
+def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool) -> dict:
+    logs = work / f"job{n:02d}"
+    logs.mkdir()
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1",
+               TRACEML_LOGS_DIR=str(logs), TRACEML_NODE_STORE=str(store), **TRAIN)
+    env.pop("TRACEML_RUN_INFO", None)
+    if slow:
+        cluster.on_node(SLOW_NODE, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", RATE,
+                        "burst", "32kbit", "latency", "400ms")
+    try:
+        job, state, out = cluster.run_job(JOB, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1",
+                                          "--cpus-per-task=1", timeout=300, env=env)
+    finally:
+        if slow:
+            cluster.on_node(SLOW_NODE, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
+    if state != "COMPLETED":
+        raise SystemExit(f"job {job} ended {state}:\n{out[-3000:]}")
+    got = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    nodes = json.loads(got.stdout)
+    summary = json.loads(next(logs.glob("*/final_summary.json")).read_text())
+    return {"job": job, "slow": slow, "nodes": nodes, "lines": (summary.get("next_job") or {}).get("lines", [])}
+
+
+def bad_in(store: Path, job: str) -> set[str]:
+    """Hosts that this one job found worse than their peers (straight from the store)."""
+    import sqlite3
+
+    with sqlite3.connect(str(store)) as conn:
+        rows = conn.execute("SELECT DISTINCT o.host FROM observations o JOIN records r ON r.id = o.record "
+                            "WHERE r.job_id = ? AND o.bad = 1", (job,)).fetchall()
+    return {h for (h,) in rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--clean", type=int, default=10, help="clean jobs first (default 10)")
+    ap.add_argument("--slow", type=int, default=3, help="jobs with node3 slow in every one, last (default 3)")
+    args = ap.parse_args()
+    cluster, why = Cluster.detect()
+    if cluster is None:
+        raise SystemExit(f"node_health.py: {why}")
+    work = Path(tempfile.mkdtemp(prefix="traceml-nodehealth-", dir="/tmp"))
+    store = work / "nodes.sqlite"
+    plan = [False] * args.clean + [True, False, False] + [True] * args.slow
+    print(f"node_health: {len(plan)} jobs ({args.clean} clean; node3 slow in one, then 2 clean; "
+          f"node3 slow in {args.slow}), store {store}; load {os.getloadavg()[0]:.1f}", flush=True)
+    t0 = time.monotonic()
+    history: list[dict] = []
+    for n, slow in enumerate(plan, 1):
+        res = run_job(cluster, work, store, n, slow)
+        res["bad"] = bad_in(store, res["job"])
+        res["excluded"] = set(res["nodes"]["exclude"])
+        history.append(res)
+        print(f"  job {n:2d} ({res['job']}): node3 {'SLOW ' if slow else 'clean'}  one run found worse: "
+              f"{','.join(sorted(res['bad'])) or '-':14s} excluded: {','.join(sorted(res['excluded'])) or '-':8s} "
+              f"next_job: {res['lines'] or '-'}  load {os.getloadavg()[0]:.1f}", flush=True)
+    hosts = sorted({h["host"] for res in history for h in res["nodes"]["nodes"]})
+    alarms = checks = 0
+    false_ex = false_n = miss = miss_n = 0
+    first_excluded = None
+    for i, res in enumerate(history):
+        for host in hosts:
+            slow_now = host == SLOW_NODE and res["slow"]
+            if not slow_now:
+                checks += 1
+                alarms += host in res["bad"]
+            last2 = host == SLOW_NODE and i >= 1 and history[i]["slow"] and history[i - 1]["slow"]
+            slow_recent = host == SLOW_NODE and (res["slow"] or (i >= 1 and history[i - 1]["slow"]))
+            if last2:
+                miss_n += 1
+                miss += host not in res["excluded"]
+            elif not slow_recent:
+                false_n += 1
+                false_ex += host in res["excluded"]
+        if first_excluded is None and i >= len(plan) - args.slow and SLOW_NODE in res["excluded"]:
+            first_excluded = i - (len(plan) - args.slow) + 1
+
+    def rate(k: int, n: int) -> str:
+        return f"{k}/{n} = {k / n:.0%}" if n else "not measured (no such judgement)"
+
+    print(f"one-run false alarms (a healthy host found worse than its peers in one job): {rate(alarms, checks)}")
+    print(f"false-exclude rate (host not slow in its last 2 jobs, excluded): {rate(false_ex, false_n)}")
+    print(f"miss rate (node3 slow in its last 2 jobs or more, not excluded): {rate(miss, miss_n)}")
+    print(f"node3 excluded after {first_excluded} of the last {args.slow} slow job(s)" if first_excluded
+          else f"node3 not excluded within the last {args.slow} slow job(s)")
+    print(f"{len(plan)} jobs in {time.monotonic() - t0:.0f} s; load {os.getloadavg()[0]:.1f} at the end; work {work}")
+
+
+if __name__ == "__main__":
+    main()

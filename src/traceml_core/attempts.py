@@ -1,0 +1,89 @@
+"""One run directory across attempts: a requeued job, or a chain of jobs given the same run name.
+
+A run's directory ``<logs-dir>/<run-name>`` holds the current attempt's files at its top (where
+they always were: ``final_summary.*``, ``aggregate.state``, the exports) and each earlier attempt's
+under ``attempt-<n>/`` (0, 1, ...). When an attempt begins, its aggregator, once it has claimed the
+directory, moves the files of the attempt before (a summary or checkpoint of another run id) into
+the next free ``attempt-<n>/`` (:func:`archive_previous`); at the end, the summary reads every
+earlier attempt back (``report/goodput/previous.py``) for the run's goodput ledger.
+
+Under Slurm the run name is the same for every requeue of a job (``SLURM_RESTART_COUNT`` is the
+attempt's restart count, not part of the name); a job continuing another (``--dependency=afterany``)
+joins its ledger when it is given the same run name (``--run-name``, or ``TRACEML_RUN_NAME`` in the
+batch script) and logs directory. See docs/goodput.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+from .rundir import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, load_checkpoint, owned_problem
+
+ATTEMPT_PREFIX = "attempt-"
+_ATTEMPT = re.compile(r"^attempt-(\d{1,6})$")
+#: what an attempt leaves at the top of the run directory (moved whole when the next one begins):
+#: the summary files, the aggregator's checkpoint, and the exports (report/export.py: TB_DIR,
+#: JSONL_NAME; exporters/hub.py: REPORT_NAME; the live exporters' default directories)
+ATTEMPT_FILES = (SUMMARY_JSON, SUMMARY_TXT, SUMMARY_HTML, CHECKPOINT_NAME, "exports.json", "steps.jsonl",
+                 "tensorboard", "prometheus", "mlruns")
+
+
+def attempt_dirs(run_dir: Path) -> list[tuple[int, Path]]:
+    """The earlier attempts' directories, in order."""
+    try:
+        entries = list(Path(run_dir).iterdir())
+    except OSError:
+        return []
+    out = []
+    for p in entries:
+        m = _ATTEMPT.match(p.name)
+        if m and p.is_dir() and not p.is_symlink():
+            out.append((int(m.group(1)), p))
+    return sorted(out)
+
+
+def top_run_id(run_dir: Path) -> tuple[Optional[str], bool]:
+    """(the run id of the attempt whose files are at the top of ``run_dir``, whether there are
+    any): from its checkpoint, else from its summary's ledger."""
+    ck = run_dir / CHECKPOINT_NAME
+    js = run_dir / SUMMARY_JSON
+    if ck.exists():
+        try:
+            return str((load_checkpoint(ck)["state"]["settings"]).get("run_id") or ""), True
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, True
+    if js.exists():
+        try:
+            doc = json.loads(js.read_text())
+            rows = ((doc.get("goodput") or {}).get("attempts") or [])
+            return (str(rows[-1].get("run_id") or "") if rows else None), True
+        except (OSError, ValueError, AttributeError):
+            return None, True
+    return None, False
+
+
+def archive_previous(run_dir: Path, run_id: str) -> Optional[str]:
+    """Move the files of the attempt before this one (this one's run id: ``run_id``) into the next
+    free ``attempt-<n>/``. None when there was none, or they are this run's own (a restarted
+    aggregator); else a note saying where they went. Never raises."""
+    run_dir = Path(run_dir)
+    theirs, present = top_run_id(run_dir)
+    if not present or (theirs and theirs == run_id) or owned_problem(run_dir) is not None:
+        return None
+    taken = [n for n, _ in attempt_dirs(run_dir)]
+    n = (max(taken) + 1) if taken else 0
+    dest = run_dir / f"{ATTEMPT_PREFIX}{n}"
+    try:
+        os.mkdir(dest, 0o755)
+        for name in ATTEMPT_FILES:
+            src = run_dir / name
+            if src.exists() or src.is_symlink():
+                os.replace(src, dest / name)
+    except OSError as exc:
+        return (f"the files of this run's attempt before could not be moved into {dest} "
+                f"({exc.strerror or exc}); this attempt's files replace them")
+    return f"this run's attempt {n} (the one before this) is in {dest}"

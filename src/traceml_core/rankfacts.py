@@ -1,0 +1,214 @@
+"""What a rank reports about its work besides step records: timed spans, progress, declared work.
+
+Three kinds of rank ``event`` carry them (the payload is the event's JSON ``text``, checked at
+the trust boundary by ``wire/frames.rank_fact``; see docs/wire-protocol.md):
+
+``span``
+    One timed span of the rank's own (the SDK's one span kind today: ``checkpoint``, a
+    ``torch.save``, ``torch.distributed.checkpoint.save`` or a Lightning / Hugging Face checkpoint
+    hook): ``{"span", "dur_ns", "end", "step", "gstep", "in_step", "api"}``. ``end`` is the wall
+    clock at its end (epoch s), ``step`` the rank's own step count when it ran (steps completed),
+    ``gstep`` the script's global step (``trace_step(step=...)``) or null, ``in_step`` whether
+    it ran inside a traced step.
+``progress``
+    Where the rank's training is: ``{"step", "gstep", "start", "end"}`` for the step whose index
+    (0-based, the rank's own) is ``step``: its global step as the script numbers it (null when the
+    script does not say) and its wall-clock start and end (epoch s). Sent for the first step,
+    whenever the global step stops following the rank's own count, and at the end.
+``work``
+    What one step is worth, when the script declares it (``traceml.declare_work``):
+    ``{"tokens_per_step", "flops_per_step", "dtype", "device"}`` (any may be null).
+
+Node 0 keeps them per rank in :class:`RankFacts` (bounded: totals, the last few spans, the first
+and last progress marks), in its checkpoints and the typed run data (``RankData.facts``); the
+goodput ledger (``traceml_core/goodput``) reads them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+#: the event kinds that carry rank facts, and the span kinds there are
+FACT_KINDS = ("span", "progress", "work")
+SPAN_KINDS = ("checkpoint",)
+#: spans kept one by one per rank and kind (the rest only in the totals)
+RECENT_SPANS = 64
+
+
+@dataclass(slots=True)
+class Span:
+    """One timed span: when it ended (epoch s), how long it took, and at which step."""
+
+    end: float
+    dur_ns: int
+    step: Optional[int] = None
+    gstep: Optional[int] = None
+    in_step: bool = False
+    api: str = ""
+
+    @property
+    def start(self) -> float:
+        return self.end - self.dur_ns / 1e9
+
+    @classmethod
+    def from_checkpoint(cls, d: dict[str, Any]) -> "Span":
+        return cls(float(d.get("end") or 0.0), int(d.get("dur_ns") or 0), d.get("step"), d.get("gstep"),
+                   bool(d.get("in_step")), str(d.get("api") or ""))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"end": self.end, "dur_ns": self.dur_ns, "step": self.step, "gstep": self.gstep,
+                "in_step": self.in_step, "api": self.api}
+
+
+@dataclass(slots=True)
+class SpanTotals:
+    """Every span of one kind on one rank: totals, and the last :data:`RECENT_SPANS` one by one."""
+
+    count: int = 0
+    sum_ns: int = 0
+    max_ns: int = 0
+    in_step_ns: int = 0
+    recent: list[Span] = field(default_factory=list)
+
+    def add(self, span: Span) -> None:
+        self.count += 1
+        self.sum_ns += span.dur_ns
+        self.max_ns = max(self.max_ns, span.dur_ns)
+        if span.in_step:
+            self.in_step_ns += span.dur_ns
+        self.recent.append(span)
+        if len(self.recent) > RECENT_SPANS:
+            del self.recent[0]
+
+    @property
+    def last(self) -> Optional[Span]:
+        return self.recent[-1] if self.recent else None
+
+    @classmethod
+    def from_checkpoint(cls, d: dict[str, Any]) -> "SpanTotals":
+        return cls(d.get("count", 0), d.get("sum_ns", 0), d.get("max_ns", 0), d.get("in_step_ns", 0),
+                   [Span.from_checkpoint(s) for s in d.get("recent") or []])
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"count": self.count, "sum_ns": self.sum_ns, "max_ns": self.max_ns,
+                "in_step_ns": self.in_step_ns, "recent": [s.to_checkpoint() for s in self.recent]}
+
+
+@dataclass(slots=True)
+class Mark:
+    """One progress mark: the rank's step ``step`` is the script's global step ``gstep``."""
+
+    step: int
+    gstep: Optional[int] = None
+    start: Optional[float] = None
+    end: Optional[float] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Mark"]:
+        if not d:
+            return None
+        return cls(int(d.get("step") or 0), d.get("gstep"), d.get("start"), d.get("end"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"step": self.step, "gstep": self.gstep, "start": self.start, "end": self.end}
+
+
+@dataclass(slots=True)
+class Progress:
+    """A rank's first and latest progress marks, and how often its global step stopped following
+    its own count (0: ``gstep = step + offset`` throughout, so any step's global step is exact)."""
+
+    first: Optional[Mark] = None
+    last: Optional[Mark] = None
+    jumps: int = 0
+
+    def add(self, mark: Mark) -> None:
+        if self.first is None:
+            self.first = mark
+        elif self.last is not None and mark.gstep is not None and self.last.gstep is not None \
+                and mark.gstep - mark.step != self.last.gstep - self.last.step:
+            self.jumps += 1
+        if self.last is None or mark.step >= self.last.step:
+            self.last = mark
+
+    @property
+    def given(self) -> bool:
+        """The script gives its global step (``trace_step(step=...)`` or a framework's own)."""
+        return self.first is not None and self.first.gstep is not None
+
+    def gstep_at(self, step: int) -> Optional[int]:
+        """The global step of the rank's own step ``step`` (from the latest mark's offset)."""
+        ref = self.last or self.first
+        if ref is None or ref.gstep is None:
+            return None
+        return ref.gstep + (step - ref.step)
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "Progress":
+        d = d or {}
+        return cls(Mark.from_checkpoint(d.get("first")), Mark.from_checkpoint(d.get("last")), d.get("jumps", 0))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"first": self.first.to_checkpoint() if self.first else None,
+                "last": self.last.to_checkpoint() if self.last else None, "jumps": self.jumps}
+
+
+@dataclass(slots=True)
+class Work:
+    """What one step of this rank is worth, as the script declared it."""
+
+    tokens_per_step: Optional[float] = None
+    flops_per_step: Optional[float] = None
+    dtype: Optional[str] = None
+    device: Optional[str] = None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Work"]:
+        if not d:
+            return None
+        return cls(d.get("tokens_per_step"), d.get("flops_per_step"), d.get("dtype"), d.get("device"))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"tokens_per_step": self.tokens_per_step, "flops_per_step": self.flops_per_step,
+                "dtype": self.dtype, "device": self.device}
+
+
+@dataclass(slots=True)
+class RankFacts:
+    """Everything of the above node 0 knows about one rank."""
+
+    spans: dict[str, SpanTotals] = field(default_factory=dict)
+    progress: Progress = field(default_factory=Progress)
+    work: Optional[Work] = None
+
+    def apply(self, kind: str, payload: dict[str, Any]) -> None:
+        """One checked ``span``/``progress``/``work`` payload (wire/frames.rank_fact)."""
+        if kind == "span":
+            self.spans.setdefault(payload["span"], SpanTotals()).add(Span(
+                payload["end"], payload["dur_ns"], payload.get("step"), payload.get("gstep"),
+                bool(payload.get("in_step")), payload.get("api") or ""))
+        elif kind == "progress":
+            self.progress.add(Mark(payload["step"], payload.get("gstep"), payload.get("start"),
+                                   payload.get("end")))
+        elif kind == "work":
+            self.work = Work(payload.get("tokens_per_step"), payload.get("flops_per_step"),
+                             payload.get("dtype"), payload.get("device"))
+
+    def span(self, kind: str) -> SpanTotals:
+        return self.spans.get(kind) or SpanTotals()
+
+    @property
+    def empty(self) -> bool:
+        return not self.spans and self.progress.first is None and self.work is None
+
+    @classmethod
+    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "RankFacts":
+        d = d or {}
+        return cls({k: SpanTotals.from_checkpoint(v) for k, v in (d.get("spans") or {}).items()},
+                   Progress.from_checkpoint(d.get("progress")), Work.from_checkpoint(d.get("work")))
+
+    def to_checkpoint(self) -> dict[str, Any]:
+        return {"spans": {k: v.to_checkpoint() for k, v in self.spans.items()},
+                "progress": self.progress.to_checkpoint(),
+                "work": self.work.to_checkpoint() if self.work else None}

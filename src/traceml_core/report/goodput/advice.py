@@ -1,0 +1,229 @@
+"""The run's ledger from its attempts, the advice that pays, and throughput where work is declared.
+
+:func:`assemble` puts the current attempt after the earlier ones (a requeued attempt is marked so
+when a later attempt of the same job follows it; the time queued between attempts is beside the
+ledger, not in it), adds them up, and names the largest *avoidable* bucket with its figure and a
+next step (:func:`advise`: nothing below :data:`ADVICE_MIN_FRACTION` of the allocation, so a
+clean run gets no advice it does not need). :func:`throughput` gives tokens/s per node and MFU when
+the script declares what a step is worth (``traceml.declare_work``) and, for MFU, the device's peak
+is in :data:`PEAK_FLOPS`.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ...rundata import RunData
+from .buckets import BY_KEY
+from .ledger import Advice, AttemptLedger, Ledger, NodeThroughput, Split, Throughput
+
+#: the smallest share of the allocation the advice speaks about
+ADVICE_MIN_FRACTION = 0.05
+
+#: dense tensor-core peak FLOP/s by device name (NVML's, which torch.cuda.get_device_name also
+#: gives) and dtype, from NVIDIA's data sheets (SXM parts unless named; sparsity not counted).
+#: The first entry whose key the device name contains wins, so longer names come first.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51e12}),
+    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp8": 1671e12, "tf32": 418e12, "fp32": 60e12}),
+    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
+    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
+    ("GH200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
+    ("B200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12, "fp32": 80e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
+    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp8": 733e12, "tf32": 183e12, "fp32": 91.6e12}),
+    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp8": 242e12, "tf32": 60e12, "fp32": 30.3e12}),
+    ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
+)
+
+
+def peak_flops(device: Optional[str], dtype: Optional[str]) -> Optional[float]:
+    if not device or not dtype:
+        return None
+    for key, table in PEAK_FLOPS:
+        if key.lower() in device.lower():
+            return table.get(dtype.lower())
+    return None
+
+
+def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Optional[RunData] = None,
+             device: str = "unknown") -> Ledger:
+    """The run's ledger: the earlier attempts, then ``current``."""
+    attempts = [*previous, current]
+    for i, a in enumerate(attempts):
+        a.attempt = i
+        if i > 0:
+            before = attempts[i - 1]
+            a.queued_before_s = round(max(0.0, a.start - before.end), 3)
+            same_job = a.job_id is not None and a.job_id == before.job_id
+            if same_job and before.ended in ("interrupted", "failed", "unknown", "running", "cancelled"):
+                before.ended = "requeued"
+                if "requeue" not in before.reason:   # its own summary could not say (killed first)
+                    nth = f"restart {a.restart_count}" if a.restart_count else "a later attempt"
+                    before.reason = "; ".join(x for x in (before.reason, f"requeued: {nth} of job {a.job_id} "
+                                                          "followed it") if x)
+    total = Split.summed(a.split for a in attempts)
+    for k in {k for a in attempts for k, v in a.split.ms.items() if v is None}:
+        # not measured in some attempt and nothing measured in the others: not measured for the
+        # run (never a 0 that hides it); else the sum of what was measured (the attempts' rows
+        # say which one did not)
+        if all(not a.split.ms.get(k) for a in attempts):
+            total.ms[k] = None
+    ledger = Ledger(unit=current.unit, attempts=attempts, total=total,
+                    queued_s=sum(a.queued_before_s or 0.0 for a in attempts))
+    ledger.advice = advise(ledger)
+    ledger.throughput = throughput(data, current, device) if data is not None else Throughput()
+    return ledger
+
+
+def _dur(s: float) -> str:
+    s = max(0.0, s)
+    if s >= 5400:
+        return f"{s / 3600:.1f} h"
+    if s >= 90:
+        return f"{s / 60:.0f} min"
+    return f"{s:.1f} s"
+
+
+def _slots_word(ledger: Ledger) -> str:
+    return "GPUs" if ledger.unit.startswith("GPU") else "ranks"
+
+
+def advise(ledger: Ledger) -> Optional[Advice]:
+    """The largest avoidable bucket of the whole run, when it is at least ADVICE_MIN_FRACTION."""
+    total = ledger.total
+    if total.total_ms <= 0:
+        return None
+    cands = [(v, k) for k, v in total.ms.items() if v and BY_KEY[k].avoidable]
+    if not cands:
+        return None
+    ms, key = max(cands)
+    frac = ms / total.total_ms
+    if frac < ADVICE_MIN_FRACTION:
+        return None
+    secs = ms / 1000.0
+    unit = ledger.unit
+    share = f"{secs:,.1f} {unit} ({frac:.0%} of the allocation)"
+    n = len(ledger.attempts)
+    slots = max((a.slots for a in ledger.attempts), default=1) or 1
+    why, step = _words(key, ledger, secs, share, slots, n)
+    return Advice(key, round(secs, 3), round(frac, 4), why, step)
+
+
+def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int) -> tuple[str, str]:
+    word = _slots_word(ledger)
+    per_slot = secs / slots
+    if key == "redone":
+        redone = sum(a.progress.redone_steps or 0 for a in ledger.attempts)
+        gaps = [(a.attempt, ledger.attempts[a.attempt - 1]) for a in ledger.attempts[1:] if a.progress.redone_steps]
+        before = gaps[-1][1] if gaps else None
+        last = (f"; the last checkpoint before attempt {before.attempt} ended was "
+                f"{_dur(before.progress.unsaved_s or 0.0)} before its end") if before and before.progress.unsaved_s is not None else ""
+        exact = "" if all(a.progress.exact for a in ledger.attempts if a.progress.redone_steps) else " (inferred)"
+        return (f"{redone:,} step(s){exact} were redone after a requeue: {_dur(per_slot)} x {slots} {word} = {share}"
+                f"{last}",
+                "checkpoint more often (the work since the last checkpoint is what a requeue costs), or save on "
+                "Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a job has "
+                "one early signal) and a SIGUSR1 handler that saves a checkpoint and ends training (TraceML's "
+                "launcher lets USR1 through to your workers)")
+    if key == "startup":
+        per = per_slot / max(1, n)
+        return (f"start-up (allocation start to the first step) took {share}: {_dur(per)} per attempt",
+                "see where it goes in the run's log (imports, rendezvous, model and data set-up): pre-build the "
+                "data set or cache it on node-local disk, keep the environment on a fast file system, and run "
+                "fewer, longer jobs" + (" (each requeue pays it again)" if n > 1 else ""))
+    if key == "checkpoint":
+        cks = sum(a.progress.checkpoints for a in ledger.attempts)
+        each = f", {_dur(per_slot / cks)} per save" if cks else ""
+        return (f"checkpointing took {share}: {cks:,} save(s){each}, the other ranks waiting for the one that saved",
+                "save less often, or asynchronously (torch.distributed.checkpoint.async_save, or copy the state to "
+                "CPU and write it in a thread), or to node-local disk first")
+    if key == "input":
+        return (f"waiting for input took {share}",
+                "raise the DataLoader's num_workers, use pin_memory and persistent_workers, prefetch more, or "
+                "move decoding off the training process (the INPUT-BOUND verdict names the ranks)")
+    if key == "comm":
+        return (f"exposed communication took {share}",
+                "overlap it with compute: DDP's bucket_cap_mb, gradient accumulation with no_sync, a faster "
+                "interconnect (the COMM-BOUND verdict and the link probe show where)")
+    if key == "straggler":
+        return (f"ranks waiting for a slower rank took {share}",
+                "find the slow rank (the STRAGGLER verdict names it and its node): its input, its node's "
+                "load, its GPU's clocks")
+    if key == "between":
+        return (f"work between the traced steps (evaluation, logging, anything outside trace_step) took {share}",
+                "evaluate and log less often, or asynchronously; put the training step itself inside trace_step")
+    if key == "hang":
+        return (f"hangs took {share}",
+                "read the hang report (which rank never arrived and where it was); set --hang-timeout so a hung "
+                "run ends on its own instead of holding the allocation")
+    if key == "after_failure":
+        return (f"after the first failure the allocation ran on for {share}",
+                "end the job as soon as a rank fails: `srun --kill-on-bad-exit=1`, and a --hang-timeout for "
+                "ranks left waiting in a collective")
+    if key == "tail":
+        ended = ledger.attempts[-1].ended
+        if ended in ("time_limit", "requeued", "preempted"):
+            return (f"after their last step the attempts held the allocation for {share}",
+                    "stop training on Slurm's early warning with a checkpoint (`#SBATCH --signal=USR1@600` in "
+                    "place of --signal=TERM@120, and a SIGUSR1 handler that saves and ends training) instead of "
+                    "being stopped mid-step")
+        return (f"after the last step (teardown, writing files) the allocation was held for {share}",
+                "end the job right after training: skip final evaluation and uploads inside the allocation, "
+                "or run them in a separate, smaller job")
+    return (f"{BY_KEY[key].label} took {share}", "")
+
+
+def throughput(data: RunData, current: AttemptLedger, device: str) -> Throughput:
+    """Tokens/s per node (over the attempt's allocation, and while stepping) and MFU, from the
+    work per step the ranks declared; ``not_measured`` says why a figure is missing."""
+    out = Throughput()
+    works = {r.rank: r.facts.work for r in data.ranks if r.facts.work is not None}
+    if not works:
+        why = ("no rank declared what a step is worth (tokens or FLOPs per step), so TraceML cannot count "
+               "tokens or model FLOPs")
+        out.not_measured = {"tokens_per_s": why, "mfu": why}
+        return out
+    wall = current.wall_s or 0.0
+    redone = current.progress.redone_steps or 0
+    per_node: dict[int, float] = {}
+    flops = step_s = 0.0
+    peaks: set[Optional[float]] = set()
+    names: set[str] = set()
+    for r in data.ranks:
+        w = works.get(r.rank)
+        if w is None:
+            continue
+        steps = max(0, max(r.last_step + 1, r.phase("step_ns").count) - redone)
+        if w.tokens_per_step is not None:
+            per_node[r.node or 0] = per_node.get(r.node or 0, 0.0) + w.tokens_per_step * steps
+        if w.flops_per_step is not None:
+            flops += w.flops_per_step * r.phase("step_ns").count
+            step_s += r.phase("step_ns").sum / 1e9
+            peaks.add(peak_flops(w.device, w.dtype))
+            if w.device:
+                names.add(f"{w.device} {w.dtype or '?'}")
+    total_tokens = sum(per_node.values())
+    if any(w.tokens_per_step is not None for w in works.values()) and wall > 0:
+        out.tokens_per_s = round(total_tokens / wall, 2)
+        for node, tokens in sorted(per_node.items()):
+            stepping = [r.phase("step_ns").sum / 1e9 for r in data.ranks if (r.node or 0) == node and r.phase("step_ns").count]
+            mean_step_s = sum(stepping) / len(stepping) if stepping else 0.0
+            out.nodes.append(NodeThroughput(node, round(tokens / wall, 2),
+                                            round(tokens / mean_step_s, 2) if mean_step_s > 0 else None))
+    else:
+        out.not_measured["tokens_per_s"] = "no rank declared tokens_per_step"
+    if device != "cuda":
+        out.not_measured["mfu"] = ("not measured on CPU: MFU is against a GPU's peak FLOP/s" if device == "cpu"
+                                   else "the ranks' device is not known to be a GPU")
+    elif flops <= 0:
+        out.not_measured["mfu"] = "no rank declared flops_per_step"
+    elif len(peaks) != 1 or None in peaks:
+        out.not_measured["mfu"] = (f"the peak FLOP/s of {', '.join(sorted(names)) or 'this device'} is not in "
+                                   "TraceML's table (traceml_core/goodput/advice.PEAK_FLOPS): declare the dtype "
+                                   "(declare_work(dtype='bf16')) or tell us the device")
+    elif step_s > 0:
+        peak = peaks.pop()
+        out.peak_flops, out.peak_source = peak, ", ".join(sorted(names))
+        out.mfu = round(flops / step_s / peak, 4)
+    return out

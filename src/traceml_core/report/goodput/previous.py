@@ -1,0 +1,56 @@
+"""The run's earlier attempts, read back for its ledger (the layout: traceml_core/attempts.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from ...attempts import attempt_dirs
+from ...rundir import CHECKPOINT_NAME, SUMMARY_JSON
+from .ledger import AttemptLedger
+
+#: builds a summary (a dict) from a checkpoint's path: report/output.py passes the summary builder
+Rebuild = Callable[[Path], dict[str, Any]]
+
+
+def own_row(doc: Any) -> Optional[AttemptLedger]:
+    """An attempt's own ledger row: the last of its summary's ``goodput.attempts``."""
+    rows = ((doc or {}).get("goodput") or {}).get("attempts") or [] if isinstance(doc, dict) else []
+    return AttemptLedger.from_json(rows[-1]) if rows else None
+
+
+def previous_attempts(run_dir: Path, rebuild: Optional[Rebuild] = None) -> list[AttemptLedger]:
+    """Every earlier attempt's own ledger row, in order: from its ``final_summary.json``, else
+    rebuilt from its checkpoint (its node 0 was killed before the summary); an attempt with
+    neither is left out, and said so on stderr."""
+    out: list[AttemptLedger] = []
+    for _, path in attempt_dirs(Path(run_dir)):
+        row = None
+        js = path / SUMMARY_JSON
+        try:
+            row = own_row(json.loads(js.read_text())) if js.exists() else None
+        except (OSError, ValueError):
+            row = None
+        if row is None and rebuild is not None and (path / CHECKPOINT_NAME).exists():
+            try:
+                row = own_row(rebuild(path / CHECKPOINT_NAME))
+            except Exception as exc:  # noqa: BLE001 - a damaged attempt must not cost the run's summary
+                _warn(f"{path}: this earlier attempt's checkpoint could not be read ({type(exc).__name__}: {exc})")
+            if row is not None:
+                row.rebuilt = True
+        if row is None:
+            _warn(f"{path}: this earlier attempt left no summary or checkpoint TraceML can read; "
+                  "the run's ledger leaves it out")
+            continue
+        row.summary = str(js)
+        out.append(row)
+    return out
+
+
+def _warn(text: str) -> None:
+    try:
+        sys.stderr.write(f"traceml: warning: {text}\n")
+    except (OSError, ValueError):
+        pass

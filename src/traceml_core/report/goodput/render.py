@@ -1,0 +1,121 @@
+"""The ledger in words: the block that heads ``final_summary.txt`` of a run with several attempts
+(a table, a bucket per row, the run and each attempt per column), or a short block for one attempt."""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from .buckets import BUCKETS, BY_KEY
+from .ledger import AttemptLedger, Ledger, Split
+
+_ENDED_WORDS = {"completed": "completed", "failed": "failed", "requeued": "requeued",
+                "time_limit": "time limit", "preempted": "preempted", "cancelled": "cancelled",
+                "interrupted": "interrupted", "running": "still running", "unknown": "ended (unknown)"}
+
+
+def _pct(v: Optional[int], total: int) -> str:
+    return "-" if v is None or not total else f"{100.0 * v / total:.1f}%"
+
+
+def _sec(ms: Optional[int]) -> str:
+    return "not measured" if ms is None else f"{ms / 1000:,.1f}"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t)) if t else "?"
+
+
+def _attempt_line(a: AttemptLedger) -> str:
+    who = f"job {a.job_id}" if a.job_id else "no job id"
+    if a.restart_count:
+        who += f", restart {a.restart_count}"
+    line = (f"  attempt {a.attempt} ({who}): {_clock(a.start)}-{_clock(a.end)}, {a.wall_s:,.1f} s x "
+            f"{a.slots} = {a.split.total_ms / 1000:,.1f} {a.unit}, {_ENDED_WORDS.get(a.ended, a.ended)}")
+    if a.queued_before_s:
+        line += f"; queued {a.queued_before_s:,.1f} s before it"
+    p = a.progress
+    if p.source == "unknown":
+        line += f"; {p.steps:,} steps, where in training not known"
+    elif p.source != "none":
+        span = (f"steps {p.first_position:,}-{(p.end_position or 1) - 1:,}" if p.first_position is not None
+                and p.end_position is not None else f"{p.steps:,} steps")
+        line += f"; {span}" + ("" if p.exact else " (inferred)")
+        if p.redone_steps:
+            line += f", {p.redone_steps:,} redone"
+    if a.rebuilt:
+        line += " (rebuilt from its checkpoint)"
+    return line
+
+
+def _shares(split: Split) -> str:
+    parts = [(v, b) for b in BUCKETS for v in (split.ms.get(b.key),) if v]
+    parts.sort(key=lambda x: -x[0])
+    return ", ".join(f"{b.label} {_pct(v, split.total_ms)}" for v, b in parts[:6])
+
+
+def _advice_lines(ledger: Ledger) -> list[str]:
+    out = []
+    adv = ledger.advice
+    if adv is not None:
+        out.append(f"  advice: {BY_KEY[adv.bucket].label.upper()}: {adv.why}")
+        out.append(f"          next: {adv.next_step}")
+    last = ledger.current
+    if last is not None and last.ended in ("time_limit", "requeued", "preempted", "interrupted") \
+            and last.progress.unsaved_s:
+        out.append(f"  not saved: the last {last.progress.unsaved_s:,.1f} s of training in attempt {last.attempt} "
+                   "came after its last checkpoint; a run resumed from that checkpoint redoes them")
+    tp = ledger.throughput
+    if tp.tokens_per_s is not None:
+        nodes = ", ".join(f"node {n.node} {n.tokens_per_s:,.0f}" for n in tp.nodes[:16])
+        out.append(f"  throughput: {tp.tokens_per_s:,.0f} tokens/s over the allocation ({nodes})"
+                   + (f"; MFU {tp.mfu:.1%} of {tp.peak_source}" if tp.mfu is not None else
+                      f"; MFU not measured ({tp.not_measured.get('mfu')})" if tp.not_measured.get("mfu") else ""))
+    return out
+
+
+def _not_measured_lines(ledger: Ledger) -> list[str]:
+    seen: dict[str, str] = {}
+    notes: dict[str, str] = {}
+    for a in ledger.attempts:
+        for k, why in a.not_measured.items():
+            seen.setdefault(k, why)
+        for k, why in a.notes.items():
+            notes.setdefault(k, why)
+    out = [f"  not measured: {BY_KEY[k].label}: {why}" for k, why in seen.items()]
+    out += [f"  note: {BY_KEY[k].label}: {why}" for k, why in notes.items()]
+    return out
+
+
+def render_ledger(ledger: Ledger) -> list[str]:
+    """The ledger's lines for the text summary (a table when there are several attempts)."""
+    atts = ledger.attempts
+    if not atts:
+        return []
+    total = ledger.total
+    if len(atts) == 1:
+        a = atts[0]
+        out = [f"Goodput: {a.slots} {'GPU(s)' if a.unit.startswith('GPU') else 'rank(s)'} x {a.wall_s:,.1f} s = "
+               f"{total.total_ms / 1000:,.1f} {a.unit}: " + _shares(total)]
+        if a.progress.checkpoints or a.progress.source == "step":
+            p = a.progress
+            out.append(f"  {p.checkpoints} checkpoint(s) seen" + (
+                f", the last after step {p.checkpoint_position - 1:,}" if p.checkpoint_position else "")
+                + ("; global steps from trace_step(step=...)" if p.exact else ""))
+        return out + _not_measured_lines(ledger) + _advice_lines(ledger)
+    requeues = sum(1 for a in atts if a.ended == "requeued")
+    out = [f"Goodput of run over {len(atts)} attempts ({requeues} requeue(s)): "
+           f"{total.total_ms / 1000:,.1f} {ledger.unit}, {_pct(total.ms.get('productive'), total.total_ms)} productive"
+           + (f"; {ledger.queued_s:,.1f} s queued between attempts (not allocated)" if ledger.queued_s else "")]
+    out += [_attempt_line(a) for a in atts]
+    cols = ["run"] + [f"attempt {a.attempt}" for a in atts]
+    out.append(f"  {'bucket (' + ledger.unit + ')':<30}" + "".join(f"{c:>18}" for c in cols))
+    splits = [total] + [a.split for a in atts]
+    for b in BUCKETS:
+        vals = [s.ms.get(b.key) for s in splits]
+        if all(v == 0 for v in vals) and b.key != "productive":
+            continue   # a bucket no attempt measured stays, as "not measured"
+        cells = [f"{_sec(v)} {_pct(v, s.total_ms)}" if v is not None else "not measured" for v, s in zip(vals, splits)]
+        out.append(f"  {b.label:<30}" + "".join(f"{c:>18}" for c in cells))
+    out.append(f"  {'total':<30}" + "".join(f"{_sec(s.total_ms) + ' 100%':>18}" for s in splits))
+    return out + _not_measured_lines(ledger) + _advice_lines(ledger)

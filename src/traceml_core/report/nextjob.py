@@ -1,0 +1,80 @@
+"""The summary's ``next_job``: lines for the user's next job script, and why.
+
+Two sources, each in its own place: the verdicts' own fix lines (an input-bound run's CPU request,
+``evidence.cpu.fix_lines``: report/cpubinding.py), and the cluster plugin, which node 0's aggregator
+hands what the run measured of each node (report/nodeevidence.py) and which answers with lines
+from the user's history of those nodes (``ClusterEnvironment.run_ended``; the Slurm plugin's
+node health, ``traceml_slurm/nodes``). A verdict whose culprit is a node the plugin excludes ends
+in the line, so the advice of a slow-node run ends in something to paste.
+
+:func:`amend` changes the summary dict in place and never raises: a plugin that fails costs a
+note, not the summary.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from .document import NextJobSection
+
+J = dict[str, Any]
+
+
+def verdicts_of(summary: J) -> list[J]:
+    return [v for v in [summary.get("verdict")] + list(summary.get("other_verdicts") or [])
+            if isinstance(v, dict)]
+
+
+def amend(summary: J, cluster: str = "") -> None:
+    """Add ``next_job`` to a final summary: the verdicts' fix lines, then the cluster plugin's."""
+    section = NextJobSection()
+    for v in verdicts_of(summary):
+        ev = (v.get("evidence") or {}).get("cpu") or {}  # the input-bound verdict's CPU cause
+        for line, why in zip(ev.get("fix_lines") or [], ev.get("fix_why") or []):
+            if line not in section.lines:
+                section.lines.append(line)
+                section.why.append(why)
+    if cluster and cluster != "none":
+        _from_plugin(summary, cluster, section)
+    if section:
+        summary["next_job"] = section.to_json()
+
+
+def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> None:
+    try:
+        from ..plugins import load_cluster_environment
+        from .document import Summary
+        from .nodeevidence import run_evidence
+
+        cls = load_cluster_environment(cluster)
+        if cls is None:
+            return
+        answer = cls().run_ended(run_evidence(Summary.from_json(summary)), os.environ)
+    except Exception as exc:  # noqa: BLE001 - the plugin must never cost the summary
+        section.notes.append(f"the {cluster} plugin could not judge this run's nodes "
+                             f"({type(exc).__name__}: {str(exc)[:200]})")
+        _warn(section.notes[-1])
+        return
+    if answer is None:
+        return
+    section.notes += list(answer.notes)
+    for line, why in zip(answer.lines, answer.why):
+        if line not in section.lines:
+            section.lines.append(line)
+            section.why.append(why)
+    if not answer.excluded:
+        return
+    line = next((ln for ln in answer.lines if "--exclude" in ln), None)
+    for v in verdicts_of(summary):
+        host = (v.get("culprit") or {}).get("host")
+        if line and host in answer.excluded and line not in str(v.get("next_step")):
+            v["next_step"] = f"{v.get('next_step') or ''}; in the next job script: {line}".lstrip("; ")
+
+
+def _warn(text: str) -> None:
+    try:
+        sys.stderr.write(f"traceml: warning: {text}\n")
+    except (OSError, ValueError):
+        pass

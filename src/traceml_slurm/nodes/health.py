@@ -1,0 +1,167 @@
+"""The node health rule: from the stored records, which hosts to exclude, with the doubt said.
+
+One slow run is not proof: a node shares its job with the job's load, and many stragglers are
+not hardware at all. So a host's evidence is judged per *job* (a run and a doctor of the same job
+are one sample of it), over the host's most recent jobs inside the age window:
+
+* a job is **bad** for a host when any observation of that job found the host worse than its
+  peers in the same job (core's rule per kind: report/nodeevidence.py, the doctor's checks);
+* a host is **excluded** when, of its last :data:`RECENT_JOBS` jobs in the last
+  :data:`WINDOW_DAYS` days, at least :data:`MIN_BAD_JOBS` were bad and at least
+  :data:`BAD_SHARE` of them (repeated, and most of the time), or when one observation is
+  *strong* (a hardware fault such as an XID or uncorrectable ECC error);
+* the **score** is the share of those jobs that were clean (1.0 healthy, 0.0 bad in every one;
+  None: no job in the window). Older evidence is aged out: counted in the reason, not in the rule.
+
+A host that was slow and then clean again recovers by itself: once most of its last jobs are
+clean it is no longer excluded. The false-exclude and miss rates of this rule, measured on the
+dev cluster, are in docs/node-health.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Optional, Sequence
+
+from traceml_core.plugins import NodeObservation
+
+from .store import Record
+
+WINDOW_DAYS = 14.0
+RECENT_JOBS = 5
+MIN_BAD_JOBS = 2
+BAD_SHARE = 0.5
+
+#: how the reason names each kind of evidence
+KIND_WORDS = {
+    "link_send": "link sending", "link_recv": "link receiving", "compute": "compute (own time per step)",
+    "failure": "first failure", "oom": "OOM kills", "missing": "ranks missing",
+    "bench_cpu": "CPU matmul", "bench_gpu": "GPU matmul", "h2d": "host-to-device copy",
+    "gpu_health": "GPU health",
+}
+
+
+@dataclass
+class JobVerdict:
+    """One job of one host: bad or clean, and the observations that say so."""
+
+    job_id: str
+    at: float
+    bad: list[NodeObservation] = field(default_factory=list)
+    strong: list[NodeObservation] = field(default_factory=list)
+
+
+@dataclass
+class NodeHealth:
+    host: str
+    cluster: str
+    #: share of its recent jobs that were clean; None: no job in the window
+    score: Optional[float]
+    exclude: bool
+    #: the recent jobs judged (newest first), how many were bad
+    jobs: int
+    bad_jobs: int
+    #: records of this host older than the window (not counted)
+    aged_out: int
+    why: str
+    #: the strongest reason in one line ("node3: link sending at 0.012 GB/s against ...")
+    reason: str
+    last_seen: Optional[float]
+
+    def to_json(self) -> dict:
+        return {"host": self.host, "cluster": self.cluster, "score": self.score, "exclude": self.exclude,
+                "jobs": self.jobs, "bad_jobs": self.bad_jobs, "aged_out": self.aged_out, "why": self.why,
+                "reason": self.reason,
+                "last_seen": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_seen))
+                if self.last_seen else None}
+
+
+def judge(records: Sequence[Record], now: Optional[float] = None) -> list[NodeHealth]:
+    """Every host seen in ``records`` (one cluster's), worst first."""
+    now = time.time() if now is None else now
+    since = now - WINDOW_DAYS * 86400.0
+    by_host: dict[tuple[str, str], dict[str, JobVerdict]] = {}
+    aged: dict[tuple[str, str], int] = {}
+    last: dict[tuple[str, str], float] = {}
+    for rec in records:
+        for host in rec.hosts:
+            key = (rec.cluster, host)
+            last[key] = max(last.get(key, 0.0), rec.at)
+            if rec.at < since:
+                aged[key] = aged.get(key, 0) + 1
+                by_host.setdefault(key, {})
+                continue
+            job = by_host.setdefault(key, {}).setdefault(rec.job_id or f"{rec.run_name}@{rec.at}",
+                                                         JobVerdict(rec.job_id, rec.at))
+            job.at = max(job.at, rec.at)
+            for o in rec.observations:
+                if o.host == host and o.bad:
+                    job.bad.append(o)
+                    if o.strong:
+                        job.strong.append(o)
+    out = [_health(host, cluster, jobs, aged.get((cluster, host), 0), last.get((cluster, host)))
+           for (cluster, host), jobs in by_host.items()]
+    out.sort(key=lambda h: (not h.exclude, h.score if h.score is not None else 2.0, h.host))
+    return out
+
+
+def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, last_seen: Optional[float]) -> NodeHealth:
+    recent = sorted(jobs.values(), key=lambda j: -j.at)[:RECENT_JOBS]
+    bad = [j for j in recent if j.bad]
+    strong = [o for j in recent for o in j.strong]
+    n, nb = len(recent), len(bad)
+    score = round(1.0 - nb / n, 3) if n else None
+    repeated = nb >= MIN_BAD_JOBS and nb >= BAD_SHARE * n
+    exclude = bool(strong) or repeated
+    aged_words = f"; {aged} older record(s) aged out (over {WINDOW_DAYS:.0f} days)" if aged else ""
+    if not n:
+        return NodeHealth(host, cluster, None, False, 0, 0, aged, f"no job in the last {WINDOW_DAYS:.0f} days"
+                          + aged_words, "", last_seen)
+    reason = _reason(host, bad, n)
+    if strong:
+        why = f"a hardware fault: {strong[0].note}" + aged_words
+    elif repeated:
+        why = f"worse than its peers in {nb} of its last {n} job(s): {reason.split(': ', 1)[1]}" + aged_words
+    elif nb:
+        need = max(MIN_BAD_JOBS, int(-(-BAD_SHARE * n // 1)))
+        why = (f"worse than its peers in {nb} of its last {n} job(s) ({reason.split(': ', 1)[1]}): "
+               f"not excluded, the rule needs {need} of {n}" + (" - one slow run may be the load of that job"
+                                                                if nb == 1 else "") + aged_words)
+    else:
+        why = f"clean in its last {n} job(s)" + aged_words
+    return NodeHealth(host, cluster, score, exclude, n, nb, aged, why, reason if nb else "", last_seen)
+
+
+def _reason(host: str, bad: Sequence[JobVerdict], n: int) -> str:
+    """``node3: link sending at 0.012 GB/s against 1.5 GB/s in 3 of 3 jobs since Dec 02``: the kind
+    seen in most bad jobs, with the medians of what was measured."""
+    if not bad:
+        return ""
+    kinds: dict[str, list[NodeObservation]] = {}
+    for j in bad:
+        for kind in {o.kind for o in j.bad}:
+            kinds.setdefault(kind, []).append(next(o for o in j.bad if o.kind == kind))
+    kind, obs = max(kinds.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    values = [o.value for o in obs if o.value is not None]
+    peers = [o.peers for o in obs if o.peers is not None]
+    words = KIND_WORDS.get(kind, kind)
+    if values and peers:
+        what = f"{words} at {_num(median(values))} {obs[0].unit} against {_num(median(peers))} {obs[0].unit}"
+    else:
+        what = obs[0].note or words
+    since = time.strftime("%b %d", time.localtime(min(j.at for j in bad)))
+    return f"{host}: {what} in {len(obs)} of {n} job(s) since {since}"
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def exclude_line(health: Sequence[NodeHealth]) -> Optional[str]:
+    """``#SBATCH --exclude=node3,node7`` for the hosts to exclude; None when none is."""
+    from ..hostlists import compress_hosts
+
+    bad = [h.host for h in health if h.exclude]
+    return f"#SBATCH --exclude={compress_hosts(bad)}" if bad else None
