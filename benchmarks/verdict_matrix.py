@@ -171,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--logs", default="", help="keep the runs' directories here (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--json", default="", help="write outcomes and figures here")
+    ap.add_argument("--outcomes", default="", help="append each run's outcome to this JSON-lines file "
+                    "as it comes (a long matrix cut short keeps what it measured)")
+    ap.add_argument("--report", default="", help="print the figures of the outcomes in this JSON-lines "
+                    "file (from --outcomes) instead of running anything")
     ap.add_argument("--src", default="", help="TraceML source directory the runs use (default: this "
                     "checkout's src; e.g. an older commit's, exported with git archive, for a baseline)")
     args = ap.parse_args(argv)
@@ -178,6 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         runner.SRC[0] = Path(args.src).resolve()
     modes = [m for m in args.modes.split(",") if m]
     scenarios = select(args)
+    if args.report:
+        outcomes = [Outcome(**{**d, "load": tuple(d["load"]), "others": [tuple(x) for x in d["others"]]})
+                    for d in map(json.loads, Path(args.report).read_text().splitlines()) if d]
+        names = {o.scenario for o in outcomes}
+        data = report([s for s in scenarios if s.name in names], outcomes)
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        return 0
     logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="verdict-matrix-"))
     logs.mkdir(parents=True, exist_ok=True)
     print(f"verdict matrix: {len(scenarios)} scenarios x {args.runs} runs x modes {', '.join(modes)}; "
@@ -189,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
             for mode in modes:
                 o = run_scenario(s, mode, logs, run, timeout=args.timeout)
                 outcomes.append(o)
+                if args.outcomes:
+                    with open(args.outcomes, "a") as f:
+                        f.write(json.dumps(asdict(o)) + "\n")
                 bad = problems(s, o)
                 where = f" rank {o.culprit}" if o.culprit is not None else ""
                 where += f" in {o.phase}" if o.phase else ""

@@ -174,3 +174,26 @@ def test_a_malformed_frame_in_a_pool_is_rejected_alone():
     assert run.records == 6 and run.to_data()["phases"]["step_ns"]["count"] == 6
     with pytest.raises(ProtocolError):
         validate("rank", frames[1])
+
+
+def test_a_pause_between_steps_lands_in_the_bucket_of_the_step_after_it():
+    """12 steps in one frame (a rank's batch of records spans 0.2 s or more: ~12 steps in the
+    live cli mode of the verdict matrix): the 500 ms pause before step 6 (an evaluation every k
+    steps) is in that step's bucket, not spread over the frame's: the periodic-work verdict
+    needs to see bursts."""
+    run = WindowStats.running()
+    n, step, pause = 12, 40_000_000, 500_000_000
+    t, t_end = 0, []
+    for i in range(n):
+        t += step + (pause if i == 6 else 1_000_000)
+        t_end.append(t)
+    cols = {c: [-1] * n for c in STEP_COLUMNS}
+    cols.update({"step": list(range(n)), "t_end_ns": t_end, "step_ns": [step] * n})
+    run.merge(WindowStats.of_columns(0, cols))
+    data = run.to_data()
+    d = data["series"]
+    width = d["width"]
+    out = series_values(d, "phase_sum", "outside")
+    assert out[6 // width] >= pause, out
+    assert all(v <= width * 1_000_000 for b, v in enumerate(out) if b != 6 // width), out
+    assert sum(out) == data["outside"]["sum"]
