@@ -239,8 +239,14 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
     for a, i in ((a0, 0), (a1, 1)):
         saves_measured(a, job, i)
     p0, p1 = a0["progress"], a1["progress"]
-    assert p0["checkpoint_position"] == resumed_at and p0["end_position"] == last_step(job, 0) + 1, p0
-    assert p1["exact"] and p1["first_position"] == resumed_at and p1["redone_steps"] == redo_truth >= 1, p1
+    # exact, but for the steps attempt 0's ranks made in the instant before they were killed
+    # (their last records unsent, no goodbye): then the ledger gives the bound and says so
+    reached = last_step(job, 0) + 1
+    assert p0["checkpoint_position"] == resumed_at, p0
+    assert p0["end_position"] <= reached <= (p0["end_position_max"] or p0["end_position"]), (p0, reached)
+    assert p1["exact"] and p1["first_position"] == resumed_at, p1
+    assert p1["redone_steps"] <= redo_truth <= (p1["redone_steps_max"] or p1["redone_steps"]), (p1, redo_truth)
+    assert redo_truth >= 1 and (p1["redone_steps_max"] is None) == ("redone" not in a1["notes"]), a1["notes"]
     assert a1["buckets"]["redone"] > 0 and a0["buckets"]["redone"] == 0
     truths = [check_attempt(job, a0, 0), check_attempt(job, a1, 1)]
     sums_exactly(g["total"])
