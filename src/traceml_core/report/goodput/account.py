@@ -264,7 +264,8 @@ def account_rank(r: Optional[RankData], rank: int, node: int, w: Window, *, fail
     p["checkpoint"] += slot.take(_s(ck.in_step_ns), ("no_phase",))
     p["checkpoint"] += slot.take(max(0.0, _s(ck.sum_ns - ck.in_step_ns) - ck_tail), ("between", "no_phase"))
     # every rank waits for the rank that saved (DDP's next collective): that wait is checkpointing
-    wait = max(0.0, saver_s - _s(ck.sum_ns) + ck_tail)
+    # (the rank's own saves after its last step are the tail's, below: not counted twice)
+    wait = max(0.0, saver_s - _s(ck.sum_ns))
     p["checkpoint"] += slot.take(wait, _CARVE_SAVER)
     # --- stalls node 0 reported, inside the steps
     for s0, s1 in stalls:
