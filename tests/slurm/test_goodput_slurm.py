@@ -1,11 +1,14 @@
 """The goodput ledger on the real local Slurm cluster, against what the ranks recorded themselves.
 
-Two jobs run side by side (2 + 1 nodes of the 3; each test then waits for its own):
+Three jobs run side by side (2 + 1 + 1 nodes of the 3; each test then waits for its own):
 
 * ``requeue``: 2 nodes, ``--requeue``, a checkpoint (``torch.save``) every 20 steps,
   ``trace_step(model, step=global_step)``; requeued with ``scontrol requeue`` once it is past step
   30, it resumes from its last checkpoint and finishes step 59 in its second attempt;
-* ``clean``: the control, 1 node, one attempt that completes: no redone work, no false advice.
+* ``clean``: the control, 1 node, one attempt that completes: no redone work, no false advice;
+* ``fail``: 1 node, 2 ranks; rank 1 raises at step 25, the job fails and the test requeues it: the
+  second attempt resumes from the checkpoint at step 20 (no ``step=``: the redone work is inferred
+  from the checkpoint the workers timed).
 
 For each: every split of the ledger sums exactly to 100%; every bucket matches the ranks' own
 truth (tests/slurm/goodput_train.py) within 2% of the allocation or 1 s per slot, the checkpoint
@@ -59,6 +62,8 @@ JOBS = {
     "requeue": ("--steps 60 --step-ms 100 --ckpt-every 20 --ckpt-ms 400 --give-step",
                 ("--nodes=2", *NODE, "--requeue")),
     "clean": ("--steps 40 --step-ms 100 --ckpt-every 20 --ckpt-ms 300 --give-step", ("--nodes=1", *NODE)),
+    "fail": ("--steps 40 --step-ms 100 --ckpt-every 10 --ckpt-ms 200 --fail-rank 1 --fail-step 25",
+             ("--nodes=1", "--ntasks-per-node=1", "--gres=gpu:2", "--cpus-per-task=2", "--requeue")),
 }
 
 
@@ -305,3 +310,22 @@ def test_a_clean_single_attempt_is_the_control(slurm_cluster, jobs):
     assert g["advice"] is None or g["advice"]["bucket"] not in ("redone", "after_failure", "hang")
     assert not text.startswith("Goodput of run over"), text[:200]   # one attempt: no ledger heading
     assert "Goodput: 1 rank(s)" in text and "not saved" not in text
+
+
+def test_a_failed_job_requeued_resumes_and_its_redone_work_is_inferred(slurm_cluster, jobs):
+    job = jobs["fail"]
+    requeue_when(slurm_cluster, job, lambda: slurm_cluster.state(job.id) in ("FAILED", "COMPLETED"))
+    state = slurm_cluster.wait(job.id, timeout=240)
+    assert state == "COMPLETED", slurm_cluster.output(job.id)[-3000:]
+    data, text = summary_of(job)
+    g = data["goodput"]
+    a0, a1 = g["attempts"]
+    assert a0["ended"] in ("requeued", "failed") and "rank 1" in a0["reason"], a0
+    fail_t = min(r["t"] for rs in records(job, 0).values() for r in rs if r["k"] == "fail")
+    truths = [check_attempt(job, a0, 0, failed_at=fail_t), check_attempt(job, a1, 1)]
+    assert a0["buckets"]["after_failure"] > 0
+    redo_truth = max(sum(1 for r in recs if r["k"] == "step" and r["redo"]) for recs in records(job, 1).values())
+    p1 = a1["progress"]
+    assert p1["source"] == "inferred" and p1["redone_steps"] == redo_truth == 6, p1
+    assert "redone" in a1["notes"]
+    check_advice(g, truths)
