@@ -13,8 +13,11 @@ the trust boundary by ``wire/frames.rank_fact``; see docs/wire-protocol.md):
 ``progress``
     Where the rank's training is: ``{"step", "gstep", "start", "end"}`` for the step whose index
     (0-based, the rank's own) is ``step``: its global step as the script numbers it (null when the
-    script does not say) and its wall-clock start and end (epoch s). Sent for the first step,
-    whenever the global step stops following the rank's own count, and at the end.
+    script does not say) and its wall-clock start or end (epoch s, either may be null). Sent when
+    the worker starts (step 0, no global step: it also says that the worker times its
+    checkpoints; traceml_core/sdk/spans.py), whenever the global step given to
+    ``trace_step(step=...)`` stops following the rank's own count (its first use, a resume), and
+    at the end.
 ``work``
     What one step is worth, when the script declares it (``traceml.declare_work``):
     ``{"tokens_per_step", "flops_per_step", "dtype", "device"}`` (any may be null).
@@ -124,7 +127,9 @@ class Progress:
     jumps: int = 0
 
     def add(self, mark: Mark) -> None:
-        if self.first is None:
+        # the first mark that gives the script's global step, else the first mark (the worker's
+        # start: step 0, no global step yet)
+        if self.first is None or (self.first.gstep is None and mark.gstep is not None):
             self.first = mark
         elif self.last is not None and mark.gstep is not None and self.last.gstep is not None \
                 and mark.gstep - mark.step != self.last.gstep - self.last.step:

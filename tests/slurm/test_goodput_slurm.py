@@ -2,16 +2,16 @@
 
 Two jobs run side by side (2 + 1 nodes of the 3; each test then waits for its own):
 
-* ``requeue``: 2 nodes, ``--requeue``, a checkpoint every 20 steps; requeued with ``scontrol
-  requeue`` once it is past step 30, it resumes from its last checkpoint (step 20 or later) and
-  finishes step 59 in its second attempt;
+* ``requeue``: 2 nodes, ``--requeue``, a checkpoint (``torch.save``) every 20 steps,
+  ``trace_step(model, step=global_step)``; requeued with ``scontrol requeue`` once it is past step
+  30, it resumes from its last checkpoint and finishes step 59 in its second attempt;
 * ``clean``: the control, 1 node, one attempt that completes: no redone work, no false advice.
 
 For each: every split of the ledger sums exactly to 100%; every bucket matches the ranks' own
-truth (tests/slurm/goodput_train.py) within 2% of the allocation or 1 s per slot; a bucket the
-workers cannot measure (checkpoint saves, and so the redone steps, while the workers do not time
-saves) is null with why, and its time is where the ledger says (between-step work, the steps);
-the advice names the largest avoidable bucket, which is the largest in the truth too.
+truth (tests/slurm/goodput_train.py) within 2% of the allocation or 1 s per slot, the checkpoint
+saves the workers timed with no code of the script's included; the redone steps are exact; the
+advice names the largest avoidable bucket, which is the largest in the truth too. (A ledger whose
+workers report no saves: tests/unit/test_goodput_ledger.py.)
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ echo "$(date +%s.%N)" >> "$GOODPUT_TRUTH/end-a${{SLURM_RESTART_COUNT:-0}}.txt"
 
 
 JOBS = {
-    "requeue": ("--steps 60 --step-ms 100 --ckpt-every 20 --ckpt-ms 400", ("--nodes=2", *NODE, "--requeue")),
-    "clean": ("--steps 40 --step-ms 100 --ckpt-every 20 --ckpt-ms 300", ("--nodes=1", *NODE)),
+    "requeue": ("--steps 60 --step-ms 100 --ckpt-every 20 --ckpt-ms 400 --give-step",
+                ("--nodes=2", *NODE, "--requeue")),
+    "clean": ("--steps 40 --step-ms 100 --ckpt-every 20 --ckpt-ms 300 --give-step", ("--nodes=1", *NODE)),
 }
 
 
@@ -202,9 +203,11 @@ def last_step(job: Job, attempt: int) -> int:
     return max(steps, default=-1)
 
 
-def saves_not_measured(a: dict[str, Any]) -> None:
-    """The workers do not time saves: the bucket is null with why, never 0."""
-    assert a["buckets"]["checkpoint"] is None and "torch.save" in a["not_measured"]["checkpoint"], a
+def saves_measured(a: dict[str, Any], job: Job, attempt: int) -> None:
+    """The workers timed every save the ranks made (torch.save, with no code of the script's)."""
+    saves = max(sum(1 for r in recs if r["k"] == "ckpt") for recs in records(job, attempt).values())
+    assert a["buckets"]["checkpoint"] is not None and "checkpoint" not in a["not_measured"], a
+    assert a["progress"]["checkpoints"] == saves, (a["progress"], saves)
 
 
 # --- the tests ---------------------------------------------------------------------------------
@@ -228,15 +231,23 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
     ended = float((job.truth / "end-a1.txt").read_text().split()[0])
     assert a1["end"] <= ended + 0.5 and ended - a1["end"] < 10, (a1["end"], ended)
     assert a1["queued_before_s"] is not None and 0 <= a1["queued_before_s"] < 60
-    # the workers do not time saves: where attempt 1 resumed is not known, so neither is what it
-    # redid (null, with why; the ranks' truth says it redid steps: never a 0)
-    redo_truth = max(sum(1 for r in recs if r["k"] == "step" and r["redo"]) for recs in records(job, 1).values())
-    assert redo_truth >= 1
-    for a in (a0, a1):
-        saves_not_measured(a)
-    assert a1["buckets"]["redone"] is None and a1["progress"]["redone_steps"] is None
-    assert "where this attempt resumed is not known" in a1["not_measured"]["redone"]
-    assert g["total"]["buckets"]["redone"] is None and g["total"]["buckets"]["checkpoint"] is None
+    # the saves were timed and the script gave its global step: attempt 1 began at the last
+    # checkpoint of attempt 0 and redid, exactly, the steps after it that attempt 0 had done
+    recs1 = records(job, 1)
+    redo_truth = max(sum(1 for r in recs if r["k"] == "step" and r["redo"]) for recs in recs1.values())
+    resumed_at = min(r["g"] for recs in recs1.values() for r in recs if r["k"] == "step")
+    for a, i in ((a0, 0), (a1, 1)):
+        saves_measured(a, job, i)
+    p0, p1 = a0["progress"], a1["progress"]
+    # exact, but for the steps attempt 0's ranks made in the instant before they were killed
+    # (their last records unsent, no goodbye): then the ledger gives the bound and says so
+    reached = last_step(job, 0) + 1
+    assert p0["checkpoint_position"] == resumed_at, p0
+    assert p0["end_position"] <= reached <= (p0["end_position_max"] or p0["end_position"]), (p0, reached)
+    assert p1["exact"] and p1["first_position"] == resumed_at, p1
+    assert p1["redone_steps"] <= redo_truth <= (p1["redone_steps_max"] or p1["redone_steps"]), (p1, redo_truth)
+    assert redo_truth >= 1 and (p1["redone_steps_max"] is None) == ("redone" not in a1["notes"]), a1["notes"]
+    assert a1["buckets"]["redone"] > 0 and a0["buckets"]["redone"] == 0
     truths = [check_attempt(job, a0, 0), check_attempt(job, a1, 1)]
     sums_exactly(g["total"])
     assert round(a0["total_s"] + a1["total_s"], 3) == g["total"]["total_s"]
@@ -249,7 +260,7 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
         first = json.loads((run_dir / "attempt-0" / "final_summary.json").read_text())
         assert first["goodput"]["attempts"][-1]["run_id"] == a0["run_id"]
     assert text.startswith("Goodput of run over 2 attempts (1 requeue(s))"), text[:400]
-    assert "attempt 1 (job" in text and "not measured" in text
+    assert "attempt 1 (job" in text and "redone after a requeue" in text
     print(text[:3000])
     _html(run_dir / "final_summary.html", tmp_path, attempts=2, nodes=4)
 
@@ -285,7 +296,8 @@ def test_a_clean_single_attempt_is_the_control(slurm_cluster, jobs):
     g = data["goodput"]
     (a,) = g["attempts"]
     assert a["ended"] == "completed" and a["progress"]["redone_steps"] == 0
-    saves_not_measured(a)
+    saves_measured(a, job, 0)
+    assert a["buckets"]["checkpoint"] > 0
     truth = check_attempt(job, a, 0)
     b = a["buckets"]
     assert b["redone"] == 0 and b["after_failure"] == 0 and b["hang"] == 0

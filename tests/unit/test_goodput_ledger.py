@@ -307,7 +307,7 @@ def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured(
     every_split_sums(ledger)
     a0, a1 = ledger.attempts
     for a in (a0, a1):
-        assert a.split.ms["checkpoint"] is None and "do not time torch.save" in a.not_measured["checkpoint"]
+        assert a.split.ms["checkpoint"] is None and "does not time torch.save" in a.not_measured["checkpoint"]
     assert a0.split.ms["redone"] == 0 and a0.progress.first_position == 0     # the first attempt starts at 0
     assert a0.ended == "requeued" and "requeued: restart 1 of job 17 followed it" in a0.reason
     assert a1.split.ms["redone"] is None and a1.progress.redone_steps is None

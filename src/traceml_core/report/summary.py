@@ -542,7 +542,8 @@ def goodput_of(data: RunData, ranks: Sequence[RankSummary], end: Ending, ended: 
     """The goodput step: this attempt's allocation divided among the ledger's buckets
     (goodput/account.py), after the run's earlier attempts, with the advice."""
     ctx = Context(rows=ranks, status=end.status, reason=end.reason, ended=ended, device=device,
-                  ended_hung=bool(end.hang is not None and not end.hang.resumed), rebuilt=bool(rebuilt))
+                  ended_hung=bool(end.hang is not None and not end.hang.resumed), rebuilt=bool(rebuilt),
+                  unsent={r.rank: _unsent_bound(r, ended) for r in data.ranks})
     current = account(data, ctx, attempt=len(previous), previous=previous)
     return assemble(current, previous, data, device)
 

@@ -288,6 +288,9 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
         stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
     TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()
+    from . import spans
+
+    spans.install(spans.event_sender(notify))   # checkpoint saves timed, progress marks
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
@@ -311,12 +314,14 @@ def _on_refused(reason: str) -> None:
 
 # ---- trace_step ---------------------------------------------------------------------------------
 
-def trace_step(model: Any = None) -> Any:
+def trace_step(model: Any = None, step: Optional[int] = None) -> Any:
     """``with traceml.trace_step(model):`` around one training step.
 
     Pass the model that the step calls (a DDP wrapper or the bare module) so its forward is
     timed; ``model=None`` records everything else. Calls ``init()`` on first use if the script
-    did not. Nested ``trace_step`` blocks count as one step (the outermost).
+    did not. Nested ``trace_step`` blocks count as one step (the outermost). ``step``: the
+    script's own global step number (0-based, as a resumed run counts it), so the goodput
+    ledger counts the steps a requeued attempt redid exactly (docs/goodput.md).
     """
     t = TRACER
     if not t.on:
@@ -327,7 +332,19 @@ def trace_step(model: Any = None) -> Any:
             return NULL_CONTEXT
     if model is not None and id(model) != t.model_id:
         t.register_model(model)
+    if step is not None and not t.active:
+        _progress(step)
     return t.trace_ctx
+
+
+def _progress(step: Any) -> None:
+    from .spans import PROGRESS
+
+    if type(step) is int and step >= 0:
+        try:
+            PROGRESS.step(step)
+        except Exception:  # noqa: BLE001 - a progress mark must never cost the step
+            pass
 
 
 def notify(frame: dict[str, Any]) -> bool:
@@ -351,6 +368,12 @@ def shutdown(timeout: Optional[float] = None) -> None:
     if s is None or s.closed:
         return
     TRACER.owners.before_shutdown()   # the final step-source notice goes out before the bye
+    try:
+        from .spans import PROGRESS
+
+        PROGRESS.final()               # where the rank's steps ended, before the bye too
+    except Exception:  # noqa: BLE001
+        pass
     if s.cpu is not None:
         s.cpu.final()              # the run's wait for a core, before the bye too
     s.closed = True

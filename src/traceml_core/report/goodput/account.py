@@ -69,6 +69,9 @@ class Context:
     #: the run ended while hung (no step record after the last hang report)
     ended_hung: bool = False
     rebuilt: bool = False
+    #: per rank, records it may have produced that never reached node 0 (killed before its
+    #: goodbye; summary.py's bound), None: not bounded
+    unsent: Optional[dict[int, Optional[int]]] = None
 
 
 def _lifecycles(data: RunData) -> list[Any]:
@@ -261,7 +264,8 @@ def account_rank(r: Optional[RankData], rank: int, node: int, w: Window, *, fail
     p["checkpoint"] += slot.take(_s(ck.in_step_ns), ("no_phase",))
     p["checkpoint"] += slot.take(max(0.0, _s(ck.sum_ns - ck.in_step_ns) - ck_tail), ("between", "no_phase"))
     # every rank waits for the rank that saved (DDP's next collective): that wait is checkpointing
-    wait = max(0.0, saver_s - _s(ck.sum_ns) + ck_tail)
+    # (the rank's own saves after its last step are the tail's, below: not counted twice)
+    wait = max(0.0, saver_s - _s(ck.sum_ns))
     p["checkpoint"] += slot.take(wait, _CARVE_SAVER)
     # --- stalls node 0 reported, inside the steps
     for s0, s1 in stalls:
@@ -292,7 +296,8 @@ def account_rank(r: Optional[RankData], rank: int, node: int, w: Window, *, fail
 
 
 # --- progress across attempts ----------------------------------------------------------------------
-def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progress, dict[int, int]]:
+def progress_of(data: RunData, previous: Sequence[AttemptLedger],
+                unsent: Optional[dict[int, Optional[int]]] = None) -> tuple[Progress, dict[int, int]]:
     """The attempt's progress (positions in steps completed) and, per rank, how many of its first
     steps an earlier attempt had done already."""
     stepped = [r for r in data.ranks if r.phase("step_ns").count > 0]
@@ -309,8 +314,11 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progr
         return Progress(source="unknown", steps=max(steps_of(r) for r in stepped), redone_steps=None), {}
     resume = (prev.checkpoint_position if prev is not None and prev.checkpoint_position is not None
               else (prev.first_position if prev is not None else None)) or 0
+    before_max = [a.progress.end_position_max or a.progress.end_position for a in previous]
+    before_end_max = max((e for e in before_max if e is not None), default=None)
     redone: dict[int, int] = {}
-    firsts, ends, ck_pos = [], [], []
+    redone_max = 0
+    firsts, ends, ends_max, ck_pos = [], [], [], []
     for r in stepped:
         n = steps_of(r)
         pr = r.facts.progress
@@ -323,6 +331,8 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progr
             first, end_pos = resume, resume + n
         firsts.append(first)
         ends.append(end_pos)
+        more = (unsent or {}).get(r.rank, 0)
+        ends_max.append(None if more is None else end_pos + more)
         last = r.facts.span("checkpoint").last
         if last is not None:
             if given and last.gstep is not None:
@@ -330,6 +340,8 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progr
             elif last.step is not None:
                 ck_pos.append(first + last.step)
         redone[r.rank] = max(0, min(n, (before_end or 0) - first)) if before_end is not None else 0
+        if before_end_max is not None:
+            redone_max = max(redone_max, max(0, min(n, before_end_max - first)))
     ck_all = [r.facts.span("checkpoint") for r in stepped]
     last_ck = max((s.last.end for s in ck_all if s.last is not None), default=None)
     last_step_end = max((r.last_t_end or 0) / 1e9 for r in stepped)
@@ -341,6 +353,12 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger]) -> tuple[Progr
         unsaved_s=(round(max(0.0, last_step_end - last_ck), 3) if last_ck is not None
                    else round(max(0.0, last_step_end - min(first_start(r) or last_step_end for r in stepped)), 3)),
         redone_steps=max(redone.values()) if redone else 0)
+    if None in ends_max:
+        prog.end_position_max = None
+    elif max(ends_max) > prog.end_position:
+        prog.end_position_max = max(ends_max)
+    if redone_max > (prog.redone_steps or 0):
+        prog.redone_steps_max = redone_max
     return prog, redone
 
 
@@ -378,15 +396,16 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     F = failure_time(ctx, data)
     stalls = _stalls(data.hangs, w.end, ctx.ended_hung)
     comm_base = _comm_means(ranks)
-    progress, redone = progress_of(data, previous)
+    progress, redone = progress_of(data, previous, ctx.unsent)
     saver_s = max((_s(r.facts.span("checkpoint").sum_ns) for r in ranks), default=0.0)
     wall_ms = int(round((w.end - w.start) * 1000))
     not_measured = _not_measured(data, ranks, ctx)
     if progress.source == "unknown":
         not_measured["redone"] = (
-            "where this attempt resumed is not known: the script does not give TraceML its global step "
-            "and no checkpoint of the attempt before was seen, so the steps it redid are in productive "
-            "step time and the other step buckets (see docs/goodput.md, redone work)")
+            "where this attempt resumed is not known: the script does not give TraceML its global step and "
+            "no checkpoint of the attempt before was seen (torch.save and torch.distributed.checkpoint.save "
+            "are timed, other writers are not), so the steps it redid are in productive step time and the "
+            "other step buckets. Pass trace_step(model, step=global_step) to count them exactly")
     hosts = {n.node: n.host for n in data.nodes}
     # per node: its slots and the milliseconds per bucket (KEYS order), added rank by rank; ranks
     # that never joined all have the same parts, so their rounding is done once
@@ -428,7 +447,12 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     notes = {}
     if w.start_note:
         notes["startup"] = w.start_note
-    if progress.source == "inferred" and progress.redone_steps:
+    if progress.redone_steps_max is not None:
+        notes["redone"] = (f"at least {progress.redone_steps:,} and at most {progress.redone_steps_max:,} step(s) "
+                           "were redone: steps an earlier attempt's ranks made before they were killed, "
+                           "without their goodbye, may not have reached node 0 (the bucket counts the "
+                           "ones that did)")
+    elif progress.source == "inferred" and progress.redone_steps:
         notes["redone"] = ("inferred: the script does not give its global step, so this attempt is taken to "
                            "resume from the last checkpoint of the one before and to redo every step that "
                            "one made after it. Pass trace_step(model, step=global_step) for the exact count")
@@ -458,10 +482,11 @@ def _not_measured(data: RunData, ranks: Sequence[RankData], ctx: Context) -> dic
                         "TraceML sees): wrap the loader with traceml.wrap_dataloader, or fetch the batch "
                         "inside trace_step; the wait is in time in no phase")
     if not any(r.facts.progress.first is not None for r in stepped):
-        # the SDK that times checkpoints also marks each rank's first step: none did
-        out["checkpoint"] = ("no worker reported its checkpoint saves (TraceML's workers do not time torch.save "
-                             "or torch.distributed.checkpoint.save in this version); a save between steps is in "
-                             "between-step work, one inside trace_step in time in no phase")
+        # the SDK that times checkpoints also marks each rank's start: none did
+        out["checkpoint"] = ("no worker reported its checkpoint saves (the workers run a TraceML older than the "
+                             "launcher's, which does not time torch.save: install this version in the workers' "
+                             "environment); a save between steps is in between-step work, one inside trace_step "
+                             "in time in no phase")
     if not any(r.phase("comm_ns").count > 0 for r in stepped):
         why = ("a single process: nothing to communicate" if data.settings.world_size <= 1 else
                "no rank timed its collectives (no process group in the traced steps, or a DDP model "

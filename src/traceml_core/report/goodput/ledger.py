@@ -126,6 +126,11 @@ class Progress:
     last_checkpoint_at: Optional[float] = None
     unsaved_s: Optional[float] = None
     redone_steps: Optional[int] = 0
+    #: the most steps the attempt may have reached, and so the most a later one may have redone,
+    #: when records of ranks killed before their goodbye never reached node 0 (None: the same as
+    #: ``end_position``/``redone_steps``, or not bounded)
+    end_position_max: Optional[int] = None
+    redone_steps_max: Optional[int] = None
 
     @property
     def exact(self) -> bool:
@@ -136,14 +141,16 @@ class Progress:
         d = _d(d)
         return cls(str(d.get("source") or "none"), d.get("steps") or 0, d.get("first_position"),
                    d.get("end_position"), d.get("checkpoint_position"), d.get("checkpoints") or 0,
-                   d.get("last_checkpoint_at"), d.get("unsaved_s"), d.get("redone_steps"))
+                   d.get("last_checkpoint_at"), d.get("unsaved_s"), d.get("redone_steps"),
+                   d.get("end_position_max"), d.get("redone_steps_max"))
 
     def to_json(self) -> J:
         return {"source": self.source, "exact": self.exact, "steps": self.steps,
                 "first_position": self.first_position, "end_position": self.end_position,
                 "checkpoint_position": self.checkpoint_position, "checkpoints": self.checkpoints,
                 "last_checkpoint_at": self.last_checkpoint_at, "unsaved_s": self.unsaved_s,
-                "redone_steps": self.redone_steps}
+                "redone_steps": self.redone_steps, "end_position_max": self.end_position_max,
+                "redone_steps_max": self.redone_steps_max}
 
 
 @dataclass(slots=True)

@@ -41,7 +41,9 @@ def _attempt_line(a: AttemptLedger) -> str:
         span = (f"steps {p.first_position:,}-{(p.end_position or 1) - 1:,}" if p.first_position is not None
                 and p.end_position is not None else f"{p.steps:,} steps")
         line += f"; {span}" + ("" if p.exact else " (inferred)")
-        if p.redone_steps:
+        if p.redone_steps_max is not None:
+            line += f", {p.redone_steps:,}-{p.redone_steps_max:,} redone"
+        elif p.redone_steps:
             line += f", {p.redone_steps:,} redone"
     if a.rebuilt:
         line += " (rebuilt from its checkpoint)"
