@@ -170,7 +170,7 @@ MALFORMED_OPTION = {
     "hang_timeout": ["-3", "never", "nan"], "cluster": ["pbs"], "logs_dir": [" "],
     "status_interval": ["0", "soon", "inf"], "live_refresh": ["0", "-1"],
     "dashboard_host": ["my laptop", "node1"], "dashboard_port": ["65536", "-1"], "export": ["csv", ",", "wandb,csv"], "export_interval": ["0", "soon", "nan", "7200"], "hang_report_after": ["soon", "0", "nan"], "link_probe": ["fast", "5000", "-1"],
-    "auto_steps": ["maybe", "2"], "layout": ["gpu", "per-task"],
+    "auto_steps": ["maybe", "2"], "layout": ["gpu", "per-task"], "relay_fan_in": ["1", "many", "-2"],
 }
 
 
