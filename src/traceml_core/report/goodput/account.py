@@ -29,6 +29,13 @@ from ...rundata import HangReport, RankData, RunData
 from .buckets import KEYS
 from .ledger import AttemptLedger, NodeLedger, Progress, Split, apportion
 
+#: per-node rows kept in an attempt's ledger: a job of 65,536 nodes would otherwise carry 65,536
+#: rows (19 MB of JSON and ~370 MB of objects in node 0's aggregator and launcher, past the 1 GiB
+#: the node limit is held to); past this, the nodes with the least productive share are kept (the
+#: ones a user looks for) and ``nodes_total`` says how many there were. The attempt's own split
+#: still adds every node.
+MAX_NODE_ROWS = 1024
+
 #: phases of a step that are the model's own work
 COMPUTE = ("forward_ns", "backward_ns", "optimizer_ns", "h2d_ns")
 #: where time is taken from when a stall, the wait for the rank that saved a checkpoint or the
@@ -433,9 +440,14 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
                 a[i] += v
     node_list = []
     whole = [0] * (len(KEYS) + 1)
-    for node in sorted(acc):
-        a = acc[node]
+    for a in acc.values():
         whole = list(map(add, whole, a))
+    kept = sorted(acc)
+    if len(kept) > MAX_NODE_ROWS:
+        p = 1 + KEYS.index("productive")
+        kept = sorted(sorted(kept, key=lambda n: (acc[n][p] / max(1, acc[n][0] * wall_ms), n))[:MAX_NODE_ROWS])
+    for node in kept:
+        a = acc[node]
         ms = dict(zip(KEYS, a[1:]))
         for k in not_measured:
             ms[k] = None
@@ -464,6 +476,7 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
         end=round(w.end, 3), end_source=w.end_source, slots=slots,
         unit="GPU-seconds" if ctx.device == "cuda" else "rank-seconds",
         ended=ended_as(ctx.status, ctx.reason), reason=ctx.reason, split=total, nodes=node_list,
+        nodes_total=len(acc),
         not_measured=not_measured, notes=notes, progress=progress, rebuilt=ctx.rebuilt)
 
 

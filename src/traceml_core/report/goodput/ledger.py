@@ -184,6 +184,8 @@ class AttemptLedger:
     #: this attempt's own summary: where it is, whether it was rebuilt from a checkpoint
     summary: Optional[str] = None
     rebuilt: bool = False
+    #: the attempt's nodes, listed in ``nodes`` or not (account.MAX_NODE_ROWS); 0: as many as listed
+    nodes_total: int = 0
 
     @property
     def wall_s(self) -> float:
@@ -198,7 +200,7 @@ class AttemptLedger:
                    str(d.get("ended") or "unknown"), str(d.get("reason") or ""), Split.from_json(d),
                    [NodeLedger.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
                    dict(_d(d.get("notes"))), Progress.from_json(d.get("progress")), d.get("queued_before_s"),
-                   d.get("summary"), bool(d.get("rebuilt")))
+                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0))
 
     def to_json(self) -> J:
         return {"attempt": self.attempt, "job_id": self.job_id, "restart_count": self.restart_count,
@@ -206,6 +208,7 @@ class AttemptLedger:
                 "end": self.end, "end_source": self.end_source, "wall_s": round(self.wall_s, 3),
                 "slots": self.slots, "unit": self.unit, "ended": self.ended, "reason": self.reason,
                 **self.split.to_json(), "nodes": [n.to_json() for n in self.nodes],
+                "nodes_total": self.nodes_total or len(self.nodes),
                 "not_measured": self.not_measured, "notes": self.notes,
                 "progress": self.progress.to_json(), "queued_before_s": self.queued_before_s,
                 "summary": self.summary, "rebuilt": self.rebuilt}
