@@ -9,7 +9,9 @@ the SDK. Everything here runs the real parts a training run uses; only the run's
   records and a bye, and the relay closes with the node's bye;
 - the link probe between the nodes as ``traceml run``'s launcher runs it (:class:`ProbeRun`,
   :class:`ProbeServer`, :func:`measure_links`);
-- the node's GPUs as the SDK's sampler reads them through NVML (:func:`load_nvml`, ...).
+- the node's GPUs as the SDK's sampler reads them through NVML (:func:`load_nvml`, ...);
+- the link probe's rule on per-node rates, as a run's summary applies it to node evidence
+  (:func:`link_observations_of`), so the doctor's probe is judged as a run's is.
 
 The plugin depends on this module, on the launch config (``traceml_core.config``), on the plugin
 interface (``traceml_core.plugins``) and on the transport (``traceml_core.wire``) only.
@@ -35,7 +37,7 @@ _NVML = ".sdk.samplers.nvml"
 _LAZY = {"DEFAULT_BYTES": ".linkprobe.probe", "ROUNDS_BUDGET_S": ".linkprobe.probe", "ProbeRun": ".linkprobe.probe",
          "ProbeServer": ".linkprobe.probe", "probe_failed": ".linkprobe.analysis", "FakeNvml": _NVML,
          "GpuDevice": _NVML, "GpuProcess": _NVML, "NvmlBackend": _NVML, "NvmlUnavailable": _NVML, "fake_gpus": _NVML,
-         "load_nvml": _NVML}
+         "load_nvml": _NVML, "link_observations_of": ".report.nodeevidence"}
 
 
 def __getattr__(name: str) -> Any:
@@ -47,7 +49,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["DEFAULT_BYTES", "ROUNDS_BUDGET_S", "TEST_RECORDS", "FakeNvml", "GpuDevice", "GpuProcess", "NvmlBackend",
-           "NvmlUnavailable", "ProbeRun", "ProbeServer", "TestAggregator", "fake_gpus", "load_nvml", "measure_links",
+           "NvmlUnavailable", "ProbeRun", "ProbeServer", "TestAggregator", "fake_gpus", "link_observations_of", "load_nvml", "measure_links",
            "probe_failed", "send_test_telemetry"]
 
 

@@ -202,6 +202,12 @@ class Facts:
         processes, never to read a value from (a value read belongs in a fact here)."""
         return MappingProxyType(self._env)
 
+    @property
+    def omp_num_threads(self) -> Optional[str]:
+        """``OMP_NUM_THREADS`` as the step has it (unset: torchrun sets 1 per worker); the doctor
+        shows it beside the CPU request."""
+        return self._env.get("OMP_NUM_THREADS")
+
     # -- the job ---------------------------------------------------------------------------------
 
     @property

@@ -126,7 +126,7 @@ def check_cpus(ctx: NodeContext) -> Outcome:
         mask = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         mask = None
-    omp = ctx.facts.environ.get("OMP_NUM_THREADS")
+    omp = ctx.facts.omp_num_threads
     data = {"cpus_per_task": grant.cpus_per_task, "srun_cpus_per_task": grant.srun_cpus_per_task,
             "cpus_on_node": grant.cpus_on_node, "affinity_cpus": mask, "omp_num_threads": omp, "version": version}
     asked = (f"--cpus-per-task={grant.cpus_per_task}" if grant.cpus_per_task is not None

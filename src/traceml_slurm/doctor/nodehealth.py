@@ -15,7 +15,7 @@ import time
 from typing import Optional
 
 from traceml_core.plugins import NextJob, RunEvidence
-from traceml_core.report.nodeevidence import link_observations_of
+from traceml_core.selftest import link_observations_of
 
 from ..facts import Facts
 from .model import Report
