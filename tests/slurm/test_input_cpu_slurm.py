@@ -1,7 +1,9 @@
 """Input-bound joined with the CPU on the real local Slurm cluster (issue 25 item 3; docs/node-health.md).
 
 Two one-node jobs at the same time, each ``--cpus-per-task=1``, a DataLoader whose workers compute
-(25 ms of CPU per batch, tests/unit/scripts/loader_train.py): with 4 workers they want more CPUs
+(25 ms of CPU per batch, tests/unit/scripts/loader_train.py; 120 steps: the workers' CPU use is
+sampled from /proc twice a second, and 30 steps ended in under a second on a quiet machine, too
+few samples to tell computing workers from idle ones): with 4 workers they want more CPUs
 than the task may run on, so the input-bound verdict names the CPU and ends in the lines for the
 next job script (Slurm 22.05's srun does not pass --cpus-per-task on: the export line too); with
 1 worker (the control) CPUs are left over and the verdict does not ask for CPUs. A loader that
@@ -26,7 +28,7 @@ def test_workers_sharing_the_tasks_cpu_get_the_cpus_per_task_line_and_a_job_with
     logs = {w: tmp_path / f"w{w}" for w in (4, 1)}
     jobs = {w: slurm_cluster.submit(JOB, "--nodes=1", "--ntasks-per-node=1", "--gres=gpu:1", "--cpus-per-task=1",
                                     env=job_env(d, LOADER_WORKERS=str(w), LOADER_WORK="cpu", LOADER_MS="25",
-                                                LOADER_STEPS="30"))
+                                                LOADER_STEPS="120"))
             for w, d in logs.items()}
     states = {w: slurm_cluster.wait(j, timeout=240) for w, j in jobs.items()}
     outs = {w: slurm_cluster.output(j) for w, j in jobs.items()}
