@@ -154,6 +154,43 @@ class Progress:
 
 
 @dataclass(slots=True)
+class Ending:
+    """How an attempt met its time limit: the early warning of ``#SBATCH --signal`` (when it came,
+    how long before the limit, whether a checkpoint was saved after it) and the SIGTERM at the
+    limit, with the training since the last checkpoint that a resumed run redoes. ``words`` is the
+    one line the text shows."""
+
+    #: the early warning's signal (SIGUSR1 or SIGUSR2) and when the first launcher got it (epoch s)
+    warning: Optional[str] = None
+    warning_at: Optional[float] = None
+    #: when the cluster meant to end the job, as it said when the warning came (epoch s)
+    scheduled_end: Optional[float] = None
+    #: the scheduled end less the warning's arrival (s)
+    warning_lead_s: Optional[float] = None
+    #: whether a checkpoint save ended after the warning (None: no warning)
+    saved_after_warning: Optional[bool] = None
+    #: the SIGTERM a launcher got (the time limit, scancel, a requeue), epoch s
+    sigterm_at: Optional[float] = None
+    #: the attempt ended before the scheduled end by this much (s; None: not known, or it did not)
+    ended_before_limit_s: Optional[float] = None
+    words: str = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["Ending"]:
+        if not isinstance(d, dict):
+            return None
+        return cls(d.get("warning"), d.get("warning_at"), d.get("scheduled_end"), d.get("warning_lead_s"),
+                   d.get("saved_after_warning"), d.get("sigterm_at"), d.get("ended_before_limit_s"),
+                   str(d.get("words") or ""))
+
+    def to_json(self) -> J:
+        return {"warning": self.warning, "warning_at": self.warning_at, "scheduled_end": self.scheduled_end,
+                "warning_lead_s": self.warning_lead_s, "saved_after_warning": self.saved_after_warning,
+                "sigterm_at": self.sigterm_at, "ended_before_limit_s": self.ended_before_limit_s,
+                "words": self.words}
+
+
+@dataclass(slots=True)
 class AttemptLedger:
     """One attempt: one allocation period of the run (a job, or one requeue of it)."""
 
@@ -186,6 +223,8 @@ class AttemptLedger:
     rebuilt: bool = False
     #: the attempt's nodes, listed in ``nodes`` or not (account.MAX_NODE_ROWS); 0: as many as listed
     nodes_total: int = 0
+    #: the early warning and the time limit, where either came (None: neither)
+    ending: Optional[Ending] = None
 
     @property
     def wall_s(self) -> float:
@@ -200,7 +239,8 @@ class AttemptLedger:
                    str(d.get("ended") or "unknown"), str(d.get("reason") or ""), Split.from_json(d),
                    [NodeLedger.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
                    dict(_d(d.get("notes"))), Progress.from_json(d.get("progress")), d.get("queued_before_s"),
-                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0))
+                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0),
+                   Ending.from_json(d.get("ending")))
 
     def to_json(self) -> J:
         return {"attempt": self.attempt, "job_id": self.job_id, "restart_count": self.restart_count,
@@ -211,7 +251,8 @@ class AttemptLedger:
                 "nodes_total": self.nodes_total or len(self.nodes),
                 "not_measured": self.not_measured, "notes": self.notes,
                 "progress": self.progress.to_json(), "queued_before_s": self.queued_before_s,
-                "summary": self.summary, "rebuilt": self.rebuilt}
+                "summary": self.summary, "rebuilt": self.rebuilt,
+                "ending": self.ending.to_json() if self.ending else None}
 
 
 @dataclass(slots=True)

@@ -62,9 +62,13 @@ def _advice_lines(ledger: Ledger) -> list[str]:
     if adv is not None:
         out.append(f"  advice: {BY_KEY[adv.bucket].label.upper()}: {adv.why}")
         out.append(f"          next: {adv.next_step}")
+    for a in ledger.attempts:
+        if a.ending is not None and a.ending.words:
+            who = f"attempt {a.attempt}'s end" if len(ledger.attempts) > 1 else "the end"
+            out.append(f"  {who}: {a.ending.words}")
     last = ledger.current
     if last is not None and last.ended in ("time_limit", "requeued", "preempted", "interrupted") \
-            and last.progress.unsaved_s:
+            and last.progress.unsaved_s and last.ending is None:
         out.append(f"  not saved: the last {last.progress.unsaved_s:,.1f} s of training in attempt {last.attempt} "
                    "came after its last checkpoint; a run resumed from that checkpoint redoes them")
     tp = ledger.throughput
