@@ -95,3 +95,34 @@ def test_uuid_lists_in_cuda_visible_devices_map_to_nvml_devices():
     devices = FakeNvml(fake_gpus(3)).devices()
     chosen = G.allocated(devices, [devices[2].uuid[:12], "0"])
     assert [d.index for d in chosen] == [2, 0]
+
+
+def test_gpu_health_fails_a_hardware_fault_warns_a_slowdown_and_says_what_is_not_measured(tmp_path):
+    from traceml_core.sdk.samplers import FakeGpu
+    from traceml_core.sdk.samplers.nvml import kernel_xids
+
+    def health(*devices):
+        return G.check_health(make(gpus(len(devices)), nvml=FakeNvml(list(devices)), torch=cuda_torch(len(devices))))
+
+    ok = health(FakeGpu(uuid="GPU-a", clock_reasons=0x4 | 0x1), FakeGpu(uuid="GPU-b"))  # power cap, idle: normal
+    assert ok.status is Status.PASS and "2 GPUs: no hardware XID" in ok.observed
+    assert ok.data["devices"][0]["clock_reasons"] == ["gpu_idle", "sw_power_cap"] and ok.data["faults"] == []
+    hot = health(FakeGpu(uuid="GPU-a", clock_reasons=0x40), FakeGpu(uuid="GPU-b"))
+    assert hot.status is Status.WARN and hot.data["slowdowns"] == ["GPU 0 held back (hw_thermal_slowdown)"]
+    assert "cooling" in hot.fix
+    # an application's XID (13) is shown, not blamed; the hardware's (79) and an ECC error are faults
+    app = health(FakeGpu(uuid="GPU-a", xids=(13,)))
+    assert app.status is Status.PASS and app.data["devices"][0]["xids"] == [13]
+    bad = health(FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", xids=(13, 79), ecc_uncorrected=2, clock_reasons=0x8))
+    assert bad.status is Status.FAIL and bad.data["faults"] == ["GPU 1: XID 79; 2 uncorrectable ECC error(s)"]
+    assert "#SBATCH --exclude=gpu07" in bad.fix and "GPU 1 held back (hw_slowdown)" in bad.observed
+    old = health(FakeGpu(uuid="GPU-a", unsupported={"remap_failed", "ecc_corrected"}))
+    assert old.status is Status.PASS and "not measured: ecc (Not Supported), remap_failed (Not Supported)" in old.observed
+    assert old.data["devices"][0]["ecc_uncorrected"] is None   # not measured, never 0
+    assert G.check_health(make(step())).status is Status.SKIP
+    # the real backend's XIDs come from the kernel log, by PCI device
+    log = tmp_path / "kmsg"
+    log.write_text("4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+                   "4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception\n"
+                   "4,3,4,-;NVRM: Xid (PCI:0001:5e:00): 48, An uncorrectable double bit error\n")
+    assert kernel_xids(str(log)) == {(0, 0x3B, 0): [79, 13], (1, 0x5E, 0): [48]}
