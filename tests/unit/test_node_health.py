@@ -237,3 +237,30 @@ def test_the_doctor_records_its_link_probe_and_ends_in_the_line(tmp_path):
     records, _ = NodeStore(tmp_path / "nodes.sqlite").records("c")
     assert [(r.job_id, r.source) for r in sorted(records, key=lambda r: r.at)] == [("1", "doctor"), ("2", "doctor")]
     assert doctor_next_job(_doctor("3"), Facts.of({"PATH": ""})) is None  # outside a job: nothing
+
+
+def _doctor_bench(job: str, slow: str = "node3"):
+    """A doctor's report whose micro-benchmarks (cross.compute-speed) found ``slow``'s CPU matmul at
+    a quarter of its peers' (as crossnode.compute_speed writes it)."""
+    from traceml_slurm.doctor.crossnode import compute_speed
+    from traceml_slurm.doctor.model import CheckResult, JobInfo, Report
+
+    bench = {h: {"cpu": {"gflops": 10.0 if h == slow else 40.0, "threads": 1}, "gpus": []} for h in HOSTS}
+    speed = CheckResult("cross.compute-speed", "speed", "cross", compute_speed(bench))
+    return Report(JobInfo(job, "j", list(HOSTS), "batch", "node1", "default"), [speed], 1.0)
+
+
+def test_the_doctor_records_its_benchmarks_and_a_node_slow_in_two_jobs_is_excluded(tmp_path):
+    from traceml_slurm.doctor.nodehealth import next_job as doctor_next_job
+    from traceml_slurm.facts import Facts
+
+    env = {"SLURM_JOB_ID": "1", "TRACEML_NODE_STORE": str(tmp_path / "nodes.sqlite")}
+    assert doctor_next_job(_doctor_bench("1"), Facts.of(env)) is None   # slow in one job only
+    got = doctor_next_job(_doctor_bench("2"), Facts.of({**env, "SLURM_JOB_ID": "2"}))
+    assert got.lines == ("#SBATCH --exclude=node3",)
+    assert got.why[0].startswith("node3: CPU matmul at 10 GFLOP/s against 40 GFLOP/s in 2 of 2 job(s)"), got.why
+    health = {h.host: h for h in record(tmp_path / "nodes.sqlite", "", None)[0]}
+    ev = {e.kind: e for e in health["node1"].evidence}
+    assert (ev["bench_cpu"].value, ev["bench_cpu"].peers, ev["bench_cpu"].bad) == (40.0, 25.0, False)
+    assert (ev["bench_cpu"].source, ev["bench_cpu"].job_id, ev["bench_cpu"].unit) == ("doctor", "2", "GFLOP/s")
+    assert not health["node1"].exclude and health["node3"].exclude
