@@ -126,3 +126,41 @@ def test_gpu_health_fails_a_hardware_fault_warns_a_slowdown_and_says_what_is_not
                    "4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception\n"
                    "4,3,4,-;NVRM: Xid (PCI:0001:5e:00): 48, An uncorrectable double bit error\n")
     assert kernel_xids(str(log)) == {(0, 0x3B, 0): [79, 13], (1, 0x5E, 0): [48]}
+
+
+def test_the_real_backend_reads_health_through_pynvml_with_the_same_rule(monkeypatch):
+    """PynvmlBackend's health reads, on a stand-in ``pynvml`` module with the real one's names (no
+    GPU here): the same GpuHealth, the same faults and slowdowns as the fake gives."""
+    import sys
+    import types
+
+    from traceml_core.sdk.samplers import nvml as N
+
+    class Err(Exception):
+        pass
+
+    class PciInfo:
+        busId = b"00000000:3B:00.0"
+
+    fake = types.ModuleType("pynvml")
+    fake.NVMLError, fake.NVMLError_LibraryNotFound = Err, type("NotFound", (Err,), {})
+    fake.NVML_MEMORY_ERROR_TYPE_CORRECTED, fake.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fake.NVML_VOLATILE_ECC = 0, 1, 0
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+    fake.nvmlDeviceGetIndex = lambda h: int(h[1:])
+    fake.nvmlDeviceGetUUID = lambda h: b"GPU-real"
+    fake.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x80 | 0x4
+    fake.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: {0: 5, 1: 0}[kind]
+    fake.nvmlDeviceGetPciInfo = lambda h: PciInfo()
+
+    def no_remap(h):
+        raise Err("Not Supported")
+
+    fake.nvmlDeviceGetRemappedRows = no_remap
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(N, "_kernel_xids", {(0, 0x3B, 0): [79]})   # what the kernel log said of 0000:3b:00
+    h = N.load_nvml().health("h0")
+    assert (h.index, h.uuid, h.clock_reasons, h.ecc_corrected, h.ecc_uncorrected, h.xids) == (
+        0, "GPU-real", ("sw_power_cap", "hw_power_brake_slowdown"), 5, 0, (79,))
+    assert h.remap_failed is None and dict(h.unmeasured) == {"remap_failed": "Not Supported"}
+    assert h.faults == ["XID 79"] and h.slowdowns == ["hw_power_brake_slowdown"]
