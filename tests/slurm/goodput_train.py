@@ -87,6 +87,10 @@ def main() -> int:
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-step", type=int, default=-1)
     ap.add_argument("--usr1", action="store_true", help="on SIGUSR1: save and end")
+    ap.add_argument("--tokens-per-step", type=float, help="traceml.declare_work(tokens_per_step=...)")
+    ap.add_argument("--samples-per-step", type=float)
+    ap.add_argument("--flops-per-step", type=float)
+    ap.add_argument("--dtype")
     args = ap.parse_args()
 
     truth_dir = os.environ["GOODPUT_TRUTH"]
@@ -111,6 +115,9 @@ def main() -> int:
             if rec.get("k") == "step":
                 done_before = max(done_before, rec["g"])
     traceml.init()
+    if args.tokens_per_step or args.samples_per_step or args.flops_per_step:
+        traceml.declare_work(tokens_per_step=args.tokens_per_step, samples_per_step=args.samples_per_step,
+                             flops_per_step=args.flops_per_step, dtype=args.dtype)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Slow(args.step_ms))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -236,6 +236,7 @@ def rank_fact(kind: str, text: str) -> Optional[dict[str, Any]]:
                 "end": when(raw.get("end"))}
     if kind == "work":
         return {"tokens_per_step": amount(raw.get("tokens_per_step"), MAX_TOKENS_PER_STEP),
+                "samples_per_step": amount(raw.get("samples_per_step"), MAX_TOKENS_PER_STEP),
                 "flops_per_step": amount(raw.get("flops_per_step"), MAX_FLOPS_PER_STEP),
                 "dtype": word(raw.get("dtype"), 16), "device": word(raw.get("device"), 128)}
     return None

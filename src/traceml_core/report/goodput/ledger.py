@@ -284,21 +284,25 @@ class NodeThroughput:
     #: tokens per second of step time (while training), beside per second of allocation
     tokens_per_step_s: Optional[float] = None
     mfu: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    samples_per_step_s: Optional[float] = None
 
     @classmethod
     def from_json(cls, d: Any) -> "NodeThroughput":
         d = _d(d)
-        return cls(d.get("node", 0), d.get("tokens_per_s"), d.get("tokens_per_step_s"), d.get("mfu"))
+        return cls(d.get("node", 0), d.get("tokens_per_s"), d.get("tokens_per_step_s"), d.get("mfu"),
+                   d.get("samples_per_s"), d.get("samples_per_step_s"))
 
     def to_json(self) -> J:
         return {"node": self.node, "tokens_per_s": self.tokens_per_s,
-                "tokens_per_step_s": self.tokens_per_step_s, "mfu": self.mfu}
+                "tokens_per_step_s": self.tokens_per_step_s, "samples_per_s": self.samples_per_s,
+                "samples_per_step_s": self.samples_per_step_s, "mfu": self.mfu}
 
 
 @dataclass(slots=True)
 class Throughput:
-    """Tokens per second per node and MFU, where the script declares its work per step
-    (``traceml.declare_work``) and, for MFU, the device's peak is known; else why not."""
+    """Tokens and samples per second per node and MFU, where the script declares its work per
+    step (``traceml.declare_work``) and, for MFU, the device's peak is known; else why not."""
 
     tokens_per_s: Optional[float] = None
     mfu: Optional[float] = None
@@ -307,15 +311,18 @@ class Throughput:
     peak_source: Optional[str] = None
     nodes: list[NodeThroughput] = field(default_factory=list)
     not_measured: dict[str, str] = field(default_factory=dict)
+    samples_per_s: Optional[float] = None
 
     @classmethod
     def from_json(cls, d: Any) -> "Throughput":
         d = _d(d)
         return cls(d.get("tokens_per_s"), d.get("mfu"), d.get("peak_flops"), d.get("peak_source"),
-                   [NodeThroughput.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))))
+                   [NodeThroughput.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
+                   d.get("samples_per_s"))
 
     def to_json(self) -> J:
-        return {"tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "peak_flops": self.peak_flops,
+        return {"tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s, "mfu": self.mfu,
+                "peak_flops": self.peak_flops,
                 "peak_source": self.peak_source, "nodes": [n.to_json() for n in self.nodes],
                 "not_measured": self.not_measured}
 
