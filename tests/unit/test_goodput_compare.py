@@ -7,7 +7,9 @@ goodput block must name checkpointing as the bucket that moved most, with both r
 0 and B's device-seconds, which are what B's rank recorded of its own saves.
 
 The same two runs check the declared work: ``every`` declares tokens, samples and FLOPs per
-step (``traceml.declare_work``), ``never`` declares nothing.
+step (``traceml.declare_work``), ``never`` declares nothing. A third run beside them,
+``safetensors``, saves with safetensors' ``save_model`` and ``save_file`` by turns (they bypass
+torch.save): each save is one checkpoint span.
 """
 
 from __future__ import annotations
@@ -22,16 +24,19 @@ from tinyrun import PYTHON, REPO, env_for, stop, traceml_cmd
 TRAIN = REPO / "tests" / "slurm" / "goodput_train.py"
 STEPS, STEP_MS, CKPT_MS = 20, 20, 500
 TOKENS, SAMPLES = 2048, 4
+SAFE_EVERY = 5
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     logs = tmp_path_factory.mktemp("gp-compare-logs")
     procs, truth = {}, {}
-    for name, every in (("never", 10_000), ("every", 1)):
+    for name, every in (("never", 10_000), ("every", 1), ("safetensors", SAFE_EVERY)):
         truth[name] = tmp_path_factory.mktemp(f"gp-compare-{name}")
         args = ["--steps", str(STEPS), "--step-ms", str(STEP_MS), "--ckpt-every", str(every),
                 "--ckpt-ms", str(CKPT_MS), "--ckpt-dir", str(truth[name] / "ckpt")]
+        if name == "safetensors":
+            args += ["--save", "safetensors"]
         if name == "every":
             args += ["--tokens-per-step", str(TOKENS), "--samples-per-step", str(SAMPLES),
                      "--flops-per-step", "1e9", "--dtype", "bf16"]
@@ -123,3 +128,19 @@ def test_without_a_declaration_throughput_is_not_measured_and_says_how(runs):
     line = next(ln for ln in text.splitlines() if "throughput:" in ln)
     assert "tokens/s, samples/s, MFU not measured: no rank declared what a step is worth: call " \
            "traceml.declare_work(" in line, line
+
+
+def test_safetensors_saves_are_timed_as_checkpoints(runs):
+    pytest.importorskip("safetensors")
+    run_dir, truth_dir = runs["safetensors"]
+    data, text = _summary(run_dir)
+    (a,) = data["goodput"]["attempts"]
+    recs = [json.loads(ln) for ln in (truth_dir / "rank0-a0.jsonl").read_text().splitlines() if ln]
+    saves = [r for r in recs if r["k"] == "ckpt"]
+    assert len(saves) == STEPS // SAFE_EVERY, saves
+    # every save_model and save_file call is one checkpoint (save_model's own save_file not twice)
+    assert a["progress"]["checkpoints"] == len(saves) and "checkpoint" not in a["not_measured"], a
+    assert a["progress"]["checkpoint_position"] == saves[-1]["step"], a["progress"]
+    took = sum(r["end"] - r["start"] for r in saves)
+    assert a["buckets"]["checkpoint"] > 0 and abs(a["buckets"]["checkpoint"] - took) <= max(0.02 * a["total_s"], 1.0)
+    assert f"{len(saves)} checkpoint(s) seen, the last after step {saves[-1]['step'] - 1}" in text, text
