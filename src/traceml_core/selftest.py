@@ -11,7 +11,8 @@ the SDK. Everything here runs the real parts a training run uses; only the run's
   :class:`ProbeServer`, :func:`measure_links`);
 - the node's GPUs as the SDK's sampler reads them through NVML (:func:`load_nvml`, ...);
 - the link probe's rule on per-node rates, as a run's summary applies it to node evidence
-  (:func:`link_observations_of`), so the doctor's probe is judged as a run's is.
+  (:func:`link_observations_of`), so the doctor's probe is judged as a run's is, and the same rule
+  for any rate measured on each node (:func:`slower_than_peers`: the doctor's micro-benchmarks).
 
 The plugin depends on this module, on the launch config (``traceml_core.config``), on the plugin
 interface (``traceml_core.plugins``) and on the transport (``traceml_core.wire``) only.
@@ -37,7 +38,8 @@ _NVML = ".sdk.samplers.nvml"
 _LAZY = {"DEFAULT_BYTES": ".linkprobe.probe", "ROUNDS_BUDGET_S": ".linkprobe.probe", "ProbeRun": ".linkprobe.probe",
          "ProbeServer": ".linkprobe.probe", "probe_failed": ".linkprobe.analysis", "FakeNvml": _NVML,
          "GpuDevice": _NVML, "GpuProcess": _NVML, "NvmlBackend": _NVML, "NvmlUnavailable": _NVML, "fake_gpus": _NVML,
-         "load_nvml": _NVML, "link_observations_of": ".report.nodeevidence"}
+         "load_nvml": _NVML, "link_observations_of": ".report.nodeevidence",
+         "slower_than_peers": ".report.nodeevidence", "BENCH_SLOW_FRACTION": ".report.thresholds"}
 
 
 def __getattr__(name: str) -> Any:
@@ -48,9 +50,9 @@ def __getattr__(name: str) -> Any:
         return getattr(module, "failed" if name == "probe_failed" else name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-__all__ = ["DEFAULT_BYTES", "ROUNDS_BUDGET_S", "TEST_RECORDS", "FakeNvml", "GpuDevice", "GpuProcess", "NvmlBackend",
+__all__ = ["BENCH_SLOW_FRACTION", "DEFAULT_BYTES", "ROUNDS_BUDGET_S", "TEST_RECORDS", "FakeNvml", "GpuDevice", "GpuProcess", "NvmlBackend",
            "NvmlUnavailable", "ProbeRun", "ProbeServer", "TestAggregator", "fake_gpus", "link_observations_of", "load_nvml", "measure_links",
-           "probe_failed", "send_test_telemetry"]
+           "probe_failed", "send_test_telemetry", "slower_than_peers"]
 
 
 class TestAggregator:

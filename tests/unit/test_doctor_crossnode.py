@@ -135,3 +135,29 @@ def test_link_probe_that_could_not_run_fails_with_the_reason():
 
     out = X.link_bandwidth(probe_failed("only 1 of 3 nodes' launchers answered the probe"), ["a", "b", "c"])
     assert all(o.status is Status.FAIL and "only 1 of 3" in o.observed for o in out.values())
+
+
+def _bench(cpu, gpus=()):
+    return {"cpu": {"gflops": cpu, "threads": 1}, "gpus": [{"index": i, **g} for i, g in enumerate(gpus)]}
+
+
+def test_compute_speed_warns_on_the_node_far_below_its_peers_and_reads_the_slowest_gpu():
+    fast = [{"gflops": 600.0, "h2d_gbps": 24.0}, {"gflops": 610.0, "h2d_gbps": 25.0}]
+    out = X.compute_speed({
+        "n1": _bench(40.0, fast), "n2": _bench(38.0, fast),
+        # node 3: its CPU under a quota, and one GPU throttled to a quarter (the job waits for it)
+        "n3": _bench(9.0, [{"gflops": 600.0, "h2d_gbps": 24.0}, {"gflops": 150.0, "h2d_gbps": 24.0}]),
+        "n4": None})
+    assert {n: o.status for n, o in out.items()} == {"n1": Status.PASS, "n2": Status.PASS, "n3": Status.WARN,
+                                                     "n4": Status.SKIP}
+    assert out["n3"].observed.startswith("slower than the other nodes: CPU matmul at 9 GFLOP/s against 39 GFLOP/s; "
+                                         "GPU matmul at 150 GFLOP/s against 600 GFLOP/s")
+    assert "host-to-device copy at 24 GB/s" in out["n3"].observed and "cpu.max" in out["n3"].fix
+    assert (out["n3"].data["bench_cpu"], out["n3"].data["bench_gpu"], out["n3"].data["h2d"]) == (9.0, 150.0, 24.0)
+    assert "not measured" in out["n4"].observed
+    # within half of the others is no finding: nodes of one model differ by a few percent
+    assert {o.status for o in X.compute_speed({"a": _bench(40.0), "b": _bench(21.0)}).values()} == {Status.PASS}
+    # a CPU-only doctor: no GPU figure is made up
+    cpu = X.compute_speed({"a": _bench(40.0), "b": _bench(10.0)})
+    assert cpu["b"].status is Status.WARN and cpu["b"].data["bench_gpu"] is None and "GPU" not in cpu["b"].observed
+    assert "nothing to compare with" in X.compute_speed({"a": _bench(40.0), "b": None})["a"].observed

@@ -237,3 +237,74 @@ def test_the_doctor_records_its_link_probe_and_ends_in_the_line(tmp_path):
     records, _ = NodeStore(tmp_path / "nodes.sqlite").records("c")
     assert [(r.job_id, r.source) for r in sorted(records, key=lambda r: r.at)] == [("1", "doctor"), ("2", "doctor")]
     assert doctor_next_job(_doctor("3"), Facts.of({"PATH": ""})) is None  # outside a job: nothing
+
+
+def _doctor_bench(job: str, slow: str = "node3"):
+    """A doctor's report whose micro-benchmarks (cross.compute-speed) found ``slow``'s CPU matmul at
+    a quarter of its peers' (as crossnode.compute_speed writes it)."""
+    from traceml_slurm.doctor.crossnode import compute_speed
+    from traceml_slurm.doctor.model import CheckResult, JobInfo, Report
+
+    bench = {h: {"cpu": {"gflops": 10.0 if h == slow else 40.0, "threads": 1}, "gpus": []} for h in HOSTS}
+    speed = CheckResult("cross.compute-speed", "speed", "cross", compute_speed(bench))
+    return Report(JobInfo(job, "j", list(HOSTS), "batch", "node1", "default"), [speed], 1.0)
+
+
+def test_the_doctor_records_its_benchmarks_and_a_node_slow_in_two_jobs_is_excluded(tmp_path):
+    from traceml_slurm.doctor.nodehealth import next_job as doctor_next_job
+    from traceml_slurm.facts import Facts
+
+    env = {"SLURM_JOB_ID": "1", "TRACEML_NODE_STORE": str(tmp_path / "nodes.sqlite")}
+    assert doctor_next_job(_doctor_bench("1"), Facts.of(env)) is None   # slow in one job only
+    got = doctor_next_job(_doctor_bench("2"), Facts.of({**env, "SLURM_JOB_ID": "2"}))
+    assert got.lines == ("#SBATCH --exclude=node3",)
+    assert got.why[0].startswith("node3: CPU matmul at 10 GFLOP/s against 40 GFLOP/s in 2 of 2 job(s)"), got.why
+    health = {h.host: h for h in record(tmp_path / "nodes.sqlite", "", None)[0]}
+    ev = {e.kind: e for e in health["node1"].evidence}
+    assert (ev["bench_cpu"].value, ev["bench_cpu"].peers, ev["bench_cpu"].bad) == (40.0, 25.0, False)
+    assert (ev["bench_cpu"].source, ev["bench_cpu"].job_id, ev["bench_cpu"].unit) == ("doctor", "2", "GFLOP/s")
+    assert not health["node1"].exclude and health["node3"].exclude
+
+
+def _doctor_gpus(job: str, **fake: dict):
+    """A doctor's report whose gpu.health check ran on each node with the fake NVML (``fake[host]``:
+    FakeGpu fields of its second GPU; the first is healthy)."""
+    from doctor_env import cuda_torch, gpus, make
+
+    from traceml_core.sdk.samplers import FakeGpu, FakeNvml
+    from traceml_slurm.doctor import gpu as G
+    from traceml_slurm.doctor.model import CheckResult, JobInfo, Report
+
+    outcomes = {h: G.check_health(make(gpus(2, SLURMD_NODENAME=h), torch=cuda_torch(2), nvml=FakeNvml(
+        [FakeGpu(uuid=f"GPU-{h}-0"), FakeGpu(uuid=f"GPU-{h}-1", **fake.get(h, {}))]))) for h in HOSTS}
+    return Report(JobInfo(job, "j", list(HOSTS), "batch", "node1", "default"),
+                  [CheckResult("gpu.health", "GPU health", "node", outcomes)], 1.0)
+
+
+def test_nvml_health_is_kept_a_slowdown_excludes_when_it_repeats_a_hardware_xid_at_once(tmp_path):
+    from traceml_slurm.doctor.nodehealth import next_job as doctor_next_job
+    from traceml_slurm.facts import Facts
+
+    store = tmp_path / "nodes.sqlite"
+    env = {"SLURM_JOB_ID": "1", "TRACEML_NODE_STORE": str(store)}
+    hot = {"node3": {"clock_reasons": 0x40}}  # node3's second GPU in thermal slowdown
+    assert doctor_next_job(_doctor_gpus("1", **hot), Facts.of(env)) is None    # once: not enough
+    got = doctor_next_job(_doctor_gpus("2", **hot), Facts.of({**env, "SLURM_JOB_ID": "2"}))
+    assert got.lines == ("#SBATCH --exclude=node3",), got
+    assert got.why[0].startswith("node3: GPU 1 held back (hw_thermal_slowdown) in 2 of 2 job(s)"), got.why
+    # job 3: node2's GPU logged XID 79 (fallen off the bus): a hardware fault excludes it at once
+    got = doctor_next_job(_doctor_gpus("3", node2={"xids": (79,)}, **hot), Facts.of({**env, "SLURM_JOB_ID": "3"}))
+    assert got.lines == ("#SBATCH --exclude=node[2-3]",), got
+    cli = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json", "--store", str(store)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CLUSTER_NAME": ""})
+    nodes = json.loads(cli.stdout)
+    assert sorted(nodes["exclude"]) == ["node2", "node3"] and nodes["line"] == "#SBATCH --exclude=node[2-3]", nodes
+    by = {n["host"]: n for n in nodes["nodes"]}
+    assert by["node2"]["why"] == "a hardware fault: GPU 1: XID 79" and (by["node2"]["jobs"], by["node2"]["bad_jobs"]) == (3, 1)
+    ev = {e["kind"]: e for e in by["node2"]["evidence"]}["gpu_health"]
+    assert (ev["bad"], ev["strong"], ev["job"], ev["source"], ev["note"]) == (True, True, "3", "doctor", "GPU 1: XID 79")
+    clean = {e["kind"]: e for e in by["node1"]["evidence"]}["gpu_health"]
+    assert (clean["bad"], clean["note"]) == (False, "2 GPU(s) healthy") and not by["node1"]["exclude"]
+    text = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--store", str(store)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CLUSTER_NAME": ""}).stdout
+    assert text.rstrip().endswith("Next job script (paste into your sbatch script):\n  #SBATCH --exclude=node[2-3]"), text

@@ -414,7 +414,10 @@ class CpuThreads:
     (``workers_cores``: CPU seconds per wall second) and waited for (``workers_waiting``: runnable,
     no core free), the rank process's own CPU use
     (``proc_cores``), the share of the wall clock its cgroup's CPU quota throttled it
-    (``throttled``), ``OMP_NUM_THREADS`` and the scheduler's CPU request (None: not measured)."""
+    (``throttled``), ``OMP_NUM_THREADS`` and the scheduler's CPU request (None: not measured).
+    ``throttled_ms``: how long per steady step the cgroup's CPU quota throttled it (the same
+    counter as ``throttled``, per step like ``wait_ms``: a throttled thread is runnable, so the run
+    queue's wait includes it, but it is the task's own CPU limit, not other processes)."""
 
     threads: int
     cpus: frozenset[int]
@@ -427,6 +430,7 @@ class CpuThreads:
     throttled: Optional[float] = None
     omp: Optional[str] = None
     request: Optional[CpuRequest] = None
+    throttled_ms: Optional[float] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -447,6 +451,8 @@ class CpuThreads:
             if steps > 0 and all(type(raw.get(k)) is int for k in ("wait_ns", "wait0_ns", "run_ns", "run0_ns")):
                 wait = max(0.0, (raw["wait_ns"] - raw["wait0_ns"]) / steps / 1e6)
                 run = max(0.0, (raw["run_ns"] - raw["run0_ns"]) / steps / 1e6)
+            thr = _delta(raw, "thr_ns")
+            thr_ms = thr / steps / 1e6 if thr is not None and steps > 0 else None
             wall = _delta(raw, "wall_ns")
             workers = raw.get("workers")
             workers = workers if type(workers) is int and 0 <= workers < 1 << 16 else None
@@ -461,7 +467,7 @@ class CpuThreads:
         if not 0 < threads < 1 << 16:
             return None
         return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
-                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request)
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms)
 
 
 def _delta(raw: dict[str, Any], key: str) -> Optional[int]:

@@ -23,7 +23,7 @@ run*, by the rule each kind already has:
 from __future__ import annotations
 
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 from ..plugins import NodeObservation, RunEvidence
 from .document import Summary, Verdict
@@ -66,20 +66,30 @@ def link_observations(summary: Summary) -> list[NodeObservation]:
 
 def link_observations_of(nodes: list[dict]) -> list[NodeObservation]:
     """The link probe's rule on its per-node best rates (``{"host", "gbps", "recv_gbps"}``: a run's
-    probe, or the doctor's, which runs the same probe)."""
+    probe, or the doctor's, which runs the same probe). With two nodes a slow pair cannot be pinned
+    on either end: nothing."""
     nodes = [n for n in nodes if n.get("host")]
     if len(nodes) < 3:
         return []
     out = []
     for key, kind, verb in (("gbps", "link_send", "sends"), ("recv_gbps", "link_recv", "receives")):
-        for nd in nodes:
-            mine = nd.get(key)
-            ref = median([o[key] for o in nodes if o is not nd and o.get(key) is not None])
-            if mine is None or not ref:
-                continue
-            bad = mine < PROBE_SLOW_FRACTION * ref
-            out.append(NodeObservation(nd["host"], kind, mine, ref, "GB/s", bad,
-                                       note=f"{verb} at {mine:.3g} GB/s against {ref:.3g} GB/s"))
+        out += slower_than_peers({n["host"]: n.get(key) for n in nodes}, kind, "GB/s", verb, PROBE_SLOW_FRACTION)
+    return out
+
+
+def slower_than_peers(values: Mapping[str, Optional[float]], kind: str, unit: str, verb: str,
+                      fraction: float) -> list[NodeObservation]:
+    """One rule for every rate measured on each node of a job (the link probe's, the doctor's
+    matmul and host-to-device copy): a node is worse than its peers when its rate is below
+    ``fraction`` of the median of the *other* nodes' (so one slow node cannot drag the reference
+    down with it). A node not measured (None) is neither judged nor part of the reference."""
+    out = []
+    for host, mine in values.items():
+        ref = median([v for h, v in values.items() if h != host and v is not None])
+        if mine is None or not ref:
+            continue
+        out.append(NodeObservation(host, kind, mine, ref, unit, mine < fraction * ref,
+                                   note=f"{verb} at {mine:.3g} {unit} against {ref:.3g} {unit}"))
     return out
 
 

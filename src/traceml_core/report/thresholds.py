@@ -181,6 +181,11 @@ COMM_CPU_BUSY_PCT = 90.0
 #: median of the other nodes': real NICs of one model differ by a few percent, a degraded link
 #: (wrong speed negotiated, errors, a 1 GbE fallback next to 25 GbE) by 2x or far more.
 PROBE_SLOW_FRACTION = 0.5
+#: The doctor's micro-benchmarks (a matmul on the CPU and on each GPU, the host-to-device copy):
+#: a node below half the median of the other nodes' in the same job is worse than its peers.
+#: Nodes of one model differ by a few percent; a throttled GPU, a CPU quota, another job's
+#: processes or a degraded PCIe link by 2x or more.
+BENCH_SLOW_FRACTION = 0.5
 
 # --- compute bound -------------------------------------------------------------------------------
 #: When forward + backward + optimizer (+ host-to-device copies) take 80 % or more of the step, the

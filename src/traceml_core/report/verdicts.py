@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import cpubinding
 from . import thresholds as T
-from .model import RankSummary, VerdictContext
+from .model import CpuThreads, RankSummary, VerdictContext
 from .stats import median
 
 KINDS = ("hang", "did_not_start", "run_failed", "no_steps", "straggler", "input_bound", "periodic_work",
@@ -363,12 +363,28 @@ def _starved(worst: RankSummary, others: Sequence[RankSummary], ctx: VerdictCont
     facts = {r.rank: ctx.cpu_threads.get(r.rank) for r in [worst, *others]}
     if any(f is None or f.wait_ms is None or f.run_ms is None for f in facts.values()):
         return None
-    rates = [f.wait_ms / f.run_ms for r in others for f in [facts[r.rank]] if f.run_ms]  # type: ignore[union-attr, operator]
+    rates = [_queue_wait(f) / f.run_ms for r in others for f in [facts[r.rank]] if f.run_ms]  # type: ignore[union-attr, operator, arg-type]
     if not rates:
         return None
     mine = facts[worst.rank]
     assert mine is not None and mine.wait_ms is not None and mine.run_ms is not None
-    return mine.wait_ms - mine.run_ms * (median(rates) or 0.0)
+    return _queue_wait(mine) - mine.run_ms * (median(rates) or 0.0)
+
+
+def _quota_wait(f: CpuThreads) -> float:
+    """The part of a rank's wait for a core (ms per step) that its cgroup's CPU quota caused: a
+    throttled thread stays runnable, so the run queue counts it, but the limit is the task's own
+    (its node's, its allocation's), not other processes': it stays in the rank's own time. At most
+    the time the cgroup was throttled (a cgroup-wide counter, for all its threads and CPUs), at
+    most the wait."""
+    if f.wait_ms is None or not f.throttled_ms:
+        return 0.0
+    return min(f.wait_ms, f.throttled_ms)
+
+
+def _queue_wait(f: CpuThreads) -> float:
+    """A rank's wait for a core (ms per step) less what its own CPU quota caused: other processes'."""
+    return (f.wait_ms or 0.0) - _quota_wait(f)
 
 
 def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
@@ -399,6 +415,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         judged = excess if persistent is None or lower is None else min(excess, persistent, lower)
         cpu_wait = _starved(worst, others, ctx)
         own_work = judged - max(0.0, cpu_wait or 0.0)
+        fact = ctx.cpu_threads.get(worst.rank)
+        quota = _quota_wait(fact) if fact is not None else 0.0
         sev = _severity(own_work / step_med, own_work, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
@@ -422,8 +440,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
                         persistent_ms=_r(persistent), lower_ms=_r(lower), windows=windows,
                         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=_r(slower, 4),
                         phase=phase, phase_ms=deltas, phase_share=round(share, 4),
-                        cpu_wait_ms=_r(cpu_wait), pause_ms=round(pause, 1) if pause else None,
-                        explained_by=None, device=ctx.device)
+                        cpu_wait_ms=_r(cpu_wait), quota_wait_ms=round(quota, 2) if quota else None,
+                        pause_ms=round(pause, 1) if pause else None, explained_by=None, device=ctx.device)
     return None
 
 
@@ -440,6 +458,9 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
                 f"{ev['windows_needed']} needed)")
     if ev["cpu_wait_ms"] is not None and ev["cpu_wait_ms"] >= 0.05:
         why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core longer than the others"
+    quota = ev.get("quota_wait_ms")
+    if quota is not None and quota >= 0.05:
+        why += f", {quota:.1f} ms of it held back by its cgroup's CPU quota (throttled)"
     deltas, phase = ev["phase_ms"], ev["phase"]
     if phase in deltas and ev["phase_share"] >= T.ATTRIBUTION_MOSTLY:
         why += f", mostly {_IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
@@ -469,6 +490,9 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
                "optimizer (metrics, logging, a .cpu()/.item() copy, allocating or scanning memory): "
                "profile that part of its step (torch.profiler) and move it out of the loop or to every "
                "k-th step")
+    elif quota is not None and quota >= 0.5 * ev["excess_ms"]:
+        nxt = (f"rank {r}'s CPU is capped by its cgroup's CPU quota (cpu.max, or cpu.cfs_quota_us): ask "
+               "the scheduler for more CPUs for its task, or leave its node out of the next job")
     elif ev["device"] == "cuda":
         nxt = (f"rank {r} computes slower: check its GPU's clocks and temperature "
                "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
@@ -606,7 +630,8 @@ def cpu_contention(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional
     facts = [ctx.cpu_threads.get(r.rank) for r in live]
     if not facts or any(f is None or f.wait_ms is None for f in facts):
         return None
-    waits = [(f.wait_ms or 0.0, r.rank) for f, r in zip(facts, live)]
+    # a wait its own cgroup's CPU quota caused is not other processes' (the straggler says it)
+    waits = [(_queue_wait(f), r.rank) for f, r in zip(facts, live) if f is not None]
     wait = median([w for w, _ in waits]) or 0.0
     iteration = median([it for it in (_iteration(r) for r in live) if it]) or 0.0
     frac = wait / iteration if iteration else 0.0

@@ -1,23 +1,25 @@
 """The step record and the bounded pool of batches it travels in to the client thread.
 
-**The record.** A step's record is a tuple with one integer per column of the wire protocol's
-table (``wire.protocol.COLUMNS``, ``step`` first), in that order. Whoever measures a column
-writes it by its position (:data:`C_FWD`, ...) into the step's value list (``StepState.vals``)
-and :meth:`StepRecorder.commit` turns the list into the record: no other code lays a record out.
-So a new column is a row in the protocol's table, the value its step starts with
+**The record.** A step's record is a list with one integer per column of the wire protocol's
+table (``wire.protocol.COLUMNS``, ``step`` first), in that order: the step's value list
+(``StepState.vals``, a new one per step) itself. Whoever measures a column writes it by its
+position (:data:`C_FWD`, ...) into that list, and :meth:`StepRecorder.commit` appends it to the
+batch as it is (no copy): no other code lays a record out. The ``step`` column is not written per
+step: a batch holds consecutive steps from ``seq``, so :meth:`Batch.columns` (client thread)
+numbers them. So a new column is a row in the protocol's table, the value its step starts with
 (:func:`fresh_values`: -1, "not measured", unless said otherwise), and the hook that measures it.
 
-**The pool.** Records are appended as one tuple per step to the current batch (a list); a full
+**The pool.** Records are appended as one list per step to the current batch (a list); a full
 (or old) batch is *sealed* by appending it to a deque that the client thread drains.
 ``list.append``, ``deque.append`` and ``deque.popleft`` are atomic under the GIL, so producer and
 consumer never wait on each other. Memory is bounded: at most ``max_batches`` batches of
 ``batch_size`` records exist; when none is free (aggregator gone or slow) the record is dropped
 and counted in :attr:`StepRecorder.dropped` -- the exact number, never silently.
 
-Why tuples in a list and not ``array('q')`` columns: on a real training step the interpreter
+Why lists in a list and not ``array('q')`` columns: on a real training step the interpreter
 arrives at our code with cold caches (torch's step has evicted it), and there the generic
-operations every Python program uses all the time (build a tuple, append to a list, slot
-attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
+operations every Python program uses all the time (copy a short list, append to a list,
+slot attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
 (0.5 us vs 1.7-2 us per step; see benchmarks/README.md, "Rank side"). The client thread turns
 records into the protocol's columns.
 """
@@ -67,13 +69,15 @@ class Batch:
     __slots__ = ("rows", "seq")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, ...]] = []
+        self.rows: list[list[int]] = []
         self.seq = 0
 
     def columns(self, wall_offset: int) -> dict[str, list[int]]:
-        """The batch as the protocol's columns, ``t_end_ns`` moved to the wall clock."""
+        """The batch as the protocol's columns: ``step`` numbered from ``seq``, ``t_end_ns``
+        moved to the wall clock."""
         cols = list(zip(*self.rows)) if self.rows else [()] * len(STEP_COLUMNS)
         out = {name: list(col) for name, col in zip(STEP_COLUMNS, cols)}
+        out["step"] = list(range(self.seq, self.seq + len(self.rows)))
         out["t_end_ns"] = [t + wall_offset for t in cols[C_TEND]]
         return out
 
@@ -109,7 +113,7 @@ class StepRecorder:
         self.allocated = prealloc
         self.next_seq = 0     # sequence number (== step index) of the first record of self.batch
         self.batch: Optional[Batch] = self.free.popleft()
-        self.rows: Optional[list[tuple[int, ...]]] = self.batch.rows
+        self.rows: Optional[list[list[int]]] = self.batch.rows
         self.seal_at = perf_counter_ns() + self.seal_ns
         self.dropped = 0      # records the training thread dropped (no free batch)
         self.discarded = 0    # records the client thread discarded (refused, flush timed out)
@@ -121,7 +125,8 @@ class StepRecorder:
     # ---- training thread ---------------------------------------------------------------------
 
     def commit(self, vals: list[int], now_ns: int) -> None:
-        """Record one step: its values (see the module docstring) become the next record."""
+        """Record one step: its value list (see the module docstring) is the next record; the
+        caller does not write to it again."""
         rows = self.rows
         if rows is None:            # no batch: the pool was exhausted when the last one sealed
             self._acquire()
@@ -130,8 +135,7 @@ class StepRecorder:
                 self.dropped += 1
                 self.next_seq += 1
                 return
-        vals[C_STEP] = self.next_seq + len(rows)
-        rows.append(tuple(vals))
+        rows.append(vals)
         if len(rows) >= self.batch_size or now_ns >= self.seal_at:
             self.seal(now_ns)
 

@@ -62,7 +62,7 @@ class StepState:
         # hot fields first: read by every hook
         "on", "active", "vals", "t0", "pending_input", "in_fwd", "opt_owner", "models",
         "model_id", "events", "infer", "nbwd", "cn", "comm", "cdef", "mem", "mem_last",
-        "timing", "rec", "fresh", "inference",
+        "direct", "timing", "rec", "fresh", "inference",
         # colder
         "raised_at", "inflight", "forward_timed", "step",
     )
@@ -73,6 +73,8 @@ class StepState:
         #: the timing strategy (timing.py); ``events`` is its CUDA-event part, None without one
         self.timing = timing
         self.events: Any = None
+        #: the strategy's ``direct`` (timing.py), read by every step exit
+        self.direct: bool = timing.direct
         self.active = 0           # 0 outside a step; 1 inside; 1 + n inside n nested blocks
         self.t0 = 0               # step start, moved back by the input wait credited before entry
         self.pending_input = -1   # -1: no batch fetch timed since the last step (not measured)
@@ -105,6 +107,7 @@ class StepState:
         """Time steps with ``timing`` from the next step on (timing.py)."""
         self.timing = timing
         self.events = timing.events
+        self.direct = timing.direct
 
     # ---- what a step starts from ---------------------------------------------------------------
 
@@ -213,11 +216,10 @@ class StepContext:
         v[C_STEPNS] = t1 - t.t0
         v[C_MEM] = t.mem
         t.mem = t.mem_last
-        timing = t.timing
-        if timing.direct and not t.cn:  # the host clock, no collectives: nothing to add (fast path)
+        if t.direct and not t.cn:  # the host clock, no collectives: nothing to add (fast path)
             t.rec.commit(v, t1)
         else:
-            timing.end_step(t, t1)
+            t.timing.end_step(t, t1)
         return False
 
 

@@ -193,6 +193,8 @@ PROTOCOL_VERSION = 5
 #: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
 #: ``lifecycle`` record names them
 LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
+#: the signals a launcher reports receiving in its ``lifecycle`` record (launcher/supervise.py)
+LAUNCHER_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer

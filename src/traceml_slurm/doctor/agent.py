@@ -84,6 +84,7 @@ def collect_facts(ctx: NodeContext, outcomes: dict[str, Outcome]) -> dict[str, A
         "gpus": ctx.gpus_on_node(),
         "torch_cuda": torch.cuda_build if torch else None,
         "torch_devices": torch.device_count if torch else None,
+        "bench": torch.bench if torch else None,
         "logs_dir": str(absolute(ctx, logs_dir(ctx)[0])),
     }
     if c is not None:

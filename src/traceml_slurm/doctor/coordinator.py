@@ -500,6 +500,9 @@ class Coordinator:
                 self._timed(res, "cross.link-bandwidth", t)
             else:
                 res["cross.link-bandwidth"] = crossnode.skip_all(answered, why_not)
+        if want("cross.compute-speed"):
+            # measured by every node's torch child at its start (torchprobe: info --bench), all at once
+            res["cross.compute-speed"] = crossnode.compute_speed({n: f.get("bench") for n, f in facts.items()})
         if want("cross.nccl-bandwidth"):
             if not opts.full:
                 res["cross.nccl-bandwidth"] = crossnode.skip_all(answered, "runs with --full only")

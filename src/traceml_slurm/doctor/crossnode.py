@@ -26,6 +26,7 @@ CROSS: tuple[tuple[str, str], ...] = (
     ("cross.aggregator", "Node 0's aggregator hears every node"),
     ("cross.nccl-bandwidth", "NCCL all-reduce bandwidth"),
     ("cross.link-bandwidth", "TCP bandwidth between the nodes (link probe)"),
+    ("cross.compute-speed", "Compute speed against the other nodes (matmul, host-to-device copy)"),
 )
 
 Facts = Mapping[str, Mapping[str, Any]]
@@ -373,3 +374,77 @@ def link_bandwidth(probe: Mapping[str, Any], names: list[str]) -> dict[str, Outc
 
 def skip_all(nodes: list[str], why: str) -> dict[str, Outcome]:
     return {n: skipped(why) for n in nodes} if nodes else {"job": skipped(why)}
+
+
+#: the doctor's micro-benchmarks (torchprobe._bench) as node evidence: kind, unit, words. A node's
+#: GPU figures are its slowest device's: a DDP step waits for the slowest GPU.
+BENCH_KINDS: tuple[tuple[str, str, str], ...] = (
+    ("bench_cpu", "GFLOP/s", "CPU matmul"),
+    ("bench_gpu", "GFLOP/s", "GPU matmul"),
+    ("h2d", "GB/s", "host-to-device copy"),
+)
+
+
+def bench_figures(bench: Optional[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+    """One node's benchmark figures by kind (None: not measured there)."""
+    bench = bench or {}
+    cpu = bench.get("cpu") or {}
+    gpus = [g for g in bench.get("gpus") or [] if not g.get("error")]
+
+    def slowest(key: str) -> Optional[float]:
+        vals = [float(g[key]) for g in gpus if g.get(key) is not None]
+        return min(vals) if vals else None
+
+    return {"bench_cpu": float(cpu["gflops"]) if cpu.get("gflops") is not None else None,
+            "bench_gpu": slowest("gflops"), "h2d": slowest("h2d_gbps")}
+
+
+def bench_observations(figures: Mapping[str, Mapping[str, Optional[float]]]) -> list:
+    """Each node's figures against the other nodes' of this job (core's rule for rates measured on
+    each node, ``slower_than_peers``): ``figures[node][kind]``. The same function judges the
+    doctor's check and the evidence the node store keeps (doctor/nodehealth.py)."""
+    from traceml_core.selftest import BENCH_SLOW_FRACTION, slower_than_peers
+
+    out = []
+    for kind, unit, words in BENCH_KINDS:
+        values = {n: f.get(kind) for n, f in figures.items()}
+        if sum(v is not None for v in values.values()) >= 2:
+            out += slower_than_peers(values, kind, unit, words, BENCH_SLOW_FRACTION)
+    return out
+
+
+def compute_speed(bench: Mapping[str, Optional[Mapping[str, Any]]]) -> dict[str, Outcome]:
+    """``bench[node]``: what the node's torch child measured (torchprobe's ``bench``; None: it did
+    not run). A node far slower than its peers warns: one run is a hint (the load of the moment
+    may be the cause), the node store keeps it and ``traceml slurm nodes`` judges repetitions."""
+    figures = {n: bench_figures(b) for n, b in bench.items()}
+    obs: dict[str, list] = defaultdict(list)
+    for o in bench_observations(figures):
+        obs[o.host].append(o)
+    out: dict[str, Outcome] = {}
+    for node, b in bench.items():
+        f = figures[node]
+        data = {**f, "threads": ((b or {}).get("cpu") or {}).get("threads"), "gpus": list((b or {}).get("gpus") or [])}
+        if b is None or all(v is None for v in f.values()):
+            why = ((b or {}).get("cpu") or {}).get("error") or "torch did not run the benchmarks here (see sw.torch)"
+            out[node] = skipped(f"not measured: {why}", **data)
+            continue
+        mine = obs.get(node, [])
+        parts = [o.note for o in mine] or [f"{words} {f[kind]:.3g} {unit}" for kind, unit, words in BENCH_KINDS
+                                           if f.get(kind) is not None]
+        threads = data["threads"]
+        line = "; ".join(parts) + (f" (CPU: {threads} thread{'s' if threads != 1 else ''})" if threads else "")
+        bad = [o for o in mine if o.bad]
+        if bad:
+            out[node] = warned(
+                f"slower than the other nodes: {'; '.join(o.note for o in bad)}"
+                + (f"; {'; '.join(o.note for o in mine if not o.bad)}" if len(bad) < len(mine) else ""),
+                f"Every DDP step waits for the slowest node. Check {node} for a CPU limit (cgroup cpu.max), "
+                "other processes on it, or GPU throttling (nvidia-smi -q -d PERFORMANCE); one slow run may be a "
+                "moment's load: `traceml slurm nodes` keeps this across your jobs and says when to exclude it.",
+                **data)
+        elif not mine:
+            out[node] = passed(f"{line}: nothing to compare with (no other node measured)", **data)
+        else:
+            out[node] = passed(line, **data)
+    return out

@@ -4,7 +4,8 @@ Why a child: importing torch costs a second or more, may hang on a slow filesyst
 interpreter (a CUDA build without its libraries, a half-installed wheel). In a child each of those
 is a failed check with a reason, bounded by a timeout, and the doctor keeps going.
 
-``python -m traceml_slurm.doctor.torchprobe info [--cuda-init]``  versions, CUDA build, devices
+``python -m traceml_slurm.doctor.torchprobe info [--cuda-init] [--bench]``  versions, CUDA build,
+devices, and the micro-benchmarks (a matmul on the CPU and on each device, the host-to-device copy)
 ``python -m traceml_slurm.doctor.torchprobe gloo ADDR PORT RANK WORLD TIMEOUT``  one all-reduce
 ``python -m traceml_slurm.doctor.torchprobe nccl ADDR PORT RANK WORLD TIMEOUT SIZES``  bandwidth
 
@@ -27,8 +28,19 @@ from typing import Any, Mapping, Optional, Sequence
 MARKER = "TRACEML_DOCTOR_RESULT "
 #: what the doctor asks of torch on every node: versions, devices, and CUDA initialised on every
 #: device torch sees (when it sees none, CUDA's error, which the GPU checks show when Slurm allocated
-#: GPUs). Always the same, so it can start before anything else is known (doctor --local).
-INFO_ARGS = ("info", "--cuda-init")
+#: GPUs), then the micro-benchmarks. Always the same, so it can start before anything else is known
+#: (doctor --local).
+INFO_ARGS = ("info", "--cuda-init", "--bench")
+#: the micro-benchmarks: best of BENCH_REPS windows of BENCH_WINDOW_S each. A window is longer than
+#: a CPU quota's period (100 ms by default), so a cgroup CPU limit shows in every window; the best
+#: window ignores a moment of load from elsewhere.
+BENCH_REPS = 3
+BENCH_WINDOW_S = 0.2
+#: CPU matmul side (float32: 2*N^3 flops, a few ms on one core) and the GPU's (bf16)
+BENCH_CPU_N = 256
+BENCH_GPU_N = 4096
+#: bytes of one host-to-device copy (pinned memory)
+BENCH_H2D_BYTES = 64 << 20
 
 
 # -- parent side -----------------------------------------------------------------------------------
@@ -149,6 +161,9 @@ class TorchInfo:
     cuda_init: list[dict[str, Any]] = field(default_factory=list)
     cuda_error: Optional[str] = None
     import_s: Optional[float] = None
+    #: the micro-benchmarks (:func:`_bench`): ``cpu`` {gflops, threads}, ``gpus`` [{index, gflops,
+    #: h2d_gbps}], ``error``; None when they did not run
+    bench: Optional[dict[str, Any]] = None
 
     @property
     def ok(self) -> bool:
@@ -162,7 +177,8 @@ class TorchInfo:
         return cls(error=d.get("error") or r.error, version=d.get("version"), path=d.get("path"),
                    cuda_build=d.get("cuda_build"), device_count=d.get("device_count"),
                    nccl_version=d.get("nccl_version"), gloo=d.get("gloo"), cuda_init=list(d.get("cuda_init") or []),
-                   cuda_error=d.get("cuda_error"), import_s=d.get("import_s"))
+                   cuda_error=d.get("cuda_error"), import_s=d.get("import_s"),
+                   bench=d.get("bench") if isinstance(d.get("bench"), dict) else None)
 
 
 # -- child side ------------------------------------------------------------------------------------
@@ -172,7 +188,64 @@ def _emit(data: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def _info(cuda_init: bool) -> dict[str, Any]:
+def _best_rate(work: Any, amount: float, sync: Any = None) -> float:
+    """``amount`` per second of ``work()``, the best of :data:`BENCH_REPS` windows of
+    :data:`BENCH_WINDOW_S` (``sync()`` waits for queued device work)."""
+    work()
+    if sync is not None:
+        sync()
+    best = 0.0
+    for _ in range(BENCH_REPS):
+        n, t0 = 0, time.perf_counter()
+        while True:
+            work()
+            n += 1
+            if sync is not None:
+                sync()
+            dt = time.perf_counter() - t0
+            if dt >= BENCH_WINDOW_S:
+                break
+        best = max(best, n * amount / dt)
+    return best
+
+
+def _bench(torch: Any, devices: list[int]) -> dict[str, Any]:
+    """The doctor's micro-benchmarks: a float32 matmul on the CPU (with the threads torch uses here,
+    as the training's main process would), and on each CUDA device that initialised a bf16 matmul and a pinned
+    host-to-device copy. Figures only: the nodes are compared with each other by the coordinator
+    (crossnode.compute_speed) and kept across jobs (docs/node-health.md)."""
+    out: dict[str, Any] = {}
+    try:
+        n = BENCH_CPU_N
+        a, b = torch.randn(n, n), torch.randn(n, n)
+        out["cpu"] = {"gflops": round(_best_rate(lambda: torch.mm(a, b), 2.0 * n ** 3 / 1e9), 3),
+                      "threads": int(torch.get_num_threads()), "n": n}
+    except BaseException as exc:  # noqa: BLE001 - report it, keep the other figures
+        out["cpu"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
+    gpus = []
+    for i in devices:
+        row: dict[str, Any] = {"index": i}
+        try:
+            dev = torch.device(f"cuda:{i}")
+            n = BENCH_GPU_N
+            a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+            b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
+            sync = lambda: torch.cuda.synchronize(dev)  # noqa: E731
+            row["gflops"] = round(_best_rate(lambda: torch.mm(a, b), 2.0 * n ** 3 / 1e9, sync), 1)
+            host = torch.empty(BENCH_H2D_BYTES, dtype=torch.uint8).pin_memory()
+            dst = torch.empty(BENCH_H2D_BYTES, dtype=torch.uint8, device=dev)
+            row["h2d_gbps"] = round(_best_rate(lambda: dst.copy_(host, non_blocking=True),
+                                               BENCH_H2D_BYTES / 1e9, sync), 3)
+            del a, b, host, dst
+            torch.cuda.empty_cache()
+        except BaseException as exc:  # noqa: BLE001
+            row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+        gpus.append(row)
+    out["gpus"] = gpus
+    return out
+
+
+def _info(cuda_init: bool, bench: bool = False) -> dict[str, Any]:
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
     try:
@@ -215,6 +288,8 @@ def _info(cuda_init: bool) -> dict[str, Any]:
             torch.cuda.init()
         except BaseException as exc:  # noqa: BLE001
             out["cuda_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    if bench:
+        out["bench"] = _bench(torch, [d["index"] for d in out.get("cuda_init") or [] if d.get("ok")])
     return out
 
 
@@ -274,7 +349,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     what = argv[0] if argv else "info"
     try:
         if what == "info":
-            _emit(_info("--cuda-init" in argv))
+            _emit(_info("--cuda-init" in argv, "--bench" in argv))
         elif what == "gloo":
             addr, port, rank, world, timeout = argv[1], int(argv[2]), int(argv[3]), int(argv[4]), float(argv[5])
             _emit(_gloo(addr, port, rank, world, timeout))

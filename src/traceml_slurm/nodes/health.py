@@ -51,6 +51,30 @@ class JobVerdict:
     at: float
     bad: list[NodeObservation] = field(default_factory=list)
     strong: list[NodeObservation] = field(default_factory=list)
+    #: every observation of the host in this job, bad or not, with its record's source and time
+    seen: list[tuple[NodeObservation, str, float]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Latest:
+    """The newest figure of one kind for one host, from its recent jobs: what `traceml slurm nodes
+    --json` shows as the host's evidence."""
+
+    kind: str
+    value: Optional[float]
+    peers: Optional[float]
+    unit: str
+    bad: bool
+    strong: bool
+    note: str
+    job_id: str
+    source: str
+    at: float
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "value": self.value, "peers": self.peers, "unit": self.unit, "bad": self.bad,
+                "strong": self.strong, "note": self.note, "job": self.job_id, "source": self.source,
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.at))}
 
 
 @dataclass
@@ -69,13 +93,17 @@ class NodeHealth:
     #: the strongest reason in one line ("node3: link sending at 0.012 GB/s against ...")
     reason: str
     last_seen: Optional[float]
+    #: the newest figure of each kind in its recent jobs (link rates, compute, the doctor's
+    #: benchmarks, GPU health), kind by kind
+    evidence: tuple[Latest, ...] = ()
 
     def to_json(self) -> dict:
         return {"host": self.host, "cluster": self.cluster, "score": self.score, "exclude": self.exclude,
                 "jobs": self.jobs, "bad_jobs": self.bad_jobs, "aged_out": self.aged_out, "why": self.why,
                 "reason": self.reason,
                 "last_seen": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_seen))
-                if self.last_seen else None}
+                if self.last_seen else None,
+                "evidence": [e.to_json() for e in self.evidence]}
 
 
 def judge(records: Sequence[Record], now: Optional[float] = None) -> list[NodeHealth]:
@@ -97,7 +125,10 @@ def judge(records: Sequence[Record], now: Optional[float] = None) -> list[NodeHe
                                                          JobVerdict(rec.job_id, rec.at))
             job.at = max(job.at, rec.at)
             for o in rec.observations:
-                if o.host == host and o.bad:
+                if o.host != host:
+                    continue
+                job.seen.append((o, rec.source, rec.at))
+                if o.bad:
                     job.bad.append(o)
                     if o.strong:
                         job.strong.append(o)
@@ -120,6 +151,7 @@ def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, las
         return NodeHealth(host, cluster, None, False, 0, 0, aged, f"no job in the last {WINDOW_DAYS:.0f} days"
                           + aged_words, "", last_seen)
     reason = _reason(host, bad, n)
+    evidence = _latest(recent)
     if strong:
         why = f"a hardware fault: {strong[0].note}" + aged_words
     elif repeated:
@@ -131,7 +163,17 @@ def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, las
                                                                 if nb == 1 else "") + aged_words)
     else:
         why = f"clean in its last {n} job(s)" + aged_words
-    return NodeHealth(host, cluster, score, exclude, n, nb, aged, why, reason if nb else "", last_seen)
+    return NodeHealth(host, cluster, score, exclude, n, nb, aged, why, reason if nb else "", last_seen, evidence)
+
+
+def _latest(recent: Sequence[JobVerdict]) -> tuple[Latest, ...]:
+    newest: dict[str, Latest] = {}
+    for job in recent:
+        for o, source, at in job.seen:
+            if o.kind not in newest or at > newest[o.kind].at:
+                newest[o.kind] = Latest(o.kind, o.value, o.peers, o.unit, o.bad, o.strong, o.note, job.job_id,
+                                        source, at)
+    return tuple(sorted(newest.values(), key=lambda e: e.kind))
 
 
 def _reason(host: str, bad: Sequence[JobVerdict], n: int) -> str:

@@ -12,6 +12,7 @@ from traceml_core.sdk.cuda_timing import CudaPhaseTimer
 from traceml_core.sdk.recorder import C_BWD, C_FWD, C_H2D, C_OPT, StepRecorder
 from traceml_core.sdk.step import COMM_MEASURED
 from traceml_core.sdk.tracer import Tracer
+from traceml_core.wire.protocol import STEP_COLUMNS
 
 
 class Device:
@@ -65,13 +66,13 @@ def gpu_step(dev, t, fwd_ms, bwd_ms, h2d_ms=None):
 
 
 def committed(t):
-    """Committed records, in protocol column order (step index first)."""
+    """Committed records, in protocol column order (step index first), as the client encodes
+    them (``Batch.columns``, which numbers the steps from the batch's ``seq``)."""
     rec = t.rec
     rows = []
     for b in list(rec.sealed) + ([rec.batch] if rec.batch is not None else []):
-        for i, row in enumerate(b.rows):
-            assert row[0] == b.seq + i
-            rows.append(row)
+        cols = b.columns(0)
+        rows.extend(zip(*(cols[name] for name in STEP_COLUMNS)))
     return rows
 
 

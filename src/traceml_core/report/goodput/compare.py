@@ -1,6 +1,7 @@
-"""Two runs' ledgers side by side (``traceml compare``): each bucket's share of its run's
-allocation, and the change in percentage points. Shares, not seconds: two runs of different
-lengths or sizes compare by where their allocation went."""
+"""Two runs' ledgers side by side (``traceml compare``): each bucket's device-seconds and share of
+its run's allocation, and the change in percentage points. The change is in shares, not seconds:
+two runs of different lengths or sizes compare by where their allocation went; the seconds beside
+them say how much that was."""
 
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ def _share(ledger: Ledger, key: str) -> Optional[float]:
     return None if f is None else round(100.0 * f, 2)
 
 
+def _seconds(ledger: Ledger, key: str) -> Optional[float]:
+    v = ledger.total.get(key)
+    return None if v is None else round(v / 1000.0, 3)
+
+
 def compare_ledgers(a: Optional[Ledger], b: Optional[Ledger]) -> Optional[dict[str, Any]]:
-    """``{"unit_a", "unit_b", "attempts_a", "attempts_b", "rows": [{"bucket", "label", "a_pct",
-    "b_pct", "change_pp"}], "largest"}``; None when either run has no ledger (older summaries)."""
+    """``{"unit_a", "unit_b", "attempts_a", "attempts_b", "total_a_s", "total_b_s", "rows":
+    [{"bucket", "label", "a_s", "b_s", "a_pct", "b_pct", "change_pp"}], "largest"}`` (``largest``:
+    the badput bucket whose share moved most); None when either run has no ledger (older
+    summaries). A bucket not measured in a run is None there, never 0."""
     if a is None or b is None or not a.attempts or not b.attempts:
         return None
     rows = []
@@ -25,7 +33,8 @@ def compare_ledgers(a: Optional[Ledger], b: Optional[Ledger]) -> Optional[dict[s
         pa, pb = _share(a, bk.key), _share(b, bk.key)
         if not pa and not pb and bk.key != "productive":
             continue
-        rows.append({"bucket": bk.key, "label": bk.label, "a_pct": pa, "b_pct": pb,
+        rows.append({"bucket": bk.key, "label": bk.label, "a_s": _seconds(a, bk.key), "b_s": _seconds(b, bk.key),
+                     "a_pct": pa, "b_pct": pb,
                      "change_pp": None if pa is None or pb is None else round(pb - pa, 2)})
     moved = [r for r in rows if r["change_pp"] is not None and r["bucket"] != "productive"]
     largest = max(moved, key=lambda r: abs(r["change_pp"]))["bucket"] if moved else None
@@ -37,12 +46,15 @@ def compare_ledgers(a: Optional[Ledger], b: Optional[Ledger]) -> Optional[dict[s
 def render_compare(c: Optional[dict[str, Any]]) -> list[str]:
     if c is None:
         return ["Goodput: not compared (a summary without a ledger: written by an older traceml)"]
-    pct = lambda v: "-" if v is None else f"{v:.1f}%"  # noqa: E731
-    out = [f"Goodput (share of the allocation; A: {c['total_a_s']:,.1f} {c['unit_a']} in {c['attempts_a']} "
-           f"attempt(s), B: {c['total_b_s']:,.1f} {c['unit_b']} in {c['attempts_b']})",
-           f"  {'bucket':<28}{'A':>9}{'B':>9}{'change':>10}"]
+    def cell(s: Optional[float], p: Optional[float]) -> str:
+        return "not measured" if s is None or p is None else f"{s:,.1f} ({p:.1f}%)"
+
+    out = [f"Goodput (where each run's allocation went; A: {c['total_a_s']:,.1f} {c['unit_a']} in "
+           f"{c['attempts_a']} attempt(s), B: {c['total_b_s']:,.1f} {c['unit_b']} in {c['attempts_b']})",
+           f"  {'bucket':<28}{'A':>18}{'B':>18}{'change':>11}"]
     for r in c["rows"]:
         ch = "-" if r["change_pp"] is None else f"{r['change_pp']:+.1f} pp"
         mark = "  <- largest change" if r["bucket"] == c["largest"] else ""
-        out.append(f"  {r['label']:<28}{pct(r['a_pct']):>9}{pct(r['b_pct']):>9}{ch:>10}{mark}")
+        out.append(f"  {r['label']:<28}{cell(r.get('a_s'), r['a_pct']):>18}{cell(r.get('b_s'), r['b_pct']):>18}"
+                   f"{ch:>11}{mark}")
     return out
