@@ -2,10 +2,11 @@
 
 Run inside the dev cluster's login namespace (it needs the cluster's three nodes and root for ``tc``):
 
-    scripts/dev-cluster exec .venv/bin/python benchmarks/node_health.py [--clean 10] [--slow 3]
+    scripts/dev-cluster exec .venv/bin/python benchmarks/node_health.py [--clean 10] [--slow 3] [--doctor]
 
 One user's store, one job after the other (each a short DDP run of tests/unit/scripts/comm_train.py
-under ``traceml run``, the link probe before it), in this order:
+under ``traceml run``, the link probe before it; with ``--doctor`` each a ``traceml slurm doctor``
+over the three nodes instead: its link probe and its micro-benchmarks), in this order:
 
 1. ``--clean`` clean jobs: no node is slow, the machine's own load is the only disturbance;
 2. one job with node3's egress at 100 Mbit/s (``tc tbf``), then two clean jobs: a node slow in
@@ -49,10 +50,13 @@ JOB = f"""#!/bin/bash
 export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
 srun --kill-on-bad-exit=1 traceml run {SCRIPT}
 """
+DOCTOR_JOB = """#!/bin/bash
+traceml slurm doctor --json > doctor.json 2> doctor.err || true
+"""
 TRAIN = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "1024", "COMM_BATCH": "8", "COMM_STEPS": "26"}
 
 
-def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool) -> dict:
+def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool, doctor: bool = False) -> dict:
     logs = work / f"job{n:02d}"
     logs.mkdir()
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1",
@@ -62,8 +66,12 @@ def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool) -> di
         cluster.on_node(SLOW_NODE, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", RATE,
                         "burst", "32kbit", "latency", "400ms")
     try:
-        job, state, out = cluster.run_job(JOB, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1",
-                                          "--cpus-per-task=1", timeout=300, env=env)
+        if doctor:
+            job, state, out = cluster.run_job(DOCTOR_JOB, "--nodes=3", "--ntasks-per-node=1", "--time=30",
+                                              timeout=300, env=env, cwd=logs)
+        else:
+            job, state, out = cluster.run_job(JOB, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1",
+                                              "--cpus-per-task=1", timeout=300, env=env)
     finally:
         if slow:
             cluster.on_node(SLOW_NODE, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
@@ -72,24 +80,30 @@ def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool) -> di
     got = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json"], env=env,
                          capture_output=True, text=True, timeout=60, check=True)
     nodes = json.loads(got.stdout)
-    summary = json.loads(next(logs.glob("*/final_summary.json")).read_text())
+    summary = json.loads((logs / "doctor.json").read_text() if doctor
+                         else next(logs.glob("*/final_summary.json")).read_text())
     return {"job": job, "slow": slow, "nodes": nodes, "lines": (summary.get("next_job") or {}).get("lines", [])}
 
 
-def bad_in(store: Path, job: str) -> set[str]:
-    """Hosts that this one job found worse than their peers (straight from the store)."""
+def bad_in(store: Path, job: str) -> dict[str, set[str]]:
+    """Hosts that this one job found worse than their peers, with the kinds (straight from the store)."""
     import sqlite3
 
     with sqlite3.connect(str(store)) as conn:
-        rows = conn.execute("SELECT DISTINCT o.host FROM observations o JOIN records r ON r.id = o.record "
+        rows = conn.execute("SELECT DISTINCT o.host, o.kind FROM observations o JOIN records r ON r.id = o.record "
                             "WHERE r.job_id = ? AND o.bad = 1", (job,)).fetchall()
-    return {h for (h,) in rows}
+    out: dict[str, set[str]] = {}
+    for host, kind in rows:
+        out.setdefault(host, set()).add(kind)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clean", type=int, default=10, help="clean jobs first (default 10)")
     ap.add_argument("--slow", type=int, default=3, help="jobs with node3 slow in every one, last (default 3)")
+    ap.add_argument("--doctor", action="store_true", help="each job a `traceml slurm doctor` (link probe and "
+                    "micro-benchmarks), not a training run")
     args = ap.parse_args()
     cluster, why = Cluster.detect()
     if cluster is None:
@@ -97,20 +111,21 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="traceml-nodehealth-", dir="/tmp"))
     store = work / "nodes.sqlite"
     plan = [False] * args.clean + [True, False, False] + [True] * args.slow
-    print(f"node_health: {len(plan)} jobs ({args.clean} clean; node3 slow in one, then 2 clean; "
+    print(f"node_health: {len(plan)} {'doctor ' if args.doctor else ''}jobs ({args.clean} clean; node3 slow in one, then 2 clean; "
           f"node3 slow in {args.slow}), store {store}; load {os.getloadavg()[0]:.1f}", flush=True)
     t0 = time.monotonic()
     history: list[dict] = []
     for n, slow in enumerate(plan, 1):
-        res = run_job(cluster, work, store, n, slow)
+        res = run_job(cluster, work, store, n, slow, args.doctor)
         res["bad"] = bad_in(store, res["job"])
         res["excluded"] = set(res["nodes"]["exclude"])
         history.append(res)
         print(f"  job {n:2d} ({res['job']}): node3 {'SLOW ' if slow else 'clean'}  one run found worse: "
-              f"{','.join(sorted(res['bad'])) or '-':14s} excluded: {','.join(sorted(res['excluded'])) or '-':8s} "
+              f"{_bad_text(res['bad']) or '-':14s} excluded: {','.join(sorted(res['excluded'])) or '-':8s} "
               f"next_job: {res['lines'] or '-'}  load {os.getloadavg()[0]:.1f}", flush=True)
     hosts = sorted({h["host"] for res in history for h in res["nodes"]["nodes"]})
     alarms = checks = 0
+    by_kind: dict[str, int] = {}
     false_ex = false_n = miss = miss_n = 0
     first_excluded = None
     for i, res in enumerate(history):
@@ -119,6 +134,8 @@ def main() -> None:
             if not slow_now:
                 checks += 1
                 alarms += host in res["bad"]
+                for kind in res["bad"].get(host, ()):
+                    by_kind[kind] = by_kind.get(kind, 0) + 1
             last2 = host == SLOW_NODE and i >= 1 and history[i]["slow"] and history[i - 1]["slow"]
             slow_recent = host == SLOW_NODE and (res["slow"] or (i >= 1 and history[i - 1]["slow"]))
             if last2:
@@ -133,12 +150,17 @@ def main() -> None:
     def rate(k: int, n: int) -> str:
         return f"{k}/{n} = {k / n:.0%}" if n else "not measured (no such judgement)"
 
-    print(f"one-run false alarms (a healthy host found worse than its peers in one job): {rate(alarms, checks)}")
+    print(f"one-run false alarms (a healthy host found worse than its peers in one job): {rate(alarms, checks)}"
+          + (f" (by kind: {', '.join(f'{k} {v}' for k, v in sorted(by_kind.items()))})" if by_kind else ""))
     print(f"false-exclude rate (host not slow in its last 2 jobs, excluded): {rate(false_ex, false_n)}")
     print(f"miss rate (node3 slow in its last 2 jobs or more, not excluded): {rate(miss, miss_n)}")
     print(f"node3 excluded after {first_excluded} of the last {args.slow} slow job(s)" if first_excluded
           else f"node3 not excluded within the last {args.slow} slow job(s)")
     print(f"{len(plan)} jobs in {time.monotonic() - t0:.0f} s; load {os.getloadavg()[0]:.1f} at the end; work {work}")
+
+
+def _bad_text(bad: dict[str, set[str]]) -> str:
+    return ",".join(f"{h}({'+'.join(sorted(k))})" for h, k in sorted(bad.items()))
 
 
 if __name__ == "__main__":

@@ -259,8 +259,8 @@ def goodput_buckets() -> str:
 
 
 def peak_flops() -> str:
-    """The dense peak FLOP/s MFU is measured against (traceml_core/report/goodput/advice.PEAK_FLOPS)."""
-    from traceml_core.report.goodput.advice import PEAK_FLOPS
+    """The dense peak FLOP/s MFU is measured against (traceml_core/report/goodput/throughput.PEAK_FLOPS)."""
+    from traceml_core.report.goodput.throughput import PEAK_FLOPS
 
     dtypes = ["fp8", "bf16", "fp16", "tf32", "fp32"]
     lines = ["| Device name contains | " + " | ".join(dtypes) + " |", "| --- |" + " --- |" * len(dtypes)]

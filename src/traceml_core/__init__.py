@@ -11,7 +11,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SDK_NAMES = {"init", "trace_step", "shutdown", "wrap_dataloader", "stats"}
+_SDK_NAMES = {"init", "trace_step", "shutdown", "wrap_dataloader", "stats", "declare_work"}
 
 
 def __getattr__(name: str) -> Any:

@@ -125,6 +125,12 @@ class ClusterEnvironment(ABC):
         node 0's launcher; may ask the scheduler (a few seconds at most)."""
         return None
 
+    def scheduled_end(self, config: Any) -> float | None:
+        """When the scheduler means to end this job (its time limit; epoch seconds), asked when
+        the early warning of the job's ``--signal`` arrives, for the goodput ledger; None when it
+        cannot tell (no limit, no answer). Called in the background; a few seconds at most."""
+        return None
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> str | None:
         """Who sent ``signum`` (received at ``at``, epoch seconds), in words, when the scheduler can
         tell: "the job reached its time limit", "the job was cancelled". None when it cannot.

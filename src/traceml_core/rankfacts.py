@@ -20,7 +20,8 @@ the trust boundary by ``wire/frames.rank_fact``; see docs/wire-protocol.md):
     at the end.
 ``work``
     What one step is worth, when the script declares it (``traceml.declare_work``):
-    ``{"tokens_per_step", "flops_per_step", "dtype", "device"}`` (any may be null).
+    ``{"tokens_per_step", "samples_per_step", "flops_per_step", "dtype", "device"}`` (any may be
+    null; ``device``: the GPU's name as NVML gives it, or ``cpu``).
 
 Node 0 keeps them per rank in :class:`RankFacts` (bounded: totals, the last few spans, the first
 and last progress marks), in its checkpoints and the typed run data (``RankData.facts``); the
@@ -167,16 +168,18 @@ class Work:
     flops_per_step: Optional[float] = None
     dtype: Optional[str] = None
     device: Optional[str] = None
+    samples_per_step: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Work"]:
         if not d:
             return None
-        return cls(d.get("tokens_per_step"), d.get("flops_per_step"), d.get("dtype"), d.get("device"))
+        return cls(d.get("tokens_per_step"), d.get("flops_per_step"), d.get("dtype"), d.get("device"),
+                   d.get("samples_per_step"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"tokens_per_step": self.tokens_per_step, "flops_per_step": self.flops_per_step,
-                "dtype": self.dtype, "device": self.device}
+                "dtype": self.dtype, "device": self.device, "samples_per_step": self.samples_per_step}
 
 
 @dataclass(slots=True)
@@ -198,7 +201,7 @@ class RankFacts:
                                    payload.get("end")))
         elif kind == "work":
             self.work = Work(payload.get("tokens_per_step"), payload.get("flops_per_step"),
-                             payload.get("dtype"), payload.get("device"))
+                             payload.get("dtype"), payload.get("device"), payload.get("samples_per_step"))
 
     def span(self, kind: str) -> SpanTotals:
         return self.spans.get(kind) or SpanTotals()

@@ -126,10 +126,13 @@ class MemData:
 
 @dataclass(slots=True)
 class OutsideData:
-    """Time between one traced step's end and the next one's start (ns): sum over ``count`` gaps."""
+    """Time between one traced step's end and the next one's start (ns): sum over ``count`` gaps,
+    and their quantile sketch (serialised; empty from a checkpoint older than it), which tells
+    pauses every k steps from time spread over every step."""
 
     sum: int = 0
     count: int = 0
+    sketch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def mean_ns(self) -> Optional[float]:
@@ -137,10 +140,10 @@ class OutsideData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "OutsideData":
-        return cls(d.get("sum", 0), d.get("count", 0))
+        return cls(d.get("sum", 0), d.get("count", 0), dict(d.get("sketch") or {}))
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {"sum": self.sum, "count": self.count}
+        return {"sum": self.sum, "count": self.count, "sketch": self.sketch}
 
 
 @dataclass(slots=True)
@@ -459,17 +462,23 @@ class LaunchLifecycle:
     allocation_start: Optional[float] = None
     #: how often the cluster requeued the job before this run; None when it did not say
     restarts: Optional[int] = None
+    #: the signals the launcher received: name (SIGUSR1, SIGTERM, ...) -> first arrival (epoch s)
+    signals: dict[str, float] = field(default_factory=dict)
+    #: when the cluster meant to end the job, as it said when the early warning came; None: not asked
+    scheduled_end: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["LaunchLifecycle"]:
         if d is None:
             return None
         return cls({str(p): float(at) for p, at in d.get("phases") or []}, d.get("first_step"),
-                   d.get("allocation_start"), d.get("restarts"))
+                   d.get("allocation_start"), d.get("restarts"),
+                   {str(n): float(at) for n, at in d.get("signals") or []}, d.get("scheduled_end"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"phases": [[p, at] for p, at in self.phases.items()], "first_step": self.first_step,
-                "allocation_start": self.allocation_start, "restarts": self.restarts}
+                "allocation_start": self.allocation_start, "restarts": self.restarts,
+                "signals": [[n, at] for n, at in self.signals.items()], "scheduled_end": self.scheduled_end}
 
 
 @dataclass(slots=True)

@@ -64,6 +64,9 @@ class JobFacts:
     #: how often the job was requeued (scontrol's Restarts; it counts up the moment a requeue
     #: begins, while the attempt being requeued is still being stopped); None: not said
     restarts: Optional[int] = None
+    #: why the job is in its state (scontrol's Reason: "TimeLimit" for a job the limit ended, also
+    #: while its state reads COMPLETING); None: not said
+    reason: Optional[str] = None
 
 
 @dataclass
@@ -216,7 +219,8 @@ class ScontrolBackend:
             partition=_none(r.get("Partition")), nodes=r.get("NodeList", ""), num_nodes=_int_or_none(r.get("NumNodes")),
             time_limit_s=limit_or_none(parse_duration(r.get("TimeLimit"))), start_time=parse_timestamp(r.get("StartTime")),
             end_time=parse_timestamp(r.get("EndTime")), batch_host=_none(r.get("BatchHost")), gres_per_node=gres,
-            tres_per_node=_none(r.get("TresPerNode")), restarts=_int_or_none(r.get("Restarts")))
+            tres_per_node=_none(r.get("TresPerNode")), restarts=_int_or_none(r.get("Restarts")),
+            reason=_none(r.get("Reason")))
 
     def nodes(self, nodelist: str) -> list[NodeFacts]:
         out = []
@@ -317,7 +321,8 @@ class PyslurmBackend:
                         nodes=j.allocated_nodes or "", num_nodes=j.num_nodes,
                         time_limit_s=limit_or_none(_pyslurm_minutes(j.time_limit)),
                         start_time=_pyslurm_time(j.start_time), end_time=_pyslurm_time(j.end_time),
-                        batch_host=j.batch_host, gres_per_node=gres, tres_per_node=None)
+                        batch_host=j.batch_host, gres_per_node=gres, tres_per_node=None,
+                        reason=_none(str(getattr(j, "state_reason", "") or "")))
 
     def nodes(self, nodelist: str) -> list[NodeFacts]:
         """Every node in one call (``Nodes.load``), as ``scontrol show node LIST`` does: right after a job

@@ -282,6 +282,11 @@ class SlurmEnvironment(ClusterEnvironment):
         facts = controller_state(config.job_id)
         return facts.get("start") if facts else None
 
+    def scheduled_end(self, config: Any) -> Optional[float]:
+        from .interrupts import scheduled_end
+
+        return scheduled_end(config)
+
     def explain_interrupt(self, config: Any, signum: int, at: float) -> Optional[str]:
         from .interrupts import explain
 

@@ -61,7 +61,24 @@ def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
     unlimited = limit_or_none(job.time_limit_s) is None
     end = job.start_time + job.time_limit_s if job.start_time and not unlimited else None
     return {"state": job.state, "end": end, "unlimited": unlimited, "restarts": job.restarts,
-            "start": job.start_time}
+            "start": job.start_time, "reason": job.reason,
+            # while it runs, EndTime is when the controller will end it (it follows an `scontrol
+            # update` of the time limit or EndTime, which StartTime + TimeLimit in minutes may not)
+            "scheduled": job.end_time if str(job.state).startswith("RUNNING") and not unlimited else None}
+
+
+def scheduled_end(config: Any, *, ask: Any = controller_state) -> Optional[float]:
+    """When the controller means to end the running job (its time limit), epoch s: its EndTime,
+    else StartTime + TimeLimit, else SLURM_JOB_END_TIME (set at the start: an update since is not
+    in it); None with no time limit or no answer."""
+    facts = ask(config.job_id)
+    if facts is not None:
+        if facts.get("unlimited"):
+            return None
+        if facts.get("scheduled") or facts.get("end"):
+            return float(facts.get("scheduled") or facts["end"])
+    end = config.job_end_time
+    return float(end) if end is not None and end - time.time() < NO_LIMIT_S else None
 
 
 def requeued_words(facts: dict[str, Any], restart_count: Optional[int]) -> Optional[str]:
@@ -94,6 +111,8 @@ def explain(config: Any, signum: int, at: float, *, ask: Any = controller_state)
         for key, words in _STATES.items():
             if str(facts["state"]).startswith(key):
                 return words
+        if facts.get("reason") == "TimeLimit":   # a job being stopped reads COMPLETING
+            return "the job reached its time limit (the controller says Reason=TimeLimit)"
         if facts.get("unlimited") or no_limit:
             return NOT_THE_LIMIT
         if end is None and facts.get("end") is not None:

@@ -161,3 +161,39 @@ def test_usr1_is_logged_not_fatal(tmp_path):
     assert code == 0, err
     assert "received SIGUSR1" in err
     assert summary(tmp_path)["run"]["status"] == "completed"
+
+
+def test_usr1_to_the_launcher_alone_reaches_the_workers_handler(tmp_path):
+    """Under proctrack/cgroup, Slurm's `--signal=USR1@N` signals only the step's tasks (the
+    launchers), not the workers torchrun starts in sessions of their own: the launcher passes it
+    on. A script with a SIGUSR1 handler saves and ends at the next step boundary (both ranks, by
+    an all_reduce of the flag), the run completes, and its ledger says the warning came and a
+    checkpoint was saved after it."""
+    truth = tmp_path / "truth"
+    truth.mkdir()
+    script = str(REPO / "tests" / "slurm" / "goodput_train.py")
+    proc = launch(tmp_path, script, "--steps", "100000", "--step-ms", "20", "--ckpt-every", "100000",
+                  "--ckpt-dir", str(tmp_path / "ckpt"), "--usr1", "--give-step",
+                  env_extra={"GOODPUT_TRUTH": str(truth)})
+    try:
+        deadline = time.monotonic() + 120
+        while not all((truth / f"rank{r}-a0.jsonl").exists() and '"step"' in (truth / f"rank{r}-a0.jsonl").read_text()
+                      for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.poll() else "slow"
+            time.sleep(0.2)
+        sent = time.time()
+        os.kill(proc.pid, signal.SIGUSR1)          # the launcher only, as Slurm does
+        code, out, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert code == 0, err[-3000:]
+    assert "received SIGUSR1" in err and "passed on to the workers" in err
+    for r in (0, 1):
+        recs = [json.loads(ln) for ln in (truth / f"rank{r}-a0.jsonl").read_text().splitlines()]
+        assert [x for x in recs if x["k"] == "usr1"] and [x for x in recs if x["k"] == "ckpt"], (r, recs[-3:])
+    data = summary(tmp_path)
+    assert data["run"]["status"] == "completed"
+    e = data["goodput"]["attempts"][-1]["ending"]
+    assert e["warning"] == "SIGUSR1" and abs(e["warning_at"] - sent) < 1.0 and e["saved_after_warning"] is True, e
+    assert e["scheduled_end"] is None and "the cluster did not say when the time limit was" in e["words"], e

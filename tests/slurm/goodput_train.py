@@ -17,7 +17,7 @@ wall clock (``time.time()``) of everything the ledger divides:
                                    and ends at the next step boundary)
 
 Every step sleeps ``--step-ms`` inside the model's forward (productive time); a checkpoint
-every ``--ckpt-every`` steps holds ``--ckpt-ms`` of writing (a file object that writes slowly, so
+every ``--ckpt-every`` steps (up to ``--ckpt-until``) holds ``--ckpt-ms`` of writing (a file object that writes slowly, so
 the time is inside the save). A requeued attempt resumes from the checkpoint
 (``--ckpt-dir``: the step in ``step.txt``, written after the save).
 """
@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=80, help="global steps in all")
     ap.add_argument("--step-ms", type=float, default=100.0)
     ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--ckpt-until", type=int, default=0, help="periodic saves up to this global step (0: all)")
     ap.add_argument("--ckpt-ms", type=float, default=300.0)
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--save", choices=("torch", "dcp"), default="torch")
@@ -86,6 +87,10 @@ def main() -> int:
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-step", type=int, default=-1)
     ap.add_argument("--usr1", action="store_true", help="on SIGUSR1: save and end")
+    ap.add_argument("--tokens-per-step", type=float, help="traceml.declare_work(tokens_per_step=...)")
+    ap.add_argument("--samples-per-step", type=float)
+    ap.add_argument("--flops-per-step", type=float)
+    ap.add_argument("--dtype")
     args = ap.parse_args()
 
     truth_dir = os.environ["GOODPUT_TRUTH"]
@@ -110,6 +115,9 @@ def main() -> int:
             if rec.get("k") == "step":
                 done_before = max(done_before, rec["g"])
     traceml.init()
+    if args.tokens_per_step or args.samples_per_step or args.flops_per_step:
+        traceml.declare_work(tokens_per_step=args.tokens_per_step, samples_per_step=args.samples_per_step,
+                             flops_per_step=args.flops_per_step, dtype=args.dtype)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(Slow(args.step_ms))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -140,7 +148,11 @@ def main() -> int:
 
     for g in range(start, args.steps):
         t0 = time.time()
-        (x,) = next(it)
+        try:
+            (x,) = next(it)
+        except StopIteration:   # a long run (the time-limit tests) goes round the data again
+            it = iter(data)
+            (x,) = next(it)
         t1 = time.time()
         with (traceml.trace_step(model, step=g) if args.give_step else traceml.trace_step(model)):
             loss = model(x).sum()
@@ -156,7 +168,8 @@ def main() -> int:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
             if flag.item() and usr1["at"] is None:
                 usr1["at"] = time.time()
-        if (g + 1) % args.ckpt_every == 0 or (usr1["at"] is not None):
+        periodic = (g + 1) % args.ckpt_every == 0 and (not args.ckpt_until or g + 1 <= args.ckpt_until)
+        if periodic or usr1["at"] is not None:
             save(g + 1)
         if usr1["at"] is not None:
             truth(k="usr1", t=usr1["at"])

@@ -95,3 +95,72 @@ def test_uuid_lists_in_cuda_visible_devices_map_to_nvml_devices():
     devices = FakeNvml(fake_gpus(3)).devices()
     chosen = G.allocated(devices, [devices[2].uuid[:12], "0"])
     assert [d.index for d in chosen] == [2, 0]
+
+
+def test_gpu_health_fails_a_hardware_fault_warns_a_slowdown_and_says_what_is_not_measured(tmp_path):
+    from traceml_core.sdk.samplers import FakeGpu
+    from traceml_core.sdk.samplers.nvml import kernel_xids
+
+    def health(*devices):
+        return G.check_health(make(gpus(len(devices)), nvml=FakeNvml(list(devices)), torch=cuda_torch(len(devices))))
+
+    ok = health(FakeGpu(uuid="GPU-a", clock_reasons=0x4 | 0x1), FakeGpu(uuid="GPU-b"))  # power cap, idle: normal
+    assert ok.status is Status.PASS and "2 GPUs: no hardware XID" in ok.observed
+    assert ok.data["devices"][0]["clock_reasons"] == ["gpu_idle", "sw_power_cap"] and ok.data["faults"] == []
+    hot = health(FakeGpu(uuid="GPU-a", clock_reasons=0x40), FakeGpu(uuid="GPU-b"))
+    assert hot.status is Status.WARN and hot.data["slowdowns"] == ["GPU 0 held back (hw_thermal_slowdown)"]
+    assert "cooling" in hot.fix
+    # an application's XID (13) is shown, not blamed; the hardware's (79) and an ECC error are faults
+    app = health(FakeGpu(uuid="GPU-a", xids=(13,)))
+    assert app.status is Status.PASS and app.data["devices"][0]["xids"] == [13]
+    bad = health(FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", xids=(13, 79), ecc_uncorrected=2, clock_reasons=0x8))
+    assert bad.status is Status.FAIL and bad.data["faults"] == ["GPU 1: XID 79; 2 uncorrectable ECC error(s)"]
+    assert "#SBATCH --exclude=gpu07" in bad.fix and "GPU 1 held back (hw_slowdown)" in bad.observed
+    old = health(FakeGpu(uuid="GPU-a", unsupported={"remap_failed", "ecc_corrected"}))
+    assert old.status is Status.PASS and "not measured: ecc (Not Supported), remap_failed (Not Supported)" in old.observed
+    assert old.data["devices"][0]["ecc_uncorrected"] is None   # not measured, never 0
+    assert G.check_health(make(step())).status is Status.SKIP
+    # the real backend's XIDs come from the kernel log, by PCI device
+    log = tmp_path / "kmsg"
+    log.write_text("4,1,2,-;NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, GPU has fallen off the bus.\n"
+                   "4,2,3,-;NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception\n"
+                   "4,3,4,-;NVRM: Xid (PCI:0001:5e:00): 48, An uncorrectable double bit error\n")
+    assert kernel_xids(str(log)) == {(0, 0x3B, 0): [79, 13], (1, 0x5E, 0): [48]}
+
+
+def test_the_real_backend_reads_health_through_pynvml_with_the_same_rule(monkeypatch):
+    """PynvmlBackend's health reads, on a stand-in ``pynvml`` module with the real one's names (no
+    GPU here): the same GpuHealth, the same faults and slowdowns as the fake gives."""
+    import sys
+    import types
+
+    from traceml_core.sdk.samplers import nvml as N
+
+    class Err(Exception):
+        pass
+
+    class PciInfo:
+        busId = b"00000000:3B:00.0"
+
+    fake = types.ModuleType("pynvml")
+    fake.NVMLError, fake.NVMLError_LibraryNotFound = Err, type("NotFound", (Err,), {})
+    fake.NVML_MEMORY_ERROR_TYPE_CORRECTED, fake.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, fake.NVML_VOLATILE_ECC = 0, 1, 0
+    fake.nvmlInit = lambda: None
+    fake.nvmlDeviceGetHandleByIndex = lambda i: f"h{i}"
+    fake.nvmlDeviceGetIndex = lambda h: int(h[1:])
+    fake.nvmlDeviceGetUUID = lambda h: b"GPU-real"
+    fake.nvmlDeviceGetCurrentClocksEventReasons = lambda h: 0x80 | 0x4
+    fake.nvmlDeviceGetTotalEccErrors = lambda h, kind, counter: {0: 5, 1: 0}[kind]
+    fake.nvmlDeviceGetPciInfo = lambda h: PciInfo()
+
+    def no_remap(h):
+        raise Err("Not Supported")
+
+    fake.nvmlDeviceGetRemappedRows = no_remap
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    monkeypatch.setattr(N, "_kernel_xids", {(0, 0x3B, 0): [79]})   # what the kernel log said of 0000:3b:00
+    h = N.load_nvml().health("h0")
+    assert (h.index, h.uuid, h.clock_reasons, h.ecc_corrected, h.ecc_uncorrected, h.xids) == (
+        0, "GPU-real", ("sw_power_cap", "hw_power_brake_slowdown"), 5, 0, (79,))
+    assert h.remap_failed is None and dict(h.unmeasured) == {"remap_failed": "Not Supported"}
+    assert h.faults == ["XID 79"] and h.slowdowns == ["hw_power_brake_slowdown"]

@@ -5,6 +5,9 @@ gloo): ``every`` saves a checkpoint after every step (``torch.save`` through a f
 ``CKPT_MS`` to write, so the save's time is inside it), ``never`` saves none. The compare's
 goodput block must name checkpointing as the bucket that moved most, with both runs' figures: A's
 0 and B's device-seconds, which are what B's rank recorded of its own saves.
+
+The same two runs check the declared work: ``every`` declares tokens, samples and FLOPs per
+step (``traceml.declare_work``), ``never`` declares nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ import pytest
 from tinyrun import PYTHON, REPO, env_for, stop, traceml_cmd
 
 TRAIN = REPO / "tests" / "slurm" / "goodput_train.py"
-STEPS, STEP_MS, CKPT_MS = 16, 20, 300
+STEPS, STEP_MS, CKPT_MS = 20, 20, 500
+TOKENS, SAMPLES = 2048, 4
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +32,9 @@ def runs(tmp_path_factory):
         truth[name] = tmp_path_factory.mktemp(f"gp-compare-{name}")
         args = ["--steps", str(STEPS), "--step-ms", str(STEP_MS), "--ckpt-every", str(every),
                 "--ckpt-ms", str(CKPT_MS), "--ckpt-dir", str(truth[name] / "ckpt")]
+        if name == "every":
+            args += ["--tokens-per-step", str(TOKENS), "--samples-per-step", str(SAMPLES),
+                     "--flops-per-step", "1e9", "--dtype", "bf16"]
         procs[name] = subprocess.Popen(traceml_cmd(logs, name, nproc=1, script=TRAIN, args=args),
                                        env=env_for(GOODPUT_TRUTH=str(truth[name])), text=True,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
@@ -81,3 +88,38 @@ def test_compare_names_checkpointing_with_both_runs_figures(runs):
     back = json.loads(cli(b_dir, a_dir, "--json").stdout)["goodput"]
     ck_back = next(x for x in back["rows"] if x["bucket"] == "checkpoint")
     assert back["largest"] == "checkpoint" and ck_back["change_pp"] == pytest.approx(-ck["change_pp"], abs=0.02)
+
+
+def _summary(run_dir):
+    return (json.loads((run_dir / "final_summary.json").read_text()),
+            (run_dir / "final_summary.txt").read_text())
+
+
+def test_declared_work_gives_tokens_and_samples_per_second_and_mfu_says_why_not(runs):
+    data, text = _summary(runs["every"][0])
+    tp = data["goodput"]["throughput"]
+    (a,) = data["goodput"]["attempts"]
+    (rank,) = data["ranks"]
+    assert rank["steps"] == STEPS
+    # over the allocation: the rank's steps x what each is worth / the attempt's wall time
+    assert tp["tokens_per_s"] == pytest.approx(STEPS * TOKENS / a["wall_s"], rel=0.01), (tp, a["wall_s"])
+    assert tp["samples_per_s"] == pytest.approx(STEPS * SAMPLES / a["wall_s"], rel=0.01), tp
+    (node,) = tp["nodes"]
+    # while stepping: per second of the rank's own step time (the steps are ~STEP_MS each)
+    assert node["tokens_per_step_s"] > 10 * tp["tokens_per_s"] and node["samples_per_step_s"] > node["samples_per_s"]
+    assert node["tokens_per_step_s"] < TOKENS / (STEP_MS / 1000), node
+    # CPU: MFU is not measured, and says why (no peak for the device), never a 0
+    assert tp["mfu"] is None and tp["not_measured"]["mfu"].startswith("no peak FLOP/s for this device (CPU)"), tp
+    assert f"throughput: {tp['tokens_per_s']:,.1f} tokens/s over the allocation (node 0 " in text, text
+    assert f"{tp['samples_per_s']:,.1f} samples/s over the allocation" in text
+    assert "throughput: MFU not measured: no peak FLOP/s for this device (CPU)" in text
+
+
+def test_without_a_declaration_throughput_is_not_measured_and_says_how(runs):
+    data, text = _summary(runs["never"][0])
+    tp = data["goodput"]["throughput"]
+    assert tp["tokens_per_s"] is None and tp["samples_per_s"] is None and tp["mfu"] is None, tp
+    assert all("traceml.declare_work(" in tp["not_measured"][k] for k in ("tokens_per_s", "samples_per_s", "mfu"))
+    line = next(ln for ln in text.splitlines() if "throughput:" in ln)
+    assert "tokens/s, samples/s, MFU not measured: no rank declared what a step is worth: call " \
+           "traceml.declare_work(" in line, line

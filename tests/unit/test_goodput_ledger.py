@@ -282,7 +282,7 @@ def test_rank_facts_are_checked_where_they_enter():
     assert fact("progress", {"step": 0, "gstep": 40, "start": T0, "end": float("nan")})["end"] is None
     assert fact("progress", {"gstep": 40}) is None
     assert fact("work", {"tokens_per_step": 1e30, "dtype": "bf16"}) == {
-        "tokens_per_step": None, "flops_per_step": None, "dtype": "bf16", "device": None}
+        "tokens_per_step": None, "samples_per_step": None, "flops_per_step": None, "dtype": "bf16", "device": None}
     assert fact("progress", "not json") is None and fact("span", "[1, 2]") is None
 
 
@@ -318,3 +318,27 @@ def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured(
     doc = ledger.to_json()
     assert doc["attempts"][1]["buckets"]["redone"] is None and doc["attempts"][1]["progress"]["redone_steps"] is None
     assert ledger.advice is None or ledger.advice.bucket not in ("redone", "checkpoint")
+
+
+def test_declare_work_keeps_what_is_usable_and_warns_about_the_rest(caplog):
+    """A bad amount or an unknown dtype is left out with a warning naming it, never raised (a
+    telemetry call must not stop training); a declaration made before the session starts is sent
+    when it does, with the device's name (``cpu`` here)."""
+    from traceml_core.sdk import work
+
+    work._reset_for_tests()
+    sent = []
+    try:
+        work.declare_work(tokens_per_step=4096, samples_per_step=-1, flops_per_step=float("nan"), dtype="bfloat16")
+        assert not sent
+        work.install(lambda kind, payload: sent.append((kind, payload)) or True)
+        assert sent == [("work", {"tokens_per_step": 4096.0, "samples_per_step": None, "flops_per_step": None,
+                                  "dtype": "bf16", "device": "cpu"})]
+        assert "samples_per_step=-1" in caplog.text and "flops_per_step=nan" in caplog.text
+        work.declare_work(tokens_per_step=1, dtype="int4")
+        assert sent[-1][1]["dtype"] is None and "dtype='int4'" in caplog.text
+        from traceml_core.wire.frames import rank_fact
+
+        assert rank_fact("work", json.dumps({**sent[0][1], "samples_per_step": 8}))["samples_per_step"] == 8.0
+    finally:
+        work._reset_for_tests()

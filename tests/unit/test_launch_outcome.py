@@ -63,7 +63,7 @@ def test_the_lifecycle_moves_forward_and_records_when_each_phase_began():
     assert rec.to_wire() == {
         "first_step": 1003.5, "allocation_start": 1000.0, "restarts": 2,
         "phases": [["preflight", 1001.0], ["telemetry_up", 1002.0], ["training", 1003.0],
-                   ["finishing", 1010.0], ["done", 1011.0]]}
+                   ["finishing", 1010.0], ["done", 1011.0]], "signals": [], "scheduled_end": None}
 
 
 def test_a_launch_refused_in_preflight_goes_straight_to_done():

@@ -264,3 +264,47 @@ def test_the_doctor_records_its_benchmarks_and_a_node_slow_in_two_jobs_is_exclud
     assert (ev["bench_cpu"].value, ev["bench_cpu"].peers, ev["bench_cpu"].bad) == (40.0, 25.0, False)
     assert (ev["bench_cpu"].source, ev["bench_cpu"].job_id, ev["bench_cpu"].unit) == ("doctor", "2", "GFLOP/s")
     assert not health["node1"].exclude and health["node3"].exclude
+
+
+def _doctor_gpus(job: str, **fake: dict):
+    """A doctor's report whose gpu.health check ran on each node with the fake NVML (``fake[host]``:
+    FakeGpu fields of its second GPU; the first is healthy)."""
+    from doctor_env import cuda_torch, gpus, make
+
+    from traceml_core.sdk.samplers import FakeGpu, FakeNvml
+    from traceml_slurm.doctor import gpu as G
+    from traceml_slurm.doctor.model import CheckResult, JobInfo, Report
+
+    outcomes = {h: G.check_health(make(gpus(2, SLURMD_NODENAME=h), torch=cuda_torch(2), nvml=FakeNvml(
+        [FakeGpu(uuid=f"GPU-{h}-0"), FakeGpu(uuid=f"GPU-{h}-1", **fake.get(h, {}))]))) for h in HOSTS}
+    return Report(JobInfo(job, "j", list(HOSTS), "batch", "node1", "default"),
+                  [CheckResult("gpu.health", "GPU health", "node", outcomes)], 1.0)
+
+
+def test_nvml_health_is_kept_a_slowdown_excludes_when_it_repeats_a_hardware_xid_at_once(tmp_path):
+    from traceml_slurm.doctor.nodehealth import next_job as doctor_next_job
+    from traceml_slurm.facts import Facts
+
+    store = tmp_path / "nodes.sqlite"
+    env = {"SLURM_JOB_ID": "1", "TRACEML_NODE_STORE": str(store)}
+    hot = {"node3": {"clock_reasons": 0x40}}  # node3's second GPU in thermal slowdown
+    assert doctor_next_job(_doctor_gpus("1", **hot), Facts.of(env)) is None    # once: not enough
+    got = doctor_next_job(_doctor_gpus("2", **hot), Facts.of({**env, "SLURM_JOB_ID": "2"}))
+    assert got.lines == ("#SBATCH --exclude=node3",), got
+    assert got.why[0].startswith("node3: GPU 1 held back (hw_thermal_slowdown) in 2 of 2 job(s)"), got.why
+    # job 3: node2's GPU logged XID 79 (fallen off the bus): a hardware fault excludes it at once
+    got = doctor_next_job(_doctor_gpus("3", node2={"xids": (79,)}, **hot), Facts.of({**env, "SLURM_JOB_ID": "3"}))
+    assert got.lines == ("#SBATCH --exclude=node[2-3]",), got
+    cli = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json", "--store", str(store)],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CLUSTER_NAME": ""})
+    nodes = json.loads(cli.stdout)
+    assert sorted(nodes["exclude"]) == ["node2", "node3"] and nodes["line"] == "#SBATCH --exclude=node[2-3]", nodes
+    by = {n["host"]: n for n in nodes["nodes"]}
+    assert by["node2"]["why"] == "a hardware fault: GPU 1: XID 79" and (by["node2"]["jobs"], by["node2"]["bad_jobs"]) == (3, 1)
+    ev = {e["kind"]: e for e in by["node2"]["evidence"]}["gpu_health"]
+    assert (ev["bad"], ev["strong"], ev["job"], ev["source"], ev["note"]) == (True, True, "3", "doctor", "GPU 1: XID 79")
+    clean = {e["kind"]: e for e in by["node1"]["evidence"]}["gpu_health"]
+    assert (clean["bad"], clean["note"]) == (False, "2 GPU(s) healthy") and not by["node1"]["exclude"]
+    text = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--store", str(store)],
+                          capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CLUSTER_NAME": ""}).stdout
+    assert text.rstrip().endswith("Next job script (paste into your sbatch script):\n  #SBATCH --exclude=node[2-3]"), text

@@ -51,6 +51,8 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
                 run = wait[1] if len(wait) > 1 else 20.0
                 fact.update(steps=steps, steps0=5, run0_ns=0, run_ns=int(run * MS * (steps - 5)), wait0_ns=0,
                             wait_ns=int(wait[0] * MS * (steps - 5)))
+                if len(wait) > 2:  # the time its cgroup's CPU quota throttled it, ms per steady step
+                    fact.update(thr0_ns=0, thr_ns=int(wait[2] * MS * (steps - 5)))
             rs.note_event("cpu_threads", json.dumps(fact), 1.0)
         rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
         t = 1_700_000_000_000_000_000
@@ -352,6 +354,23 @@ def test_a_rank_slower_because_it_waited_for_a_core_is_not_a_straggler():
     assert v["severity"] == "info" and v["evidence"]["excused_rank"] == 1, v
     assert "14.0 ms of it waiting for a core longer than the others, so it is not called a straggler" in v["why"], v["why"]
     assert not [x for x in _all(s) if x["severity"] in ("warning", "critical")], _kinds(s)
+
+
+def test_a_rank_held_back_by_its_cgroups_cpu_quota_is_a_straggler():
+    """Rank 1 is 15 ms per step slower, 16 ms more of waiting for a core than the others, as
+    above, but its cgroup's CPU quota throttled it 16 ms per step (cpu.stat): a throttled thread is
+    runnable, so the run queue counts it, yet the limit is its own task's or node's, not other
+    processes': a straggler, saying so, and no CPU contention."""
+    def step(rank, i):
+        return _ddp(fwd=25.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=15.4)
+    s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 18.0 if rank == 1 else 2.0, 20.0,
+                                                  16.0 if rank == 1 else 0.0))
+    v = s["verdict"]
+    assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1, _kinds(s)
+    assert v["evidence"]["quota_wait_ms"] == 16.0 and abs(v["evidence"]["cpu_wait_ms"]) < 0.01, v["evidence"]
+    assert "16.0 ms of it held back by its cgroup's CPU quota (throttled)" in v["why"], v["why"]
+    assert "capped by its cgroup's CPU quota" in v["next_step"], v["next_step"]
+    assert "cpu_contention" not in _kinds(s), _kinds(s)
 
 
 def test_a_straggler_that_also_waited_for_a_core_says_how_much():

@@ -130,6 +130,7 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
 
     class _Job:
         state, start_time, time_limit_s, restarts = "RUNNING", 1000.0, 365 * 86400.0, 0
+        end_time, reason = 1000.0 + 365 * 86400.0, None
 
     class _Backend:
         def __init__(self, timeout: float) -> None:
@@ -140,4 +141,4 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
 
     monkeypatch.setattr(controller, "ScontrolBackend", _Backend)
     assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True, "restarts": 0,
-                                     "start": 1000.0}
+                                     "start": 1000.0, "reason": None, "scheduled": None}

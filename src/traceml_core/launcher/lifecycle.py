@@ -88,6 +88,12 @@ class LifecycleRecord:
     allocation_start: Optional[float] = None
     #: how often the cluster requeued (restarted) the job before this run, when it says
     restarts: Optional[int] = None
+    #: the signals this launcher received (name -> first arrival, epoch s): SIGUSR1/SIGUSR2 are
+    #: the early warning of ``--signal``, SIGTERM the time limit, scancel or a requeue
+    signals: dict[str, float] = field(default_factory=dict)
+    #: when the cluster meant to end the job (its time limit), as it said when the early warning
+    #: came (epoch s); None when no warning came or the cluster did not say
+    scheduled_end: Optional[float] = None
 
     @property
     def phase(self) -> Optional[Phase]:
@@ -114,4 +120,6 @@ class LifecycleRecord:
         ``wire.frames.launch_lifecycle``)."""
         return {"phases": [[t.phase.value, round(t.at, 3)] for t in self.transitions],
                 "first_step": None if self.first_step_at is None else round(self.first_step_at, 3),
-                "allocation_start": self.allocation_start, "restarts": self.restarts}
+                "allocation_start": self.allocation_start, "restarts": self.restarts,
+                "signals": [[name, round(at, 3)] for name, at in self.signals.items()],
+                "scheduled_end": self.scheduled_end}

@@ -91,15 +91,25 @@ def explain_interrupt(config: Any, signum: int, at: float) -> Optional[str]:
         return None
 
 
-def allocation_start(config: Any) -> Optional[float]:
-    """When the cluster started the job's allocation, from the plugin (it may ask the scheduler:
-    a few seconds at most); None when it cannot tell or there is no plugin. Never raises."""
+def _ask_cluster(config: Any, method: str) -> Optional[float]:
+    """``method(config)`` of the cluster plugin (it may ask the scheduler: a few seconds at most);
+    None when it cannot tell or there is no plugin. Never raises: a time must never cost the run."""
     if config.cluster in ("none", "") or not config.job_id:
         return None
     try:
         from ..plugins import load_cluster_environment
 
         cls = load_cluster_environment(config.cluster)
-        return cls().allocation_start(config) if cls is not None else None
-    except Exception:  # noqa: BLE001 - a start time must never cost the run
+        return getattr(cls(), method)(config) if cls is not None else None
+    except Exception:  # noqa: BLE001
         return None
+
+
+def allocation_start(config: Any) -> Optional[float]:
+    """When the cluster started the job's allocation."""
+    return _ask_cluster(config, "allocation_start")
+
+
+def scheduled_end(config: Any) -> Optional[float]:
+    """When the cluster means to end the job (its time limit)."""
+    return _ask_cluster(config, "scheduled_end")

@@ -100,6 +100,19 @@ def children(of: Optional[int] = None) -> list[int]:
     return out
 
 
+def session_children(of: int) -> list[int]:
+    """Children of ``of`` that lead sessions of their own (torchrun starts each worker so): a
+    signal to ``of``'s process group does not reach them."""
+    out = []
+    for pid in children(of):
+        try:
+            if os.getsid(pid) == pid:
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
 def _reap(pids: Iterable[int]) -> None:
     for pid in pids:
         try:

@@ -20,6 +20,7 @@ How the launch ended becomes an exit status and a reason in one pure function
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
 import time
@@ -32,7 +33,7 @@ from .lifecycle import LifecycleRecord, Phase
 from .memcg import OomWatch
 from .nodelink import NodeLink
 from .outcome import (HANG_EXIT_CODE, Outcome, WorkersEnded, allocation_start, explain_interrupt, judge,
-                      status_of)
+                      scheduled_end, status_of)
 from .preflight import check_master_port, check_script
 from .stacks import StackCollector
 from .starters import STOP_GRACE_S, WorkerStarter, make_starter
@@ -76,6 +77,7 @@ class NodeLaunch:
         self.speaks = starter.duties.speaks_for_node
         self.record = LifecycleRecord(allocation_start=config.job_start_time, restarts=config.restart_count)
         self._alloc_ask: Optional[threading.Thread] = None
+        self._end_ask: Optional[threading.Thread] = None
         if self.duties.keeps_aggregator and config.job_start_time is None and config.job_id:
             # older Slurm does not give the job its start: ask the scheduler, in the background
             # (the aggregator is given the answer when it starts, so even an attempt whose
@@ -91,6 +93,18 @@ class NodeLaunch:
         self.view: Any = None
         self._telemetry_at = 0.0
         self._training_at = 0.0
+
+    def _early_signal(self, signum: int, at: float) -> None:
+        """The early warning of ``--signal`` reached node 0's launcher: ask the cluster, in the
+        background (from a signal handler), when it means to end the job, for the ledger's
+        "N s before the time limit"."""
+        def ask() -> None:
+            end = scheduled_end(self.config)
+            if end is not None and self.record.scheduled_end is None:
+                self.record.scheduled_end = end
+
+        self._end_ask = threading.Thread(target=ask, name="traceml-scheduled-end", daemon=True)
+        self._end_ask.start()
 
     def _ask_allocation_start(self) -> None:
         start = allocation_start(self.config)
@@ -179,6 +193,8 @@ class NodeLaunch:
             pipes = self.view.popen_kwargs() if self.view else {}
             s.start({RUN_INFO_VAR: info.to_env()},
                     (pipes["stdout"], pipes["stderr"]) if pipes.get("stdout") is not None else ())
+            if self.duties.keeps_aggregator:
+                s.on_user_signal(self._early_signal)
             if self.view:
                 self.view.attach()
             if self.watchdog is not None:
@@ -227,6 +243,10 @@ class NodeLaunch:
             self.record.first_step(self.link.first_step_at())
         hung = self.watchdog.hung if self.watchdog is not None else False
         ended = WorkersEnded(code, s.interrupted_by, hung)
+        if self._end_ask is not None:   # the cluster's answer to the early warning (2 s at most)
+            self._end_ask.join(ALLOCATION_ASK_S)
+        self.record.signals = {signal.Signals(n).name: at for n, at in sorted(s.signals_received.items(),
+                                                                              key=lambda kv: kv[1])}
         report = {**s.report(code), "oom": self.oom.report() if self.oom else None,
                   "lifecycle": self.record.to_wire()}
         wait = s.waits_for_others and ended.signal is None and not hung

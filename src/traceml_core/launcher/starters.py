@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..config import LaunchConfig
 from .agent import FD_VAR as AGENT_FD_VAR
@@ -145,6 +145,16 @@ class WorkerStarter(ABC):
 
     def interrupted(self) -> bool:
         return self.interrupted_by is not None
+
+    @property
+    def signals_received(self) -> dict[int, float]:
+        """Every signal this launcher received: the first arrival of each (epoch seconds)."""
+        return dict(self.sup.received) if self.sup is not None else {}
+
+    def on_user_signal(self, callback: Callable[[int, float], None]) -> None:
+        """``callback(signum, at)`` on the first USR1/USR2 (from the signal handler: not blocking)."""
+        if self.sup is not None:
+            self.sup.on_user_signal = callback
 
     def terminate(self, reason: str) -> None:
         """Stop the workers on our own initiative (a node vanished, a rank hung)."""

@@ -3,9 +3,13 @@
 Slurm's time limit sends SIGTERM to every process of the step and SIGKILL ``KillWait`` seconds
 later (30 s by default). The launcher forwards SIGTERM to torchrun (which stops its workers),
 waits at most ``grace`` seconds, then kills the process group, leaving the rest of the budget for
-the summary. ``--signal=USR1@N`` without ``B:`` signals every process of the step: torchrun and the
-workers are started with USR1/USR2 ignored (an inherited disposition; a training script that
-installs its own handler still gets them), and the launcher logs them.
+the summary. ``--signal=USR1@N`` without ``B:`` signals the step's tasks: under
+``ProctrackType=proctrack/cgroup`` (the usual one) only the tasks themselves, the launchers, not
+their children (measured on Slurm 22.05: the workers' handler never ran). So the launcher passes
+USR1/USR2 on to torchrun's process group, and logs them: torchrun and the workers are started
+with USR1/USR2 ignored (an inherited disposition), so a training script that installs its own
+handler gets the early warning and the others are not killed by it. Where Slurm signals every
+process of the step (proctrack/linuxproc, pgid) a handler may run twice: set a flag in it.
 """
 
 from __future__ import annotations
@@ -60,6 +64,11 @@ class Supervisor:
     terminated: Optional[str] = None
     #: when the first forwarded signal arrived (epoch seconds)
     interrupted_at: Optional[float] = None
+    #: every signal this launcher received, the first arrival of each (epoch seconds): the
+    #: goodput ledger tells the early warning of ``--signal`` from the SIGTERM at the limit
+    received: dict[int, float] = field(default_factory=dict)
+    #: called (in the signal handler: it must not block) on the first USR1/USR2
+    on_user_signal: Optional[Callable[[int, float], None]] = None
     proc: Optional[subprocess.Popen] = None
     _old: dict = field(default_factory=dict)
     _kill_timer: Optional[threading.Timer] = None
@@ -83,8 +92,15 @@ class Supervisor:
 
     def _handle(self, signum: int, _frame) -> None:
         name = signal.Signals(signum).name
+        first = signum not in self.received
+        if first:
+            self.received[signum] = time.time()
         if signum in LOGGED:
-            log(f"received {name} (Slurm --signal?); ignored, training goes on")
+            log(f"received {name} (Slurm --signal?): passed on to the workers (a script with a handler for it "
+                "gets it, the others ignore it); training goes on")
+            self._pass_on(signum)
+            if first and self.on_user_signal is not None:
+                self.on_user_signal(signum, self.received[signum])
             return
         if self.interrupted_by is None:
             self.interrupted_by = signum
@@ -107,6 +123,18 @@ class Supervisor:
             os.killpg(self.proc.pid, sig)
         except ProcessLookupError:
             pass
+
+    def _pass_on(self, sig: int) -> None:
+        """``sig`` to torchrun's process group (torchrun ignores USR1/USR2; in the task layout the
+        worker is the child itself) and to the workers torchrun started in sessions of their own."""
+        self._signal_group(sig)
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for pid in ownership.session_children(self.proc.pid):
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def signal_now(self, sig: int) -> None:
         """Send ``sig`` to torchrun's whole process group (a launch abandoned before training)."""

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..rundata import RankEvent
+from .pauses import BetweenSteps
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -217,6 +218,8 @@ class RankSummary:
     #: by phase name (``step``, ``forward``, ...); None where not measured
     phases: dict[str, Optional[PhaseSummary]] = field(default_factory=dict)
     outside_ms: Optional[float] = None
+    #: the steady gaps between steps as a distribution (report/pauses.py); None where not sketched
+    between: Optional[BetweenSteps] = None
     comm: Optional[CommSummary] = None
     mem_peak: Optional[MemPeak] = None
     telemetry: RankTelemetry = field(default_factory=RankTelemetry)
@@ -251,7 +254,8 @@ class RankSummary:
             "fail_in_step": self.fail_in_step, "failed_at": self.failed_at,
             "exit": self.exit.to_json() if self.exit else None,
             "phases": {k: v.to_json() if v else None for k, v in self.phases.items()},
-            "outside_ms": self.outside_ms, "comm": self.comm.to_json() if self.comm else None,
+            "outside_ms": self.outside_ms, "between": self.between.to_json() if self.between else None,
+            "comm": self.comm.to_json() if self.comm else None,
             "mem_peak": self.mem_peak.to_json() if self.mem_peak else None,
             "telemetry": self.telemetry.to_json(), "events": self.events,
             "last_events": [e.to_checkpoint() for e in self.last_events],
@@ -272,7 +276,8 @@ class RankSummary:
             fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
             failed_at=r.get("failed_at"), exit=ExitRecord.from_json(r.get("exit")),
             phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
-            outside_ms=r.get("outside_ms"), comm=CommSummary.from_json(r.get("comm")),
+            outside_ms=r.get("outside_ms"), between=BetweenSteps.from_json(r.get("between")),
+            comm=CommSummary.from_json(r.get("comm")),
             mem_peak=MemPeak.from_json(r.get("mem_peak")),
             telemetry=RankTelemetry.from_json(r.get("telemetry")), events=r.get("events") or 0,
             last_events=[RankEvent.from_checkpoint(e) for e in r.get("last_events") or [] if isinstance(e, dict)],
@@ -409,7 +414,10 @@ class CpuThreads:
     (``workers_cores``: CPU seconds per wall second) and waited for (``workers_waiting``: runnable,
     no core free), the rank process's own CPU use
     (``proc_cores``), the share of the wall clock its cgroup's CPU quota throttled it
-    (``throttled``), ``OMP_NUM_THREADS`` and the scheduler's CPU request (None: not measured)."""
+    (``throttled``), ``OMP_NUM_THREADS`` and the scheduler's CPU request (None: not measured).
+    ``throttled_ms``: how long per steady step the cgroup's CPU quota throttled it (the same
+    counter as ``throttled``, per step like ``wait_ms``: a throttled thread is runnable, so the run
+    queue's wait includes it, but it is the task's own CPU limit, not other processes)."""
 
     threads: int
     cpus: frozenset[int]
@@ -422,6 +430,7 @@ class CpuThreads:
     throttled: Optional[float] = None
     omp: Optional[str] = None
     request: Optional[CpuRequest] = None
+    throttled_ms: Optional[float] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -442,6 +451,8 @@ class CpuThreads:
             if steps > 0 and all(type(raw.get(k)) is int for k in ("wait_ns", "wait0_ns", "run_ns", "run0_ns")):
                 wait = max(0.0, (raw["wait_ns"] - raw["wait0_ns"]) / steps / 1e6)
                 run = max(0.0, (raw["run_ns"] - raw["run0_ns"]) / steps / 1e6)
+            thr = _delta(raw, "thr_ns")
+            thr_ms = thr / steps / 1e6 if thr is not None and steps > 0 else None
             wall = _delta(raw, "wall_ns")
             workers = raw.get("workers")
             workers = workers if type(workers) is int and 0 <= workers < 1 << 16 else None
@@ -456,7 +467,7 @@ class CpuThreads:
         if not 0 < threads < 1 << 16:
             return None
         return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
-                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request)
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms)
 
 
 def _delta(raw: dict[str, Any], key: str) -> Optional[int]:

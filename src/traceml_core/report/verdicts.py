@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from . import cpubinding
 from . import thresholds as T
-from .model import RankSummary, VerdictContext
+from .model import CpuThreads, RankSummary, VerdictContext
 from .stats import median
 
 KINDS = ("hang", "did_not_start", "run_failed", "no_steps", "straggler", "input_bound", "periodic_work",
@@ -252,35 +252,20 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
 
 # --- periodic work between steps -------------------------------------------------------------------
 def periodic_work(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
-    """Time between steps that comes in bursts (an evaluation, a checkpoint, logging every k
-    steps), from the ranks' windows of steps: per window the median rank's time between steps
-    per step; windows far above the median window are bursts (thresholds.PERIODIC_*)."""
-    wins = [ctx.windows[r.rank] for r in live if r.rank in ctx.windows]
-    if not wins:
+    """Time between steps that comes in pauses (an evaluation, a checkpoint, logging every k
+    steps), from each rank's distribution of steady gaps between steps (report/pauses.py): the
+    pauses' time above the typical gap holds at least PERIODIC_BURST_SHARE of all the time between
+    steps, there are at least PERIODIC_MIN_BURSTS of them and they are a minority of the gaps.
+    Judged on the median rank (all ranks pause for an evaluation; a pause of one rank alone makes
+    the others wait in communication, not between steps)."""
+    seen = sorted(((r.between.pause_excess_ms / r.between.gaps, r.between) for r in live
+                   if r.between is not None and r.between.gaps), key=lambda pb: pb[0])
+    if not seen:
         return None
-    n = min(len(w) for w in wins)
-    width = wins[0].width
-    series: list[tuple[int, float]] = []
-    for i in range(n):
-        if not all(w.steady(i) for w in wins):
-            continue
-        vals = [w.phase("outside", i) for w in wins]
-        vals = [v for v in vals if v is not None]
-        if vals:
-            series.append((i, max(0.0, median(vals) or 0.0)))
-    if len(series) < T.PERIODIC_MIN_WINDOWS:
+    per_step, b = seen[(len(seen) - 1) // 2]
+    if (b.gaps < T.PERIODIC_MIN_GAPS or b.pauses < T.PERIODIC_MIN_BURSTS
+            or b.pause_share < T.PERIODIC_BURST_SHARE or b.pauses > b.gaps / 2):
         return None
-    base = median([v for _, v in series]) or 0.0
-    cut = max(T.PERIODIC_BURST_RATIO * base, base + T.PERIODIC_BURST_FLOOR_MS)
-    hot = [i for i, v in series if v > cut]
-    total = sum(v for _, v in series)
-    extra = sum(v - base for i, v in series if v > cut)
-    bursts = sum(1 for k, i in enumerate(hot) if k == 0 or hot[k - 1] != i - 1)
-    if (bursts < T.PERIODIC_MIN_BURSTS or total <= 0 or extra / total < T.PERIODIC_BURST_SHARE
-            or len(hot) > len(series) / 2):
-        return None
-    steps = len(series) * width
-    per_step = extra / len(series)                    # ms per step, on average over the run
     iters = [it for it in (_iteration(r) for r in live) if it]
     iteration = median(iters) or 0.0
     frac = per_step / iteration if iteration else 0.0
@@ -288,11 +273,11 @@ def periodic_work(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[
                     T.PERIODIC_FLOOR_MS, T.PERIODIC_CRIT_FLOOR_MS)
     if sev is None:
         return None
-    return _verdict("periodic_work", sev, None, bursts=bursts, steps=steps,
-                    period_steps=round(steps / bursts, 1), burst_ms=round(extra * width / bursts, 1),
+    return _verdict("periodic_work", sev, None, bursts=b.pauses, steps=b.gaps,
+                    period_steps=round(b.gaps / b.pauses, 1), burst_ms=round(b.pause_excess_ms / b.pauses, 1),
                     per_step_ms=round(per_step, 4), iteration_ms=round(iteration, 4),
-                    fraction=round(frac, 4), uniform_ms=round(base, 4), windows=len(series),
-                    steps_per_window=width, device=ctx.device)
+                    fraction=round(frac, 4), uniform_ms=b.uniform_ms, typical_ms=b.typical_ms,
+                    pause_share=b.pause_share, ranks=len(seen), device=ctx.device)
 
 
 def _say_periodic_work(ev: dict[str, Any]) -> tuple[str, str]:
@@ -378,12 +363,28 @@ def _starved(worst: RankSummary, others: Sequence[RankSummary], ctx: VerdictCont
     facts = {r.rank: ctx.cpu_threads.get(r.rank) for r in [worst, *others]}
     if any(f is None or f.wait_ms is None or f.run_ms is None for f in facts.values()):
         return None
-    rates = [f.wait_ms / f.run_ms for r in others for f in [facts[r.rank]] if f.run_ms]  # type: ignore[union-attr, operator]
+    rates = [_queue_wait(f) / f.run_ms for r in others for f in [facts[r.rank]] if f.run_ms]  # type: ignore[union-attr, operator, arg-type]
     if not rates:
         return None
     mine = facts[worst.rank]
     assert mine is not None and mine.wait_ms is not None and mine.run_ms is not None
-    return mine.wait_ms - mine.run_ms * (median(rates) or 0.0)
+    return _queue_wait(mine) - mine.run_ms * (median(rates) or 0.0)
+
+
+def _quota_wait(f: CpuThreads) -> float:
+    """The part of a rank's wait for a core (ms per step) that its cgroup's CPU quota caused: a
+    throttled thread stays runnable, so the run queue counts it, but the limit is the task's own
+    (its node's, its allocation's), not other processes': it stays in the rank's own time. At most
+    the time the cgroup was throttled (a cgroup-wide counter, for all its threads and CPUs), at
+    most the wait."""
+    if f.wait_ms is None or not f.throttled_ms:
+        return 0.0
+    return min(f.wait_ms, f.throttled_ms)
+
+
+def _queue_wait(f: CpuThreads) -> float:
+    """A rank's wait for a core (ms per step) less what its own CPU quota caused: other processes'."""
+    return (f.wait_ms or 0.0) - _quota_wait(f)
 
 
 def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
@@ -414,6 +415,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
         judged = excess if persistent is None or lower is None else min(excess, persistent, lower)
         cpu_wait = _starved(worst, others, ctx)
         own_work = judged - max(0.0, cpu_wait or 0.0)
+        fact = ctx.cpu_threads.get(worst.rank)
+        quota = _quota_wait(fact) if fact is not None else 0.0
         sev = _severity(own_work / step_med, own_work, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                         T.STRAGGLER_FLOOR_MS)
         if sev is None:
@@ -437,8 +440,8 @@ def straggler(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verd
                         persistent_ms=_r(persistent), lower_ms=_r(lower), windows=windows,
                         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=_r(slower, 4),
                         phase=phase, phase_ms=deltas, phase_share=round(share, 4),
-                        cpu_wait_ms=_r(cpu_wait), pause_ms=round(pause, 1) if pause else None,
-                        explained_by=None, device=ctx.device)
+                        cpu_wait_ms=_r(cpu_wait), quota_wait_ms=round(quota, 2) if quota else None,
+                        pause_ms=round(pause, 1) if pause else None, explained_by=None, device=ctx.device)
     return None
 
 
@@ -455,6 +458,9 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
                 f"{ev['windows_needed']} needed)")
     if ev["cpu_wait_ms"] is not None and ev["cpu_wait_ms"] >= 0.05:
         why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core longer than the others"
+    quota = ev.get("quota_wait_ms")
+    if quota is not None and quota >= 0.05:
+        why += f", {quota:.1f} ms of it held back by its cgroup's CPU quota (throttled)"
     deltas, phase = ev["phase_ms"], ev["phase"]
     if phase in deltas and ev["phase_share"] >= T.ATTRIBUTION_MOSTLY:
         why += f", mostly {_IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
@@ -484,6 +490,9 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
                "optimizer (metrics, logging, a .cpu()/.item() copy, allocating or scanning memory): "
                "profile that part of its step (torch.profiler) and move it out of the loop or to every "
                "k-th step")
+    elif quota is not None and quota >= 0.5 * ev["excess_ms"]:
+        nxt = (f"rank {r}'s CPU is capped by its cgroup's CPU quota (cpu.max, or cpu.cfs_quota_us): ask "
+               "the scheduler for more CPUs for its task, or leave its node out of the next job")
     elif ev["device"] == "cuda":
         nxt = (f"rank {r} computes slower: check its GPU's clocks and temperature "
                "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
@@ -621,7 +630,8 @@ def cpu_contention(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional
     facts = [ctx.cpu_threads.get(r.rank) for r in live]
     if not facts or any(f is None or f.wait_ms is None for f in facts):
         return None
-    waits = [(f.wait_ms or 0.0, r.rank) for f, r in zip(facts, live)]
+    # a wait its own cgroup's CPU quota caused is not other processes' (the straggler says it)
+    waits = [(_queue_wait(f), r.rank) for f, r in zip(facts, live) if f is not None]
     wait = median([w for w, _ in waits]) or 0.0
     iteration = median([it for it in (_iteration(r) for r in live) if it]) or 0.0
     frac = wait / iteration if iteration else 0.0

@@ -291,6 +291,9 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     from . import spans
 
     spans.install(spans.event_sender(notify))   # checkpoint saves timed, progress marks
+    from . import work
+
+    work.install(spans.event_sender(notify))    # what a step is worth, if the script declared it
     s.active = True
     s.client.start()
     connected = s.client.wait_connected(wait)
@@ -585,6 +588,19 @@ class TimedIterable:
         return getattr(self._inner, name)
 
 
+def declare_work(*, tokens_per_step: Optional[float] = None, samples_per_step: Optional[float] = None,
+                 flops_per_step: Optional[float] = None, dtype: Any = None) -> None:
+    """Declare what one training step of this rank is worth: tokens/s, samples/s and MFU in the
+    summary's goodput ledger (see :func:`traceml_core.sdk.work.declare_work`). Never raises."""
+    from . import work
+
+    try:
+        work.declare_work(tokens_per_step=tokens_per_step, samples_per_step=samples_per_step,
+                          flops_per_step=flops_per_step, dtype=dtype)
+    except Exception:  # noqa: BLE001 - a declaration must never cost training
+        pass
+
+
 def wrap_dataloader(loader: Any) -> Any:
     """Time batch fetches from ``loader``.
 
@@ -643,3 +659,6 @@ def _reset_for_tests() -> None:
     _session = None
     _warned.clear()
     TRACER.reset()
+    from . import work
+
+    work._reset_for_tests()

@@ -24,7 +24,7 @@ from ..limits import Limit
 from ..statistics import window as _window
 from ..statistics.window import MAX_VALUE
 from . import fold
-from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, PEAK_COLUMNS, STEP_COLUMNS,
+from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, LAUNCHER_SIGNALS, PEAK_COLUMNS, STEP_COLUMNS,
                        STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError)
 
 # MAX_VALUE: larger values are refused as malformed (2**62: what a window of the statistics
@@ -236,6 +236,7 @@ def rank_fact(kind: str, text: str) -> Optional[dict[str, Any]]:
                 "end": when(raw.get("end"))}
     if kind == "work":
         return {"tokens_per_step": amount(raw.get("tokens_per_step"), MAX_TOKENS_PER_STEP),
+                "samples_per_step": amount(raw.get("samples_per_step"), MAX_TOKENS_PER_STEP),
                 "flops_per_step": amount(raw.get("flops_per_step"), MAX_FLOPS_PER_STEP),
                 "dtype": word(raw.get("dtype"), 16), "device": word(raw.get("device"), 128)}
     return None
@@ -313,7 +314,8 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
 def launch_lifecycle(msg: dict[str, Any]) -> None:
     """The launcher's ``lifecycle`` record in a ``finish`` or a node ``bye`` (optional;
     launcher/lifecycle.py), normalised in place: ``{"phases": [[phase, at], ...], "first_step",
-    "allocation_start", "restarts"}``, each phase of :data:`LAUNCH_PHASES` at most once; a time
+    "allocation_start", "restarts", "signals": [[name, at], ...], "scheduled_end"}``, each phase
+    of :data:`LAUNCH_PHASES` and each signal of :data:`LAUNCHER_SIGNALS` at most once; a time
     outside :data:`limits.EPOCH_S` or a count outside :data:`limits.RESTARTS` is not measured
     (None, counted). Anything else is dropped (None): the record never costs its frame."""
     raw = msg.get("lifecycle")
@@ -329,8 +331,14 @@ def launch_lifecycle(msg: dict[str, Any]) -> None:
         if type(entry) is list and len(entry) == 2 and entry[0] in LAUNCH_PHASES \
                 and all(p[0] != entry[0] for p in phases) and when(entry[1]) is not None:
             phases.append([entry[0], float(entry[1])])
+    signals: list[list[Any]] = []
+    for entry in (raw.get("signals") if type(raw.get("signals")) is list else [])[:len(LAUNCHER_SIGNALS)]:
+        if type(entry) is list and len(entry) == 2 and entry[0] in LAUNCHER_SIGNALS \
+                and all(s[0] != entry[0] for s in signals) and when(entry[1]) is not None:
+            signals.append([entry[0], float(entry[1])])
     restarts = raw.get("restarts")
     msg["lifecycle"] = {
+        "signals": signals, "scheduled_end": when(raw.get("scheduled_end")),
         "phases": phases, "first_step": when(raw.get("first_step")),
         "allocation_start": when(raw.get("allocation_start")),
         "restarts": measured(msg, restarts, limits.RESTARTS, "restarts") if type(restarts) is int else None}

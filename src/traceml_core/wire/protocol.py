@@ -185,13 +185,16 @@ from ..statistics.columns import (  # noqa: F401
     Column,
 )
 
-#: 4: node 0 takes step records only as ``fold`` frames of one window value's fields
-#: (statistics/window.py), in every mode; the live modes add ``tail`` frames; group relays (kind
+#: 5: a ``fold`` window also sketches the time between steps (its keys after the duration
+#: columns', ``outside.nkeys`` of them). 4: node 0 takes step records only as ``fold`` frames of one
+#: window value's fields (statistics/window.py), in every mode; the live modes add ``tail`` frames; group relays (kind
 #: ``group``, ``node`` frames). 3: the ``fold`` frame's series rows row by row
-PROTOCOL_VERSION = 4
+PROTOCOL_VERSION = 5
 #: the phases of a launch, in order (traceml_core/launcher/lifecycle.py), as a launcher's
 #: ``lifecycle`` record names them
 LAUNCH_PHASES = ("preflight", "telemetry_up", "training", "finishing", "done")
+#: the signals a launcher reports receiving in its ``lifecycle`` record (launcher/supervise.py)
+LAUNCHER_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 HEADER = struct.Struct(">I")
 MAX_FRAME = 8 * 1024 * 1024
 #: a hello is a few hundred bytes; no more is read (nor held) from an unauthenticated peer

@@ -176,8 +176,48 @@ def check_free(ctx: NodeContext) -> Outcome:
     return passed(f"{len(mine)} GPUs free of other processes", **data)
 
 
+def check_health(ctx: NodeContext) -> Outcome:
+    """NVML's health facts of the job's GPUs (the SDK's NVML layer, the real pynvml or the fake):
+    a hardware fault (an XID of the hardware's, uncorrectable ECC errors, a failed row remapping)
+    fails, a thermal or power slowdown warns. The outcome's ``faults`` and ``slowdowns`` go into
+    the node store (doctor/nodehealth.py): a fault excludes the node at once, a slowdown when it
+    repeats."""
+    asked = ctx.gpus_on_node()
+    devices, nvml_error = ctx.nvml_devices()
+    if not devices:
+        return skipped(NO_GPU if asked == 0 else f"no NVML ({nvml_error}); see gpu.count")
+    nv = ctx.nvml()
+    rows = []
+    for d in allocated(devices, visible_devices(ctx)):
+        try:
+            rows.append(nv.health(nv.handle_by_index(d.index)))
+        except Exception as exc:  # noqa: BLE001 - one device that cannot be read is not measured
+            rows.append(None)
+            ctx.progress.debug(f"GPU {d.index}: health not read ({type(exc).__name__}: {exc})")
+    read = [h for h in rows if h is not None]
+    faults = [f"GPU {h.index}: {'; '.join(h.faults)}" for h in read if h.faults]
+    slowdowns = [f"GPU {h.index} held back ({', '.join(h.slowdowns)})" for h in read if h.slowdowns]
+    unmeasured = sorted({f"{k} ({why})" for h in read for k, why in h.unmeasured})
+    data = {"devices": [h.to_json() for h in read], "faults": faults, "slowdowns": slowdowns,
+            "unmeasured": unmeasured}
+    tail = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
+    if faults:
+        return failed("hardware fault: " + "; ".join(faults + slowdowns) + tail,
+                      f"A GPU with a hardware fault slows or kills every job on it: exclude {ctx.node} "
+                      f"(#SBATCH --exclude={ctx.node}) and tell the admins (nvidia-smi -q on {ctx.node}).", **data)
+    if slowdowns:
+        return warned("clocks reduced by heat or power: " + "; ".join(slowdowns) + tail,
+                      f"The clocks are reduced: ask the admins to check {ctx.node}'s cooling and power "
+                      "(nvidia-smi -q -d PERFORMANCE); `traceml slurm nodes` excludes it when it repeats.", **data)
+    if not read:
+        return skipped("NVML could not read any device's health" + tail, **data)
+    return passed(f"{len(read)} GPUs: no hardware XID, no uncorrectable ECC error, no thermal or power slowdown"
+                  + tail, **data)
+
+
 CHECKS = (
     CheckSpec("gpu.count", "GPU counts agree", check_count),
     CheckSpec("gpu.cuda-init", "CUDA initialises", check_cuda_init),
     CheckSpec("gpu.free", "GPUs free of other processes", check_free),
+    CheckSpec("gpu.health", "GPU health (XID, ECC, thermal and power slowdowns)", check_health),
 )

@@ -7,7 +7,9 @@ sample of it): its link probe's best send and receive rate of each node
 (``cross.link-bandwidth``), judged by the probe's own rule against the other nodes of the job
 (core's ``link_observations_of``), and its micro-benchmarks (``cross.compute-speed``: the CPU
 matmul, each node's slowest GPU's matmul and host-to-device copy), judged by core's rule for rates
-measured on each node (``slower_than_peers``). A doctor that measured nothing to compare
+measured on each node (``slower_than_peers``); and NVML's health of each node's GPUs
+(``gpu.health``: a hardware fault is strong evidence, a thermal or power slowdown is bad when it
+repeats). A doctor that measured nothing to compare
 (``--local``, one node) adds nothing but still shows what the store says of the hosts.
 """
 
@@ -25,6 +27,7 @@ from .model import CheckResult, Report
 
 LINK_CHECK = "cross.link-bandwidth"
 SPEED_CHECK = "cross.compute-speed"
+HEALTH_CHECK = "gpu.health"
 
 
 def evidence(report: Report) -> Optional[RunEvidence]:
@@ -47,10 +50,32 @@ def evidence(report: Report) -> Optional[RunEvidence]:
         found = bench_observations(figures)
         obs += found
         hosts += [h for h, f in figures.items() if any(v is not None for v in f.values())] if found else []
+    health = _check(report, HEALTH_CHECK)
+    if health is not None:
+        for host, o in health.nodes.items():
+            found = gpu_health_observation(host, o.data)
+            if found is not None:
+                obs.append(found)
+                hosts.append(host)
     if not obs:
         return None
     return RunEvidence(job_id=report.job.job_id, run_name="doctor", at=time.time(), source="doctor",
                        hosts=tuple(dict.fromkeys(hosts)), observations=tuple(obs))
+
+
+def gpu_health_observation(host: str, data: dict) -> Optional[NodeObservation]:
+    """One node's ``gpu.health`` outcome as node evidence: a hardware fault is bad and *strong*
+    (no repetition needed), a thermal or power slowdown bad; a node whose GPUs NVML read clean is
+    a clean observation; None when no device was read."""
+    if not data.get("devices"):
+        return None
+    faults, slowdowns = list(data.get("faults") or []), list(data.get("slowdowns") or [])
+    if faults or slowdowns:
+        note = "; ".join(faults + slowdowns)
+    else:
+        note = f"{len(data['devices'])} GPU(s) healthy"
+    return NodeObservation(host, "gpu_health", float(len(faults) + len(slowdowns)), None, "GPUs",
+                           bool(faults or slowdowns), bool(faults), note=note[:300])
 
 
 def _check(report: Report, cid: str) -> Optional[CheckResult]:

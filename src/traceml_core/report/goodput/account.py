@@ -27,6 +27,7 @@ from typing import Any, Optional, Sequence
 from ...statistics.series import series_values
 from ...rundata import HangReport, RankData, RunData
 from .buckets import KEYS
+from .ending import ending_of
 from .ledger import AttemptLedger, NodeLedger, Progress, Split, apportion
 
 #: per-node rows kept in an attempt's ledger: a job of 65,536 nodes would otherwise carry 65,536
@@ -470,14 +471,16 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
                            "one made after it. Pass trace_step(model, step=global_step) for the exact count")
     public = s.public or {}
     restarts = [lc.restarts for lc in _lifecycles(data) if lc.restarts is not None]
+    ended = ended_as(ctx.status, ctx.reason)
     return AttemptLedger(
         attempt=attempt, job_id=s.job_id, restart_count=restarts[0] if restarts else public.get("restart_count"),
         run_id=public.get("run_id"), start=round(w.start, 3), start_source=w.start_source,
         end=round(w.end, 3), end_source=w.end_source, slots=slots,
         unit="GPU-seconds" if ctx.device == "cuda" else "rank-seconds",
-        ended=ended_as(ctx.status, ctx.reason), reason=ctx.reason, split=total, nodes=node_list,
+        ended=ended, reason=ctx.reason, split=total, nodes=node_list,
         nodes_total=len(acc),
-        not_measured=not_measured, notes=notes, progress=progress, rebuilt=ctx.rebuilt)
+        not_measured=not_measured, notes=notes, progress=progress, rebuilt=ctx.rebuilt,
+        ending=ending_of(_lifecycles(data), progress, ended, w.end))
 
 
 def _host(s: Any, node: int) -> str:

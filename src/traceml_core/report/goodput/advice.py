@@ -4,9 +4,8 @@
 when a later attempt of the same job follows it; the time queued between attempts is beside the
 ledger, not in it), adds them up, and names the largest *avoidable* bucket with its figure and a
 next step (:func:`advise`: nothing below :data:`ADVICE_MIN_FRACTION` of the allocation, so a
-clean run gets no advice it does not need). :func:`throughput` gives tokens/s per node and MFU when
-the script declares what a step is worth (``traceml.declare_work``) and, for MFU, the device's peak
-is in :data:`PEAK_FLOPS`.
+clean run gets no advice it does not need). :func:`throughput` (throughput.py) gives tokens/s and
+samples/s per node and MFU when the script declares what a step is worth.
 """
 
 from __future__ import annotations
@@ -15,36 +14,11 @@ from typing import Optional, Sequence
 
 from ...rundata import RunData
 from .buckets import BY_KEY
-from .ledger import Advice, AttemptLedger, Ledger, NodeThroughput, Split, Throughput
+from .ledger import Advice, AttemptLedger, Ledger, Split, Throughput
+from .throughput import PEAK_FLOPS, peak_flops, throughput  # noqa: F401 - the table's old home
 
 #: the smallest share of the allocation the advice speaks about
 ADVICE_MIN_FRACTION = 0.05
-
-#: dense tensor-core peak FLOP/s by device name (NVML's, which torch.cuda.get_device_name also
-#: gives) and dtype, from NVIDIA's data sheets (SXM parts unless named; sparsity not counted).
-#: The first entry whose key the device name contains wins, so longer names come first.
-PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp8": 1513e12, "tf32": 378e12, "fp32": 51e12}),
-    ("H100 NVL", {"bf16": 835e12, "fp16": 835e12, "fp8": 1671e12, "tf32": 418e12, "fp32": 60e12}),
-    ("H200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
-    ("H100", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
-    ("GH200", {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494e12, "fp32": 67e12}),
-    ("B200", {"bf16": 2250e12, "fp16": 2250e12, "fp8": 4500e12, "tf32": 1100e12, "fp32": 80e12}),
-    ("A100", {"bf16": 312e12, "fp16": 312e12, "tf32": 156e12, "fp32": 19.5e12}),
-    ("L40S", {"bf16": 362e12, "fp16": 362e12, "fp8": 733e12, "tf32": 183e12, "fp32": 91.6e12}),
-    ("L4", {"bf16": 121e12, "fp16": 121e12, "fp8": 242e12, "tf32": 60e12, "fp32": 30.3e12}),
-    ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
-)
-
-
-def peak_flops(device: Optional[str], dtype: Optional[str]) -> Optional[float]:
-    if not device or not dtype:
-        return None
-    for key, table in PEAK_FLOPS:
-        if key.lower() in device.lower():
-            return table.get(dtype.lower())
-    return None
-
 
 def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Optional[RunData] = None,
              device: str = "unknown") -> Ledger:
@@ -172,58 +146,3 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
                 "end the job right after training: skip final evaluation and uploads inside the allocation, "
                 "or run them in a separate, smaller job")
     return (f"{BY_KEY[key].label} took {share}", "")
-
-
-def throughput(data: RunData, current: AttemptLedger, device: str) -> Throughput:
-    """Tokens/s per node (over the attempt's allocation, and while stepping) and MFU, from the
-    work per step the ranks declared; ``not_measured`` says why a figure is missing."""
-    out = Throughput()
-    works = {r.rank: r.facts.work for r in data.ranks if r.facts.work is not None}
-    if not works:
-        why = ("no rank declared what a step is worth (tokens or FLOPs per step), so TraceML cannot count "
-               "tokens or model FLOPs")
-        out.not_measured = {"tokens_per_s": why, "mfu": why}
-        return out
-    wall = current.wall_s or 0.0
-    redone = current.progress.redone_steps or 0
-    per_node: dict[int, float] = {}
-    flops = step_s = 0.0
-    peaks: set[Optional[float]] = set()
-    names: set[str] = set()
-    for r in data.ranks:
-        w = works.get(r.rank)
-        if w is None:
-            continue
-        steps = max(0, max(r.last_step + 1, r.phase("step_ns").count) - redone)
-        if w.tokens_per_step is not None:
-            per_node[r.node or 0] = per_node.get(r.node or 0, 0.0) + w.tokens_per_step * steps
-        if w.flops_per_step is not None:
-            flops += w.flops_per_step * r.phase("step_ns").count
-            step_s += r.phase("step_ns").sum / 1e9
-            peaks.add(peak_flops(w.device, w.dtype))
-            if w.device:
-                names.add(f"{w.device} {w.dtype or '?'}")
-    total_tokens = sum(per_node.values())
-    if any(w.tokens_per_step is not None for w in works.values()) and wall > 0:
-        out.tokens_per_s = round(total_tokens / wall, 2)
-        for node, tokens in sorted(per_node.items()):
-            stepping = [r.phase("step_ns").sum / 1e9 for r in data.ranks if (r.node or 0) == node and r.phase("step_ns").count]
-            mean_step_s = sum(stepping) / len(stepping) if stepping else 0.0
-            out.nodes.append(NodeThroughput(node, round(tokens / wall, 2),
-                                            round(tokens / mean_step_s, 2) if mean_step_s > 0 else None))
-    else:
-        out.not_measured["tokens_per_s"] = "no rank declared tokens_per_step"
-    if device != "cuda":
-        out.not_measured["mfu"] = ("not measured on CPU: MFU is against a GPU's peak FLOP/s" if device == "cpu"
-                                   else "the ranks' device is not known to be a GPU")
-    elif flops <= 0:
-        out.not_measured["mfu"] = "no rank declared flops_per_step"
-    elif len(peaks) != 1 or None in peaks:
-        out.not_measured["mfu"] = (f"the peak FLOP/s of {', '.join(sorted(names)) or 'this device'} is not in "
-                                   "TraceML's table (traceml_core/goodput/advice.PEAK_FLOPS): declare the dtype "
-                                   "(declare_work(dtype='bf16')) or tell us the device")
-    elif step_s > 0:
-        peak = peaks.pop()
-        out.peak_flops, out.peak_source = peak, ", ".join(sorted(names))
-        out.mfu = round(flops / step_s / peak, 4)
-    return out

@@ -154,6 +154,43 @@ class Progress:
 
 
 @dataclass(slots=True)
+class Ending:
+    """How an attempt met its time limit: the early warning of ``#SBATCH --signal`` (when it came,
+    how long before the limit, whether a checkpoint was saved after it) and the SIGTERM at the
+    limit, with the training since the last checkpoint that a resumed run redoes. ``words`` is the
+    one line the text shows."""
+
+    #: the early warning's signal (SIGUSR1 or SIGUSR2) and when the first launcher got it (epoch s)
+    warning: Optional[str] = None
+    warning_at: Optional[float] = None
+    #: when the cluster meant to end the job, as it said when the warning came (epoch s)
+    scheduled_end: Optional[float] = None
+    #: the scheduled end less the warning's arrival (s)
+    warning_lead_s: Optional[float] = None
+    #: whether a checkpoint save ended after the warning (None: no warning)
+    saved_after_warning: Optional[bool] = None
+    #: the SIGTERM a launcher got (the time limit, scancel, a requeue), epoch s
+    sigterm_at: Optional[float] = None
+    #: the attempt ended before the scheduled end by this much (s; None: not known, or it did not)
+    ended_before_limit_s: Optional[float] = None
+    words: str = ""
+
+    @classmethod
+    def from_json(cls, d: Any) -> Optional["Ending"]:
+        if not isinstance(d, dict):
+            return None
+        return cls(d.get("warning"), d.get("warning_at"), d.get("scheduled_end"), d.get("warning_lead_s"),
+                   d.get("saved_after_warning"), d.get("sigterm_at"), d.get("ended_before_limit_s"),
+                   str(d.get("words") or ""))
+
+    def to_json(self) -> J:
+        return {"warning": self.warning, "warning_at": self.warning_at, "scheduled_end": self.scheduled_end,
+                "warning_lead_s": self.warning_lead_s, "saved_after_warning": self.saved_after_warning,
+                "sigterm_at": self.sigterm_at, "ended_before_limit_s": self.ended_before_limit_s,
+                "words": self.words}
+
+
+@dataclass(slots=True)
 class AttemptLedger:
     """One attempt: one allocation period of the run (a job, or one requeue of it)."""
 
@@ -186,6 +223,8 @@ class AttemptLedger:
     rebuilt: bool = False
     #: the attempt's nodes, listed in ``nodes`` or not (account.MAX_NODE_ROWS); 0: as many as listed
     nodes_total: int = 0
+    #: the early warning and the time limit, where either came (None: neither)
+    ending: Optional[Ending] = None
 
     @property
     def wall_s(self) -> float:
@@ -200,7 +239,8 @@ class AttemptLedger:
                    str(d.get("ended") or "unknown"), str(d.get("reason") or ""), Split.from_json(d),
                    [NodeLedger.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
                    dict(_d(d.get("notes"))), Progress.from_json(d.get("progress")), d.get("queued_before_s"),
-                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0))
+                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0),
+                   Ending.from_json(d.get("ending")))
 
     def to_json(self) -> J:
         return {"attempt": self.attempt, "job_id": self.job_id, "restart_count": self.restart_count,
@@ -211,7 +251,8 @@ class AttemptLedger:
                 "nodes_total": self.nodes_total or len(self.nodes),
                 "not_measured": self.not_measured, "notes": self.notes,
                 "progress": self.progress.to_json(), "queued_before_s": self.queued_before_s,
-                "summary": self.summary, "rebuilt": self.rebuilt}
+                "summary": self.summary, "rebuilt": self.rebuilt,
+                "ending": self.ending.to_json() if self.ending else None}
 
 
 @dataclass(slots=True)
@@ -243,21 +284,25 @@ class NodeThroughput:
     #: tokens per second of step time (while training), beside per second of allocation
     tokens_per_step_s: Optional[float] = None
     mfu: Optional[float] = None
+    samples_per_s: Optional[float] = None
+    samples_per_step_s: Optional[float] = None
 
     @classmethod
     def from_json(cls, d: Any) -> "NodeThroughput":
         d = _d(d)
-        return cls(d.get("node", 0), d.get("tokens_per_s"), d.get("tokens_per_step_s"), d.get("mfu"))
+        return cls(d.get("node", 0), d.get("tokens_per_s"), d.get("tokens_per_step_s"), d.get("mfu"),
+                   d.get("samples_per_s"), d.get("samples_per_step_s"))
 
     def to_json(self) -> J:
         return {"node": self.node, "tokens_per_s": self.tokens_per_s,
-                "tokens_per_step_s": self.tokens_per_step_s, "mfu": self.mfu}
+                "tokens_per_step_s": self.tokens_per_step_s, "samples_per_s": self.samples_per_s,
+                "samples_per_step_s": self.samples_per_step_s, "mfu": self.mfu}
 
 
 @dataclass(slots=True)
 class Throughput:
-    """Tokens per second per node and MFU, where the script declares its work per step
-    (``traceml.declare_work``) and, for MFU, the device's peak is known; else why not."""
+    """Tokens and samples per second per node and MFU, where the script declares its work per
+    step (``traceml.declare_work``) and, for MFU, the device's peak is known; else why not."""
 
     tokens_per_s: Optional[float] = None
     mfu: Optional[float] = None
@@ -266,15 +311,18 @@ class Throughput:
     peak_source: Optional[str] = None
     nodes: list[NodeThroughput] = field(default_factory=list)
     not_measured: dict[str, str] = field(default_factory=dict)
+    samples_per_s: Optional[float] = None
 
     @classmethod
     def from_json(cls, d: Any) -> "Throughput":
         d = _d(d)
         return cls(d.get("tokens_per_s"), d.get("mfu"), d.get("peak_flops"), d.get("peak_source"),
-                   [NodeThroughput.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))))
+                   [NodeThroughput.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
+                   d.get("samples_per_s"))
 
     def to_json(self) -> J:
-        return {"tokens_per_s": self.tokens_per_s, "mfu": self.mfu, "peak_flops": self.peak_flops,
+        return {"tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s, "mfu": self.mfu,
+                "peak_flops": self.peak_flops,
                 "peak_source": self.peak_source, "nodes": [n.to_json() for n in self.nodes],
                 "not_measured": self.not_measured}
 

@@ -62,18 +62,39 @@ def _advice_lines(ledger: Ledger) -> list[str]:
     if adv is not None:
         out.append(f"  advice: {BY_KEY[adv.bucket].label.upper()}: {adv.why}")
         out.append(f"          next: {adv.next_step}")
+    for a in ledger.attempts:
+        if a.ending is not None and a.ending.words:
+            who = f"attempt {a.attempt}'s end" if len(ledger.attempts) > 1 else "the end"
+            out.append(f"  {who}: {a.ending.words}")
     last = ledger.current
     if last is not None and last.ended in ("time_limit", "requeued", "preempted", "interrupted") \
-            and last.progress.unsaved_s:
+            and last.progress.unsaved_s and last.ending is None:
         out.append(f"  not saved: the last {last.progress.unsaved_s:,.1f} s of training in attempt {last.attempt} "
                    "came after its last checkpoint; a run resumed from that checkpoint redoes them")
+    return out + _throughput_lines(ledger)
+
+
+def _throughput_lines(ledger: Ledger) -> list[str]:
+    """Tokens/s, samples/s (over the allocation, per node, and while stepping) and MFU; or why not."""
     tp = ledger.throughput
-    if tp.tokens_per_s is not None:
-        nodes = ", ".join(f"node {n.node} {n.tokens_per_s:,.0f}" for n in tp.nodes[:16])
-        out.append(f"  throughput: {tp.tokens_per_s:,.0f} tokens/s over the allocation ({nodes})"
-                   + (f"; MFU {tp.mfu:.1%} of {tp.peak_source}" if tp.mfu is not None else
-                      f"; MFU not measured ({tp.not_measured.get('mfu')})" if tp.not_measured.get("mfu") else ""))
-    return out
+    figures = []
+    for key, word in (("tokens_per_s", "tokens"), ("samples_per_s", "samples")):
+        v = getattr(tp, key)
+        if v is None:
+            continue
+        per_node = [(n.node, getattr(n, key), getattr(n, key.replace("_per_s", "_per_step_s"))) for n in tp.nodes]
+        nodes = ", ".join(f"node {n} {a:,.1f}" + (f" ({b:,.1f} while stepping)" if b is not None else "")
+                          for n, a, b in per_node[:16] if a is not None)
+        figures.append(f"{v:,.1f} {word}/s over the allocation" + (f" ({nodes})" if nodes else ""))
+    if tp.mfu is not None:
+        figures.append(f"MFU {tp.mfu:.1%} of {tp.peak_flops / 1e12:,.0f} TFLOP/s ({tp.peak_source})")
+    out = [f"  throughput: {'; '.join(figures)}"] if figures else []
+    if not tp.not_measured:
+        return out
+    whys: dict[str, list[str]] = {}
+    for key, why in tp.not_measured.items():
+        whys.setdefault(why, []).append({"tokens_per_s": "tokens/s", "samples_per_s": "samples/s"}.get(key, key.upper()))
+    return out + [f"  throughput: {', '.join(keys)} not measured: {why}" for why, keys in whys.items()]
 
 
 def _not_measured_lines(ledger: Ledger) -> list[str]:

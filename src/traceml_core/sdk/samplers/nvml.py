@@ -7,6 +7,12 @@ distribution, imported only when NVML is first used); :class:`FakeNvml` serves s
 tests and to anyone checking the GPU path on a machine without a GPU; product code never picks it
 on its own.
 
+Health (the doctor's ``gpu.health`` and the node store): :meth:`_Devices.health` reads, through the
+same backend interface, the reasons the clocks are held back (thermal and power slowdowns), the
+ECC error counts, a failed row remapping, and the XID errors the driver logged for the device;
+:class:`GpuHealth` says which of them are hardware faults and which slowdowns, one rule for the
+real NVML and the fake.
+
 Errors: starting NVML raises :class:`NvmlUnavailable` with a one-line reason (no pynvml, no
 driver, init failure); one field of one device that cannot be read raises :class:`NvmlFieldError`
 (power on some boards, temperature inside some VMs), and the caller reports that field as not
@@ -15,6 +21,8 @@ measured.
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Protocol, Sequence
 
@@ -46,6 +54,67 @@ class GpuDevice:
     processes: tuple[GpuProcess, ...] = ()
 
 
+#: NVML's clock event reasons (``nvmlClocksEventReason*``, formerly ``...ThrottleReason*``): bit -> name
+CLOCK_REASONS: dict[int, str] = {
+    0x1: "gpu_idle", 0x2: "applications_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clocks",
+}
+#: the reasons that mean the GPU is held back by heat or power (a cooling or power-supply problem
+#: of the node): idle, application clocks and the software power cap under full load are normal
+SLOWDOWNS = frozenset({"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"})
+#: XIDs that are the hardware's (NVIDIA's XID catalog): double-bit ECC (48), micro-controller
+#: halts (61, 62), row remapping failure (64), NVLink (74), fallen off the bus (79), high
+#: single-bit ECC rate (92), uncontained ECC (95), GSP errors (119, 120), unrecovered ECC (140).
+#: The others (13, 31, 43, 45, ...: an application's fault, a process killed) are shown, not blamed.
+HARDWARE_XIDS = frozenset({48, 61, 62, 64, 74, 79, 92, 95, 119, 120, 140})
+
+
+@dataclass(frozen=True)
+class GpuHealth:
+    """One device's health facts (None: not measured: the board or the driver does not say)."""
+
+    index: int
+    uuid: str
+    clock_reasons: Optional[tuple[str, ...]] = None
+    ecc_corrected: Optional[int] = None
+    ecc_uncorrected: Optional[int] = None
+    #: a row remapping failed (A100 and later: the memory cannot repair itself any more)
+    remap_failed: Optional[bool] = None
+    #: XID errors the driver logged for this device since boot (the kernel log)
+    xids: Optional[tuple[int, ...]] = None
+    #: why a field is not measured ("xids": "the kernel log is not readable: ...")
+    unmeasured: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def faults(self) -> list[str]:
+        """Hardware faults: each enough on its own to distrust the device."""
+        out = []
+        hw = sorted({x for x in self.xids or () if x in HARDWARE_XIDS})
+        if hw:
+            out.append("XID " + ", ".join(str(x) for x in hw))
+        if self.ecc_uncorrected:
+            out.append(f"{self.ecc_uncorrected} uncorrectable ECC error(s)")
+        if self.remap_failed:
+            out.append("a failed memory row remapping")
+        return out
+
+    @property
+    def slowdowns(self) -> list[str]:
+        return [r for r in self.clock_reasons or () if r in SLOWDOWNS]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"index": self.index, "uuid": self.uuid, "clock_reasons": list(self.clock_reasons or ())
+                if self.clock_reasons is not None else None, "ecc_corrected": self.ecc_corrected,
+                "ecc_uncorrected": self.ecc_uncorrected, "remap_failed": self.remap_failed,
+                "xids": list(self.xids) if self.xids is not None else None, "faults": self.faults,
+                "slowdowns": self.slowdowns, "unmeasured": dict(self.unmeasured)}
+
+
+def clock_reasons(mask: int) -> tuple[str, ...]:
+    return tuple(name for bit, name in CLOCK_REASONS.items() if mask & bit)
+
+
 class NvmlBackend(Protocol):
     def init(self) -> None:
         """Start NVML; raises :class:`NvmlUnavailable` with a one-line reason."""
@@ -65,11 +134,41 @@ class NvmlBackend(Protocol):
     def temperature_c(self, handle: Any) -> int: ...
     def power_w(self, handle: Any) -> float: ...
     def processes(self, handle: Any) -> tuple[GpuProcess, ...]: ...
+    def clock_reason_mask(self, handle: Any) -> int:
+        """The bit mask of why the clocks are below their maximum now (:data:`CLOCK_REASONS`)."""
+
+    def ecc_errors(self, handle: Any) -> tuple[int, int]:
+        """(corrected, uncorrected) ECC errors since the driver loaded (volatile)."""
+
+    def remap_failed(self, handle: Any) -> bool: ...
+    def xids(self, handle: Any) -> tuple[int, ...]:
+        """XID errors logged for this device since boot."""
+
     def devices(self) -> list[GpuDevice]: ...
+    def health(self, handle: Any) -> GpuHealth: ...
 
 
 class _Devices:
-    """``devices()`` for any backend, from its per-field reads (one implementation for both)."""
+    """``devices()`` and ``health()`` for any backend, from its per-field reads (one
+    implementation for both)."""
+
+    def health(self: Any, handle: Any) -> GpuHealth:
+        missing: list[tuple[str, str]] = []
+
+        def read(name: str, fn: Any) -> Any:
+            try:
+                return fn(handle)
+            except NvmlFieldError as exc:
+                missing.append((name, str(exc)))
+                return None
+
+        mask = read("clock_reasons", self.clock_reason_mask)
+        ecc = read("ecc", self.ecc_errors)
+        remap = read("remap_failed", self.remap_failed)
+        xids = read("xids", self.xids)
+        return GpuHealth(self.index(handle), self.uuid(handle), clock_reasons(mask) if mask is not None else None,
+                         ecc[0] if ecc else None, ecc[1] if ecc else None, remap,
+                         tuple(xids) if xids is not None else None, tuple(missing))
 
     def devices(self: Any) -> list[GpuDevice]:
         out = []
@@ -161,6 +260,29 @@ class PynvmlBackend(_Devices):
         return tuple(GpuProcess(int(p.pid), _mem(p.usedGpuMemory))
                      for p in self._call("nvmlDeviceGetComputeRunningProcesses", handle))
 
+    def clock_reason_mask(self, handle: Any) -> int:
+        fn = ("nvmlDeviceGetCurrentClocksEventReasons" if hasattr(self._nv, "nvmlDeviceGetCurrentClocksEventReasons")
+              else "nvmlDeviceGetCurrentClocksThrottleReasons")
+        return int(self._call(fn, handle))
+
+    def ecc_errors(self, handle: Any) -> tuple[int, int]:
+        nv = self._nv
+        corrected = self._call("nvmlDeviceGetTotalEccErrors", handle, nv.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                               nv.NVML_VOLATILE_ECC)
+        uncorrected = self._call("nvmlDeviceGetTotalEccErrors", handle, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                 nv.NVML_VOLATILE_ECC)
+        return int(corrected), int(uncorrected)
+
+    def remap_failed(self, handle: Any) -> bool:
+        _corr, _unc, _pending, failure = self._call("nvmlDeviceGetRemappedRows", handle)
+        return bool(failure)
+
+    def xids(self, handle: Any) -> tuple[int, ...]:
+        bus = _pci_key(_text(self._call("nvmlDeviceGetPciInfo", handle).busId))
+        if bus is None:
+            raise NvmlFieldError("the device's PCI bus id is not known")
+        return tuple(kernel_xids().get(bus, ()))
+
 
 def _reason(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
@@ -176,6 +298,56 @@ def _mem(value: Any) -> Optional[int]:
     if value is None or value >= (1 << 63):
         return None
     return int(value)
+
+
+#: ``NVRM: Xid (PCI:0000:3b:00): 79, pid=..., GPU has fallen off the bus.``
+_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)(?:\.[0-9a-fA-F]+)?\): (\d+)")
+#: how much of the kernel log is read at most (its ring buffer is usually 256 KiB to a few MiB)
+KMSG_MAX_BYTES = 8 << 20
+_kernel_xids: Optional[dict[tuple[int, int, int], list[int]]] = None
+
+
+def _pci_key(bus_id: str) -> Optional[tuple[int, int, int]]:
+    """(domain, bus, device) of ``00000000:3B:00.0`` (NVML) or ``0000:3b:00`` (the kernel log)."""
+    m = re.match(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)", bus_id.strip())
+    return (int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)) if m else None
+
+
+def kernel_xids(path: str = "/dev/kmsg") -> dict[tuple[int, int, int], list[int]]:
+    """XID errors in the kernel log by PCI device, read once per process. NVML keeps no history
+    of XIDs; the driver logs each one. Raises :class:`NvmlFieldError` when the log is not readable
+    (``kernel.dmesg_restrict`` for a user that is not root)."""
+    global _kernel_xids
+    if _kernel_xids is not None and path == "/dev/kmsg":
+        return _kernel_xids
+    out: dict[tuple[int, int, int], list[int]] = {}
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise NvmlFieldError(f"the kernel log ({path}) is not readable: {exc.strerror or exc}") from None
+    try:
+        if path == "/dev/kmsg":
+            os.lseek(fd, 0, os.SEEK_SET)  # from the oldest record kept
+        seen = 0
+        while seen < KMSG_MAX_BYTES:
+            try:
+                chunk = os.read(fd, 8192)  # /dev/kmsg: one record per read
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == 32:  # EPIPE: records overwritten while reading; go on
+                    continue
+                raise NvmlFieldError(f"the kernel log ({path}) cannot be read: {exc.strerror or exc}") from None
+            if not chunk:
+                break
+            seen += len(chunk)
+            for m in _XID.finditer(chunk.decode("utf-8", "replace")):
+                out.setdefault((int(m.group(1), 16), int(m.group(2), 16), int(m.group(3), 16)), []).append(int(m.group(4)))
+    finally:
+        os.close(fd)
+    if path == "/dev/kmsg":
+        _kernel_xids = out
+    return out
 
 
 def load_nvml() -> PynvmlBackend:
@@ -197,6 +369,13 @@ class FakeGpu:
     temp_c: int = 40
     power_w: float = 100.0
     processes: tuple[GpuProcess, ...] = ()
+    #: health facts, raw as NVML gives them: the clock event reason bits, volatile ECC counts,
+    #: a failed row remapping, and the XIDs logged for the device
+    clock_reasons: int = 0
+    ecc_corrected: int = 0
+    ecc_uncorrected: int = 0
+    remap_failed: bool = False
+    xids: tuple[int, ...] = ()
     unsupported: set[str] = field(default_factory=set)
 
 
@@ -270,6 +449,18 @@ class FakeNvml(_Devices):
 
     def processes(self, handle: Any) -> tuple[GpuProcess, ...]:
         return tuple(self._get(handle, "processes"))
+
+    def clock_reason_mask(self, handle: Any) -> int:
+        return int(self._get(handle, "clock_reasons"))
+
+    def ecc_errors(self, handle: Any) -> tuple[int, int]:
+        return int(self._get(handle, "ecc_corrected")), int(self._get(handle, "ecc_uncorrected"))
+
+    def remap_failed(self, handle: Any) -> bool:
+        return bool(self._get(handle, "remap_failed"))
+
+    def xids(self, handle: Any) -> tuple[int, ...]:
+        return tuple(self._get(handle, "xids"))
 
 
 def fake_gpus(n: int, *, used: int = 0, processes: Sequence[Sequence[GpuProcess]] = ()) -> list[FakeGpu]:
