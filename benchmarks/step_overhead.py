@@ -14,11 +14,13 @@ torch, not torch with pass-through wrappers.
     python benchmarks/step_overhead.py            # ~1 minute
     python benchmarks/step_overhead.py --quick    # ~15 seconds
     python benchmarks/step_overhead.py --variants traced,closures,comm-off   # side by side
+    python benchmarks/step_overhead.py --breakdown --variants traced,bare    # per hooked call
 
 ``--variants`` sets other traced loops beside the shipped one in the same run (same rotating
 block order): ``closures`` (the same hook bodies compiled over ``*args, **kwargs`` instead of the
-wrapped function's own parameters: what codegen.py saves) and ``comm-off`` (no communication
-timing).
+wrapped function's own parameters: what codegen.py saves), ``comm-off`` (no communication
+timing) and ``bare`` (the floor: the same wrappers with nothing in them but their clock reads;
+traced minus bare is what the tracer's own bookkeeping costs).
 
 Target: at most 5 us per step.
 """
@@ -55,7 +57,58 @@ VARIANTS = {
               "communication timing on",
     "closures": "the same hook bodies compiled over *args/**kwargs (what codegen.py saves)",
     "comm-off": "as traced, without communication timing (no torch.distributed patches)",
+    "bare": "the floor: the same calls wrapped (the same generated wrappers) with nothing but "
+            "two clock reads each, trace_step one read at entry and one at exit; nothing recorded",
 }
+
+#: a bare wrapper (codegen.py fills in the wrapped function's parameters): its two clock reads
+_BARE = """
+    def _tm_wrapper({params}):
+        _tm_t0 = _tm_pc()
+        _tm_out = _tm_orig({call})
+        _tm_t.ns += _tm_pc() - _tm_t0
+        return _tm_out"""
+
+
+class Bare:
+    """The ``bare`` loop: DataLoader fetch, the model's forward, ``torch.autograd.backward`` and
+    the optimizer's step wrapped with two clock reads each, and a step context that reads the
+    clock at entry and exit. What any Python-level tracer of these phases pays at least."""
+
+    __slots__ = ("ns", "t0", "undo")
+
+    def __init__(self) -> None:
+        self.ns = self.t0 = 0
+        self.undo: list[tuple[object, str, object]] = []
+
+    def __enter__(self) -> "Bare":
+        self.t0 = time.perf_counter_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> bool:
+        self.ns += time.perf_counter_ns() - self.t0
+        return False
+
+    def install(self, model: "torch.nn.Module", opt: "torch.optim.Optimizer") -> None:
+        from torch.utils.data import dataloader as dl
+
+        from traceml_core.sdk import codegen
+
+        names = {"_tm_pc": time.perf_counter_ns}
+        for owner, attr, method in ((dl._BaseDataLoaderIter, "__next__", True),
+                                    (torch.autograd, "backward", False),
+                                    (type(model), "forward", True), (type(opt), "step", True)):
+            orig = getattr(owner, attr)
+            self.undo.append((owner, attr, orig))
+            setattr(owner, attr, codegen.build(orig, _BARE, names, self, method=method))
+
+    def uninstall(self) -> None:
+        while self.undo:
+            owner, attr, orig = self.undo.pop()
+            setattr(owner, attr, orig)
+
+
+BARE = Bare()
 
 
 def _install(variant: str, model: "torch.nn.Module | None" = None) -> None:
@@ -125,6 +178,7 @@ def main() -> int:
 
         def untraced() -> tuple[float, float, float]:
             TRACER.patches.uninstall()
+            BARE.uninstall()
             it = iter(loader)
             i = 0
             t0, c0 = wall(), cpu()
@@ -139,13 +193,20 @@ def main() -> int:
             return (t1 - t0) / n, (c1 - c0) / n, per_step(t1)
 
         def traced(variant: str) -> tuple[float, float, float]:
-            _install(variant, model)
+            BARE.uninstall()
+            if variant == "bare":
+                TRACER.patches.uninstall()
+                BARE.install(model, opt)
+                step = lambda m: BARE  # noqa: E731
+            else:
+                _install(variant, model)
+                step = traceml.trace_step
             it = iter(loader)
             i = 0
             t0, c0 = wall(), cpu()
             for x, y in it:
                 ticks[i] = wall()
-                with traceml.trace_step(model):
+                with step(model):
                     loss = F.mse_loss(model(x), y)
                     opt.zero_grad()
                     loss.backward()
@@ -171,6 +232,7 @@ def main() -> int:
                 res[name]["w"].append(w / 1000)
                 res[name]["c"].append(c / 1000)
                 res[name]["m"].append(m / 1000)
+        BARE.uninstall()
         _install("traced", model)
         steps_traced = rec.count
         traceml.shutdown()
@@ -310,8 +372,13 @@ def breakdown(args: argparse.Namespace) -> int:
         order = loops[k:] + loops[:k]
         for loop in (order if (rep // len(loops)) % 2 == 0 else order[::-1]):
             TRACER.patches.uninstall()
+            BARE.uninstall()
             TRACER.stop()                            # trace_step hands out the no-op context
-            if loop != "untraced":
+            step = traceml.trace_step
+            if loop == "bare":
+                BARE.install(model, opt)
+                step = lambda m: BARE  # noqa: E731
+            elif loop != "untraced":
                 TRACER.on, TRACER.trace_ctx = True, TRACER.step
                 _install(loop, model)
             it = iter(loader)
@@ -322,7 +389,7 @@ def breakdown(args: argparse.Namespace) -> int:
                 except StopIteration:
                     break
                 b = pc()
-                with traceml.trace_step(model):
+                with step(model):
                     c = pc()
                     out = model(x)
                     d = pc()
@@ -337,6 +404,7 @@ def breakdown(args: argparse.Namespace) -> int:
                 for name, v in zip(names, (b - a, c - b, d - c, f - e, g - f, h - g, h - a)):
                     samples.setdefault((name, loop), []).append(v)
             rec.sealed.clear()
+    BARE.uninstall()
     TRACER.stop()
     print(f"machine: {machine()}, torch {torch.__version__}; {reps} x {n} steps per loop")
     print(f"{'call':18}{'untraced ns':>13}" + "".join(f"{v + ' +ns':>16}" for v in variants))

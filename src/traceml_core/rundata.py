@@ -126,10 +126,13 @@ class MemData:
 
 @dataclass(slots=True)
 class OutsideData:
-    """Time between one traced step's end and the next one's start (ns): sum over ``count`` gaps."""
+    """Time between one traced step's end and the next one's start (ns): sum over ``count`` gaps,
+    and their quantile sketch (serialised; empty from a checkpoint older than it), which tells
+    pauses every k steps from time spread over every step."""
 
     sum: int = 0
     count: int = 0
+    sketch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def mean_ns(self) -> Optional[float]:
@@ -137,10 +140,10 @@ class OutsideData:
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "OutsideData":
-        return cls(d.get("sum", 0), d.get("count", 0))
+        return cls(d.get("sum", 0), d.get("count", 0), dict(d.get("sketch") or {}))
 
     def to_checkpoint(self) -> dict[str, Any]:
-        return {"sum": self.sum, "count": self.count}
+        return {"sum": self.sum, "count": self.count, "sketch": self.sketch}
 
 
 @dataclass(slots=True)

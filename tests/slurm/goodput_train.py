@@ -43,10 +43,12 @@ import traceml_core as traceml  # noqa: E402
 
 
 class Slow(torch.nn.Module):
-    def __init__(self, ms: float) -> None:
+    def __init__(self, ms: float, ballast: int = 0) -> None:
         super().__init__()
         self.lin = torch.nn.Linear(8, 8)
         self.ms = ms
+        # a weight the step does not use, only so that a save takes measurable time
+        self.ballast = torch.nn.Parameter(torch.zeros(ballast), requires_grad=False) if ballast else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         time.sleep(self.ms / 1e3)
@@ -82,7 +84,8 @@ def main() -> int:
     ap.add_argument("--ckpt-until", type=int, default=0, help="periodic saves up to this global step (0: all)")
     ap.add_argument("--ckpt-ms", type=float, default=300.0)
     ap.add_argument("--ckpt-dir", required=True)
-    ap.add_argument("--save", choices=("torch", "dcp"), default="torch")
+    ap.add_argument("--save", choices=("torch", "dcp", "safetensors"), default="torch",
+                    help="safetensors: save_model and save_file by turns, of a model with a large extra weight")
     ap.add_argument("--give-step", action="store_true", help="trace_step(model, step=global_step)")
     ap.add_argument("--fail-rank", type=int, default=-1)
     ap.add_argument("--fail-step", type=int, default=-1)
@@ -119,7 +122,8 @@ def main() -> int:
         traceml.declare_work(tokens_per_step=args.tokens_per_step, samples_per_step=args.samples_per_step,
                              flops_per_step=args.flops_per_step, dtype=args.dtype)
     torch.manual_seed(0)
-    model = torch.nn.parallel.DistributedDataParallel(Slow(args.step_ms))
+    model = torch.nn.parallel.DistributedDataParallel(
+        Slow(args.step_ms, 16 * 2**20 if args.save == "safetensors" else 0))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     os.makedirs(args.ckpt_dir, exist_ok=True)
     marker = os.path.join(args.ckpt_dir, "step.txt")
@@ -130,7 +134,18 @@ def main() -> int:
     def save(step: int) -> None:
         t0 = time.time()
         state = {"model": model.module.state_dict(), "step": step}
-        if args.save == "dcp":
+        if args.save == "safetensors":   # imported here, after init(): as a script that saves late
+            from safetensors.torch import save_file, save_model
+
+            path = os.path.join(args.ckpt_dir, f"rank{rank}-{step}.safetensors")
+            if (step // args.ckpt_every) % 2:
+                save_model(model.module, path)
+            else:
+                save_file(model.module.state_dict(), path)
+            for old in glob.glob(os.path.join(args.ckpt_dir, f"rank{rank}-*.safetensors")):
+                if old != path:
+                    os.remove(old)   # 64 MB each: keep the last
+        elif args.save == "dcp":
             import torch.distributed.checkpoint as dcp
 
             time.sleep(args.ckpt_ms / 1e3 / 2)

@@ -84,5 +84,5 @@ def test_comm_benchmark_runs_side_by_side():
 
 
 def test_step_overhead_variants_run():
-    out = _run("step_overhead.py", "--steps", "10", "--reps", "2", "--variants", "traced,closures,comm-off")
-    assert "closures - traced" in out and "comm-off - traced" in out, out
+    out = _run("step_overhead.py", "--steps", "10", "--reps", "2", "--variants", "traced,closures,comm-off,bare")
+    assert "closures - traced" in out and "comm-off - traced" in out and "bare - traced" in out, out

@@ -117,7 +117,8 @@ def check_against_reference(d: dict[str, Any], cols: dict[str, list[int]]) -> No
     for c in DURATION_COLUMNS:
         got = {k: v for k, v in d["phases"][c].items() if k != "sketch"}
         assert got == ref["phases"][c], c
-    assert d["sums"] == ref["sums"] and d["mem"] == ref["mem"] and d["outside"] == ref["outside"]
+    outside = {k: v for k, v in d["outside"].items() if k != "sketch"}
+    assert d["sums"] == ref["sums"] and d["mem"] == ref["mem"] and outside == ref["outside"]
     b, ph = ref["series"]
     s = d["series"]
     for key, vals in b.items():
@@ -371,3 +372,60 @@ def test_the_statistics_package_never_shadows_the_sdks_names():
     for name in traceml_core._SDK_NAMES:
         assert not (pkg / name).exists() and not (pkg / f"{name}.py").exists(), name
     assert callable(traceml_core.stats) and traceml_core.stats.__module__ == "traceml_core.sdk.api"
+
+
+def test_the_gaps_between_steps_are_sketched_after_the_warm_up():
+    """The time between steps as a distribution (what tells a pause every k steps from time
+    spread over every step): one unsampled window's sketch holds every steady gap exactly (those
+    after the warm-up steps, whose first intervals are one-off set-up), each in its bucket."""
+    n = 60
+    step = [10_000_000] * n
+    gap = [0] + [40_000_000 if i % 10 == 0 else 200_000 for i in range(1, n)]
+    gap[1] = 2_000_000_000          # a set-up pause inside the warm-up: not sketched
+    t, now = [], 0
+    for i in range(n):
+        now += gap[i] + step[i]
+        t.append(now)
+    cols = {"step": list(range(n)), "t_end_ns": t, "step_ns": step}
+    for c in DURATION_COLUMNS:
+        cols.setdefault(c, [-1] * n)
+    for c in (*SUM_COLUMNS, "mem_peak"):
+        cols.setdefault(c, [-1] * n)
+    run = WindowStats.running()
+    run.merge(WindowStats.of_columns(0, cols, cap=n))
+    sk = run.sketch("outside")
+    steady = gap[WARMUP_STEPS:]
+    assert sk.total == len(steady) == n - WARMUP_STEPS
+    n_lo, _, n_hi, s_hi = sk.split(10_000_000)
+    assert (n_lo, n_hi) == (len(steady) - 5, 5)            # steps 10, 20, 30, 40, 50
+    assert abs(s_hi - 5 * 40_000_000) <= 0.01 * 5 * 40_000_000
+    # through the wire and a checkpoint, the same
+    again = WindowStats.from_data(run.to_data())
+    assert again.sketch("outside").split(10_000_000)[2] == 5
+
+    # sampled windows (64 records, a sample of 16 per phase): the longest gaps are kept exactly,
+    # so the pauses are all there, whatever the windows' edges; through a group relay's merge too
+    for sizes in ([64] * 4, [17, 64, 3, 50, 60, 46]):
+        n = sum(sizes)
+        step = [10_000_000] * n
+        gap = [0] + [40_000_000 if i % 10 == 0 else 200_000 + i for i in range(1, n)]
+        t, now = [], 0
+        for i in range(n):
+            now += gap[i] + step[i]
+            t.append(now)
+        cols = {"step": list(range(n)), "t_end_ns": t, "step_ns": step}
+        for c in (*DURATION_COLUMNS, *SUM_COLUMNS, "mem_peak"):
+            cols.setdefault(c, [-1] * n)
+        wins = [WindowStats.of_columns(seq, c) for seq, c in cut(cols, sizes)]
+        flat, grouped = WindowStats.running(), WindowStats.running()
+        for w in wins:
+            flat.merge(w)
+        pending = WindowStats()
+        for w in wins:
+            pending.merge(w)
+        grouped.merge(WindowStats.from_wire(pending.seq, pending.records, pending.to_wire()))
+        pauses = sum(1 for i in range(WARMUP_STEPS, n) if gap[i] > 10_000_000)
+        for run in (flat, grouped):
+            n_lo, _, n_hi, _ = run.sketch("outside").split(10_000_000)
+            assert n_hi == pauses, (sizes, n_hi, pauses)
+            assert abs(n_lo - (n - WARMUP_STEPS - pauses)) <= 0.1 * n, (sizes, n_lo)

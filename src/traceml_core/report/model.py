@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..rundata import RankEvent
+from .pauses import BetweenSteps
 
 
 def _d(v: Any) -> dict[str, Any]:
@@ -217,6 +218,8 @@ class RankSummary:
     #: by phase name (``step``, ``forward``, ...); None where not measured
     phases: dict[str, Optional[PhaseSummary]] = field(default_factory=dict)
     outside_ms: Optional[float] = None
+    #: the steady gaps between steps as a distribution (report/pauses.py); None where not sketched
+    between: Optional[BetweenSteps] = None
     comm: Optional[CommSummary] = None
     mem_peak: Optional[MemPeak] = None
     telemetry: RankTelemetry = field(default_factory=RankTelemetry)
@@ -251,7 +254,8 @@ class RankSummary:
             "fail_in_step": self.fail_in_step, "failed_at": self.failed_at,
             "exit": self.exit.to_json() if self.exit else None,
             "phases": {k: v.to_json() if v else None for k, v in self.phases.items()},
-            "outside_ms": self.outside_ms, "comm": self.comm.to_json() if self.comm else None,
+            "outside_ms": self.outside_ms, "between": self.between.to_json() if self.between else None,
+            "comm": self.comm.to_json() if self.comm else None,
             "mem_peak": self.mem_peak.to_json() if self.mem_peak else None,
             "telemetry": self.telemetry.to_json(), "events": self.events,
             "last_events": [e.to_checkpoint() for e in self.last_events],
@@ -272,7 +276,8 @@ class RankSummary:
             fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
             failed_at=r.get("failed_at"), exit=ExitRecord.from_json(r.get("exit")),
             phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
-            outside_ms=r.get("outside_ms"), comm=CommSummary.from_json(r.get("comm")),
+            outside_ms=r.get("outside_ms"), between=BetweenSteps.from_json(r.get("between")),
+            comm=CommSummary.from_json(r.get("comm")),
             mem_peak=MemPeak.from_json(r.get("mem_peak")),
             telemetry=RankTelemetry.from_json(r.get("telemetry")), events=r.get("events") or 0,
             last_events=[RankEvent.from_checkpoint(e) for e in r.get("last_events") or [] if isinstance(e, dict)],

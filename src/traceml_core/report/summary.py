@@ -34,6 +34,7 @@ from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
                        SystemNode, Telemetry, TopoNode, Topology, Verdict)
+from .pauses import between_steps
 from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
 from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
@@ -257,7 +258,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         fail_in_step=bool(bye and bye.fail_in_step),
         failed_at=_failed_at(r, status), exit=exit_,
         phases=phases,
-        outside_ms=ms(r.outside.mean_ns),
+        outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
         comm=_comm(r, phases),
         mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(

@@ -100,15 +100,16 @@ MEM_STILL_RISING = 0.5
 
 # --- periodic work between steps ----------------------------------------------------------------
 #: Time between steps is *periodic* (an evaluation, a checkpoint, logging every k steps) when it
-#: comes in bursts: windows whose time between steps is over 3x the median window's (and over it
-#: by at least 1 ms per step) hold at least 60 % of it, in at least 2 separate bursts, and at most
-#: half of the windows are bursts. Otherwise it is spread over every step (a get_batch()).
+#: comes in pauses (report/pauses.py): gaps between steps over 3x the typical (median) gap, and
+#: over it by at least 1 ms, hold at least 60 % of the time between steps (their time above the
+#: typical gap), there are at least 2 of them and they are at most half of the gaps. Otherwise it
+#: is spread over every step (a get_batch()).
 PERIODIC_BURST_RATIO = 3.0
 PERIODIC_BURST_FLOOR_MS = 1.0
 PERIODIC_BURST_SHARE = 0.6
 PERIODIC_MIN_BURSTS = 2
-#: ...needs this many windows of steady steps to see a pattern at all.
-PERIODIC_MIN_WINDOWS = 8
+#: ...needs this many steady gaps to see a pattern at all.
+PERIODIC_MIN_GAPS = 20
 #: Severity, as for input: the share of the wall clock per step the bursts take, and an absolute
 #: floor in ms per step on average.
 PERIODIC_FRACTION_WARN = 0.10

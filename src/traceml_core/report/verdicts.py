@@ -252,35 +252,20 @@ def _say_input_bound(ev: dict[str, Any]) -> tuple[str, str]:
 
 # --- periodic work between steps -------------------------------------------------------------------
 def periodic_work(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[Verdict]:
-    """Time between steps that comes in bursts (an evaluation, a checkpoint, logging every k
-    steps), from the ranks' windows of steps: per window the median rank's time between steps
-    per step; windows far above the median window are bursts (thresholds.PERIODIC_*)."""
-    wins = [ctx.windows[r.rank] for r in live if r.rank in ctx.windows]
-    if not wins:
+    """Time between steps that comes in pauses (an evaluation, a checkpoint, logging every k
+    steps), from each rank's distribution of steady gaps between steps (report/pauses.py): the
+    pauses' time above the typical gap holds at least PERIODIC_BURST_SHARE of all the time between
+    steps, there are at least PERIODIC_MIN_BURSTS of them and they are a minority of the gaps.
+    Judged on the median rank (all ranks pause for an evaluation; a pause of one rank alone makes
+    the others wait in communication, not between steps)."""
+    seen = sorted(((r.between.pause_excess_ms / r.between.gaps, r.between) for r in live
+                   if r.between is not None and r.between.gaps), key=lambda pb: pb[0])
+    if not seen:
         return None
-    n = min(len(w) for w in wins)
-    width = wins[0].width
-    series: list[tuple[int, float]] = []
-    for i in range(n):
-        if not all(w.steady(i) for w in wins):
-            continue
-        vals = [w.phase("outside", i) for w in wins]
-        vals = [v for v in vals if v is not None]
-        if vals:
-            series.append((i, max(0.0, median(vals) or 0.0)))
-    if len(series) < T.PERIODIC_MIN_WINDOWS:
+    per_step, b = seen[(len(seen) - 1) // 2]
+    if (b.gaps < T.PERIODIC_MIN_GAPS or b.pauses < T.PERIODIC_MIN_BURSTS
+            or b.pause_share < T.PERIODIC_BURST_SHARE or b.pauses > b.gaps / 2):
         return None
-    base = median([v for _, v in series]) or 0.0
-    cut = max(T.PERIODIC_BURST_RATIO * base, base + T.PERIODIC_BURST_FLOOR_MS)
-    hot = [i for i, v in series if v > cut]
-    total = sum(v for _, v in series)
-    extra = sum(v - base for i, v in series if v > cut)
-    bursts = sum(1 for k, i in enumerate(hot) if k == 0 or hot[k - 1] != i - 1)
-    if (bursts < T.PERIODIC_MIN_BURSTS or total <= 0 or extra / total < T.PERIODIC_BURST_SHARE
-            or len(hot) > len(series) / 2):
-        return None
-    steps = len(series) * width
-    per_step = extra / len(series)                    # ms per step, on average over the run
     iters = [it for it in (_iteration(r) for r in live) if it]
     iteration = median(iters) or 0.0
     frac = per_step / iteration if iteration else 0.0
@@ -288,11 +273,11 @@ def periodic_work(live: Sequence[RankSummary], ctx: VerdictContext) -> Optional[
                     T.PERIODIC_FLOOR_MS, T.PERIODIC_CRIT_FLOOR_MS)
     if sev is None:
         return None
-    return _verdict("periodic_work", sev, None, bursts=bursts, steps=steps,
-                    period_steps=round(steps / bursts, 1), burst_ms=round(extra * width / bursts, 1),
+    return _verdict("periodic_work", sev, None, bursts=b.pauses, steps=b.gaps,
+                    period_steps=round(b.gaps / b.pauses, 1), burst_ms=round(b.pause_excess_ms / b.pauses, 1),
                     per_step_ms=round(per_step, 4), iteration_ms=round(iteration, 4),
-                    fraction=round(frac, 4), uniform_ms=round(base, 4), windows=len(series),
-                    steps_per_window=width, device=ctx.device)
+                    fraction=round(frac, 4), uniform_ms=b.uniform_ms, typical_ms=b.typical_ms,
+                    pause_share=b.pause_share, ranks=len(seen), device=ctx.device)
 
 
 def _say_periodic_work(ev: dict[str, Any]) -> tuple[str, str]:

@@ -24,9 +24,18 @@ from . import codegen
 from .recorder import C_BWD, C_FWD, C_H2D, C_INPUT, C_OPT
 from .step import StepState
 
-#: what the templates see besides the wrapped function, its defaults and ``_tm_t``
-_NAMES: dict[str, Any] = {"_tm_pc": perf_counter_ns, "_tm_id": id, "_TM_FWD": C_FWD,
-                          "_TM_BWD": C_BWD, "_TM_OPT": C_OPT}
+#: what the templates see besides the wrapped function, its defaults and ``_tm_t`` (the column
+#: positions ``_TM_FWD``, ... are compiled in as constants: :func:`_columns`)
+_NAMES: dict[str, Any] = {"_tm_pc": perf_counter_ns, "_tm_id": id}
+
+
+def _columns(template: str) -> str:
+    """``template`` with the column positions written in as numbers (a constant is cheaper to
+    load than a global)."""
+    for name, col in (("_TM_FWD", C_FWD), ("_TM_BWD", C_BWD), ("_TM_OPT", C_OPT)):
+        template = template.replace(name, str(col))
+    return template
+
 
 # Forward: only instances passed to trace_step are timed. A forward between steps (evaluation)
 # clears the fetches pending for the next step; a traced model inside another traced model is
@@ -55,7 +64,7 @@ FORWARD = """
         return _tm_out"""
 
 # Backward (``torch.autograd.backward``, which ``Tensor.backward`` calls). While steps are
-# inferred, the first backward opens one.
+# inferred, the first backward opens one (and the backward passes of a step are counted).
 BACKWARD = """
     def _tm_wrapper({params}):
         _tm_r = _tm_t
@@ -63,7 +72,8 @@ BACKWARD = """
             if not _tm_r.infer:
                 return _tm_orig({call})
             _tm_r.inference.open()
-        _tm_r.nbwd += 1
+        if _tm_r.infer:
+            _tm_r.nbwd += 1
         _tm_ev = _tm_r.events
         _tm_k = _tm_ev.phase_start() if _tm_ev is not None else None
         _tm_t0 = _tm_pc()
@@ -108,17 +118,17 @@ STEP = """
 
 def forward(orig: Callable[..., Any], t: StepState, specialise: bool = True) -> Callable[..., Any]:
     """Wrap a model class's ``forward``."""
-    return codegen.build(orig, FORWARD, _NAMES, t, method=True, specialise=specialise)
+    return codegen.build(orig, _columns(FORWARD), _NAMES, t, method=True, specialise=specialise)
 
 
 def backward(orig: Callable[..., Any], t: StepState, specialise: bool = True) -> Callable[..., Any]:
     """Wrap ``torch.autograd.backward``."""
-    return codegen.build(orig, BACKWARD, _NAMES, t, specialise=specialise)
+    return codegen.build(orig, _columns(BACKWARD), _NAMES, t, specialise=specialise)
 
 
 def step(orig: Callable[..., Any], t: StepState, specialise: bool = True) -> Callable[..., Any]:
     """Wrap an optimizer class's ``step``."""
-    return codegen.build(orig, STEP, _NAMES, t, method=True, specialise=specialise)
+    return codegen.build(orig, _columns(STEP), _NAMES, t, method=True, specialise=specialise)
 
 
 def fetch(orig_next: Callable[[Any], Any], t: StepState) -> Callable[[Any], Any]:
@@ -171,32 +181,3 @@ def copy(orig: Callable[..., Any], t: StepState) -> Callable[..., Any]:
 
     method.__wrapped__ = orig  # type: ignore[attr-defined]
     return method
-
-
-def optimizer_hooks(t: StepState) -> tuple[Callable[..., None], Callable[..., None]]:
-    """Global ``Optimizer.step`` pre- and post-hooks: the fallback when an optimizer class's
-    ``step`` cannot be wrapped (patches.py); the same rules as :data:`STEP`, in two halves."""
-    token: list[Any] = [None]
-
-    def pre(optimizer: Any, args: Any, kwargs: Any) -> None:
-        # (an owner left from an earlier step means that step's optimizer raised: start afresh)
-        stale = token[0] is not None and token[0][0] < t.t0
-        if t.opt_owner is not None and not stale:
-            return
-        if not t.active:
-            if not t.infer:
-                return
-            t.inference.open()
-        t.opt_owner = optimizer
-        token[0] = t.begin()
-
-    def post(optimizer: Any, args: Any, kwargs: Any) -> None:
-        if t.opt_owner is not optimizer or token[0] is None:
-            return
-        t.end(C_OPT, token[0])
-        token[0] = None
-        t.opt_owner = None
-        if t.infer:
-            t.inference.boundary(optimizer)
-
-    return pre, post

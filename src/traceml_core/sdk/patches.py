@@ -45,7 +45,6 @@ class Patches:
         self.patched_classes: set[type] = set()
         #: (owner, attribute, original) of everything replaced, for :meth:`uninstall`
         self.originals: list[tuple[Any, str, Any]] = []
-        self.hook_handles: list[Any] = []
         #: originals comm.py calls itself (the default all-reduce, DDP's register_comm_hook)
         self.comm_originals: dict[str, Any] = {}
         #: the torch.distributed hooks (comm.Comm) once installed
@@ -81,20 +80,24 @@ class Patches:
         self.installed = True
 
     def _install_optimizer_timing(self) -> None:
-        """Time ``Optimizer.step`` by wrapping each optimizer class's (torch-hooked) ``step``.
+        """Time ``Optimizer.step`` by wrapping each optimizer class's ``step`` (hooks.STEP: one
+        wrapper call per step, where torch's global pre/post hooks would be two).
 
         torch wraps a class's ``step`` the first time an instance is created
         (``Optimizer._patch_step_function`` via the ``profile_hook_step`` staticmethod). So:
         classes already wrapped (optimizers created before ``init()``) are found among
         ``Optimizer``'s subclasses and wrapped now; classes created later go through our
-        ``profile_hook_step``. One wrapper call per step, where torch's global pre/post hooks
-        would be two.
+        ``profile_hook_step``, outside torch's wrapper (its step hooks are optimizer time).
+        A torch without that staticmethod gets the same wrapper another way
+        (:meth:`_wrap_every_optimizer_class`).
         """
-        from torch.optim import optimizer as optim_mod
         from torch.optim.optimizer import Optimizer
 
         orig_phs = Optimizer.__dict__.get("profile_hook_step")
-        if isinstance(orig_phs, staticmethod) and not getattr(orig_phs.__func__, "_traceml", False):
+        if not isinstance(orig_phs, staticmethod):
+            self._wrap_every_optimizer_class(Optimizer)
+            return
+        if not getattr(orig_phs.__func__, "_traceml", False):
             torch_hook_step = orig_phs.__func__
 
             def profile_hook_step(func: Any) -> Any:
@@ -103,17 +106,41 @@ class Patches:
             profile_hook_step._traceml = True  # type: ignore[attr-defined]
             self.originals.append((Optimizer, "profile_hook_step", orig_phs))
             Optimizer.profile_hook_step = staticmethod(profile_hook_step)  # type: ignore[method-assign]
-        else:   # an unexpected torch: fall back to the global hooks
-            pre, post = hooks.optimizer_hooks(self.state)
-            self.hook_handles.append(optim_mod.register_optimizer_step_pre_hook(pre))
-            self.hook_handles.append(optim_mod.register_optimizer_step_post_hook(post))
-            return
 
         for cls in _subclasses(Optimizer):
             step = cls.__dict__.get("step")
             if step is not None and getattr(step, "hooked", False) and not getattr(step, "_traceml", False):
                 self.originals.append((cls, "step", step))
                 cls.step = self._wrap_step(step)
+
+    def _wrap_every_optimizer_class(self, optimizer: type) -> None:
+        """An unexpected torch (no ``profile_hook_step`` to go through): wrap the ``step`` that
+        each optimizer class defines, now for the classes that exist and from
+        ``Optimizer.__init_subclass__`` for those defined later. A class torch has not wrapped
+        yet is wrapped inside torch's wrapper (its step hooks then run outside the timing)."""
+
+        def wrap(cls: type) -> None:
+            step = cls.__dict__.get("step")
+            if callable(step) and not getattr(step, "_traceml", False):
+                self.originals.append((cls, "step", step))
+                wrapped = hooks.step(step, self.state, self.specialise)
+                wrapped._traceml = True   # (copied onto torch's wrapper of it: never wrapped twice)
+                cls.step = wrapped  # type: ignore[attr-defined]
+
+        for cls in _subclasses(optimizer):
+            wrap(cls)
+
+        own = optimizer.__dict__.get("__init_subclass__", self._INHERITED)
+
+        def __init_subclass__(cls: type, **kwargs: Any) -> None:
+            if isinstance(own, classmethod):
+                own.__func__(cls, **kwargs)
+            else:
+                super(optimizer, cls).__init_subclass__(**kwargs)
+            wrap(cls)
+
+        self.originals.append((optimizer, "__init_subclass__", own))
+        optimizer.__init_subclass__ = classmethod(__init_subclass__)  # type: ignore[assignment]
 
     def _wrap_step(self, step: Any) -> Any:
         wrapped = hooks.step(step, self.state, self.specialise)
@@ -165,8 +192,6 @@ class Patches:
                     pass
             else:
                 setattr(owner, name, orig)
-        while self.hook_handles:
-            self.hook_handles.pop().remove()
         self._unwrap_optimizer_classes()
         self.patched_classes.clear()
         self.comm_hooks = None

@@ -9,7 +9,9 @@ run, never on the hot path of a step.
 
 Saves are timed where they happen: ``torch.save`` (and ``torch.serialization.save``), and once
 ``torch.distributed.checkpoint`` is imported (never imported for this), its ``save`` and
-``save_state_dict``. A save nested in another (``dcp.save`` writing through ``torch.save``) is one
+``save_state_dict``; once ``safetensors.torch`` is (safetensors is no dependency of ours),
+``save_file`` and ``save_model``, which bypass torch.save (a name bound by ``from
+safetensors.torch import save_file`` before TraceML's init is not seen). A save nested in another (``dcp.save`` writing through ``torch.save``) is one
 span, the outermost, per thread. Nothing here raises into the user's save: a failure to report is
 dropped, the save's own exceptions pass through unchanged.
 """
@@ -132,6 +134,13 @@ def _patch_dcp(dcp: Any) -> None:
             setattr(saver, name, w)
 
 
+def _patch_safetensors(st: Any) -> None:
+    for name in ("save_file", "save_model"):   # save_model writes through save_file: one span
+        fn = getattr(st, name, None)
+        if fn is not None:
+            setattr(st, name, timed(fn, f"safetensors.torch.{name}"))
+
+
 _installed = False
 
 
@@ -151,6 +160,7 @@ def install(send: Callable[[str, dict[str, Any]], bool]) -> None:
     else:
         imports.when_imported("torch", _patch_torch)
     imports.when_imported("torch.distributed.checkpoint", _patch_dcp)
+    imports.when_imported("safetensors.torch", _patch_safetensors)
 
 
 def event_sender(notify: Callable[[dict[str, Any]], bool]) -> Callable[[str, dict[str, Any]], bool]:

@@ -4,7 +4,9 @@ Rules of the hot path (everything a traced step touches reads :class:`StepState`
 
 * no I/O, no locks, no environment or file lookups, no logging;
 * the step's values are one list laid out like its record (recorder.py): a hook adds the time
-  it measured to its column (``t.vals[C_FWD] += ...``) and the record is that list at step exit;
+  it measured to its column (``t.vals[C_FWD] += ...``) and the record is that list's values at
+  step exit (a tuple: the garbage collector stops tracking a tuple of ints, never a list, and a
+  batch holds a thousand records); a new list at each step entry;
 * the cost is set by how many Python calls and distinct objects a step touches (caches are
   cold in the middle of a training step: benchmarks/README.md, "Rank side"), so each hook reads
   the host clock inline and calls the timing strategy only where the strategy has more to do.
@@ -60,7 +62,7 @@ class StepState:
 
     __slots__ = (
         # hot fields first: read by every hook
-        "on", "active", "vals", "t0", "pending_input", "in_fwd", "opt_owner", "models",
+        "on", "active", "vals", "pending_input", "in_fwd", "opt_owner", "models",
         "model_id", "events", "infer", "nbwd", "cn", "comm", "cdef", "mem", "mem_last",
         "direct", "timing", "rec", "fresh", "inference",
         # colder
@@ -76,7 +78,6 @@ class StepState:
         #: the strategy's ``direct`` (timing.py), read by every step exit
         self.direct: bool = timing.direct
         self.active = 0           # 0 outside a step; 1 inside; 1 + n inside n nested blocks
-        self.t0 = 0               # step start, moved back by the input wait credited before entry
         self.pending_input = -1   # -1: no batch fetch timed since the last step (not measured)
         self.in_fwd = False
         self.opt_owner: Any = None
@@ -128,7 +129,7 @@ class StepState:
         self.fresh = fresh_values(forward_timed=self.forward_timed,
                                   comm=0 if self.cdef == COMM_MEASURED else -1)
 
-    # ---- phases timed by callbacks rather than by wrapping a call (driven.py, fallbacks) ---------
+    # ---- phases timed by callbacks rather than by wrapping a call (driven.py) ---------------------
 
     def begin(self) -> tuple[int, int, Any]:
         """Start timing a phase whose end another callback will see: the token for :meth:`end`.
@@ -188,14 +189,16 @@ class StepContext:
             t.active += 1
             return self
         t.active = 1
-        t.vals = v = t.fresh.copy()     # (a new list each step: a held-back record keeps its own)
+        t.vals = v = t.fresh.copy()     # (cheaper than resetting one list in place)
         inp = t.pending_input
         v[C_INPUT] = inp
         t.pending_input = -1
         if t.events is not None:
             t.events.begin_step()
-        # the fetch made just before entering is part of the step: start the clock that much earlier
-        t.t0 = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
+        # the step's start, held in its duration's column until the client thread subtracts it
+        # (recorder.py); the fetch made just before entering is part of the step: start that
+        # much earlier
+        v[C_STEPNS] = perf_counter_ns() - inp if inp > 0 else perf_counter_ns()
         return self
 
     def __exit__(self, et: Any, ev: Any, tb: Any) -> bool:
@@ -213,7 +216,6 @@ class StepContext:
             return False
         v = t.vals
         v[C_TEND] = t1
-        v[C_STEPNS] = t1 - t.t0
         v[C_MEM] = t.mem
         t.mem = t.mem_last
         if t.direct and not t.cn:  # the host clock, no collectives: nothing to add (fast path)

@@ -180,6 +180,21 @@ class QuantileSketch:
         self.fold()
         return quantiles_of(self.lo, self.counts, self.zero, qs)
 
+    def split(self, cut: float) -> tuple[int, float, int, float]:
+        """(count, sum) of the values at most ``cut`` and (count, sum) of those above it, each
+        value taken as its bucket's midpoint (within 0.78 %); zeros count below. What tells a few
+        long pauses from time spread over every step (report/pauses.py)."""
+        self.fold()
+        n_lo, s_lo, n_hi, s_hi = self.zero, 0.0, 0, 0.0
+        for i, c in enumerate(self.counts):
+            if c:
+                v = bucket_value(self.lo + i)
+                if v > cut:
+                    n_hi, s_hi = n_hi + c, s_hi + c * v
+                else:
+                    n_lo, s_lo = n_lo + c, s_lo + c * v
+        return n_lo, s_lo, n_hi, s_hi
+
     def merge(self, other: "QuantileSketch") -> None:
         """Add ``other``'s counts (a checkpoint's, another rank's): one big-integer addition."""
         other.fold()

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from heapq import nlargest
 from operator import add, itemgetter, sub
 from typing import Any, Optional, Sequence
 
@@ -56,12 +57,21 @@ from .sketch import QuantileSketch, column_keys
 WARMUP_STEPS = 5
 #: a window's sketch gets at most this many records per phase (a systematic sample, weighted)
 SKETCH_CAP = 16
+#: ... and its time between steps, besides that sample, its longest gaps exactly: a pause every
+#: k steps is a few long gaps among many short ones, which a systematic sample misses or aliases
+GAP_EXACT = 8
 #: every field of a window is at most this (2**62 ns is 146 years; 2**62 bytes is 4 EiB)
 MAX_VALUE = 1 << 62
 #: records one window may hold (a relay merges at most 32,768)
 MAX_RECORDS = 1 << 20
 
 assert PEAK_COLUMNS == ("mem_peak",), "the plain data calls the one peak column 'mem'"
+#: the time between one traced step's end and the next one's start: sketched like a duration
+#: column (its distribution tells pauses every k steps from time spread over every step, at any
+#: window or bucket width), summed apart (signed)
+OUTSIDE = "outside"
+#: what the sketches are of, in order: every duration column, then the time between steps
+SKETCHED_COLUMNS = (*DURATION_COLUMNS, OUTSIDE)
 
 # --- the field list ------------------------------------------------------------------------------
 #: (name, rule) of each fixed field, in ``v``'s order. Rules: ``head`` (position in the run: the
@@ -78,7 +88,8 @@ FIELDS: tuple[tuple[str, str], ...] = (
     *((f"{c}.{f}", "count") for c in _D for f in ("count", "warm_count", "unmeasured", "nkeys")),
     *((f"{c}.count", "count") for c in _P),
     *((f"{c}.{f}", "count") for c in _S for f in ("count", "warm_count")),
-    ("outside.count", "count"),
+    # the gaps' keys: nkeys in all, the last ``exact`` of them standing for one gap each
+    ("outside.count", "count"), ("outside.nkeys", "count"), ("outside.exact", "count"),
     *((f"{c}.{f}", "sum") for c in _D for f in ("sum", "warm_sum")),
     *((f"{c}.sum", "sum") for c in _P),
     *((f"{c}.{f}", "sum") for c in _S for f in ("sum", "warm_sum")),
@@ -109,7 +120,9 @@ _PH_UNMEASURED = [p["unmeasured"] for p in _PH]
 _PH_NKEYS = [p["nkeys"] for p in _PH]
 _counts_of = itemgetter(*_PH_COUNT)
 _unmeasured_of = itemgetter(*_PH_UNMEASURED)
-_nkeys_of = itemgetter(*_PH_NKEYS)
+#: the sketched values: each duration column's, then the time between steps' (:data:`SKETCHED_COLUMNS`)
+_nkeys_of = itemgetter(*_PH_NKEYS, AT["outside.nkeys"])
+OUT_NKEYS, OUT_EXACT = AT["outside.nkeys"], AT["outside.exact"]
 #: a window's one series row, read off its totals (the row left out of the wire when k is 0)
 _ROW_FROM_V = [0] * R
 _ROW_FROM_V[R_STEP_CNT] = AT["step_ns.count"]
@@ -166,7 +179,7 @@ class WindowStats:
         """An empty running value (a rank's, at node 0): windows merged into it have their keys
         counted into its sketches; its series keeps at most ``buckets`` buckets."""
         st = cls()
-        st.keys, st.sketches = None, [QuantileSketch() for _ in _D]
+        st.keys, st.sketches = None, [QuantileSketch() for _ in SKETCHED_COLUMNS]
         st.series.limit = buckets
         st.travels = False
         return st
@@ -180,10 +193,10 @@ class WindowStats:
         return self.v[AT[name]]
 
     def sketch(self, column: str) -> QuantileSketch:
-        """The quantile sketch of a duration column (a running value's)."""
+        """The quantile sketch of a duration column or of ``outside`` (a running value's)."""
         self.count_sketches()
         assert self.sketches is not None
-        return self.sketches[_D.index(column)]
+        return self.sketches[SKETCHED_COLUMNS.index(column)]
 
     # --- from records ----------------------------------------------------------------------------
     @classmethod
@@ -215,6 +228,7 @@ class WindowStats:
         rows[R_T_END] = [t_end[hi - 1] for _lo, hi in bounds]
         keys: list[int] = []
         sampled = 0
+        gaps: list[int] = []
         for name, at in zip(_D, _PH):
             col = cols[name]
             mx = max(col)
@@ -269,6 +283,7 @@ class WindowStats:
         if min(steps) >= 0:
             outside = (t_end[-1] - t_end[0]) - (sum(steps) - steps[0])
             v[OUT_CNT] = n - 1
+            gaps = list(map(sub, map(sub, t_end[1:], t_end[:-1]), steps[1:]))  # C-level
             for i, (lo, hi) in enumerate(bounds):
                 if lo == 0:
                     outs[i] = (t_end[hi - 1] - t_end[0]) - sum(steps[1:hi])
@@ -277,12 +292,29 @@ class WindowStats:
                     outs[i] = (t_end[hi - 1] - t_end[lo - 1]) - sum(steps[lo:hi])
                     out_cnt[i] = hi - lo
         else:  # some step times not measured (rare): record by record
-            gaps = [(t_end[j] - t_end[j - 1] - steps[j]) if steps[j] >= 0 else None for j in range(1, n)]
-            outside = sum(x for x in gaps if x is not None)
-            v[OUT_CNT] = sum(1 for x in gaps if x is not None)
+            some = [(t_end[j] - t_end[j - 1] - steps[j]) if steps[j] >= 0 else None for j in range(1, n)]
+            outside = sum(x for x in some if x is not None)
+            v[OUT_CNT] = sum(1 for x in some if x is not None)
             for i, (lo, hi) in enumerate(bounds):
-                part = [x for x in gaps[max(lo, 1) - 1:hi - 1] if x is not None]
+                part = [x for x in some[max(lo, 1) - 1:hi - 1] if x is not None]
                 outs[i], out_cnt[i] = sum(part), len(part)
+            gaps = [x for x in some if x is not None]
+        # the steady gaps' sketch keys (those after the warm-up steps, whose first intervals hold
+        # one-off set-up; a negative gap, from a clock step, counts as not measured)
+        if warm > 1:
+            gaps = gaps[warm - 1:]
+        if gaps:
+            if stride == 1:
+                gs = gaps
+            else:  # the longest gaps exactly (weight 1, last), a sample of the others (weight stride)
+                top = nlargest(min(GAP_EXACT, len(gaps)), range(len(gaps)), key=gaps.__getitem__)
+                rest = list(gaps)
+                for i in sorted(top, reverse=True):
+                    del rest[i]
+                gs = rest[off::stride] + [gaps[i] for i in top]
+                v[OUT_EXACT] = len(top)
+            v[OUT_NKEYS] = len(gs)
+            keys += gs
         st = cls(seq)
         st.end = seq + n
         flat = [x for row in zip(*rows) for x in row]
@@ -347,10 +379,25 @@ class WindowStats:
         else:
             v[H_WEIGHT] = 0
             self._add_sketches(other)
+        if extra is not None and other.seq >= WARMUP_STEPS:
+            self._sketch_gap(extra)
         if self.end < other.end:
             self.end = other.end
         self.series.merge(other.series, width, extra, other.seq)
         return self
+
+    def _sketch_gap(self, gap: int) -> None:
+        """Sketch the gap between two merged values, exactly (weight 1): a pause between steps
+        often falls there, since a rank flushes its records while it pauses. Keys in flight take
+        it as one more exact key (the gaps' segment is last, its exact keys at its end), so every
+        route to node 0 counts the same gaps with the same weights."""
+        if self.sketches is None and self.keys is not None:
+            self.keys.extend(column_keys([gap]))
+            self.v[OUT_NKEYS] += 1
+            self.v[OUT_EXACT] += 1
+            return
+        assert self.sketches is not None
+        self.sketches[-1].add_keys(column_keys([gap]))
 
     def joins(self, other: "WindowStats") -> bool:
         """Whether ``other`` continues this window as one window (what a group relay merges
@@ -368,7 +415,7 @@ class WindowStats:
         the window)."""
         if self.sketches is not None:
             return
-        self.sketches = [QuantileSketch() for _ in _D]
+        self.sketches = [QuantileSketch() for _ in SKETCHED_COLUMNS]
         self._add_sketches(self)
         self.keys = self.dense = None
 
@@ -389,10 +436,19 @@ class WindowStats:
                     pos += 8 * k
             return
         keys, weight, pos = other.keys, other.v[H_WEIGHT] or 1, 0
-        for sk, m in zip(self.sketches, _nkeys_of(other.v)):
+        assert keys is not None
+        nkeys = _nkeys_of(other.v)
+        for sk, m in zip(self.sketches[:-1], nkeys):
             if m:
-                sk.add_keys(keys[pos:pos + m], weight)  # type: ignore[index]
+                sk.add_keys(keys[pos:pos + m], weight)
                 pos += m
+        # the gaps': a sample standing for ``weight`` gaps each, then the exact keys, one each
+        exact = other.v[OUT_EXACT]
+        m = nkeys[-1]
+        if m > exact:
+            self.sketches[-1].add_keys(keys[pos:pos + m - exact], weight)
+        if exact:
+            self.sketches[-1].add_keys(keys[pos + m - exact:pos + m], 1)
 
     # --- the wire (the ``fold`` frame) -----------------------------------------------------------
     def to_wire(self) -> dict[str, bytes]:
@@ -452,9 +508,9 @@ class WindowStats:
         if g < 1 or g & (g - 1) or b0 != seq // g or (seq + n - 1) // g != b0 + max(k, 1) - 1 \
                 or n > SPAN * g or k == 1:
             raise ValueError("the series rows are not aligned sub-buckets of the records")
-        counts, nkeys = _counts_of(va), _nkeys_of(va)
+        counts, nkeys = (*_counts_of(va), va[OUT_CNT]), _nkeys_of(va)
         if va[RECORDS] != n or max(va[COUNT0:SUM0]) > n or set(map(add, counts, _unmeasured_of(va))) != {n} \
-                or min(map(sub, counts, nkeys)) < 0 or va[OUT_CNT] >= n:
+                or min(map(sub, counts, nkeys)) < 0 or va[OUT_CNT] >= n or va[OUT_EXACT] > va[OUT_NKEYS]:
             raise ValueError("counts do not fit the records")
         dense = None
         if counted:
@@ -500,7 +556,7 @@ class WindowStats:
         out: dict[str, Any] = {
             "phases": phases, "sums": sums,
             "mem": {"count": v[AT[f"{mem}.count"]], "sum": v[AT[f"{mem}.sum"]], "max": v[AT[f"{mem}.max"]]},
-            "outside": {"sum": self.outside, "count": v[OUT_CNT]},
+            "outside": {"sum": self.outside, "count": v[OUT_CNT], "sketch": self.sketches[-1].to_data()},
             "series": self.series.to_data(), "sketched": v[SKETCHED],
             "first_seq": self.seq,
             "first_t_end": v[H_T_FIRST] if some else None, "last_t_end": v[H_T_LAST] if some else None,
@@ -539,6 +595,8 @@ class WindowStats:
         outside = d.get("outside") or {}
         st.outside = int(outside.get("sum", 0))
         v[OUT_CNT] = int(outside.get("count", 0))
+        # (a checkpoint before the time between steps was sketched: an empty sketch)
+        sks.append(QuantileSketch.from_data(outside["sketch"]) if outside.get("sketch") else QuantileSketch())
         v[SKETCHED] = int(d.get("sketched", 0))
         # the step phase's first record is not kept: a checkpoint's value joins what follows it
         # through the interval the later value's first record knows (step_first stays -1 here)
@@ -552,7 +610,8 @@ class WindowStats:
 
 
 def _interleave(first: WindowStats, second: WindowStats) -> array:
-    """The keys of two windows of the same weight, phase after phase."""
+    """The keys of two windows of the same weight, phase after phase; in the gaps' segment (the
+    last), both samples first, then both windows' exact keys."""
     a, b = first.keys, second.keys
     assert a is not None and b is not None
     out = array("H")
@@ -562,6 +621,12 @@ def _interleave(first: WindowStats, second: WindowStats) -> array:
         out.extend(b[pb:pb + mb])
         pa += ma
         pb += mb
+    ea, eb = first.v[OUT_EXACT], second.v[OUT_EXACT]
+    if ea and second.v[OUT_NKEYS] > eb:  # the first one's exact keys after the second one's sample
+        ma, mb = first.v[OUT_NKEYS], second.v[OUT_NKEYS]
+        start = len(out) - ma - mb
+        gaps = out[start:]
+        out[start:] = gaps[:ma - ea] + gaps[ma:ma + mb - eb] + gaps[ma - ea:ma] + gaps[ma + mb - eb:]
     return out
 
 
@@ -569,7 +634,7 @@ def _counted_of(heads: Any, raw: bytes, measured: Sequence[int]) -> tuple[array,
     """A window's counted sketches from the wire (``sk``; ``sc``: little-endian uint64 counts),
     checked: buckets within the sketch's range, counts within what the phase's measured records
     can stand for."""
-    if type(heads) is not bytes or len(heads) != 32 * len(_D):
+    if type(heads) is not bytes or len(heads) != 32 * len(SKETCHED_COLUMNS):
         raise ValueError("sk must hold lo, buckets, zeros and negatives per phase")
     ha = unpack(heads, "q")
     counts = unpack(raw, "Q")

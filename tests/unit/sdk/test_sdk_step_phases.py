@@ -245,10 +245,21 @@ def test_exceptions_inside_a_step_propagate_and_later_steps_are_still_timed(sdk,
     assert cols["forward_ns"][0] > 0 and cols["optimizer_ns"][0] > 0
 
 
-def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
+@pytest.mark.parametrize("torch_hook", ["profile_hook_step", "absent"])
+def test_optimizers_created_before_and_after_init_are_timed(sdk, sink, monkeypatch, torch_hook):
+    """``absent``: a torch whose Optimizer has no ``profile_hook_step`` staticmethod to go through
+    (the same function as a plain attribute): every optimizer class's step is wrapped directly,
+    classes defined after init() too, and the optimizer's own step hooks still run."""
+    from torch.optim.optimizer import Optimizer
+
     from traceml_core.sdk.tracer import TRACER
 
     TRACER.patches.uninstall()                        # a fresh process: nothing patched yet
+    if torch_hook == "absent":
+        import functools
+
+        monkeypatch.setattr(Optimizer, "profile_hook_step",
+                            functools.partial(Optimizer.profile_hook_step))
 
     class EarlyOpt(torch.optim.SGD):
         pass
@@ -260,8 +271,24 @@ def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
     early = EarlyOpt(model.parameters(), lr=0.01)     # torch wraps EarlyOpt.step now
     start(sdk, sink)
     late = LateOpt(model.parameters(), lr=0.01)       # and LateOpt.step after init
+
+    class NewOpt(Optimizer):                          # a user's optimizer, defined after init
+        def __init__(self, params, lr):
+            super().__init__(params, {"lr": lr})
+
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad, alpha=-group["lr"])
+
+    new = NewOpt(model.parameters(), lr=0.01)
+    hook_calls = []
+    for opt in (early, late, new):
+        opt.register_step_post_hook(lambda o, a, k: hook_calls.append(type(o).__name__))
     x, y = torch.randn(8, 32), torch.randn(8, 1)
-    for opt in (early, late, early):
+    for opt in (early, late, early, new):
         with sdk.trace_step(model):
             loss = ((model(x) - y) ** 2).mean()
             opt.zero_grad()
@@ -270,8 +297,11 @@ def test_optimizers_created_before_and_after_init_are_timed(sdk, sink):
     with sdk.trace_step(model):       # a step without an optimizer step
         model(x)
     cols = finish(sdk, sink).columns
-    assert all(v > 0 for v in cols["optimizer_ns"][:3]) and cols["optimizer_ns"][3] == 0
-    assert cols["backward_ns"][3] == 0
+    assert all(v > 0 for v in cols["optimizer_ns"][:4]) and cols["optimizer_ns"][4] == 0
+    assert cols["backward_ns"][4] == 0
+    assert hook_calls == ["EarlyOpt", "LateOpt", "EarlyOpt", "NewOpt"], "the optimizers' hooks run"
+    TRACER.patches.uninstall()
+    assert "__init_subclass__" not in Optimizer.__dict__, "uninstall puts Optimizer back"
 
 
 def test_tracing_a_model_does_not_keep_it_alive(sdk, sink):

@@ -42,9 +42,9 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("no_phase", "time in no phase", False,
            "step time no measured phase covers (work the SDK does not time)", "#9e9e9e"),
     Bucket("checkpoint", "checkpointing", True,
-           "checkpoint saves timed in the workers (torch.save and torch.distributed.checkpoint.save, "
-           "also when a framework's saver calls them), and the other ranks' wait for the rank that "
-           "saved", "#6d4c41"),
+           "checkpoint saves timed in the workers (torch.save, torch.distributed.checkpoint.save and "
+           "safetensors' save_file/save_model, also when a framework's saver calls them), and the "
+           "other ranks' wait for the rank that saved", "#6d4c41"),
     Bucket("between", "between-step work", True,
            "time between traced steps that is not a checkpoint: evaluation, logging, anything the "
            "loop does outside trace_step", "#bcaaa4"),

@@ -1,4 +1,5 @@
-"""``traceml compare`` of two real runs' goodput ledgers: what a user reads.
+"""The goodput ledger on real single-node runs: ``traceml compare`` of two runs' ledgers (what a
+user reads), declared work, safetensors saves, and summaries rebuilt from checkpoints.
 
 Two ``traceml run`` jobs of tests/slurm/goodput_train.py side by side (one rank each, CPU,
 gloo): ``every`` saves a checkpoint after every step (``torch.save`` through a file that takes
@@ -7,7 +8,9 @@ goodput block must name checkpointing as the bucket that moved most, with both r
 0 and B's device-seconds, which are what B's rank recorded of its own saves.
 
 The same two runs check the declared work: ``every`` declares tokens, samples and FLOPs per
-step (``traceml.declare_work``), ``never`` declares nothing.
+step (``traceml.declare_work``), ``never`` declares nothing. A third run beside them,
+``safetensors``, saves with safetensors' ``save_model`` and ``save_file`` by turns (they bypass
+torch.save): each save is one checkpoint span.
 """
 
 from __future__ import annotations
@@ -22,16 +25,19 @@ from tinyrun import PYTHON, REPO, env_for, stop, traceml_cmd
 TRAIN = REPO / "tests" / "slurm" / "goodput_train.py"
 STEPS, STEP_MS, CKPT_MS = 20, 20, 500
 TOKENS, SAMPLES = 2048, 4
+SAFE_EVERY = 5
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     logs = tmp_path_factory.mktemp("gp-compare-logs")
     procs, truth = {}, {}
-    for name, every in (("never", 10_000), ("every", 1)):
+    for name, every in (("never", 10_000), ("every", 1), ("safetensors", SAFE_EVERY)):
         truth[name] = tmp_path_factory.mktemp(f"gp-compare-{name}")
         args = ["--steps", str(STEPS), "--step-ms", str(STEP_MS), "--ckpt-every", str(every),
                 "--ckpt-ms", str(CKPT_MS), "--ckpt-dir", str(truth[name] / "ckpt")]
+        if name == "safetensors":
+            args += ["--save", "safetensors"]
         if name == "every":
             args += ["--tokens-per-step", str(TOKENS), "--samples-per-step", str(SAMPLES),
                      "--flops-per-step", "1e9", "--dtype", "bf16"]
@@ -123,3 +129,57 @@ def test_without_a_declaration_throughput_is_not_measured_and_says_how(runs):
     line = next(ln for ln in text.splitlines() if "throughput:" in ln)
     assert "tokens/s, samples/s, MFU not measured: no rank declared what a step is worth: call " \
            "traceml.declare_work(" in line, line
+
+
+def test_safetensors_saves_are_timed_as_checkpoints(runs):
+    pytest.importorskip("safetensors")
+    run_dir, truth_dir = runs["safetensors"]
+    data, text = _summary(run_dir)
+    (a,) = data["goodput"]["attempts"]
+    recs = [json.loads(ln) for ln in (truth_dir / "rank0-a0.jsonl").read_text().splitlines() if ln]
+    saves = [r for r in recs if r["k"] == "ckpt"]
+    assert len(saves) == STEPS // SAFE_EVERY, saves
+    # every save_model and save_file call is one checkpoint (save_model's own save_file not twice)
+    assert a["progress"]["checkpoints"] == len(saves) and "checkpoint" not in a["not_measured"], a
+    assert a["progress"]["checkpoint_position"] == saves[-1]["step"], a["progress"]
+    took = sum(r["end"] - r["start"] for r in saves)
+    assert a["buckets"]["checkpoint"] > 0 and abs(a["buckets"]["checkpoint"] - took) <= max(0.02 * a["total_s"], 1.0)
+    assert f"{len(saves)} checkpoint(s) seen, the last after step {saves[-1]['step'] - 1}" in text, text
+
+
+def test_a_summary_rebuilt_from_its_checkpoint_keeps_the_attempts_before_it(runs, tmp_path):
+    """The three runs' real files laid out as one run of three attempts (as the aggregators'
+    archive_previous leaves them): attempt 0 wrote its summary, attempt 1 only its checkpoint (its
+    node 0 killed), attempt 2 is at the top. ``traceml summarize`` of attempt 1's own directory
+    and of the run rebuild from the checkpoints; each ledger keeps every attempt before it."""
+    import shutil
+
+    from traceml_core.rundir import CHECKPOINT_NAME, SUMMARY_JSON
+
+    chain = tmp_path / "chain"
+    (chain / "attempt-0").mkdir(parents=True)
+    (chain / "attempt-1").mkdir()
+    for name in (SUMMARY_JSON, CHECKPOINT_NAME):
+        shutil.copy(runs["never"][0] / name, chain / "attempt-0" / name)
+    shutil.copy(runs["every"][0] / CHECKPOINT_NAME, chain / "attempt-1" / CHECKPOINT_NAME)
+    shutil.copy(runs["safetensors"][0] / CHECKPOINT_NAME, chain / CHECKPOINT_NAME)
+    ids = {name: json.loads((runs[name][0] / SUMMARY_JSON).read_text())["goodput"]["attempts"][-1]["run_id"]
+           for name in ("never", "every", "safetensors")}
+
+    def summarize(d):
+        r = subprocess.run([PYTHON, "-m", "traceml_core.cli", "summarize", str(d)], env=env_for(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads((d / SUMMARY_JSON).read_text())["goodput"], r.stdout
+
+    g1, text1 = summarize(chain / "attempt-1")
+    assert [a["run_id"] for a in g1["attempts"]] == [ids["never"], ids["every"]], g1["attempts"]
+    assert not g1["attempts"][0]["rebuilt"] and g1["attempts"][1]["rebuilt"] is True
+    assert text1.startswith("Goodput of run over 2 attempts"), text1[:300]
+    g, text = summarize(chain)
+    assert [a["run_id"] for a in g["attempts"]] == [ids["never"], ids["every"], ids["safetensors"]]
+    assert [a["rebuilt"] for a in g["attempts"]] == [False, True, True]
+    # attempt 1's row is the one its own rebuilt summary holds; the total adds all three
+    assert g["attempts"][1]["total_s"] == g1["attempts"][1]["total_s"]
+    assert round(sum(a["total_s"] for a in g["attempts"]), 3) == g["total"]["total_s"]
+    assert "Goodput of run over 3 attempts" in text and "(rebuilt from its checkpoint)" in text
