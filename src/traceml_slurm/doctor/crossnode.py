@@ -421,8 +421,7 @@ def bench_observations(figures: Mapping[str, Mapping[str, Optional[float]]],
     share theirs with four other processes)."""
     from dataclasses import replace
 
-    from traceml_core.report.stats import median
-    from traceml_core.selftest import BENCH_SLOW_FRACTION, slower_than_peers
+    from traceml_core.selftest import BENCH_SLOW_FRACTION, median, slower_than_peers
 
     out = []
     for kind, unit, words in BENCH_KINDS:

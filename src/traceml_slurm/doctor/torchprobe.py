@@ -223,7 +223,7 @@ def _bench(torch: Any, devices: list[int]) -> dict[str, Any]:
     quota's periods that throttled it meanwhile, which tells a quota from other processes' load), and on each CUDA device that initialised a bf16 matmul and a pinned
     host-to-device copy. Figures only: the nodes are compared with each other by the coordinator
     (crossnode.compute_speed) and kept across jobs (docs/node-health.md)."""
-    from traceml_core.cgroupcpu import cpu_cgroup
+    from traceml_core.selftest import cpu_cgroup
 
     out: dict[str, Any] = {}
     try:
