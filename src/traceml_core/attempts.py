@@ -46,6 +46,18 @@ def attempt_dirs(run_dir: Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def attempts_before(directory: Path) -> list[tuple[int, Path]]:
+    """The attempts before the one whose files are in ``directory``: every ``attempt-<n>/`` in it
+    (a run directory: its top is the current attempt), or, for an earlier attempt's own
+    ``<run>/attempt-<k>/`` (``traceml summarize`` of an attempt that left only its checkpoint),
+    its siblings ``attempt-<n>/`` with ``n < k``."""
+    d = Path(directory)
+    m = _ATTEMPT.match(d.name)
+    if m and not d.is_symlink():
+        return [(n, p) for n, p in attempt_dirs(d.parent) if n < int(m.group(1))]
+    return attempt_dirs(d)
+
+
 def top_run_id(run_dir: Path) -> tuple[Optional[str], bool]:
     """(the run id of the attempt whose files are at the top of ``run_dir``, whether there are
     any): from its checkpoint, else from its summary's ledger."""

@@ -102,6 +102,8 @@ def test_each_nodes_lifecycle_reaches_the_summary_through_the_real_aggregator(ri
     node1 = record(10.0)
     node1["phases"].insert(0, ["rendezvous", t0])      # not a phase of ours
     node1["first_step"] = 2.0 ** 40                    # not a time
+    # the early warning reached node 1's launcher first; a signal name not of ours is dropped
+    node1["signals"] = [["SIGFOO", t0 + 11], ["SIGUSR1", t0 + 12.5], ["SIGUSR1", t0 + 13]]
     h.relays[1].drain(2.0)
     h.relays[1].close(3.0, bye={"t": "bye", "status": "clean", "exit_code": 0, "lifecycle": node1})
     h.relays[0].drain(2.0)
@@ -119,3 +121,6 @@ def test_each_nodes_lifecycle_reaches_the_summary_through_the_real_aggregator(ri
         (0, {"preflight": 5.0, "telemetry_up": 6.0, "training": 7.0, "finishing": 8.0}, 7.5, 0.0, 0),
         (1, {"preflight": 10.0, "telemetry_up": 11.0, "training": 12.0, "finishing": 13.0}, None, 0.0, 0)]
     assert s["telemetry"]["wire"]["values_refused"] == 1, s["telemetry"]["wire"]
+    ending = s["goodput"]["attempts"][-1]["ending"]
+    assert ending["warning"] == "SIGUSR1" and ending["warning_at"] == t0 + 12.5, ending
+    assert ending["scheduled_end"] is None and "the cluster did not say when the time limit was" in ending["words"]

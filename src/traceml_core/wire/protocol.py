@@ -111,12 +111,18 @@ received, plus:
              it; ``stopped_at`` when the launcher, signalled itself, began stopping it; or null).
              Optional ``lifecycle``: when the node's launch entered each phase (**lifecycle
              record**, :func:`traceml_core.wire.frames.launch_lifecycle`): ``{"phases": [[phase,
-             at], ...], "first_step", "allocation_start", "restarts"}``, phases named from
+             at], ...], "first_step", "allocation_start", "restarts", "signals": [[name, at],
+             ...], "scheduled_end"}``, phases named from
              :data:`LAUNCH_PHASES` (``preflight``, ``telemetry_up``, ``training``, ``finishing``,
              ``done``; see [the launch lifecycle](reliability.md#the-launch-lifecycle)), each at
              most once, times in seconds since 1970; ``first_step`` when the node's relay first
              received step records, ``allocation_start`` when the cluster started the job,
-             ``restarts`` how often it was requeued (null where not known). A time past its bound
+             ``restarts`` how often it was requeued (null where not known), ``signals`` the
+             first arrival of each signal the launcher received (:data:`LAUNCHER_SIGNALS`: the
+             early warning of ``--signal``, the time limit; each at most once),
+             ``scheduled_end`` when the cluster meant to end the job as it said when the early
+             warning came (null: none came, or it did not say); the goodput ledger's ``ending``
+             is made of them. A time past its bound
              is not measured (null, counted in ``values_refused``); anything else malformed drops
              the record, never the frame. The last frame of the link: the link closing without it before the
              run's ``finish`` means the node vanished, and ``gone`` for every rank it carried.

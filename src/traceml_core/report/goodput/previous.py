@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ...attempts import attempt_dirs
+from ...attempts import attempts_before
 from ...rundir import CHECKPOINT_NAME, SUMMARY_JSON
 from .ledger import AttemptLedger
 
@@ -24,9 +24,10 @@ def own_row(doc: Any) -> Optional[AttemptLedger]:
 def previous_attempts(run_dir: Path, rebuild: Optional[Rebuild] = None) -> list[AttemptLedger]:
     """Every earlier attempt's own ledger row, in order: from its ``final_summary.json``, else
     rebuilt from its checkpoint (its node 0 was killed before the summary); an attempt with
-    neither is left out, and said so on stderr."""
+    neither is left out, and said so on stderr. ``run_dir`` may be an earlier attempt's own
+    ``attempt-<k>/``: then the attempts before it (:func:`attempts_before`)."""
     out: list[AttemptLedger] = []
-    for _, path in attempt_dirs(Path(run_dir)):
+    for _, path in attempts_before(Path(run_dir)):
         row = None
         js = path / SUMMARY_JSON
         try:

@@ -1,4 +1,5 @@
-"""``traceml compare`` of two real runs' goodput ledgers: what a user reads.
+"""The goodput ledger on real single-node runs: ``traceml compare`` of two runs' ledgers (what a
+user reads), declared work, safetensors saves, and summaries rebuilt from checkpoints.
 
 Two ``traceml run`` jobs of tests/slurm/goodput_train.py side by side (one rank each, CPU,
 gloo): ``every`` saves a checkpoint after every step (``torch.save`` through a file that takes
@@ -144,3 +145,41 @@ def test_safetensors_saves_are_timed_as_checkpoints(runs):
     took = sum(r["end"] - r["start"] for r in saves)
     assert a["buckets"]["checkpoint"] > 0 and abs(a["buckets"]["checkpoint"] - took) <= max(0.02 * a["total_s"], 1.0)
     assert f"{len(saves)} checkpoint(s) seen, the last after step {saves[-1]['step'] - 1}" in text, text
+
+
+def test_a_summary_rebuilt_from_its_checkpoint_keeps_the_attempts_before_it(runs, tmp_path):
+    """The three runs' real files laid out as one run of three attempts (as the aggregators'
+    archive_previous leaves them): attempt 0 wrote its summary, attempt 1 only its checkpoint (its
+    node 0 killed), attempt 2 is at the top. ``traceml summarize`` of attempt 1's own directory
+    and of the run rebuild from the checkpoints; each ledger keeps every attempt before it."""
+    import shutil
+
+    from traceml_core.rundir import CHECKPOINT_NAME, SUMMARY_JSON
+
+    chain = tmp_path / "chain"
+    (chain / "attempt-0").mkdir(parents=True)
+    (chain / "attempt-1").mkdir()
+    for name in (SUMMARY_JSON, CHECKPOINT_NAME):
+        shutil.copy(runs["never"][0] / name, chain / "attempt-0" / name)
+    shutil.copy(runs["every"][0] / CHECKPOINT_NAME, chain / "attempt-1" / CHECKPOINT_NAME)
+    shutil.copy(runs["safetensors"][0] / CHECKPOINT_NAME, chain / CHECKPOINT_NAME)
+    ids = {name: json.loads((runs[name][0] / SUMMARY_JSON).read_text())["goodput"]["attempts"][-1]["run_id"]
+           for name in ("never", "every", "safetensors")}
+
+    def summarize(d):
+        r = subprocess.run([PYTHON, "-m", "traceml_core.cli", "summarize", str(d)], env=env_for(),
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return json.loads((d / SUMMARY_JSON).read_text())["goodput"], r.stdout
+
+    g1, text1 = summarize(chain / "attempt-1")
+    assert [a["run_id"] for a in g1["attempts"]] == [ids["never"], ids["every"]], g1["attempts"]
+    assert not g1["attempts"][0]["rebuilt"] and g1["attempts"][1]["rebuilt"] is True
+    assert text1.startswith("Goodput of run over 2 attempts"), text1[:300]
+    g, text = summarize(chain)
+    assert [a["run_id"] for a in g["attempts"]] == [ids["never"], ids["every"], ids["safetensors"]]
+    assert [a["rebuilt"] for a in g["attempts"]] == [False, True, True]
+    # attempt 1's row is the one its own rebuilt summary holds; the total adds all three
+    assert g["attempts"][1]["total_s"] == g1["attempts"][1]["total_s"]
+    assert round(sum(a["total_s"] for a in g["attempts"]), 3) == g["total"]["total_s"]
+    assert "Goodput of run over 3 attempts" in text and "(rebuilt from its checkpoint)" in text
