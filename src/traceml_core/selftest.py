@@ -39,7 +39,8 @@ _LAZY = {"DEFAULT_BYTES": ".linkprobe.probe", "ROUNDS_BUDGET_S": ".linkprobe.pro
          "ProbeServer": ".linkprobe.probe", "probe_failed": ".linkprobe.analysis", "FakeNvml": _NVML,
          "GpuDevice": _NVML, "GpuProcess": _NVML, "NvmlBackend": _NVML, "NvmlUnavailable": _NVML, "fake_gpus": _NVML,
          "load_nvml": _NVML, "link_observations_of": ".report.nodeevidence",
-         "slower_than_peers": ".report.nodeevidence", "BENCH_SLOW_FRACTION": ".report.thresholds"}
+         "slower_than_peers": ".report.nodeevidence", "BENCH_SLOW_FRACTION": ".report.thresholds",
+         "cpu_cgroup": ".cgroupcpu", "median": ".report.stats"}
 
 
 def __getattr__(name: str) -> Any:
@@ -52,7 +53,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = ["BENCH_SLOW_FRACTION", "DEFAULT_BYTES", "ROUNDS_BUDGET_S", "TEST_RECORDS", "FakeNvml", "GpuDevice", "GpuProcess", "NvmlBackend",
            "NvmlUnavailable", "ProbeRun", "ProbeServer", "TestAggregator", "fake_gpus", "link_observations_of", "load_nvml", "measure_links",
-           "probe_failed", "send_test_telemetry", "slower_than_peers"]
+           "probe_failed", "send_test_telemetry", "slower_than_peers", "cpu_cgroup", "median"]
 
 
 class TestAggregator:

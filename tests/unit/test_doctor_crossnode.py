@@ -161,3 +161,32 @@ def test_compute_speed_warns_on_the_node_far_below_its_peers_and_reads_the_slowe
     cpu = X.compute_speed({"a": _bench(40.0), "b": _bench(10.0)})
     assert cpu["b"].status is Status.WARN and cpu["b"].data["bench_gpu"] is None and "GPU" not in cpu["b"].observed
     assert "nothing to compare with" in X.compute_speed({"a": _bench(40.0), "b": None})["a"].observed
+
+
+def _quota_bench(cpu, quota, throttled):
+    return {"cpu": {"gflops": cpu, "threads": 1, "quota_cpus": quota, "throttled": throttled}, "gpus": []}
+
+
+def test_a_node_whose_own_cpu_quota_throttled_its_matmul_warns_whatever_the_peers_load():
+    """node3's cgroup quota (0.2 CPUs) throttled its matmul in 90% of the periods; the peers, on
+    cores shared with other processes, are barely faster (the ratio alone says nothing): the quota
+    is measured, so node3 is worse than its peers and the check says why. The same quota on every
+    node is the job's, not one node's; a throttled node that is not slower is no finding."""
+    out = X.compute_speed({"n1": _quota_bench(23.3, None, None), "n2": _quota_bench(22.0, None, None),
+                           "n3": _quota_bench(17.8, 0.2, 0.9)})
+    assert {n: o.status for n, o in out.items()} == {"n1": Status.PASS, "n2": Status.PASS, "n3": Status.WARN}
+    assert out["n3"].observed == ("slower than the other nodes: CPU matmul at 17.8 GFLOP/s against 22.6 GFLOP/s; "
+                                  "its cgroup's CPU quota (a limit of 0.2 CPUs) throttled it in 90% of the periods")
+    assert (out["n3"].data["cpu_quota"], out["n3"].data["cpu_throttled"]) == (0.2, 0.9)
+    obs = {o.host: o for o in X.bench_observations({n: X.bench_figures(b) for n, b in {
+        "n1": _quota_bench(23.3, None, None), "n2": _quota_bench(22.0, None, None),
+        "n3": _quota_bench(17.8, 0.2, 0.9)}.items()}, {"n3": {"cpu_quota": 0.2, "cpu_throttled": 0.9}})}
+    assert obs["n3"].bad and not obs["n1"].bad and obs["n3"].value == 17.8
+    # the same quota throttling every node: the job's limit, judged by the ratio only
+    same = X.compute_speed({n: _quota_bench(v, 0.2, 0.9) for n, v in (("n1", 23.3), ("n2", 22.0), ("n3", 17.8))})
+    assert {o.status for o in same.values()} == {Status.PASS}
+    # throttled now and then (under half of the periods), or throttled but not slower: no finding
+    assert X.compute_speed({"n1": _quota_bench(23.3, None, None), "n2": _quota_bench(22.0, None, None),
+                            "n3": _quota_bench(17.8, 0.2, 0.3)})["n3"].status is Status.PASS
+    assert X.compute_speed({"n1": _quota_bench(23.3, None, None), "n2": _quota_bench(22.0, None, None),
+                            "n3": _quota_bench(30.0, 0.2, 0.9)})["n3"].status is Status.PASS

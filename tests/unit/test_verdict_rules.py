@@ -368,7 +368,7 @@ def test_a_rank_held_back_by_its_cgroups_cpu_quota_is_a_straggler():
     v = s["verdict"]
     assert v["kind"] == "straggler" and v["culprit"]["rank"] == 1, _kinds(s)
     assert v["evidence"]["quota_wait_ms"] == 16.0 and abs(v["evidence"]["cpu_wait_ms"]) < 0.01, v["evidence"]
-    assert "16.0 ms of it held back by its cgroup's CPU quota (throttled)" in v["why"], v["why"]
+    assert "its cgroup's CPU quota held it back 16.0 ms per step (throttled)" in v["why"], v["why"]
     assert "capped by its cgroup's CPU quota" in v["next_step"], v["next_step"]
     assert "cpu_contention" not in _kinds(s), _kinds(s)
 

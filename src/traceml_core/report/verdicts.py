@@ -460,7 +460,7 @@ def _say_straggler(ev: dict[str, Any]) -> tuple[str, str]:
         why += f", {ev['cpu_wait_ms']:.1f} ms of it waiting for a CPU core longer than the others"
     quota = ev.get("quota_wait_ms")
     if quota is not None and quota >= 0.05:
-        why += f", {quota:.1f} ms of it held back by its cgroup's CPU quota (throttled)"
+        why += f"; its cgroup's CPU quota held it back {quota:.1f} ms per step (throttled)"
     deltas, phase = ev["phase_ms"], ev["phase"]
     if phase in deltas and ev["phase_share"] >= T.ATTRIBUTION_MOSTLY:
         why += f", mostly {_IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"

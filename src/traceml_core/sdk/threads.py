@@ -153,20 +153,10 @@ class Feeders:
 
 def _throttle_path() -> Optional[tuple[str, str]]:
     """(cpu.stat of this process's cgroup, the key of its throttled time), v2 or v1; None: none."""
-    text = _read("/proc/self/cgroup") or ""
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        if parts[0] == "0" and parts[1] == "":
-            path, key = f"/sys/fs/cgroup{parts[2]}/cpu.stat", "throttled_usec"
-        elif "cpu" in parts[1].split(","):
-            path, key = f"/sys/fs/cgroup/{parts[1]}{parts[2]}/cpu.stat", "throttled_time"
-        else:
-            continue
-        if os.path.exists(path):
-            return path, key
-    return None
+    from ..cgroupcpu import cpu_cgroup
+
+    where = cpu_cgroup()
+    return (where.stat_path, where.throttled_key) if where is not None else None
 
 
 def _throttled_ns(where: Optional[tuple[str, str]]) -> Optional[int]:

@@ -11,7 +11,8 @@ from collections import defaultdict
 from typing import Any, Mapping, Optional
 
 from .model import Outcome, failed, passed, skipped, warned
-from .thresholds import CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S, CONNECT_TIMEOUT_S
+from .thresholds import (BENCH_THROTTLED, BENCH_THROTTLED_PEERS, CLOCK_SKEW_FAIL_S, CLOCK_SKEW_WARN_S,
+                         CONNECT_TIMEOUT_S)
 
 CROSS: tuple[tuple[str, str], ...] = (
     ("cross.answers", "Every node answered"),
@@ -399,17 +400,46 @@ def bench_figures(bench: Optional[Mapping[str, Any]]) -> dict[str, Optional[floa
             "bench_gpu": slowest("gflops"), "h2d": slowest("h2d_gbps")}
 
 
-def bench_observations(figures: Mapping[str, Mapping[str, Optional[float]]]) -> list:
+def cpu_quota_figures(bench: Optional[Mapping[str, Any]]) -> dict[str, Optional[float]]:
+    """One node's CPU quota during its CPU matmul: ``cpu_quota`` (CPUs; None: no quota) and
+    ``cpu_throttled`` (the share of the quota's periods that throttled the benchmark; None: not
+    measured, no quota)."""
+    cpu = (bench or {}).get("cpu") or {}
+    return {"cpu_quota": cpu.get("quota_cpus"), "cpu_throttled": cpu.get("throttled")}
+
+
+def bench_observations(figures: Mapping[str, Mapping[str, Optional[float]]],
+                       quotas: Optional[Mapping[str, Mapping[str, Optional[float]]]] = None) -> list:
     """Each node's figures against the other nodes' of this job (core's rule for rates measured on
     each node, ``slower_than_peers``): ``figures[node][kind]``. The same function judges the
-    doctor's check and the evidence the node store keeps (doctor/nodehealth.py)."""
-    from traceml_core.selftest import BENCH_SLOW_FRACTION, slower_than_peers
+    doctor's check and the evidence the node store keeps (doctor/nodehealth.py).
+
+    ``quotas[node]`` (:func:`cpu_quota_figures`): a node whose own cgroup's CPU quota throttled its
+    CPU matmul in most periods, where the other nodes' did not, is worse than its peers whatever
+    the ratio: the cause is measured (a limit only this node's job steps have), while the ratio
+    depends on how loaded the peers' cores are (a fifth of a core is no slower than peers that
+    share theirs with four other processes)."""
+    from dataclasses import replace
+
+    from traceml_core.selftest import BENCH_SLOW_FRACTION, median, slower_than_peers
 
     out = []
     for kind, unit, words in BENCH_KINDS:
         values = {n: f.get(kind) for n, f in figures.items()}
         if sum(v is not None for v in values.values()) >= 2:
             out += slower_than_peers(values, kind, unit, words, BENCH_SLOW_FRACTION)
+    thr = {n: (q or {}).get("cpu_throttled") for n, q in (quotas or {}).items()}
+    for i, o in enumerate(out):
+        mine = thr.get(o.host)
+        if o.kind != "bench_cpu" or mine is None or mine < BENCH_THROTTLED or not (o.value or 0) < (o.peers or 0):
+            continue
+        others = median([t or 0.0 for n, t in thr.items() if n != o.host and n in figures]) or 0.0
+        if others >= BENCH_THROTTLED_PEERS:
+            continue   # the same limit on every node: the job's, not this node's
+        quota = (quotas or {}).get(o.host, {}).get("cpu_quota")
+        limit = f" (a limit of {quota:.2g} CPUs)" if quota else ""
+        out[i] = replace(o, bad=True, note=f"{o.note}; its cgroup's CPU quota{limit} throttled it in "
+                                            f"{mine:.0%} of the periods")
     return out
 
 
@@ -418,13 +448,15 @@ def compute_speed(bench: Mapping[str, Optional[Mapping[str, Any]]]) -> dict[str,
     not run). A node far slower than its peers warns: one run is a hint (the load of the moment
     may be the cause), the node store keeps it and ``traceml slurm nodes`` judges repetitions."""
     figures = {n: bench_figures(b) for n, b in bench.items()}
+    quotas = {n: cpu_quota_figures(b) for n, b in bench.items()}
     obs: dict[str, list] = defaultdict(list)
-    for o in bench_observations(figures):
+    for o in bench_observations(figures, quotas):
         obs[o.host].append(o)
     out: dict[str, Outcome] = {}
     for node, b in bench.items():
         f = figures[node]
-        data = {**f, "threads": ((b or {}).get("cpu") or {}).get("threads"), "gpus": list((b or {}).get("gpus") or [])}
+        data = {**f, **quotas[node], "threads": ((b or {}).get("cpu") or {}).get("threads"),
+                "gpus": list((b or {}).get("gpus") or [])}
         if b is None or all(v is None for v in f.values()):
             why = ((b or {}).get("cpu") or {}).get("error") or "torch did not run the benchmarks here (see sw.torch)"
             out[node] = skipped(f"not measured: {why}", **data)

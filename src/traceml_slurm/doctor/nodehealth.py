@@ -47,7 +47,8 @@ def evidence(report: Report) -> Optional[RunEvidence]:
     speed = _check(report, SPEED_CHECK)
     if speed is not None:
         figures = {host: {kind: o.data.get(kind) for kind, _, _ in BENCH_KINDS} for host, o in speed.nodes.items()}
-        found = bench_observations(figures)
+        quotas = {host: {k: o.data.get(k) for k in ("cpu_quota", "cpu_throttled")} for host, o in speed.nodes.items()}
+        found = bench_observations(figures, quotas)
         obs += found
         hosts += [h for h, f in figures.items() if any(v is not None for v in f.values())] if found else []
     health = _check(report, HEALTH_CHECK)

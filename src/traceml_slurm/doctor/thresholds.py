@@ -44,3 +44,10 @@ NCCL_SWEEP_BYTES = (1 << 20, 16 << 20, 128 << 20)
 #: default for --timeout: the longest any one wait may take (agents starting, a node answering, torch
 #: importing on a slow shared filesystem). Healthy nodes answer in 1-3 s; 15 s tolerates a cold cache.
 DEFAULT_TIMEOUT_S = 15.0
+
+#: cross.compute-speed: a node whose own cgroup's CPU quota throttled its CPU matmul in this share of
+#: the quota's periods or more is held back by a CPU limit (measured, not inferred from the ratio)...
+BENCH_THROTTLED = 0.5
+#: ...when the other nodes' median share is below this (the same quota everywhere is the job's, not
+#: one node's: no node is worse than its peers for it)
+BENCH_THROTTLED_PEERS = 0.1

@@ -209,17 +209,33 @@ def _best_rate(work: Any, amount: float, sync: Any = None) -> float:
     return best
 
 
+def _throttled_share(before: Optional[tuple[int, int]], after: Optional[tuple[int, int]]) -> Optional[float]:
+    """The share of the cgroup's CPU-quota periods during the benchmark in which the quota
+    throttled it (None: no cpu controller, or no period passed: no quota)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return round((after[1] - before[1]) / (after[0] - before[0]), 3)
+
+
 def _bench(torch: Any, devices: list[int]) -> dict[str, Any]:
     """The doctor's micro-benchmarks: a float32 matmul on the CPU (with the threads torch uses here,
-    as the training's main process would), and on each CUDA device that initialised a bf16 matmul and a pinned
+    as the training's main process would; with the CPU quota of its cgroup and the share of the
+    quota's periods that throttled it meanwhile, which tells a quota from other processes' load), and on each CUDA device that initialised a bf16 matmul and a pinned
     host-to-device copy. Figures only: the nodes are compared with each other by the coordinator
     (crossnode.compute_speed) and kept across jobs (docs/node-health.md)."""
+    from traceml_core.selftest import cpu_cgroup
+
     out: dict[str, Any] = {}
     try:
         n = BENCH_CPU_N
         a, b = torch.randn(n, n), torch.randn(n, n)
-        out["cpu"] = {"gflops": round(_best_rate(lambda: torch.mm(a, b), 2.0 * n ** 3 / 1e9), 3),
-                      "threads": int(torch.get_num_threads()), "n": n}
+        cg = cpu_cgroup()
+        before = cg.periods() if cg is not None else None
+        gflops = _best_rate(lambda: torch.mm(a, b), 2.0 * n ** 3 / 1e9)
+        after = cg.periods() if cg is not None else None
+        out["cpu"] = {"gflops": round(gflops, 3), "threads": int(torch.get_num_threads()), "n": n,
+                      "quota_cpus": cg.quota_cpus() if cg is not None else None,
+                      "throttled": _throttled_share(before, after)}
     except BaseException as exc:  # noqa: BLE001 - report it, keep the other figures
         out["cpu"] = {"error": f"{type(exc).__name__}: {exc}"[:300]}
     gpus = []

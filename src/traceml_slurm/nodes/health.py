@@ -178,23 +178,33 @@ def _latest(recent: Sequence[JobVerdict]) -> tuple[Latest, ...]:
 
 def _reason(host: str, bad: Sequence[JobVerdict], n: int) -> str:
     """``node3: link sending at 0.012 GB/s against 1.5 GB/s in 3 of 3 jobs since Dec 02``: the kind
-    seen in most bad jobs, with the medians of what was measured."""
+    seen in most bad jobs, with the medians of what was measured; then every other kind seen bad
+    (``; also CPU matmul at 10 GFLOP/s against 40 GFLOP/s in 1 of 3``)."""
     if not bad:
         return ""
     kinds: dict[str, list[NodeObservation]] = {}
     for j in bad:
         for kind in {o.kind for o in j.bad}:
             kinds.setdefault(kind, []).append(next(o for o in j.bad if o.kind == kind))
-    kind, obs = max(kinds.items(), key=lambda kv: (len(kv[1]), kv[0]))
+    # most bad jobs first; on a tie a link last (a node short of CPU also sends and receives slowly:
+    # the cause before its consequence)
+    ranked = sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0].startswith("link"), kv[0]))
+    since = time.strftime("%b %d", time.localtime(min(j.at for j in bad)))
+    (kind, obs), others = ranked[0], ranked[1:]
+    out = f"{host}: {_what(kind, obs)} in {len(obs)} of {n} job(s) since {since}"
+    if others:
+        out += "; also " + ", ".join(f"{_what(k, o)} in {len(o)} of {n}" for k, o in others)
+    return out
+
+
+def _what(kind: str, obs: Sequence[NodeObservation]) -> str:
+    """``link sending at 0.012 GB/s against 1.5 GB/s``: the medians of what was measured."""
     values = [o.value for o in obs if o.value is not None]
     peers = [o.peers for o in obs if o.peers is not None]
     words = KIND_WORDS.get(kind, kind)
     if values and peers:
-        what = f"{words} at {_num(median(values))} {obs[0].unit} against {_num(median(peers))} {obs[0].unit}"
-    else:
-        what = obs[0].note or words
-    since = time.strftime("%b %d", time.localtime(min(j.at for j in bad)))
-    return f"{host}: {what} in {len(obs)} of {n} job(s) since {since}"
+        return f"{words} at {_num(median(values))} {obs[0].unit} against {_num(median(peers))} {obs[0].unit}"
+    return obs[0].note or words
 
 
 def _num(v: float) -> str:
