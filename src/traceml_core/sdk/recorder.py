@@ -1,26 +1,26 @@
 """The step record and the bounded pool of batches it travels in to the client thread.
 
-**The record.** A step's record is a tuple with one integer per column of the wire protocol's
-table (``wire.protocol.COLUMNS``, ``step`` first), in that order. Whoever measures a column
-writes it by its position (:data:`C_FWD`, ...) into the step's value list (``StepState.vals``)
-and :meth:`StepRecorder.commit` turns the list into the record: no other code lays a record
-out. Two columns are finished on the client thread (:meth:`Batch.columns`), not per step:
+**The record.** A step's record is a list with one integer per column of the wire protocol's
+table (``wire.protocol.COLUMNS``, ``step`` first), in that order: the step's value list
+(``StepState.vals``, a new one per step) itself. Whoever measures a column writes it by its
+position (:data:`C_FWD`, ...) into that list, and :meth:`StepRecorder.commit` appends it to the
+batch as it is (no copy): no other code lays a record out. Two columns are finished on the client thread (:meth:`Batch.columns`), not per step:
 ``step`` (a batch holds consecutive steps from ``seq``) and ``step_ns``, which holds the step's
 start on the ``perf_counter`` clock until then (the duration is ``t_end_ns`` minus it). So a new
 column is a row in the protocol's table, the value its step starts with (:func:`fresh_values`:
 -1, "not measured", unless said otherwise), and the hook that measures it.
 
-**The pool.** Records are appended as one tuple per step to the current batch (a list); a full
+**The pool.** Records are appended as one list per step to the current batch (a list); a full
 (or old) batch is *sealed* by appending it to a deque that the client thread drains.
 ``list.append``, ``deque.append`` and ``deque.popleft`` are atomic under the GIL, so producer and
 consumer never wait on each other. Memory is bounded: at most ``max_batches`` batches of
 ``batch_size`` records exist; when none is free (aggregator gone or slow) the record is dropped
 and counted in :attr:`StepRecorder.dropped` -- the exact number, never silently.
 
-Why tuples in a list and not ``array('q')`` columns: on a real training step the interpreter
+Why lists in a list and not ``array('q')`` columns: on a real training step the interpreter
 arrives at our code with cold caches (torch's step has evicted it), and there the generic
-operations every Python program uses all the time (build a tuple, append to a list, slot
-attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
+operations every Python program uses all the time (copy a short list, append to a list,
+slot attributes) were measured 3-4x cheaper than ``array`` item stores or ``struct.pack_into``
 (0.5 us vs 1.7-2 us per step; see benchmarks/README.md, "Rank side"). The client thread turns
 records into the protocol's columns.
 """
@@ -70,7 +70,7 @@ class Batch:
     __slots__ = ("rows", "seq")
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, ...]] = []
+        self.rows: list[list[int]] = []
         self.seq = 0
 
     def columns(self, wall_offset: int) -> dict[str, list[int]]:
@@ -115,7 +115,7 @@ class StepRecorder:
         self.allocated = prealloc
         self.next_seq = 0     # sequence number (== step index) of the first record of self.batch
         self.batch: Optional[Batch] = self.free.popleft()
-        self.rows: Optional[list[tuple[int, ...]]] = self.batch.rows
+        self.rows: Optional[list[list[int]]] = self.batch.rows
         self.seal_at = perf_counter_ns() + self.seal_ns
         self.dropped = 0      # records the training thread dropped (no free batch)
         self.discarded = 0    # records the client thread discarded (refused, flush timed out)
@@ -127,7 +127,8 @@ class StepRecorder:
     # ---- training thread ---------------------------------------------------------------------
 
     def commit(self, vals: list[int], now_ns: int) -> None:
-        """Record one step: its values (see the module docstring) become the next record."""
+        """Record one step: its value list (see the module docstring) is the next record, as it
+        is; nothing writes to it afterwards (the next step has a new list)."""
         rows = self.rows
         if rows is None:            # no batch: the pool was exhausted when the last one sealed
             self._acquire()
@@ -136,7 +137,7 @@ class StepRecorder:
                 self.dropped += 1
                 self.next_seq += 1
                 return
-        rows.append(tuple(vals))
+        rows.append(vals)
         if len(rows) >= self.batch_size or now_ns >= self.seal_at:
             self.seal(now_ns)
 

@@ -3,10 +3,9 @@
 Rules of the hot path (everything a traced step touches reads :class:`StepState`):
 
 * no I/O, no locks, no environment or file lookups, no logging;
-* the step's values are one list laid out like its record (recorder.py): a hook adds the time
-  it measured to its column (``t.vals[C_FWD] += ...``) and the record is that list's values at
-  step exit (a tuple: the garbage collector stops tracking a tuple of ints, never a list, and a
-  batch holds a thousand records); a new list at each step entry;
+* the step's values are one list laid out like its record (recorder.py), a new one at each
+  step entry: a hook adds the time it measured to its column (``t.vals[C_FWD] += ...``) and the
+  record is that list at step exit;
 * the cost is set by how many Python calls and distinct objects a step touches (caches are
   cold in the middle of a training step: benchmarks/README.md, "Rank side"), so each hook reads
   the host clock inline and calls the timing strategy only where the strategy has more to do.
@@ -189,7 +188,7 @@ class StepContext:
             t.active += 1
             return self
         t.active = 1
-        t.vals = v = t.fresh.copy()     # (cheaper than resetting one list in place)
+        t.vals = v = t.fresh.copy()     # (the record: the batch keeps it, recorder.py)
         inp = t.pending_input
         v[C_INPUT] = inp
         t.pending_input = -1
