@@ -70,18 +70,24 @@ def cpu_limited(cluster, node: str) -> Iterator[Path]:
         pytest.skip(str(exc))
 
 
-def _rank_cgroup(cluster, node: str, marker: str, timeout: float) -> str:
-    """The cpu cgroup of the first process on ``node`` whose command line has ``marker``."""
+def _rank_cgroups(cluster, node: str, marker: str, timeout: float) -> set[str]:
+    """The cpu cgroups of the processes on ``node`` whose command line has ``marker`` (the task's
+    launcher, torchrun's agent, the rank), once the rank (``python -m traceml_core.bootstrap``, which
+    the agent's ``--module traceml_core.bootstrap`` is not) is among them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        found: dict[int, str] = {}
         for pid in cluster.node_pids(node):
             try:
-                if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    return cpu_cgroup_of(pid)
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                if marker in cmd:
+                    found[pid] = cmd
             except OSError:
                 continue
+        if any("\0-m\0traceml_core.bootstrap\0" in cmd for cmd in found.values()):
+            return {cpu_cgroup_of(pid) for pid in found}
         time.sleep(0.2)
-    raise AssertionError(f"no process of {marker} on {node} within {timeout} s")
+    raise AssertionError(f"no rank of {marker} on {node} within {timeout} s")
 
 
 def _wait_for_records(logs: Path, timeout: float) -> None:
@@ -117,7 +123,7 @@ def test_a_node_slowed_by_a_cgroup_cpu_limit_is_the_straggler_the_doctor_and_the
                                              "--cpus-per-task=1",
                                              env=job_env(train_logs, TRACEML_NODE_STORE=str(store), **TRAIN)))
             # node3's rank runs in the limited cgroup: Slurm's proctrack/task plugins did not move it out
-            assert _rank_cgroup(slurm_cluster, SLOW, str(SCRIPT), timeout=120) == "/" + cg.name
+            assert _rank_cgroups(slurm_cluster, SLOW, str(SCRIPT), timeout=120) == {"/" + cg.name}
             _wait_for_records(train_logs, timeout=120)
             (cg / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
             states, took = [slurm_cluster.wait(jobs[0], timeout=180)], [round(time.monotonic() - t0)]
