@@ -2,15 +2,17 @@
 
 Run inside the dev cluster's login namespace (it needs the cluster's three nodes and root for ``tc``):
 
-    scripts/dev-cluster exec .venv/bin/python benchmarks/node_health.py [--clean 10] [--slow 3] [--doctor]
+    scripts/dev-cluster exec .venv/bin/python benchmarks/node_health.py [--clean 10] [--slow 3] [--doctor] [--cgroup]
 
 One user's store, one job after the other (each a short DDP run of tests/unit/scripts/comm_train.py
 under ``traceml run``, the link probe before it; with ``--doctor`` each a ``traceml slurm doctor``
 over the three nodes instead: its link probe and its micro-benchmarks), in this order:
 
 1. ``--clean`` clean jobs: no node is slow, the machine's own load is the only disturbance;
-2. one job with node3's egress at 100 Mbit/s (``tc tbf``), then two clean jobs: a node slow in
-   one job only;
+2. one job with node3's egress at 100 Mbit/s (``tc tbf``; with ``--cgroup`` instead node3's slurmd,
+   and so its job steps, under a CPU quota of a tenth of a core: tests/slurm/cluster.py's
+   ``cpu_limited``, and a training step that is mostly the ranks' own compute), then two clean
+   jobs: a node slow in one job only;
 3. ``--slow`` jobs with node3 slow in every one.
 
 After each job the script reads ``traceml slurm nodes --json`` (what the next summary would say)
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -51,30 +54,39 @@ export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))'
 srun --kill-on-bad-exit=1 traceml run {SCRIPT}
 """
 DOCTOR_JOB = """#!/bin/bash
-traceml slurm doctor --json > doctor.json 2> doctor.err || true
+traceml slurm doctor --json{} > doctor.json 2> doctor.err || true
 """
+#: --cgroup --doctor: torch imports at a tenth of a core take longer than the default 15 s; the gloo
+#: all-reduce (one more import of torch) is not what is measured
+DOCTOR_CPU_ARGS = " --timeout 60 --ignore cross.gloo-allreduce"
 TRAIN = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "1024", "COMM_BATCH": "8", "COMM_STEPS": "26"}
+#: --cgroup: node3's CPU quota (a tenth of a core: a fifth is no slower than a peer's share of this
+#: machine's two loaded cores), and a step of mostly the ranks' own compute
+#: (tests/slurm/test_node_cpu_limit_slurm.py)
+CPU_QUOTA_US = 10_000
+TRAIN_CPU = {"COMM_MODE": "ddp", "COMM_LAYERS": "1", "COMM_WIDTH": "512", "COMM_BATCH": "1024", "COMM_STEPS": "45"}
 
 
-def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool, doctor: bool = False) -> dict:
+def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool, doctor: bool = False,
+            cgroup: bool = False) -> dict:
     logs = work / f"job{n:02d}"
     logs.mkdir()
     env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1",
-               TRACEML_LOGS_DIR=str(logs), TRACEML_NODE_STORE=str(store), **TRAIN)
+               TRACEML_LOGS_DIR=str(logs), TRACEML_NODE_STORE=str(store), **(TRAIN_CPU if cgroup else TRAIN))
     env.pop("TRACEML_RUN_INFO", None)
-    if slow:
-        cluster.on_node(SLOW_NODE, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", RATE,
-                        "burst", "32kbit", "latency", "400ms")
-    try:
+    with ExitStack() as stack:
+        if slow and cgroup:
+            stack.enter_context(cluster.cpu_limited(SLOW_NODE, CPU_QUOTA_US))
+        elif slow:
+            cluster.on_node(SLOW_NODE, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf", "rate", RATE,
+                            "burst", "32kbit", "latency", "400ms")
+            stack.callback(cluster.on_node, SLOW_NODE, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
         if doctor:
-            job, state, out = cluster.run_job(DOCTOR_JOB, "--nodes=3", "--ntasks-per-node=1", "--time=30",
-                                              timeout=300, env=env, cwd=logs)
+            job, state, out = cluster.run_job(DOCTOR_JOB.format(DOCTOR_CPU_ARGS if cgroup else ""), "--nodes=3",
+                                              "--ntasks-per-node=1", "--time=30", timeout=300, env=env, cwd=logs)
         else:
             job, state, out = cluster.run_job(JOB, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1",
                                               "--cpus-per-task=1", timeout=300, env=env)
-    finally:
-        if slow:
-            cluster.on_node(SLOW_NODE, "tc", "qdisc", "del", "dev", "eth0", "root", check=False)
     if state != "COMPLETED":
         raise SystemExit(f"job {job} ended {state}:\n{out[-3000:]}")
     got = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json"], env=env,
@@ -104,6 +116,8 @@ def main() -> None:
     ap.add_argument("--slow", type=int, default=3, help="jobs with node3 slow in every one, last (default 3)")
     ap.add_argument("--doctor", action="store_true", help="each job a `traceml slurm doctor` (link probe and "
                     "micro-benchmarks), not a training run")
+    ap.add_argument("--cgroup", action="store_true", help="node3 slow by a CPU quota of a tenth of a core on its "
+                    "slurmd's cgroup (v1 cpu), not by its link")
     args = ap.parse_args()
     cluster, why = Cluster.detect()
     if cluster is None:
@@ -111,12 +125,13 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="traceml-nodehealth-", dir="/tmp"))
     store = work / "nodes.sqlite"
     plan = [False] * args.clean + [True, False, False] + [True] * args.slow
-    print(f"node_health: {len(plan)} {'doctor ' if args.doctor else ''}jobs ({args.clean} clean; node3 slow in one, then 2 clean; "
+    print(f"node_health: {len(plan)} {'doctor ' if args.doctor else ''}jobs ({args.clean} clean; node3 slow "
+          f"({'CPU quota' if args.cgroup else 'link'}) in one, then 2 clean; "
           f"node3 slow in {args.slow}), store {store}; load {os.getloadavg()[0]:.1f}", flush=True)
     t0 = time.monotonic()
     history: list[dict] = []
     for n, slow in enumerate(plan, 1):
-        res = run_job(cluster, work, store, n, slow, args.doctor)
+        res = run_job(cluster, work, store, n, slow, args.doctor, args.cgroup)
         res["bad"] = bad_in(store, res["job"])
         res["excluded"] = set(res["nodes"]["exclude"])
         history.append(res)

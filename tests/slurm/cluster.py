@@ -17,9 +17,10 @@ import shlex
 import subprocess
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Optional, Sequence, Union
+from typing import Iterator, Mapping, Optional, Sequence, Union
 
 #: States after which a job no longer changes (``scontrol show job`` keeps them for MinJobAge=300 s).
 FINAL_STATES = frozenset({
@@ -30,6 +31,24 @@ FINAL_STATES = frozenset({
 
 class ClusterError(RuntimeError):
     """A Slurm command failed or a job did not finish in time; the message carries the details."""
+
+
+class CpuLimitUnavailable(ClusterError):
+    """This machine cannot limit a node's CPU (no writable cgroup v1 ``cpu`` hierarchy)."""
+
+
+#: the cgroup v1 ``cpu`` hierarchy (a hybrid layout keeps the controller there)
+CPU_CGROUP_ROOT = Path("/sys/fs/cgroup/cpu")
+
+
+def cpu_cgroup_of(pid: int) -> str:
+    """The cgroup v1 ``cpu`` path of a process (``/`` at the root)."""
+    text = Path(f"/proc/{pid}/cgroup").read_text()
+    for line in text.splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "cpu" in controllers.split(","):
+            return path
+    raise ClusterError(f"pid {pid} is in no cgroup v1 cpu hierarchy: {text}")
 
 
 def _login_namespace_mismatch(prefix: str) -> Optional[str]:
@@ -118,6 +137,52 @@ class Cluster:
         """
         return self.run(str(self.dir / "bin" / "in-ns"), self.node_netns(node), node, *cmd,
                         timeout=timeout, check=check)
+
+    @contextmanager
+    def cpu_limited(self, node: str, quota_us: int, period_us: int = 100_000,
+                    shares: int = 10 * 1024) -> Iterator[Path]:
+        """A node's slurmd (its pid only: the job steps it starts inherit the cgroup, since
+        proctrack/cgroup moves them only in the freezer hierarchy) in a cgroup v1 ``cpu`` group of
+        our own with a CPU quota of ``quota_us`` per ``period_us`` (write ``cpu.cfs_quota_us`` of
+        the yielded directory to change it). ``shares``: the group's weight (1024 is one process):
+        a group's tasks together weigh as one task of the root's, which alone would hold them back
+        on a machine busy with other processes; raised, only the quota does. Afterwards the slurmd
+        goes back where it was and the group is removed (after the steps it holds end: at most
+        30 s, else its quota is lifted and ClusterError says which pids stayed)."""
+        if not (CPU_CGROUP_ROOT / "cpu.cfs_quota_us").is_file() or not os.access(CPU_CGROUP_ROOT, os.W_OK):
+            raise CpuLimitUnavailable(f"no writable cgroup v1 cpu hierarchy at {CPU_CGROUP_ROOT} (cgroup v2 only, "
+                                      "or not root): a node's CPU limit cannot be made here")
+        pid = int((self.dir / node / "slurmd.pid").read_text().strip())
+        netns = Path("/run/netns") / self.node_netns(node)
+        a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat(netns)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            raise ClusterError(f"pid {pid} of {node}'s slurmd.pid is not in {netns}")
+        home = cpu_cgroup_of(pid)
+        cg = CPU_CGROUP_ROOT / f"traceml_{self.prefix}_{node}_{os.getpid()}"
+        try:
+            cg.mkdir()
+        except OSError as exc:
+            raise CpuLimitUnavailable(f"cannot make a cgroup under {CPU_CGROUP_ROOT} ({exc}): a node's CPU "
+                                      "limit cannot be made here") from None
+        try:
+            (cg / "cpu.cfs_period_us").write_text(str(period_us))
+            (cg / "cpu.cfs_quota_us").write_text(str(quota_us))
+            (cg / "cpu.shares").write_text(str(shares))
+            (cg / "cgroup.procs").write_text(str(pid))
+            if cpu_cgroup_of(pid) != "/" + cg.name:
+                raise ClusterError(f"{node}'s slurmd (pid {pid}) did not move into {cg}")
+            yield cg
+        finally:
+            if Path(f"/proc/{pid}").exists():
+                (CPU_CGROUP_ROOT / home.lstrip("/") / "cgroup.procs").write_text(str(pid))
+            deadline = time.monotonic() + 30
+            while (cg / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            left = (cg / "cgroup.procs").read_text().split()
+            if left:
+                (cg / "cpu.cfs_quota_us").write_text("-1")   # not ours to move: at least no longer limited
+                raise ClusterError(f"processes {left} of {node}'s jobs still in {cg} after 30 s (its quota lifted)")
+            cg.rmdir()
 
     def node_pids(self, node: str) -> list[int]:
         """Pids of every process in a node's network namespace (slurmd, job steps, leftovers)."""

@@ -23,7 +23,6 @@ only, not root): the limit cannot be made there.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -33,9 +32,9 @@ from typing import Iterator
 
 import pytest
 
+from cluster import CpuLimitUnavailable, cpu_cgroup_of
 from e2e import REPO, job_env
 
-CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 #: node3's slurmd and everything it starts share 10 ms of CPU per 100 ms (a tenth of one core; a
 #: fifth is no slower than what a peer's rank gets from two cores shared with a dozen other
 #: processes, this machine under load)...
@@ -60,57 +59,15 @@ srun --kill-on-bad-exit=1 traceml run {SCRIPT}
 """
 
 
-def _cpu_cgroup(pid: int) -> str:
-    """The cgroup v1 ``cpu`` path of a process (``/`` at the root)."""
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        _, controllers, path = line.split(":", 2)
-        if "cpu" in controllers.split(","):
-            return path
-    raise AssertionError(f"pid {pid} is in no cgroup v1 cpu hierarchy: {Path(f'/proc/{pid}/cgroup').read_text()}")
-
-
-def _same_netns(pid: int, netns: Path) -> bool:
-    a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat(netns)
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
-
-
 @contextmanager
 def cpu_limited(cluster, node: str) -> Iterator[Path]:
-    """node's slurmd (only its pid: the steps it starts inherit the cgroup) in a cgroup of our own
-    with the CPU quota; afterwards the slurmd goes back where it was and the cgroup is removed,
-    also when the test fails."""
-    if not (CPU_ROOT / "cpu.cfs_quota_us").is_file() or not os.access(CPU_ROOT, os.W_OK):
-        pytest.skip(f"no writable cgroup v1 cpu hierarchy at {CPU_ROOT} (cgroup v2 only, or not root): "
-                    "a node's CPU limit cannot be made here")
-    pid = int((cluster.dir / node / "slurmd.pid").read_text().strip())
-    netns = Path("/run/netns") / cluster.node_netns(node)
-    assert _same_netns(pid, netns), f"pid {pid} of {node}'s slurmd.pid is not in {netns}"
-    home = _cpu_cgroup(pid)
-    cg = CPU_ROOT / f"traceml_{cluster.prefix}_{node}_{os.getpid()}"
+    """node's slurmd in a cgroup of the test's own with the CPU quota (Cluster.cpu_limited), or a
+    skip where this machine cannot make one."""
     try:
-        cg.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make a cgroup under {CPU_ROOT} ({exc}): a node's CPU limit cannot be made here")
-    try:
-        (cg / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-        (cg / "cpu.cfs_quota_us").write_text(str(QUOTA_US))
-        (cg / "cpu.shares").write_text(str(SHARES))
-        (cg / "cgroup.procs").write_text(str(pid))
-        assert _cpu_cgroup(pid) == "/" + cg.name
-        yield cg
-    finally:
-        if Path(f"/proc/{pid}").exists():
-            (CPU_ROOT / home.lstrip("/") / "cgroup.procs").write_text(str(pid))
-        # what node3's slurmd started has ended with the jobs (a job that timed out was cancelled);
-        # a step still exiting leaves within moments: then the empty cgroup goes
-        deadline = time.monotonic() + 30
-        while (cg / "cgroup.procs").read_text().split() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        left = (cg / "cgroup.procs").read_text().split()
-        if left:
-            (cg / "cpu.cfs_quota_us").write_text("-1")   # not ours to move: at least no longer limited
-            raise AssertionError(f"processes {left} of {node}'s jobs still in {cg} after 30 s (its quota lifted)")
-        cg.rmdir()
+        with cluster.cpu_limited(node, QUOTA_US, PERIOD_US, SHARES) as cg:
+            yield cg
+    except CpuLimitUnavailable as exc:
+        pytest.skip(str(exc))
 
 
 def _rank_cgroup(cluster, node: str, marker: str, timeout: float) -> str:
@@ -120,7 +77,7 @@ def _rank_cgroup(cluster, node: str, marker: str, timeout: float) -> str:
         for pid in cluster.node_pids(node):
             try:
                 if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
-                    return _cpu_cgroup(pid)
+                    return cpu_cgroup_of(pid)
             except OSError:
                 continue
         time.sleep(0.2)

@@ -183,3 +183,21 @@ def test_a_summary_rebuilt_from_its_checkpoint_keeps_the_attempts_before_it(runs
     assert g["attempts"][1]["total_s"] == g1["attempts"][1]["total_s"]
     assert round(sum(a["total_s"] for a in g["attempts"]), 3) == g["total"]["total_s"]
     assert "Goodput of run over 3 attempts" in text and "(rebuilt from its checkpoint)" in text
+
+
+def test_the_page_shows_the_throughput_and_what_is_not_measured(runs, tmp_path):
+    from chromium import Chromium, chromium_path
+
+    if chromium_path() is None:
+        pytest.skip("no headless browser here (CI has one)")
+    c = Chromium(tmp_path / "chrome", width=1400, height=1000, offline=True)
+    try:
+        c.open((runs["every"][0] / "final_summary.html").resolve().as_uri())
+        assert c.wait_for("document.body.dataset.rendered", timeout=60) == "1"
+        lines = [ln for ln in c.eval("document.body.innerText").splitlines() if ln.startswith("throughput:")]
+    finally:
+        c.close()
+    tp = _summary(runs["every"][0])[0]["goodput"]["throughput"]
+    assert f"throughput: {tp['tokens_per_s']:,.1f} tokens/s, {tp['samples_per_s']:,.1f} samples/s over the allocation" \
+        in lines, lines
+    assert any(ln.startswith("throughput: MFU not measured: no peak FLOP/s for this device (CPU)") for ln in lines), lines
