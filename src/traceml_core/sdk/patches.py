@@ -22,6 +22,7 @@ re-generated: CUDA timing and inferred steps are states the hooks read, not vari
 
 from __future__ import annotations
 
+from types import FunctionType
 from typing import Any
 
 from . import hooks
@@ -120,8 +121,8 @@ class Patches:
         yet is wrapped inside torch's wrapper (its step hooks then run outside the timing)."""
 
         def wrap(cls: type) -> None:
-            step = cls.__dict__.get("step")
-            if callable(step) and not getattr(step, "_traceml", False):
+            step = cls.__dict__.get("step")   # (a plain function: not a staticmethod or property)
+            if isinstance(step, FunctionType) and not getattr(step, "_traceml", False):
                 self.originals.append((cls, "step", step))
                 wrapped = hooks.step(step, self.state, self.specialise)
                 wrapped._traceml = True   # (copied onto torch's wrapper of it: never wrapped twice)
