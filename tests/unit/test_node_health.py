@@ -308,3 +308,19 @@ def test_nvml_health_is_kept_a_slowdown_excludes_when_it_repeats_a_hardware_xid_
     text = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--store", str(store)],
                           capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CLUSTER_NAME": ""}).stdout
     assert text.rstrip().endswith("Next job script (paste into your sbatch script):\n  #SBATCH --exclude=node[2-3]"), text
+
+
+def test_the_reason_names_every_kind_seen_bad_the_most_repeated_first(tmp_path):
+    """A node short of CPU: its link probe slow in both jobs (a CPU-bound sender), its compute in
+    the run and its CPU matmul in the doctor, one job each. The reason leads with the kind of most
+    bad jobs and then names every other kind, with what was measured, so the CPU is not hidden
+    behind the link it slows."""
+    t0 = time.time() - 3600
+    cpu = {"101": NodeObservation("node3", "compute", 124.0, 58.0, "ms", True),
+           "102": NodeObservation("node3", "bench_cpu", 10.1, 27.1, "GFLOP/s", True)}
+    runs = [RunEvidence(j, f"run-{j}", t0 + i * 600, "run", HOSTS,
+                        run(j, 0, slow=("node3",)).observations + (cpu[j],)) for i, j in enumerate(("101", "102"))]
+    h = health_after(tmp_path, runs)["node3"]
+    assert h.exclude and h.reason.startswith("node3: link sending at 0.012 GB/s against 1.5 GB/s in 2 of 2 job(s) since ")
+    assert h.reason.endswith("; also compute (own time per step) at 124 ms against 58 ms in 1 of 2, "
+                             "CPU matmul at 10.1 GFLOP/s against 27.1 GFLOP/s in 1 of 2"), h.reason

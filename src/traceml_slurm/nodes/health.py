@@ -188,7 +188,7 @@ def _reason(host: str, bad: Sequence[JobVerdict], n: int) -> str:
             kinds.setdefault(kind, []).append(next(o for o in j.bad if o.kind == kind))
     # most bad jobs first; on a tie a link last (a node short of CPU also sends and receives slowly:
     # the cause before its consequence)
-    ranked = sorted(kinds.items(), key=lambda kv: (-len(kv[1]), kv[0].startswith("link"), kv[0]))
+    ranked = sorted(kinds.items(), key=lambda kv: (len(kv[1]), not kv[0].startswith("link"), kv[0]), reverse=True)
     since = time.strftime("%b %d", time.localtime(min(j.at for j in bad)))
     (kind, obs), others = ranked[0], ranked[1:]
     out = f"{host}: {_what(kind, obs)} in {len(obs)} of {n} job(s) since {since}"
