@@ -182,7 +182,8 @@ def test_short_killwait_warns_unless_a_term_signal_comes_early_enough():
                                          "short-nogres"))
     assert batch_only.status is Status.WARN and "batch shell only" in batch_only.observed
     usr1 = W.check_signal(ctx_with(nosig, "short-nogres", SBATCH_SIGNAL="USR1@90"))
-    assert usr1.status is Status.WARN and "ignores SIGUSR1" in usr1.observed
+    assert usr1.status is Status.WARN and "passes SIGUSR1 on to the training script" in usr1.observed
+    assert "does not stop for it" in usr1.observed
     assert W.check_signal(ctx_with(R.replay("short-nogres", config={"kill_wait_time": 30}), "short-nogres")
                           ).status is Status.PASS
 

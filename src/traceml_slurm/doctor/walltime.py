@@ -7,7 +7,9 @@ At the time limit Slurm sends SIGTERM to every step, waits ``KillWait`` seconds,
 recipe (:mod:`traceml_slurm.timelimit`: ``#SBATCH --signal=TERM@120``, every step's tasks get
 SIGTERM 120 s before the limit). Slurm 22.05 shows the
 ``--signal`` of a job nowhere but in its batch script (``#SBATCH --signal=...``) or the submitting
-shell's ``SBATCH_SIGNAL``, so that is where we look. ``traceml run`` ignores USR1/USR2.
+shell's ``SBATCH_SIGNAL``, so that is where we look. ``traceml run`` passes USR1/USR2 on to the
+workers (the script's own handler, e.g. a last checkpoint) and does not stop for them: the summary
+still needs time at the SIGTERM.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def check_signal(ctx: NodeContext) -> Outcome:
         if spec.batch_only:
             note = f"; --signal={spec.text} goes to the batch shell only, not to `traceml run` in the steps"
         elif spec.name not in STOPPING:
-            note = f"; --signal={spec.text}: `traceml run` ignores SIG{spec.name}"
+            note = (f"; --signal={spec.text}: `traceml run` passes SIG{spec.name} on to the training script "
+                    f"(its handler can save a checkpoint) but does not stop for it")
         else:
             note = f"; --signal={spec.text} comes only {spec.seconds} s before the limit"
     if kill_wait is None:
