@@ -398,7 +398,7 @@ def test_the_gaps_between_steps_are_sketched_after_the_warm_up():
     assert sk.total == len(steady) == n - WARMUP_STEPS
     n_lo, _, n_hi, s_hi = sk.split(10_000_000)
     assert (n_lo, n_hi) == (len(steady) - 5, 5)            # steps 10, 20, 30, 40, 50
-    assert abs(s_hi - 5 * 40_000_000) <= 0.01 * 5 * 40_000_000
+    assert abs(s_hi - 5 * 40_000_000) <= 0.1 * 5 * 40_000_000   # 1/4-octave buckets: within ~9 %
     # through the wire and a checkpoint, the same
     again = WindowStats.from_data(run.to_data())
     assert again.sketch("outside").split(10_000_000)[2] == 5

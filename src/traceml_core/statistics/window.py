@@ -72,6 +72,15 @@ assert PEAK_COLUMNS == ("mem_peak",), "the plain data calls the one peak column 
 OUTSIDE = "outside"
 #: what the sketches are of, in order: every duration column, then the time between steps
 SKETCHED_COLUMNS = (*DURATION_COLUMNS, OUTSIDE)
+#: the gaps' sketch has 1/4-octave buckets (``QuantileSketch.shift``): their range is wide (0.1 ms
+#: typical, pauses of seconds; 1/64-octave lanes over it cost ~6 KB per rank, +60 % of node 0's
+#: checkpoint at 65,536 ranks) and the pause rule needs their shape, not exact quantiles
+GAP_SHIFT = 4
+
+
+def _sketches() -> list[QuantileSketch]:
+    """An empty sketch per sketched column, each at its resolution."""
+    return [QuantileSketch() for _ in DURATION_COLUMNS] + [QuantileSketch(GAP_SHIFT)]
 
 # --- the field list ------------------------------------------------------------------------------
 #: (name, rule) of each fixed field, in ``v``'s order. Rules: ``head`` (position in the run: the
@@ -179,7 +188,7 @@ class WindowStats:
         """An empty running value (a rank's, at node 0): windows merged into it have their keys
         counted into its sketches; its series keeps at most ``buckets`` buckets."""
         st = cls()
-        st.keys, st.sketches = None, [QuantileSketch() for _ in SKETCHED_COLUMNS]
+        st.keys, st.sketches = None, _sketches()
         st.series.limit = buckets
         st.travels = False
         return st
@@ -415,7 +424,7 @@ class WindowStats:
         the window)."""
         if self.sketches is not None:
             return
-        self.sketches = [QuantileSketch() for _ in SKETCHED_COLUMNS]
+        self.sketches = _sketches()
         self._add_sketches(self)
         self.keys = self.dense = None
 
@@ -596,7 +605,8 @@ class WindowStats:
         st.outside = int(outside.get("sum", 0))
         v[OUT_CNT] = int(outside.get("count", 0))
         # (a checkpoint before the time between steps was sketched: an empty sketch)
-        sks.append(QuantileSketch.from_data(outside["sketch"]) if outside.get("sketch") else QuantileSketch())
+        gap_sk = QuantileSketch.from_data(outside["sketch"]) if outside.get("sketch") else None
+        sks.append(gap_sk if gap_sk is not None and gap_sk.shift == GAP_SHIFT else QuantileSketch(GAP_SHIFT))
         v[SKETCHED] = int(d.get("sketched", 0))
         # the step phase's first record is not kept: a checkpoint's value joins what follows it
         # through the interval the later value's first record knows (step_first stays -1 here)
