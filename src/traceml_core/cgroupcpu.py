@@ -12,7 +12,17 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from .sdk.threads import _read
+
+def read_small(path: str, limit: int = 4096) -> Optional[str]:
+    """The start of a small kernel file (/proc, /sys) as text, or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("ascii", "replace")
+    except OSError:
+        return None
+
+
+_read = read_small
 
 
 @dataclass(frozen=True)

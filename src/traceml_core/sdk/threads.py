@@ -36,6 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..cgroupcpu import read_small
 from ..wire.protocol import CPU_THREADS_EVENT as EVENT_KIND
 
 #: the event text the wire takes (wire/frames.py)
@@ -72,12 +73,7 @@ def _ticks_ns() -> float:
 TICK_NS = _ticks_ns()
 
 
-def _read(path: str, limit: int = 4096) -> Optional[str]:
-    try:
-        with open(path, "rb") as f:
-            return f.read(limit).decode("ascii", "replace")
-    except OSError:
-        return None
+_read = read_small
 
 
 def _stat_fields(pid: str) -> Optional[list[str]]:
