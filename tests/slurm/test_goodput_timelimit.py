@@ -55,9 +55,16 @@ def jobs(slurm_cluster, tmp_path_factory):
             slurm_cluster.run("scancel", job.id, check=False)
 
 
-def _set_end(cluster, job: gp.Job, at: float) -> None:
+def _set_end(cluster, job: gp.Job, at: float) -> float:
+    """Set the job's end, and return the end the controller then holds: it keeps a time limit in
+    whole minutes, so the end it applies can be up to a minute after the one asked for (seen in
+    CI: 63 s later), and the warning and the limit follow the applied one."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
     cluster.run("scontrol", "update", f"JobId={job.id}", f"EndTime={stamp}")
+    shown = cluster.run("scontrol", "show", "job", job.id).stdout
+    m = re.search(r"\bEndTime=(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)", shown)
+    assert m, shown
+    return time.mktime(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S"))
 
 
 def _usr1_at(job: gp.Job) -> float | None:
@@ -72,8 +79,7 @@ def _drive(cluster, jobs: dict[str, gp.Job]) -> None:
         time.sleep(0.2)
     now = time.time()
     for name in ("saved", "ignored"):
-        _set_end(cluster, jobs[name], now + 40)
-        jobs[name].end_at_warning = float(int(now + 40))   # type: ignore[attr-defined]
+        jobs[name].end_at_warning = _set_end(cluster, jobs[name], now + 40)   # type: ignore[attr-defined]
     while (t1 := _usr1_at(jobs["saved"])) is None:
         assert time.monotonic() < deadline + 40, cluster.output(jobs["saved"].id)[-3000:]
         time.sleep(0.2)
