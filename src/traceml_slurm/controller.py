@@ -30,6 +30,13 @@ from .hostlists import expand_nodelist
 NO_LIMIT_S = 300 * 86400.0
 
 
+#: what a job's state reads while it holds its allocation and has not begun to end. Slurm shows a
+#: running job's transient flag in place of RUNNING: SIGNALING while a SIGCONT or SIGSTOP is on its
+#: way to the nodes (the early warning of ``#SBATCH --signal`` sends SIGCONT first, so a launcher
+#: that asks on the warning may see it: seen in CI), CONFIGURING while its nodes boot, RESIZING.
+LIVE_STATES = ("RUNNING", "SIGNALING", "CONFIGURING", "RESIZING")
+
+
 def limit_or_none(seconds: Optional[float]) -> Optional[float]:
     """A time limit in seconds, or None for "no time limit" (None, or Slurm's 365 days)."""
     return None if seconds is None or seconds >= NO_LIMIT_S else seconds
@@ -67,6 +74,20 @@ class JobFacts:
     #: why the job is in its state (scontrol's Reason: "TimeLimit" for a job the limit ended, also
     #: while its state reads COMPLETING); None: not said
     reason: Optional[str] = None
+
+    @property
+    def live(self) -> bool:
+        """The job holds its allocation and has not begun to end (:data:`LIVE_STATES`)."""
+        return str(self.state).split(",")[0].strip().upper() in LIVE_STATES
+
+    @property
+    def scheduled_end(self) -> Optional[float]:
+        """When the controller means to end the job, epoch s: its EndTime while the job is live
+        (:data:`LIVE_STATES`). EndTime follows an ``scontrol update`` of EndTime to the second,
+        which StartTime + TimeLimit does not (the limit is kept in whole minutes, rounded); once
+        the job ends, scancel has rewritten EndTime to the cancel time. None: not live, no limit,
+        or not said."""
+        return self.end_time if self.live and limit_or_none(self.time_limit_s) is not None else None
 
 
 @dataclass

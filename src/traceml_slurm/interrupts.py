@@ -62,9 +62,8 @@ def controller_state(job_id: Optional[str]) -> Optional[dict[str, Any]]:
     end = job.start_time + job.time_limit_s if job.start_time and not unlimited else None
     return {"state": job.state, "end": end, "unlimited": unlimited, "restarts": job.restarts,
             "start": job.start_time, "reason": job.reason,
-            # while it runs, EndTime is when the controller will end it (it follows an `scontrol
-            # update` of the time limit or EndTime, which StartTime + TimeLimit in minutes may not)
-            "scheduled": job.end_time if str(job.state).startswith("RUNNING") and not unlimited else None}
+            # while the job is live, EndTime is when the controller will end it (JobFacts)
+            "scheduled": job.scheduled_end}
 
 
 def scheduled_end(config: Any, *, ask: Any = controller_state) -> Optional[float]:

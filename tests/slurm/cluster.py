@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import subprocess
 import tempfile
 import time
@@ -138,6 +139,28 @@ class Cluster:
         return self.run(str(self.dir / "bin" / "in-ns"), self.node_netns(node), node, *cmd,
                         timeout=timeout, check=check)
 
+    def slurmd_pid(self, node: str) -> int:
+        """The pid of a node's slurmd (its pid file), checked to be in the node's network
+        namespace: a stale pid file must not make a test act on someone else's process."""
+        pid = int((self.dir / node / "slurmd.pid").read_text().strip())
+        netns = Path("/run/netns") / self.node_netns(node)
+        a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat(netns)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            raise ClusterError(f"pid {pid} of {node}'s slurmd.pid is not in {netns}")
+        return pid
+
+    @contextmanager
+    def slurmd_stopped(self, node: str) -> Iterator[int]:
+        """A node's slurmd stopped (SIGSTOP) for the block, continued after it: the controller's
+        messages to the node wait unanswered (its MessageTimeout), as with a node under heavy
+        load. Keep the block well under SlurmdTimeout, or the controller sets the node DOWN."""
+        pid = self.slurmd_pid(node)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield pid
+        finally:
+            os.kill(pid, signal.SIGCONT)
+
     @contextmanager
     def cpu_limited(self, node: str, quota_us: int, period_us: int = 100_000,
                     shares: int = 10 * 1024) -> Iterator[Path]:
@@ -152,11 +175,7 @@ class Cluster:
         if not (CPU_CGROUP_ROOT / "cpu.cfs_quota_us").is_file() or not os.access(CPU_CGROUP_ROOT, os.W_OK):
             raise CpuLimitUnavailable(f"no writable cgroup v1 cpu hierarchy at {CPU_CGROUP_ROOT} (cgroup v2 only, "
                                       "or not root): a node's CPU limit cannot be made here")
-        pid = int((self.dir / node / "slurmd.pid").read_text().strip())
-        netns = Path("/run/netns") / self.node_netns(node)
-        a, b = os.stat(f"/proc/{pid}/ns/net"), os.stat(netns)
-        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
-            raise ClusterError(f"pid {pid} of {node}'s slurmd.pid is not in {netns}")
+        pid = self.slurmd_pid(node)
         home = cpu_cgroup_of(pid)
         cg = CPU_CGROUP_ROOT / f"traceml_{self.prefix}_{node}_{os.getpid()}"
         try:

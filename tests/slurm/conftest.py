@@ -46,6 +46,8 @@ GENERATIONS = {
         "the template's reading of partitions, MaxTime and GPU types from that generation's sinfo/scontrol"),
     "test_template_job.py::test_template_checks_a_fitting_job_and_runs_test_only": ("24.11 25.11",
         "sbatch --test-only's answer as that generation words it"),
+    "test_scheduled_end_slurm.py::test_a_job_reading_signaling_is_still_ended_at_its_endtime": ("24.11 25.11",
+        "a running job's state flags (SIGNALING) and EndTime after an update, as that controller shows them"),
     "test_doctor_pyslurm.py::test_doctor_through_pyslurm_and_scontrol_gives_the_same_facts": ("25.11",
         "the doctor through the real pyslurm against scontrol (only 25.11 has a pyslurm)"),
     "test_doctor_pyslurm.py::test_a_backfilled_job_without_time_limit_has_none_through_both": ("25.11",

@@ -56,9 +56,9 @@ def jobs(slurm_cluster, tmp_path_factory):
 
 
 def _set_end(cluster, job: gp.Job, at: float) -> float:
-    """Set the job's end, and return the end the controller then holds: it keeps a time limit in
-    whole minutes, so the end it applies can be up to a minute after the one asked for (seen in
-    CI: 63 s later), and the warning and the limit follow the applied one."""
+    """Set the job's end, and return the end the controller then holds (EndTime, to the second;
+    its TimeLimit is rounded to whole minutes, so StartTime + TimeLimit may be a minute off: the
+    product must read EndTime, tests/slurm/test_scheduled_end_slurm.py)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(at))
     cluster.run("scontrol", "update", f"JobId={job.id}", f"EndTime={stamp}")
     shown = cluster.run("scontrol", "show", "job", job.id).stdout

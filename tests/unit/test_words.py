@@ -128,17 +128,34 @@ def test_the_controllers_365_day_limit_reads_as_unlimited(monkeypatch):
     from traceml_slurm import controller
     from traceml_slurm.interrupts import controller_state
 
-    class _Job:
-        state, start_time, time_limit_s, restarts = "RUNNING", 1000.0, 365 * 86400.0, 0
-        end_time, reason = 1000.0 + 365 * 86400.0, None
+    job = controller.JobFacts("5", "train", "RUNNING", "debug", "node1", 1, 365 * 86400.0, 1000.0,
+                              1000.0 + 365 * 86400.0, restarts=0)
 
     class _Backend:
         def __init__(self, timeout: float) -> None:
             pass
 
-        def job(self, job_id: str) -> _Job:
-            return _Job()
+        def job(self, job_id: str) -> controller.JobFacts:
+            return job
 
     monkeypatch.setattr(controller, "ScontrolBackend", _Backend)
     assert controller_state("5") == {"state": "RUNNING", "end": None, "unlimited": True, "restarts": 0,
                                      "start": 1000.0, "reason": None, "scheduled": None}
+
+
+@pytest.mark.parametrize("state,scheduled", [("RUNNING", 1053.0), ("SIGNALING", 1053.0), ("CONFIGURING", 1053.0),
+                                             ("COMPLETING", None), ("CANCELLED", None), ("TIMEOUT", None)])
+def test_the_scheduled_end_is_endtime_while_the_job_is_live_whatever_flag_it_shows(state, scheduled):
+    """An ``scontrol update EndTime=`` to start + 53 s leaves a 2-minute TimeLimit (Slurm keeps
+    whole minutes): EndTime is the end the controller keeps to. On the early warning, Slurm sends
+    SIGCONT first and the job reads SIGNALING until the nodes answered: still live, still EndTime
+    (CI asked in that window and reported start + limit, 67 s late)."""
+    from traceml_slurm import controller
+    from traceml_slurm.interrupts import scheduled_end
+
+    job = controller.JobFacts("7", "train", state, "debug", "node1", 1, 120.0, 1000.0, 1053.0, restarts=0)
+    assert job.scheduled_end == scheduled
+    cfg = _Cfg()
+    cfg.job_id, cfg.job_end_time = "7", None
+    facts = {"state": state, "end": 1120.0, "unlimited": False, "scheduled": job.scheduled_end}
+    assert scheduled_end(cfg, ask=lambda j: facts) == (scheduled or 1120.0)

@@ -117,7 +117,7 @@ def check_job(ctx: NodeContext) -> Outcome:
     data = {"backend": _backend_name(ctx), "state": j.state, "partition": j.partition, "nodes": j.nodes,
             "time_limit_s": j.time_limit_s, "end_time": j.end_time, "batch_host": j.batch_host}
     line = f"job {j.job_id} {j.state} in partition {j.partition}, {j.num_nodes} nodes {j.nodes}, {limit} (via {data['backend']})"
-    if j.state not in ("RUNNING", "CONFIGURING"):
+    if not j.live:
         return warned(line, "The job is not running normally; check `scontrol show job`.", **data)
     return passed(line, **data)
 
