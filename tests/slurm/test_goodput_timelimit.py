@@ -113,6 +113,10 @@ def _attempt(job: gp.Job) -> tuple[dict, str]:
     return a, text
 
 
+def _advice(job: gp.Job) -> dict | None:
+    return gp.summary_of(job)[0]["goodput"]["advice"]
+
+
 def test_the_warning_handled_saves_and_ends_before_the_limit(jobs):
     job = jobs["saved"]
     a, text = _attempt(job)
@@ -129,6 +133,8 @@ def test_the_warning_handled_saves_and_ends_before_the_limit(jobs):
     assert a["progress"]["unsaved_s"] < 0.5, a["progress"]
     assert f"SIGUSR1 (the early warning of `#SBATCH --signal`) came {e['warning_lead_s']:,.1f} s before" in text
     assert "a checkpoint was saved" in text and "s before the limit" in text and "were not saved" not in text
+    adv = _advice(job)
+    assert adv is None or adv["bucket"] != "unsaved", adv   # the control: nothing was lost
 
 
 @pytest.mark.parametrize("name", ["ignored", "nosignal"])
@@ -145,6 +151,15 @@ def test_the_time_limit_names_the_sigterm_and_the_work_lost(slurm_cluster, jobs,
     assert "SIGTERM at the time limit" in text
     # the tail: from the last step to the end, the SIGTERM's grace and the summary in it
     assert a["buckets"]["tail"] > 0
+    # the advice: the lost training outweighs every bucket (start-up, the tail), with the save that keeps it
+    adv = _advice(job)
+    assert adv is not None and adv["bucket"] == "unsaved", adv
+    assert abs(adv["seconds"] - lost) < 1.0 and "before the time limit, since the checkpoint after step 79" in adv["why"]
+    assert "advice: TRAINING NOT SAVED: " in text
+    if name == "ignored":
+        assert "Slurm sent SIGUSR1" in adv["next_step"] and "add a SIGUSR1 handler" in adv["next_step"], adv
+    else:
+        assert "`#SBATCH --signal=USR1@600`" in adv["next_step"], adv
     if name == "ignored":
         assert e["warning"] == "SIGUSR1" and e["saved_after_warning"] is False, e
         assert abs(e["warning_lead_s"] - (job.end_at_warning - e["warning_at"])) < 1.0, e

@@ -131,6 +131,42 @@ def test_one_attempt_each_bucket_matches_the_timeline_and_sums_exactly():
     assert "20.0 rank-seconds" in ledger.advice.why and "10.0 s per attempt" in ledger.advice.why
 
 
+def _long_after_checkpoint(status: str, reason: str):
+    """2 ranks: 5 s of start-up, 300 steps of 100 ms, a checkpoint after step 40, 3 s of tail:
+    26 s of training per rank after the checkpoint."""
+    starts = [T0 + 5.0 + 0.1 * i for i in range(300)]
+    last_end = starts[-1] + 0.1
+    ck = [(starts[39] + 0.1, 0.05, 40)]
+    end = last_end + 3.0
+    data = run_data([rank_data(0, 0, starts, checkpoints=ck), rank_data(1, 1, starts, checkpoints=ck)], end=end)
+    return assemble(account(data, ctx(data, end, status=status, reason=reason), attempt=0, previous=[]), [],
+                    data, "cpu")
+
+
+def test_training_lost_to_the_time_limit_is_the_advice_when_it_outweighs_every_bucket():
+    """The issue's own example: the time limit took the work since the last checkpoint, which a
+    resumed run redoes; it outweighs start-up (10 rank-seconds) and names the save that keeps it."""
+    ledger = _long_after_checkpoint("interrupted", "the job reached its time limit (SLURM_JOB_END_TIME)")
+    every_split_sums(ledger)
+    a = ledger.attempts[0]
+    assert a.ended == "time_limit" and a.progress.unsaved_s == pytest.approx(26.0, abs=0.05)
+    adv = ledger.advice
+    assert adv is not None and adv.bucket == "unsaved", adv
+    assert adv.seconds == pytest.approx(2 * 26.0, abs=0.1)
+    assert "the last 26.0 s of training before the time limit, since the checkpoint after step 39, were not saved" \
+        in adv.why and "26.0 s x 2 ranks" in adv.why
+    assert "--signal=USR1@600" in adv.next_step
+    from traceml_core.report.goodput.render import render_ledger
+    assert "advice: TRAINING NOT SAVED:" in "\n".join(render_ledger(ledger))
+
+
+def test_the_same_training_completed_or_cancelled_gets_no_advice_to_save_it():
+    """The controls: a run that completed lost nothing; one the user cancelled was their choice."""
+    for status, reason in (("completed", ""), ("interrupted", "the job was cancelled (scancel)")):
+        ledger = _long_after_checkpoint(status, reason)
+        assert ledger.advice is None or ledger.advice.bucket != "unsaved", (status, ledger.advice)
+
+
 def test_no_advice_below_its_threshold():
     starts = [T0 + 0.2 + 0.1 * i for i in range(1000)]
     end = starts[-1] + 0.1 + 0.2

@@ -14,11 +14,22 @@ from typing import Optional, Sequence
 
 from ...rundata import RunData
 from .buckets import BY_KEY
+from .ending import UNSAVED_LOST, since_words
 from .ledger import Advice, AttemptLedger, Ledger, Split, Throughput
 from .throughput import PEAK_FLOPS, peak_flops, throughput  # noqa: F401 - the table's old home
 
 #: the smallest share of the allocation the advice speaks about
 ADVICE_MIN_FRACTION = 0.05
+#: the advice's key for the training the last attempt did after its last checkpoint, lost to the
+#: time limit, a requeue or a preemption: not a bucket (it was productive, in this attempt), but
+#: what the resumed run pays again, so it is weighed against the buckets in device-seconds
+UNSAVED = "unsaved"
+
+
+def advice_label(key: str) -> str:
+    """The words for an advice's key: its bucket's label, or the unsaved training's."""
+    return "training not saved" if key == UNSAVED else BY_KEY[key].label
+
 
 def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Optional[RunData] = None,
              device: str = "unknown") -> Ledger:
@@ -59,8 +70,9 @@ def _dur(s: float) -> str:
     return f"{s:.1f} s"
 
 
-def _slots_word(ledger: Ledger) -> str:
-    return "GPUs" if ledger.unit.startswith("GPU") else "ranks"
+def _slots_word(ledger: Ledger, slots: int) -> str:
+    word = "GPU" if ledger.unit.startswith("GPU") else "rank"
+    return word if slots == 1 else word + "s"
 
 
 def advise(ledger: Ledger) -> Optional[Advice]:
@@ -69,6 +81,10 @@ def advise(ledger: Ledger) -> Optional[Advice]:
     if total.total_ms <= 0:
         return None
     cands = [(v, k) for k, v in total.ms.items() if v and BY_KEY[k].avoidable]
+    last = ledger.attempts[-1] if ledger.attempts else None
+    if last is not None and last.ended in UNSAVED_LOST and last.progress.unsaved_s:
+        # a requeued attempt followed by another is in `redone` already: only the last one's
+        cands.append((round(last.progress.unsaved_s * 1000.0) * max(1, last.slots), UNSAVED))
     if not cands:
         return None
     ms, key = max(cands)
@@ -85,7 +101,7 @@ def advise(ledger: Ledger) -> Optional[Advice]:
 
 
 def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int) -> tuple[str, str]:
-    word = _slots_word(ledger)
+    word = _slots_word(ledger, slots)
     per_slot = secs / slots
     if key == "redone":
         redone = sum(a.progress.redone_steps or 0 for a in ledger.attempts)
@@ -100,6 +116,8 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
                 "Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a job has "
                 "one early signal) and a SIGUSR1 handler that saves a checkpoint and ends training (TraceML's "
                 "launcher lets USR1 through to your workers)")
+    if key == UNSAVED:
+        return _unsaved_words(ledger.attempts[-1], share, slots, word)
     if key == "startup":
         per = per_slot / max(1, n)
         return (f"start-up (allocation start to the first step) took {share}: {_dur(per)} per attempt",
@@ -146,3 +164,23 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
                 "end the job right after training: skip final evaluation and uploads inside the allocation, "
                 "or run them in a separate, smaller job")
     return (f"{BY_KEY[key].label} took {share}", "")
+
+
+def _unsaved_words(last: AttemptLedger, share: str, slots: int, word: str) -> tuple[str, str]:
+    """The training after the last checkpoint, and the save that keeps it: on the early warning
+    the job already gets (its handler is missing), else on one to ask for, else more often."""
+    p, e = last.progress, last.ending
+    how = {"time_limit": "the time limit", "requeued": "the requeue", "preempted": "the preemption",
+           "interrupted": "the SIGTERM"}.get(last.ended, "the end")
+    why = (f"the last {_dur(p.unsaved_s or 0.0)} of training before {how}, {since_words(p)}, were not saved: "
+           f"{_dur(p.unsaved_s or 0.0)} x {slots} {word} = {share} that a resumed run redoes")
+    save = "handler that saves a checkpoint and ends training (TraceML's launcher lets it through to your workers)"
+    if e is not None and e.warning and e.saved_after_warning:
+        return why, (f"a checkpoint was saved on {e.warning}, then training went on to {how}: end training in the "
+                     "handler once it has saved")
+    if e is not None and e.warning:
+        lead = f" {_dur(e.warning_lead_s)} before the limit" if e.warning_lead_s is not None else ""
+        return why, (f"Slurm sent {e.warning}{lead} and no worker saved on it: add a {e.warning} {save}; "
+                     "or checkpoint more often")
+    return why, (f"save on Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a "
+                 f"job has one early signal) and a SIGUSR1 {save}; or checkpoint more often")

@@ -21,6 +21,10 @@ from .ledger import Ending, Progress
 WARNINGS = ("SIGUSR1", "SIGUSR2")
 #: endings after which a warned attempt's unsaved training is lost
 STOPPED = ("requeued", "preempted", "cancelled", "interrupted")
+#: endings the job did not choose (a limit, the scheduler, a SIGTERM from outside) after which the
+#: training since the last checkpoint is redone by a resumed run: the ledger says how much, and
+#: the advice weighs it (a cancel is the user's own choice: said, never advised on)
+UNSAVED_LOST = ("time_limit", "requeued", "preempted", "interrupted")
 
 
 def _clock(t: float) -> str:
@@ -32,13 +36,18 @@ def _first(lifecycles: Sequence[LaunchLifecycle], name: str) -> Optional[float]:
     return min(times) if times else None
 
 
+def since_words(p: Progress) -> str:
+    """Where the unsaved training began: "since the checkpoint after step 79" (0-based, as the
+    summary numbers steps), or as near as is known."""
+    return (f"since the checkpoint after step {p.checkpoint_position - 1:,}" if p.checkpoint_position
+            else "since the last checkpoint" if p.last_checkpoint_at is not None
+            else "since the attempt's first step: no checkpoint was saved")
+
+
 def _lost(p: Progress) -> str:
     if not p.unsaved_s:
         return "nothing was lost: no training came after the last checkpoint"
-    since = (f"since the checkpoint after step {p.checkpoint_position - 1:,}" if p.checkpoint_position
-             else "since the last checkpoint" if p.last_checkpoint_at is not None
-             else "since the attempt's first step: no checkpoint was saved")
-    return f"the last {p.unsaved_s:,.1f} s of training, {since}, were not saved: a resumed run redoes them"
+    return f"the last {p.unsaved_s:,.1f} s of training, {since_words(p)}, were not saved: a resumed run redoes them"
 
 
 def ending_of(lifecycles: Sequence[LaunchLifecycle], progress: Progress, ended: str, end: float) -> Optional[Ending]:

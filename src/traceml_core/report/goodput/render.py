@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from typing import Optional
 
+from .advice import advice_label
 from .buckets import BUCKETS, BY_KEY
+from .ending import UNSAVED_LOST
 from .ledger import AttemptLedger, Ledger, Split
 
 _ENDED_WORDS = {"completed": "completed", "failed": "failed", "requeued": "requeued",
@@ -60,14 +62,14 @@ def _advice_lines(ledger: Ledger) -> list[str]:
     out = []
     adv = ledger.advice
     if adv is not None:
-        out.append(f"  advice: {BY_KEY[adv.bucket].label.upper()}: {adv.why}")
+        out.append(f"  advice: {advice_label(adv.bucket).upper()}: {adv.why}")
         out.append(f"          next: {adv.next_step}")
     for a in ledger.attempts:
         if a.ending is not None and a.ending.words:
             who = f"attempt {a.attempt}'s end" if len(ledger.attempts) > 1 else "the end"
             out.append(f"  {who}: {a.ending.words}")
     last = ledger.current
-    if last is not None and last.ended in ("time_limit", "requeued", "preempted", "interrupted") \
+    if last is not None and last.ended in UNSAVED_LOST \
             and last.progress.unsaved_s and last.ending is None:
         out.append(f"  not saved: the last {last.progress.unsaved_s:,.1f} s of training in attempt {last.attempt} "
                    "came after its last checkpoint; a run resumed from that checkpoint redoes them")
