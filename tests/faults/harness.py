@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
+from testports import free_ports  # noqa: F401 - the fault tests import it from here
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = str(Path(__file__).with_name("faulty_train.py"))
 PY = sys.executable
 
-
-def free_ports(n: int) -> list[int]:
-    socks = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
 
 
 def base_env(progress: Path, **extra: str) -> dict[str, str]:

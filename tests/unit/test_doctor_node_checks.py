@@ -7,6 +7,7 @@ import socket
 
 import pytest
 from doctor_env import CPU_TORCH, ETH, make, step
+from testports import free_port
 
 from traceml_slurm.doctor import filesystem as F
 from traceml_slurm.doctor import network as N
@@ -60,14 +61,6 @@ def test_traceml_command_from_another_environment_warns(tmp_path):
 
 # -- network ------------------------------------------------------------------------------------------
 
-def _free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
 def test_port_in_use_on_node0_fails_naming_the_port_and_the_process():
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -80,14 +73,14 @@ def test_port_in_use_on_node0_fails_naming_the_port_and_the_process():
         assert f"pid {os.getpid()}" in o.observed and "--master-port" in o.fix and "TRACEML_MASTER_PORT" in o.fix
     finally:
         holder.close()
-    ok = N.check_ports_free(make(step(TRACEML_MASTER_PORT=str(_free_port()), TRACEML_AGGREGATOR_PORT=str(_free_port()))))
+    ok = N.check_ports_free(make(step(TRACEML_MASTER_PORT=str(free_port()), TRACEML_AGGREGATOR_PORT=str(free_port()))))
     assert ok.status is Status.PASS
     other = N.check_ports_free(make(step(SLURM_NODEID="1", SLURMD_NODENAME="gpu08")))
     assert other.status is Status.SKIP and "only node 0" in other.observed
 
 
 def test_bind_host_that_is_not_ours_fails():
-    o = N.check_ports_free(make(step(TRACEML_AGGREGATOR_BIND_HOST="203.0.113.9", TRACEML_MASTER_PORT=str(_free_port()))))
+    o = N.check_ports_free(make(step(TRACEML_AGGREGATOR_BIND_HOST="203.0.113.9", TRACEML_MASTER_PORT=str(free_port()))))
     assert o.status is Status.FAIL and "203.0.113.9 is not an address" in o.observed
 
 

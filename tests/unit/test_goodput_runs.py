@@ -47,8 +47,10 @@ def runs(tmp_path_factory):
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
     try:
         for name, p in procs.items():
-            _, err = p.communicate(timeout=240)
-            assert p.returncode == 0, (name, err[-3000:])
+            out, err = p.communicate(timeout=240)
+            if p.returncode != 0:   # in full: an assertion's message would be cut to a few lines
+                pytest.fail(f"run {name!r} exited {p.returncode}\n--- stderr\n{err[-12000:]}\n--- stdout\n{out[-4000:]}",
+                            pytrace=False)
     finally:
         for p in procs.values():
             stop(p)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence
+
+from testports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SRC = REPO / "src"
@@ -16,12 +17,6 @@ TINY = REPO / "tests" / "unit" / "scripts" / "tiny_train.py"
 PYTHON = sys.executable
 _RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "TRACEML_RUN_INFO", "MASTER_ADDR", "MASTER_PORT",
               "LOCAL_WORLD_SIZE", "GROUP_RANK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def env_for(**extra: str) -> dict[str, str]:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from testports import free_port  # noqa: F401 - the sdk tests import it from here
 
 REPO = Path(__file__).resolve().parents[3]
 SRC = REPO / "src"
@@ -24,12 +25,6 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["OMP_NUM_THREADS"] = "1"
     env.update(extra)
     return env
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_info_env(port: int, *, token: str = "test-token", run: str = "test-run",
