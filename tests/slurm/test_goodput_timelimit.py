@@ -157,7 +157,7 @@ def test_the_time_limit_names_the_sigterm_and_the_work_lost(slurm_cluster, jobs,
     assert abs(adv["seconds"] - lost) < 1.0 and "before the time limit, since the checkpoint after step 79" in adv["why"]
     assert "advice: TRAINING NOT SAVED: " in text
     if name == "ignored":
-        assert "Slurm sent SIGUSR1" in adv["next_step"] and "add a SIGUSR1 handler" in adv["next_step"], adv
+        assert "Slurm sent SIGUSR1" in adv["next_step"] and "add a SIGUSR1 handler that saves" in adv["next_step"], adv
     else:
         assert "`#SBATCH --signal=USR1@600`" in adv["next_step"], adv
     if name == "ignored":

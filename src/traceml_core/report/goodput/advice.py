@@ -24,6 +24,11 @@ ADVICE_MIN_FRACTION = 0.05
 #: time limit, a requeue or a preemption: not a bucket (it was productive, in this attempt), but
 #: what the resumed run pays again, so it is weighed against the buckets in device-seconds
 UNSAVED = "unsaved"
+#: the save that keeps the work since the last checkpoint (docs/goodput.md#the-time-limit-and-its-early-warning)
+SAVE_HANDLER = ("a SIGUSR1 handler that saves a checkpoint and ends training (TraceML's launcher lets USR1 "
+                "through to your workers)")
+SAVE_ON_WARNING = ("save on Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: "
+                   f"a job has one early signal) and {SAVE_HANDLER}")
 
 
 def advice_label(key: str) -> str:
@@ -112,10 +117,8 @@ def _words(key: str, ledger: Ledger, secs: float, share: str, slots: int, n: int
         exact = "" if all(a.progress.exact for a in ledger.attempts if a.progress.redone_steps) else " (inferred)"
         return (f"{redone:,} step(s){exact} were redone after a requeue: {_dur(per_slot)} x {slots} {word} = {share}"
                 f"{last}",
-                "checkpoint more often (the work since the last checkpoint is what a requeue costs), or save on "
-                "Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a job has "
-                "one early signal) and a SIGUSR1 handler that saves a checkpoint and ends training (TraceML's "
-                "launcher lets USR1 through to your workers)")
+                "checkpoint more often (the work since the last checkpoint is what a requeue costs), or "
+                + SAVE_ON_WARNING)
     if key == UNSAVED:
         return _unsaved_words(ledger.attempts[-1], share, slots, word)
     if key == "startup":
@@ -174,13 +177,11 @@ def _unsaved_words(last: AttemptLedger, share: str, slots: int, word: str) -> tu
            "interrupted": "the SIGTERM"}.get(last.ended, "the end")
     why = (f"the last {_dur(p.unsaved_s or 0.0)} of training before {how}, {since_words(p)}, were not saved: "
            f"{_dur(p.unsaved_s or 0.0)} x {slots} {word} = {share} that a resumed run redoes")
-    save = "handler that saves a checkpoint and ends training (TraceML's launcher lets it through to your workers)"
     if e is not None and e.warning and e.saved_after_warning:
-        return why, (f"a checkpoint was saved on {e.warning}, then training went on to {how}: end training in the "
-                     "handler once it has saved")
+        return why, (f"a checkpoint was saved after {e.warning}, then training went on to {how}: end training "
+                     f"once the {e.warning} handler has saved")
     if e is not None and e.warning:
         lead = f" {_dur(e.warning_lead_s)} before the limit" if e.warning_lead_s is not None else ""
-        return why, (f"Slurm sent {e.warning}{lead} and no worker saved on it: add a {e.warning} {save}; "
-                     "or checkpoint more often")
-    return why, (f"save on Slurm's early warning: `#SBATCH --signal=USR1@600` (in place of --signal=TERM@120: a "
-                 f"job has one early signal) and a SIGUSR1 {save}; or checkpoint more often")
+        handler = SAVE_HANDLER.replace("SIGUSR1", e.warning).replace("USR1", e.warning.replace("SIG", ""))
+        return why, f"Slurm sent {e.warning}{lead} and no worker saved on it: add {handler}; or checkpoint more often"
+    return why, SAVE_ON_WARNING + "; or checkpoint more often"
