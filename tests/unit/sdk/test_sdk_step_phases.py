@@ -82,13 +82,15 @@ def test_input_wait_is_credited_from_a_slow_loader(sdk, sink):
     start(sdk, sink)
     model = tiny_mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    loader = DataLoader(SlowDataset(16, 0.005), batch_size=4)    # >= 20 ms per batch
+    loader = DataLoader(SlowDataset(16, 0.025), batch_size=4)    # >= 100 ms per batch
     train(sdk, model, loader, opt)
     cols = finish(sdk, sink).columns
     assert len(cols["step"]) == 4
-    for inp, step, fwd in zip(cols["input_ns"], cols["step_ns"], cols["forward_ns"]):
-        assert inp >= 20e6, "the fetch before each step is its input wait"
-        assert step >= inp and inp > 10 * fwd, "input wait dominates the step"
+    for inp, step in zip(cols["input_ns"], cols["step_ns"]):
+        assert inp >= 100e6 and step >= inp, "the fetch before each step is its input wait, inside the step"
+    # the fetch is not charged to forward (which would then hold >= 100 ms a step): a tiny MLP's
+    # forward takes well under a millisecond, and a few ms a step on a loaded machine (CI: 4.4 ms)
+    assert sum(cols["forward_ns"]) < sum(cols["input_ns"]) / 4, (cols["forward_ns"], cols["input_ns"])
 
 
 def test_work_between_steps_is_not_credited(sdk, sink):
