@@ -76,6 +76,13 @@ class StackCollector:
             except OSError as exc:
                 out[rank] = {"pid": pid, "ok": False, "text": "", "error": f"cannot reset {path}: {exc.strerror}"}
                 continue
+            if stopped(pid):
+                # no signal: it would wait, and the dump would run the moment the rank is continued,
+                # with every thread resuming at once (faulthandler reads the other threads' frames
+                # without a lock: a rank SIGSTOPped, reported, then continued crashed with SIGSEGV
+                # in CI); a stopped rank is reported as such, with no stack
+                out[rank] = {"pid": pid, "ok": False, "text": "", "stopped": True, "error": STOPPED}
+                continue
             try:
                 os.kill(pid, sig)
             except ProcessLookupError:
