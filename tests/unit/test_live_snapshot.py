@@ -72,6 +72,26 @@ def test_snapshot_describes_each_rank_from_its_recent_steps(rig):
     slow.close()
 
 
+def test_rate_per_rank_is_timed_by_the_ranks_steps_not_by_their_arrival(rig):
+    # the relay delivers records in bursts: 40 steps of 10 ms arriving within a few ms of the
+    # previous snapshot are 100 steps/s, not thousands (CI printed 104.5 steps/s for 10.7 ms steps)
+    h = rig(nproc_per_node=1, mode="cli")
+    peer = RankPeer(h.port, 0)
+    t0 = time.time_ns()
+    peer.steps(20, step_ms=10, t0_ns=t0)
+    first = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["received"] == 20 and f)
+    peer.steps(40, step_ms=10, t0_ns=t0)
+    second = wait_for(lambda: (f := snap(h)) and f["ranks"][0]["received"] == 60 and f)
+    st = read_snapshot(second, prev=first)
+    assert st.ranks[0].rate == pytest.approx(100.0, rel=0.01)
+    line = status_line(st, (True, 0.0, None))
+    assert "100.0 steps/s per rank" in line, line
+    # no new step by the next snapshot: 0 now, not the old rate
+    third = snap(h)
+    assert read_snapshot(third, prev=second).ranks[0].rate == 0.0
+    peer.close()
+
+
 def rendered(renderable, width: int) -> list[str]:
     from rich.console import Console
 

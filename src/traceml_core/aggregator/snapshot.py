@@ -78,6 +78,9 @@ def _rank(rs: Any, series: bool) -> dict[str, Any]:
         "client_dropped": rs.client_dropped,
         "recent": {
             "n": len(t), "span_s": round(span, 4),
+            # the rank's own clock at its latest step's end: a viewer's rate between two
+            # snapshots divides the steps by this, not by when they happened to arrive
+            "last_t_end_ns": t[-1] if t else None,
             "steps_per_s": round((len(t) - 1) / span, 3) if span > 0 else None,
             "ms": {p: (None if (m := _median(rec[c])) is None else round(m / 1e6, 4))
                    for p, c in zip(PHASES, _COLS)},

@@ -54,7 +54,8 @@ class RankLive:
     error: Optional[str] = None
     #: the whole run so far per step bucket (dashboard only), None when not asked for
     series: Optional["LiveSeries"] = None
-    #: steps/s over the last poll (from received counts), None before two snapshots
+    #: steps/s between the last two snapshots, by the rank's own step times (see ``_rate``),
+    #: None before two snapshots
     rate: Optional[float] = None
 
     @property
@@ -206,6 +207,24 @@ def _keep(new: Optional[float], old: Optional[float]) -> Optional[float]:
     return old if new is None else new
 
 
+def _rate(now: dict[str, Any], before: dict[str, Any], poll_s: float) -> Optional[float]:
+    """Steps/s of one rank between two snapshots, timed by the rank's own clock: the steps it
+    finished since the previous snapshot over the time between the ends of the two latest steps.
+    Records arrive in bursts (the relay batches them), so steps over the poll's wall time can
+    exceed what the rank can do (104 steps/s from 10.7 ms steps). With no new step, 0 over the
+    poll; without the rank's times (an older aggregator), received records over the poll."""
+    t1 = (now.get("recent") or {}).get("last_t_end_ns")
+    t0 = (before.get("recent") or {}).get("last_t_end_ns")
+    steps = int(now.get("last_step", -1)) - int(before.get("last_step", -1))
+    if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
+        return round(steps / ((t1 - t0) / 1e9), 3)
+    if poll_s <= 0:
+        return None
+    if steps == 0:
+        return 0.0
+    return round(max(0, now.get("received", 0) - before.get("received", 0)) / poll_s, 3)
+
+
 def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
                   prev_state: Optional[LiveState] = None, now: Optional[float] = None) -> LiveState:
     """Turn a ``snapshot`` frame into a :class:`LiveState`. ``prev`` (the previous frame) gives
@@ -226,12 +245,8 @@ def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
         if not r.get("connected") and r.get("closed_at") is not None and last is not None:
             age = max(0.0, server_time - last)
         state, note = _judge(base, age, ms, r.get("bye"), int(r.get("last_step", -1)), r.get("error"))
-        rate = None
         p = prev_ranks.get(r["rank"])
-        if p is not None and prev is not None:
-            dt = server_time - float(prev.get("server_time") or server_time)
-            if dt > 0:
-                rate = round(max(0, r.get("received", 0) - p.get("received", 0)) / dt, 3)
+        rate = None if p is None or prev is None else _rate(r, p, server_time - float(prev.get("server_time") or server_time))
         ranks[r["rank"]] = RankLive(
             rank=r["rank"], node=r.get("node"), host=r.get("host") or "", local_rank=r.get("local_rank"),
             state=state, age_s=age, note=note, last_step=int(r.get("last_step", -1)),
