@@ -194,7 +194,9 @@ class Launch:
                    Progress.read(self.progress_dir), self.logs, self.run_name)
 
 
-def run(tmp: Path, script_args: Sequence[str] = (), *, timeout: float = 60, **kw: Any) -> Run:
+def run(tmp: Path, script_args: Sequence[str] = (), *, timeout: float = 180, **kw: Any) -> Run:
+    """Launch and wait. ``timeout`` is only a hang guard: under CI load the pre-flight and the
+    workers' torch imports alone can take 30-45 s before the first step."""
     return Launch(tmp, script_args, **kw).wait(timeout)
 
 

@@ -18,9 +18,10 @@ from harness import Launch, assert_no_leftovers, run
 REPORT_AFTER = 4
 HANG = ("--steps", "100000", "--step-ms", "10", "--fault-rank", "1", "--fault-step", "40",
         "--settle", "0")
-#: the bound from the hang to the report in the log: threshold + watch interval + collection +
-#: the relay's forwarding window, with room for a loaded 2-core CI machine
-BOUND_S = REPORT_AFTER + 6.0
+#: the bound from the hang to the report in the log: threshold + the relay's 1 s forwarding window
+#: + the 1 s watch interval + the collection (at most DEADLINE_S = 6) + one more forwarding window,
+#: with room for a loaded 2-core CI machine (a report far later than this is a defect)
+BOUND_S = REPORT_AFTER + 12.0
 
 
 def _hung_at(r, rank: int = 1) -> float:
@@ -87,8 +88,10 @@ def test_a_run_ended_by_sigterm_while_hung_keeps_the_report(tmp_path):
 
 
 def test_controls_a_short_pause_gets_nothing_and_a_stall_that_ends_is_a_warning(tmp_path):
+    # a pause well under the threshold: silence at node 0 is the pause plus up to ~2 s of the
+    # relay's and the watch's 1 s windows, and more on a loaded machine
     short = run(tmp_path / "short", ("--steps", "80", "--step-ms", "10", "--pause-at", "40",
-                                     "--pause-s", "2"),
+                                     "--pause-s", "1"),
                 run_name="short", flags=[f"--hang-report-after={REPORT_AFTER}"])
     assert short.code == 0 and "hang report" not in short.err
     s = short.summary()
@@ -100,8 +103,9 @@ def test_controls_a_short_pause_gets_nothing_and_a_stall_that_ends_is_a_warning(
     assert long.code == 0 and "[traceml] hang report:" in long.err
     s = long.summary()
     assert s["hang"]["resumed"] is True and s["verdict"]["kind"] != "hang"
-    # the stall's length, once it resolved (issue 27, finding 6): about the pause
-    assert REPORT_AFTER < s["hang"]["stall_s"] < REPORT_AFTER + 6 + 4, s["hang"]
+    # the stall's length, once it resolved (issue 27, finding 6): about the pause (10 s), seen at
+    # node 0 through the relay's and the watch's 1 s windows: not the threshold, not the whole run
+    assert REPORT_AFTER < s["hang"]["stall_s"] < REPORT_AFTER + 6 + 8, s["hang"]
     assert "[traceml] the stall is over: steps reach node 0 again after" in long.err
     also = [v for v in s["other_verdicts"] if v["kind"] == "hang"]
     assert also and also[0]["severity"] == "warning"

@@ -9,9 +9,9 @@ the wait for node 0's aggregator, training.
 
 from __future__ import annotations
 
-import resource
 import signal
 import socket
+import sys
 import time
 
 import pytest
@@ -52,11 +52,21 @@ def _wait_for_line(launch: Launch, needle: str, timeout: float = 120.0) -> None:
     raise AssertionError(f"no {needle!r} in the launcher's log:\n{launch.stderr_now()[-3000:]}")
 
 
+#: runs the launch and writes the largest peak RSS of its process tree (the launcher and every
+#: process it waited for). Not this pytest's own RUSAGE_CHILDREN: that is the largest child of the
+#: whole session, so an earlier test's big child failed this one (CI: 1,180,324 KiB)
+_PEAK_RSS = ("import resource, subprocess, sys; rc = subprocess.call(sys.argv[2:]); "
+             "open(sys.argv[1], 'w').write(str(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)); "
+             "sys.exit(rc)")
+
+
 def test_the_node_limit_ends_promptly_with_a_bounded_log_memory_and_a_summary(tmp_path):
     n = limits.NODES.hi
+    peak_file = tmp_path / "peak_kib"
     launch = Launch(tmp_path, ["--steps", "5"], nproc=1,
                     flags=[f"--nnodes={n}", "--node-rank=0", f"--master-addr={_own_address()}",
-                           "--aggregator-wait=3"])
+                           "--aggregator-wait=3"],
+                    prefix=[sys.executable, "-c", _PEAK_RSS, str(peak_file)])
     run = launch.wait(180)
     assert run.code != 0
     assert len(run.err) < 64 * 1024, f"{len(run.err)} bytes of log"
@@ -66,7 +76,7 @@ def test_the_node_limit_ends_promptly_with_a_bounded_log_memory_and_a_summary(tm
     text = (run.run_dir / "final_summary.txt").read_text()
     assert len(text) < 64 * 1024 and "never joined" in text
     # every process of the launch (launcher, aggregator, torchrun, worker) stayed under 1 GiB
-    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    peak_kib = int(peak_file.read_text())
     assert peak_kib < 1024 * 1024, f"peak RSS {peak_kib / 1024:.0f} MiB"
     assert run.wall < 120, run.wall
 

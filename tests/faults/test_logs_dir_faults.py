@@ -74,12 +74,12 @@ def test_disk_full_mid_run_moves_the_files_and_says_why(tmp_path, mount):
     fb.mkdir()
     launch = Launch(tmp_path, ("--steps", "150", "--step-ms", "15"), nproc=1, logs=small / "logs",
                     run_name="full", env={"TMPDIR": str(fb)})
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180
     while not (small / "logs" / "full" / "aggregate.state").exists():
         assert time.monotonic() < deadline and launch.proc.poll() is None, launch.stderr_now()
         time.sleep(0.05)
     _fill(small)  # the disk is full from now on
-    r = launch.wait(60)
+    r = launch.wait(180)
     assert r.code == 0 and r.progress.result is not None
     where = fb / f"traceml-{os.getuid()}" / "full"
     s = r.summary(where)

@@ -92,7 +92,7 @@ def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     from traceml_core.aggregator.autopsy import DEADLINE_S
 
     r = run(tmp_path, FAULT + ("--fault", "hang"), flags=["--hang-timeout=3"], run_name="hung",
-            timeout=60)
+            timeout=180)
     assert r.code == 124
     hung_at = _fault_time(r)
     s = r.summary()
@@ -113,8 +113,9 @@ def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     written = (r.run_dir / "final_summary.json").stat().st_mtime
     print(f"hang began -> report taken: {h['at'] - hung_at:.1f} s -> summary written: "
           f"{written - h['at']:.1f} s more (--hang-timeout=3)")
-    assert 0 < h["at"] - hung_at < 3 + 2 + DEADLINE_S, h["at"] - hung_at
-    assert 0 < written - h["at"] < 8, written - h["at"]
+    # (generous: a loaded 2-core CI machine; a report or summary far later than this is a defect)
+    assert 0 < h["at"] - hung_at < 3 + 2 + DEADLINE_S + 5, h["at"] - hung_at
+    assert 0 < written - h["at"] < 30, written - h["at"]
     assert "Traceback" not in r.err, r.err[-3000:]  # torchrun's SignalException buries the why
     assert_counted(r, s)
     assert_no_leftovers(r)
@@ -133,11 +134,12 @@ def test_worker_exits_with_a_failing_status(tmp_path, baseline):
 
 
 def test_a_pause_shorter_than_the_hang_timeout_is_not_a_hang(tmp_path, baseline):
-    """An evaluation-like pause of every rank (2.5 s) under --hang-timeout=4: the run completes
+    """An evaluation-like pause of every rank (2.5 s) under --hang-timeout=6: the run completes
     untouched, with exactly plain torchrun's result. It is also the control of the failure tests
-    above (same script, no fault): no failure headline, no rank with a failure."""
+    above (same script, no fault): no failure headline, no rank with a failure. (Silence at node 0
+    is the pause plus up to ~2 s of the relay's and the watch's 1 s windows, more under load.)"""
     args = ("--steps", "60", "--pause-at", "30", "--pause-s", "2.5")
-    r = run(tmp_path, args, flags=["--hang-timeout=4"], run_name="paused")
+    r = run(tmp_path, args, flags=["--hang-timeout=6"], run_name="paused")
     plain = baseline("--steps", "60")
     assert r.code == plain.code == 0
     assert r.progress.result == plain.progress.result is not None

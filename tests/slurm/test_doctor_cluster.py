@@ -91,9 +91,14 @@ TWO = ("-N2", "--ntasks-per-node=1", "--time=30")
 
 def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     t0 = time.monotonic()
-    report, rc, stderr = doctor_job(slurm_cluster, workdir, *TWO)
+    # --timeout 60: each wait's bound (15 s by default) also bounds the child's `import torch`,
+    # which can take longer than that on a loaded CI machine (a CI run failed one check of this
+    # job under the default); a healthy node still answers in seconds
+    report, rc, stderr = doctor_job(slurm_cluster, workdir, *TWO, args="--timeout 60")
     took = time.monotonic() - t0
     c = checks(report)
+    failed = {cid: ck["nodes"] for cid, ck in c.items() if ck["status"] == "fail"}
+    assert not failed, failed
     for cid in ("cross.answers", "cross.node-ranks", "cross.config-agrees", "cross.master-address",
                 "cross.ports-reachable", "cross.versions", "cross.logs-shared", "cross.clock-skew",
                 "cross.gloo-allreduce", "cross.aggregator", "cross.link-bandwidth"):
@@ -112,7 +117,7 @@ def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     assert "--signal=TERM@60" in c["time.signal"]["nodes"]["node1"]["observed"]
     assert report["summary"]["failed"] == 0 and rc == 0
     assert report["job"]["context"] == "batch shell" and report["job"]["nodes"] == ["node1", "node2"]
-    assert took < 30, f"default tier took {took:.1f} s on 2 nodes"
+    assert took < 90, f"default tier took {took:.1f} s on 2 nodes"
 
 
 def test_launch_config_is_the_one_print_config_resolves(slurm_cluster, workdir):

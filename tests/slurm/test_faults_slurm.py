@@ -70,7 +70,8 @@ def test_a_node_that_never_joins(slurm_cluster, tmp_path):
                                             timeout=90, env=job_env(tmp_path, TRACEML_AGGREGATOR_WAIT="5"))
     elapsed = time.monotonic() - t0
     assert state == "FAILED", out
-    assert elapsed < 5 + 25, f"the job took {elapsed:.0f} s to end"
+    # (the 5 s wait, plus node 0's pre-flight torch import and srun's teardown on a loaded machine)
+    assert elapsed < 5 + 60, f"the job took {elapsed:.0f} s to end"
     # named with its hostname although it never said hello: node 0 knows it from Slurm's list
     m = re.search(r"\[traceml\] error: node 1 \((node\d)\) never joined within 5 s", out)
     assert m, out[-3000:]

@@ -144,7 +144,7 @@ def test_the_time_limit_names_the_sigterm_and_the_work_lost(slurm_cluster, jobs,
     e = a["ending"]
     assert a["ended"] == "time_limit" and "time limit" in a["reason"], a["reason"]
     hit = _limit_hit(slurm_cluster, job)
-    assert e["sigterm_at"] is not None and 0 <= e["sigterm_at"] - hit < 1.5, (e, hit)
+    assert e["sigterm_at"] is not None and 0 <= e["sigterm_at"] - hit < 5, (e, hit)
     lost = _unsaved_truth(job)
     assert lost > 0.5 and abs(a["progress"]["unsaved_s"] - lost) < 1.0, (a["progress"], lost)
     assert f"the last {a['progress']['unsaved_s']:,.1f} s of training, since the checkpoint after step 79, " in text
