@@ -42,13 +42,17 @@ def runs(tmp_path_factory):
         if name == "every":
             args += ["--tokens-per-step", str(TOKENS), "--samples-per-step", str(SAMPLES),
                      "--flops-per-step", "1e9", "--dtype", "bf16"]
-        procs[name] = subprocess.Popen(traceml_cmd(logs, name, nproc=1, script=TRAIN, args=args),
-                                       env=env_for(GOODPUT_TRUTH=str(truth[name])), text=True,
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(REPO))
+        # output to files, not pipes: the three run at once and are waited for one after the
+        # other, so a run's unread pipe could fill and block it while the test waited on another
+        with open(truth[name] / "stdout.txt", "w") as out, open(truth[name] / "stderr.txt", "w") as err:
+            procs[name] = subprocess.Popen(traceml_cmd(logs, name, nproc=1, script=TRAIN, args=args),
+                                           env=env_for(GOODPUT_TRUTH=str(truth[name])), text=True,
+                                           stdout=out, stderr=err, cwd=str(REPO))
     try:
         for name, p in procs.items():
-            out, err = p.communicate(timeout=240)
+            p.wait(timeout=240)
             if p.returncode != 0:   # in full: an assertion's message would be cut to a few lines
+                out, err = ((truth[name] / f).read_text() for f in ("stdout.txt", "stderr.txt"))
                 pytest.fail(f"run {name!r} exited {p.returncode}\n--- stderr\n{err[-12000:]}\n--- stdout\n{out[-4000:]}",
                             pytrace=False)
     finally:
