@@ -34,7 +34,7 @@ from .network import resolve_host
 from .node import NodeContext, Options
 from .progress import Progress
 from .registry import NODE_SPECS, run_checks
-from .torchprobe import run_probe
+from .torchprobe import TorchInfo, run_probe
 from .wire import (ENV_ADDR, ENV_CLOCK_HOOK, ENV_OPTS, ENV_TOKEN, aggregator_token, dispatch, doctor_hello,
                    parse_clock_hook, probe_token, recv_by)
 
@@ -65,6 +65,16 @@ def plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _bench(torch: Optional[TorchInfo]) -> Optional[dict[str, Any]]:
+    """The micro-benchmarks' figures; when the probe ran out of time first, why (the cross-node
+    compute check then says "not measured: the micro-benchmarks did not finish within 15 s")."""
+    if torch is None:
+        return None
+    if torch.bench is None and torch.stalled is not None:
+        return {"cpu": {"error": torch.stall_words}}
+    return torch.bench
+
+
 def collect_facts(ctx: NodeContext, outcomes: dict[str, Outcome]) -> dict[str, Any]:
     import traceml_core
 
@@ -84,7 +94,7 @@ def collect_facts(ctx: NodeContext, outcomes: dict[str, Outcome]) -> dict[str, A
         "gpus": ctx.gpus_on_node(),
         "torch_cuda": torch.cuda_build if torch else None,
         "torch_devices": torch.device_count if torch else None,
-        "bench": torch.bench if torch else None,
+        "bench": _bench(torch),
         "logs_dir": str(absolute(ctx, logs_dir(ctx)[0])),
     }
     if c is not None:

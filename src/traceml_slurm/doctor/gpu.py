@@ -127,9 +127,16 @@ def check_cuda_init(ctx: NodeContext) -> Outcome:
     if asked == 0 and not devices:
         return skipped(NO_GPU)
     torch = ctx.torch()
+    if torch.stalled == "`import torch`":
+        return skipped(f"not measured: {torch.stall_words} (see sw.torch)")
     if not torch.ok:
         return failed(f"torch is unusable, so CUDA cannot be tried: {torch.error}",
                       "Fix the torch installation first (see sw.torch).")
+    if torch.stalled == "CUDA initialisation":
+        return failed(f"{torch.stall_words} on {ctx.hostname} ({asked} GPUs allocated)",
+                      "A GPU or driver that hangs: check `nvidia-smi` and `dmesg` for Xid errors on this node, or "
+                      "exclude it. A first CUDA context can also be slow: rerun with `--timeout 60` to tell.",
+                      stalled=torch.stalled, timeout_s=torch.timeout_s)
     if not torch.cuda_build:
         return failed(f"torch {torch.version} is a CPU build: it cannot use the {asked} allocated GPUs",
                       "Install a CUDA build of torch matching the driver (pip install torch from the CUDA index).",

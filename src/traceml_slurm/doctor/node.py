@@ -222,7 +222,7 @@ class NodeContext:
         if self._torch_info is None:
             assert self._torch_proc is not None
             with self.progress.waiting("`import torch` in a child process", self.options.timeout):
-                self._torch_info = TorchInfo.from_probe(self._torch_proc.result())
+                self._torch_info = TorchInfo.from_probe(self._torch_proc.result(), self.options.timeout)
         return self._torch_info
 
     def close(self) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
+from .thresholds import IMPORT_RETRY_TIMEOUT_S, IMPORT_SLOW_S
 
 
 def check_python(ctx: NodeContext) -> Outcome:
@@ -20,6 +21,13 @@ def check_python(ctx: NodeContext) -> Outcome:
 
 def check_torch(ctx: NodeContext) -> Outcome:
     t = ctx.torch()
+    if t.stalled == "`import torch`":
+        # slow is not broken: a first import from a cold shared filesystem can take a minute
+        return warned(f"not measured: {t.stall_words} on {ctx.hostname}",
+                      f"A first import from a cold or slow shared filesystem can take a minute: rerun with "
+                      f"`--timeout {IMPORT_RETRY_TIMEOUT_S:.0f}` to measure it. Every rank pays this import at each "
+                      f"start. If it never finishes, `python -c 'import torch'` hangs on this node.",
+                      error=t.error, timeout_s=t.timeout_s)
     if not t.ok:
         fix = ("Install torch in this environment (`pip install torch`, the CUDA build matching your driver), or "
                "activate the environment that has it in the sbatch script before srun.")
@@ -32,13 +40,20 @@ def check_torch(ctx: NodeContext) -> Outcome:
     if t.gloo is False:
         return failed(f"torch {t.version} ({build}) has no gloo backend in torch.distributed",
                       "Install a standard torch wheel (torch.distributed with gloo).", **data)
-    return passed(f"{t.version} ({build}) from {t.path}; import {t.import_s or 0:.1f} s", **data)
+    seen = f"{t.version} ({build}) from {t.path}; import {t.import_s or 0:.1f} s"
+    if t.stalled:
+        seen += f"; then {t.stall_words}"
+    if t.import_s is not None and t.import_s >= IMPORT_SLOW_S:
+        return warned(f"{seen}: every rank pays this import at each start of the job",
+                      "Put the Python environment on node-local disk or in a container image (a shared filesystem "
+                      "serves thousands of small files slowly), or warm it before the job.", **data)
+    return passed(seen, **data)
 
 
 def check_nccl(ctx: NodeContext) -> Outcome:
     t = ctx.torch()
     if not t.ok:
-        return skipped("torch is not usable (see sw.torch)")
+        return skipped(f"{'not measured' if t.stalled else 'torch is not usable'} (see sw.torch)")
     if not t.cuda_build:
         return skipped(f"torch {t.version} is a CPU build: no NCCL (gloo only)")
     if not t.nccl_version:

@@ -44,6 +44,13 @@ NCCL_SWEEP_BYTES = (1 << 20, 16 << 20, 128 << 20)
 #: default for --timeout: the longest any one wait may take (agents starting, a node answering, torch
 #: importing on a slow shared filesystem). Healthy nodes answer in 1-3 s; 15 s tolerates a cold cache.
 DEFAULT_TIMEOUT_S = 15.0
+#: ...and the --timeout the doctor suggests when `import torch` did not finish within it: long
+#: enough for a first import from a cold parallel filesystem
+IMPORT_RETRY_TIMEOUT_S = 120.0
+#: sw.torch warns when `import torch` took this long: every rank of every start pays it (warm
+#: local imports take 1-3 s, 10-20 s on an overloaded node; a cold shared filesystem serving the
+#: wheel's thousands of files, 30 s to minutes)
+IMPORT_SLOW_S = 30.0
 
 #: cross.compute-speed: a node whose own cgroup's CPU quota throttled its CPU matmul in this share of
 #: the quota's periods or more is held back by a CPU limit (measured, not inferred from the ratio)...

@@ -9,8 +9,11 @@ devices, and the micro-benchmarks (a matmul on the CPU and on each device, the h
 ``python -m traceml_slurm.doctor.torchprobe gloo ADDR PORT RANK WORLD TIMEOUT``  one all-reduce
 ``python -m traceml_slurm.doctor.torchprobe nccl ADDR PORT RANK WORLD TIMEOUT SIZES``  bandwidth
 
-The child prints one line ``TRACEML_DOCTOR_RESULT <json>`` (other output, say from a
-sitecustomize, is ignored). :func:`run_probe` starts it and reads that line.
+The child prints a line ``TRACEML_DOCTOR_RESULT <json>`` (other output, say from a
+sitecustomize, is ignored); :func:`run_probe` starts it and reads the last such line. ``info``
+prints one after each stage (:data:`STAGES`), so a child stopped at the timeout still says how far
+it got: an import that did not finish is not a broken torch, and CUDA that did not initialise is
+not a slow import.
 """
 
 from __future__ import annotations
@@ -31,6 +34,13 @@ MARKER = "TRACEML_DOCTOR_RESULT "
 #: GPUs), then the micro-benchmarks. Always the same, so it can start before anything else is known
 #: (doctor --local).
 INFO_ARGS = ("info", "--cuda-init", "--bench")
+#: ``info``'s stages, each reported when it is done: torch imported with its facts (versions, CUDA
+#: build, gloo), CUDA initialised on each device, the micro-benchmarks run. What the probe was doing
+#: when its time ran out is the stage after the last one reported.
+STAGES = ("facts", "cuda", "bench")
+#: the words for what did not finish: before "facts", the import itself
+STALLED_IN = {None: "`import torch`", "facts": "CUDA initialisation", "cuda": "the micro-benchmarks",
+              "bench": "the probe's exit"}
 #: the micro-benchmarks: best of BENCH_REPS windows of BENCH_WINDOW_S each. A window is longer than
 #: a CPU quota's period (100 ms by default), so a cgroup CPU limit shows in every window; the best
 #: window ignores a moment of load from elsewhere.
@@ -161,6 +171,12 @@ class TorchInfo:
     cuda_init: list[dict[str, Any]] = field(default_factory=list)
     cuda_error: Optional[str] = None
     import_s: Optional[float] = None
+    #: what did not finish within the timeout ("`import torch`", "CUDA initialisation", "the
+    #: micro-benchmarks"), None when the probe answered in time. After the import, the facts
+    #: above are real and ``error`` is None: only what came after is missing
+    stalled: Optional[str] = None
+    #: the probe's bound, seconds (for the words "did not finish within N s")
+    timeout_s: Optional[float] = None
     #: the micro-benchmarks (:func:`_bench`): ``cpu`` {gflops, threads}, ``gpus`` [{index, gflops,
     #: h2d_gbps}], ``error``; None when they did not run
     bench: Optional[dict[str, Any]] = None
@@ -169,16 +185,28 @@ class TorchInfo:
     def ok(self) -> bool:
         return self.error is None
 
+    @property
+    def stall_words(self) -> Optional[str]:
+        """"CUDA initialisation did not finish within 15 s", None when nothing stalled."""
+        if self.stalled is None:
+            return None
+        return f"{self.stalled} did not finish within {self.timeout_s or 0:.0f} s"
+
     @classmethod
-    def from_probe(cls, r: ProbeResult) -> "TorchInfo":
+    def from_probe(cls, r: ProbeResult, timeout_s: Optional[float] = None) -> "TorchInfo":
         d = r.data
+        stalled = STALLED_IN.get(d.get("stage"), "`import torch`") if r.timed_out else None
+        if stalled == "`import torch`":
+            return cls(error=f"{stalled} did not finish within {timeout_s or 0:.0f} s", stalled=stalled,
+                       timeout_s=timeout_s)
         if not r.ok and not d.get("version"):
             return cls(error=r.error)
-        return cls(error=d.get("error") or r.error, version=d.get("version"), path=d.get("path"),
+        return cls(error=d.get("error") or (None if stalled else r.error), version=d.get("version"), path=d.get("path"),
                    cuda_build=d.get("cuda_build"), device_count=d.get("device_count"),
                    nccl_version=d.get("nccl_version"), gloo=d.get("gloo"), cuda_init=list(d.get("cuda_init") or []),
                    cuda_error=d.get("cuda_error"), import_s=d.get("import_s"),
-                   bench=d.get("bench") if isinstance(d.get("bench"), dict) else None)
+                   bench=d.get("bench") if isinstance(d.get("bench"), dict) else None,
+                   stalled=stalled, timeout_s=timeout_s)
 
 
 # -- child side ------------------------------------------------------------------------------------
@@ -286,6 +314,7 @@ def _info(cuda_init: bool, bench: bool = False) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001
         out["error"] = f"torch is importable but broken: {type(exc).__name__}: {exc}"
         return out
+    _emit(dict(out, stage="facts"))
     if cuda_init and out.get("device_count"):
         inits = []
         for i in range(out["device_count"]):
@@ -304,8 +333,10 @@ def _info(cuda_init: bool, bench: bool = False) -> dict[str, Any]:
             torch.cuda.init()
         except BaseException as exc:  # noqa: BLE001
             out["cuda_error"] = f"{type(exc).__name__}: {exc}"[:300]
+    _emit(dict(out, stage="cuda"))
     if bench:
         out["bench"] = _bench(torch, [d["index"] for d in out.get("cuda_init") or [] if d.get("ok")])
+    out["stage"] = "bench"
     return out
 
 
