@@ -190,7 +190,7 @@ def test_a_destination_that_hangs_never_blocks_and_its_points_are_counted(tmp_pa
             t0 = time.perf_counter()
             hub.offer(batch)
             slowest = max(slowest, time.perf_counter() - t0)
-        assert slowest < 0.05, slowest   # the aggregator's loop never waits for a destination
+        assert slowest < 0.5, slowest   # the aggregator's loop never waits for a destination (which hangs 300 s)
         (stats,) = hub.finish(Batch(time.time(), final=FinalFiles("completed")), deadline_s=1.0)
         assert not stats.finished and stats.points_written == 0
         # all but the batches waiting in its queue were dropped and counted, and the final one
