@@ -24,14 +24,14 @@ import pytest
 
 from harness import SCRIPT, base_env, free_ports, pid_alive
 
-from traceml_core.launcher.stacks import StackCollector
+from traceml_core.launcher.stacks import COLLECT_S, StackCollector
 from traceml_core.report import hang
 from traceml_core.runinfo import RunInfo
 
 
 def _hung(tmp: Path, fault: str, collector: StackCollector):
     """Start a 2-rank run with ``fault`` on rank 1 at step 20; return (proc, pids) once both
-    ranks are there (rank 0 past step 19, rank 1 at its fault)."""
+    ranks have reached step 20 (rank 0 past step 19, rank 1 at or on its way to its fault)."""
     (tmp / "progress").mkdir()
     info = RunInfo(run_name="x", job_id=None, nnodes=1, node_rank=0, nproc_per_node=2,
                    aggregator_host="127.0.0.1", aggregator_port=free_ports(1)[0], token="t" * 32,
@@ -54,7 +54,6 @@ def _hung(tmp: Path, fault: str, collector: StackCollector):
                 steps[r] = sum(1 for ln in lines if ln.startswith("step"))
                 pids[r] = int(lines[0].split()[1]) if lines and lines[0].startswith("pid") else None
         if steps.get(1, 0) >= 20 and steps.get(0, 0) >= 20 and all(pids.values()) and len(pids) == 2:
-            time.sleep(1.0)  # rank 0 enters the next collective, rank 1 its fault
             return proc, pids
         time.sleep(0.1)
     proc.kill()
@@ -83,17 +82,47 @@ def _report(collector, pids):
                       at=time.time()), dumps, took
 
 
+DDP = ("ddp_backward", "ddp_bucket")
+#: where each rank is once the hang has set in: {fault: {rank: (state, collectives or None)}}
+SETTLED = {"hang": {0: ("collective", DDP), 1: ("running", None)},
+           "hang-in-collective": {0: ("collective", DDP), 1: ("collective", ("all_reduce",))},
+           "hang-in-loader": {0: ("collective", DDP), 1: ("dataloader", None)}}
+
+
+def _settled(report, fault) -> bool:
+    ranks = {a["rank"]: a for a in report["ranks"]}
+    return ranks.keys() == SETTLED[fault].keys() and all(
+        ranks[r]["state"] == state and (ops is None or ranks[r].get("collective") in ops)
+        for r, (state, ops) in SETTLED[fault].items())
+
+
+def _report_once_hung(collector, pids, fault, bound_s: float = 30.0):
+    """Collect until both ranks are where the hang leaves them (rank 0 in the next collective,
+    rank 1 at its fault): step 20's record is written before they get there, and on a loaded
+    machine the way can take a while. Returns the last (report, dumps), the slowest collection's
+    seconds and the number of collections."""
+    deadline = time.monotonic() + bound_s
+    slowest, n = 0.0, 0
+    while True:
+        report, dumps, took = _report(collector, pids)
+        slowest, n = max(slowest, took), n + 1
+        if _settled(report, fault) or time.monotonic() > deadline:
+            return report, dumps, slowest, n
+        time.sleep(0.5)
+
+
 @pytest.mark.parametrize("fault", ["hang", "hang-in-collective", "hang-in-loader"])
 def test_each_rank_dumps_and_the_report_says_where(tmp_path, fault):
     collector = StackCollector()
     proc, pids = _hung(tmp_path, fault, collector)
     try:
-        report, dumps, took = _report(collector, pids)
+        report, dumps, took, tries = _report_once_hung(collector, pids, fault)
     finally:
         _stop(proc, pids)
         collector.close()
-    print(f"{fault}: stacks of 2 ranks collected in {took:.2f} s")
-    assert took < 2.0, took
+    print(f"{fault}: stacks of 2 ranks collected in {took:.2f} s (the slowest of {tries} collections)")
+    # the collector waits COLLECT_S at most for a rank's dump; 2 s more for a loaded machine
+    assert took < COLLECT_S + 2.0, took
     assert all(d["ok"] for d in dumps.values()), dumps
     ranks = {a["rank"]: a for a in report["ranks"]}
     assert ranks[0]["state"] == "collective" and ranks[0]["collective"] in ("ddp_backward", "ddp_bucket")

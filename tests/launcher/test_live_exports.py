@@ -27,17 +27,36 @@ BIN = Path(sys.executable).parent
 for lib in ("wandb", "mlflow", "prometheus_client"):
     pytest.importorskip(lib)
 
-#: one rank, ~40 ms a step for ~8 s: several export intervals of 1 s while it trains (each build
-#: of a batch stretches the next interval to 20x its cost: a few batches on a loaded machine)
+#: one rank, ~40 ms a step for at least 200 steps (~8 s), and on until points have gone out live:
+#: W&B open, MLflow's store holding points of rank 0 (written at an export tick, not at the end),
+#: and 5 s more, in which W&B writes the same batch and after which the run ends. A fixed length
+#: of training is not enough on a loaded machine: W&B's start can take 10 s and more, and the
+#: aggregator stretches the next export interval to 20x a batch's build time (the first, cold,
+#: build took ~0.9 s under load 11: no tick for 18 s). The wait is bounded (180 s): exports that
+#: only happen at the end train that long and then fail the "written during the run" checks.
 TRAIN = '''
-import time, torch
+import glob, time, torch
 import traceml_core as traceml
 traceml.init()
+
+def live_points_out():
+    if not glob.glob("logs/live/wandb/offline-run-*/run-*.wandb"):   # W&B's transaction log
+        return False
+    # MLflow's file store: a line per point written
+    return any(open(f).read().count("\\n") >= 2
+               for f in glob.glob("logs/live/mlruns/*/*/metrics/rank_0000/step_ms"))
+
 model = torch.nn.Linear(8, 1)
-for _ in range(200):
+step, out_since, bound = 0, None, time.monotonic() + 180
+while time.monotonic() < bound:
+    if out_since is None and live_points_out():
+        out_since = time.monotonic()
+    if step >= 200 and out_since is not None and time.monotonic() - out_since >= 5.0:
+        break
     with traceml.trace_step(model):
         model(torch.randn(4, 8)).sum().backward()
         time.sleep(0.04)
+    step += 1
 '''
 
 

@@ -126,12 +126,12 @@ def test_server_killed_mid_run_training_keeps_full_speed_and_loss_is_exact():
         proc.send_signal(signal.SIGKILL)
         proc.wait(5)
         ctx = Tracer(rec).step
-        worst = 0.0
+        step_s = []
         for _ in range(30000):        # ~0.1 s of empty steps while the client finds out
             t0 = time.perf_counter()
             with ctx:
                 pass
-            worst = max(worst, time.perf_counter() - t0)
+            step_s.append(time.perf_counter() - t0)
         rec.flush_partial()
         t0 = time.perf_counter()
         client.close(1.0)
@@ -144,8 +144,15 @@ def test_server_killed_mid_run_training_keeps_full_speed_and_loss_is_exact():
     assert st.records_sent + st.records_lost == 35000, "every record is either sent or counted lost"
     assert st.records_lost >= 30000 - 2048, "the buffer is bounded"
     assert rec.dropped > 0 and rec.lost == st.records_lost
-    assert worst < 0.1, f"a step waited {worst:.3f}s on the network"
-    assert closed_in < 1.6
+    # A step never waits on the network. Judged at p99.9, not the max: on a loaded machine one
+    # step in thousands can be preempted (or wait for the GIL while the client thread is), but a
+    # step that waited on the dead server would wait again at each of the ~117 batches (256
+    # records) filled meanwhile, 0.4 % of these steps.
+    step_s.sort()
+    p999 = step_s[int(len(step_s) * 0.999)]
+    assert p999 < 0.05, f"steps waited on the network: p99.9 {p999 * 1e3:.1f} ms, max {step_s[-1] * 1e3:.1f} ms"
+    # close(1.0) joins the client's thread for at most 1.5 s; 2 s more for a loaded machine
+    assert closed_in < 1.0 + 0.5 + 2.0, f"close(1.0) took {closed_in:.2f}s"
 
 
 def test_close_is_bounded_when_the_server_stops_reading():
@@ -185,7 +192,9 @@ def test_close_is_bounded_when_the_server_stops_reading():
                            "error": None})
     elapsed = time.perf_counter() - t0
     st = client.stats()
-    assert elapsed < 1.2, f"close took {elapsed:.2f}s"
+    # close(0.5) joins the client's thread for at most 1.0 s; 2 s more for a loaded machine (a
+    # close that waited for the stalled reader would never return)
+    assert elapsed < 0.5 + 0.5 + 2.0, f"close took {elapsed:.2f}s"
     assert st.records_lost > 0 and st.records_sent + st.records_lost == rec.count
     for c in held:
         c.close()
