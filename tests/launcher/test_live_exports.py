@@ -31,8 +31,8 @@ for lib in ("wandb", "mlflow", "prometheus_client"):
 #: W&B open, MLflow's store holding points of rank 0 (written at an export tick, not at the end),
 #: and 5 s more, in which W&B writes the same batch and after which the run ends. A fixed length
 #: of training is not enough on a loaded machine: W&B's start can take 10 s and more, and the
-#: aggregator stretches the next export interval to 20x a batch's build time (the first, cold,
-#: build took ~0.9 s under load 11: no tick for 18 s). The wait is bounded (180 s): exports that
+#: aggregator stretches the next export interval to 20x a batch's build time (a build takes
+#: ~0.1-0.9 s under load 11; the first, cold one is no longer paced). The wait is bounded (180 s): exports that
 #: only happen at the end train that long and then fail the "written during the run" checks.
 TRAIN = '''
 import glob, time, torch
