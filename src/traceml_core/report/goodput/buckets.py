@@ -21,6 +21,9 @@ class Bucket:
     measured: str
     #: the page's colour
     colour: str
+    #: paid once per attempt whatever its length (start-up, the tail): between two runs of different
+    #: lengths its share moves with the length, so `traceml compare` weighs its seconds per attempt
+    per_attempt: bool = False
 
 
 BUCKETS: tuple[Bucket, ...] = (
@@ -30,7 +33,7 @@ BUCKETS: tuple[Bucket, ...] = (
     Bucket("startup", "start-up", True,
            "from the allocation's start (SLURM_JOB_START_TIME, or the controller's StartTime) to the "
            "rank's first step: srun, imports, rendezvous, model and data set-up, the first step's own "
-           "start", "#8e24aa"),
+           "start", "#8e24aa", per_attempt=True),
     Bucket("input", "input wait", True,
            "the traced steps' input phase (the DataLoader's __next__)", "#f9a825"),
     Bucket("comm", "exposed communication", True,
@@ -57,7 +60,7 @@ BUCKETS: tuple[Bucket, ...] = (
            "#ef6c00"),
     Bucket("tail", "tail after the last step", True,
            "from the rank's last step to the attempt's end (teardown, the time limit's grace, the "
-           "summary), less checkpoints saved there", "#78909c"),
+           "summary), less checkpoints saved there", "#78909c", per_attempt=True),
     Bucket("after_failure", "after a failure", True,
            "from the attempt's first failure (a rank's error or crash, a lost node) to its end",
            "#ad1457"),
