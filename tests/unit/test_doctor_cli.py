@@ -29,13 +29,18 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def doctor(*args: str, env=None, timeout=60) -> subprocess.CompletedProcess:
+#: for the tests that are not about the bound: the child's `import torch` (bounded by --timeout,
+#: 15 s by default) can take longer on a loaded 2-core CI machine
+LOADED = ("--timeout", "90")
+
+
+def doctor(*args: str, env=None, timeout=150) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "traceml_core.cli", "slurm", "doctor", *args], capture_output=True,
                           text=True, env=env or clean_env(), timeout=timeout)
 
 
 def test_local_json_is_only_json_with_the_schema_and_exit_1_outside_slurm():
-    p = doctor("--local", "--json")
+    p = doctor("--local", "--json", *LOADED)
     data = json.loads(p.stdout)  # the whole of stdout parses: no banner, no progress
     assert p.returncode == 1
     assert data["schema_version"] == 1 and data["exit_code"] == 1 and data["job"]["tier"] == "local"
@@ -72,7 +77,7 @@ def test_the_doctor_process_never_imports_torch():
 
 
 def test_text_is_ascii_when_not_a_tty_and_ends_with_the_counts():
-    p = doctor("--local", "--ignore", "slurm.context", env=clean_env(NCCL_IB_DISABLE="1"))
+    p = doctor("--local", "--ignore", "slurm.context", *LOADED, env=clean_env(NCCL_IB_DISABLE="1"))
     lines = p.stdout.strip().splitlines()
     assert p.returncode == 0  # a warning alone does not fail
     assert re.fullmatch(r"\d+ passed, 0 failed, 1 warning, \d+ skipped, 1 ignored in [\d.]+ s", lines[-1])
