@@ -41,10 +41,12 @@ def _kinds(s: dict) -> list[str]:
 
 
 def test_get_batch_input_is_not_measured_and_read_between_steps(tmp_path):
-    s, out = _run(tmp_path, "gb", "--fetch-ms", "15")
+    # 30 ms fetches beside a ~2 ms step: input-bound with margin even when a loaded machine
+    # stretches the gloo step several times
+    s, out = _run(tmp_path, "gb", "--fetch-ms", "30")
     v = s["verdict"]
     assert v["kind"] == "input_bound" and v["evidence"]["source"] == "between_steps", v
-    assert v["evidence"]["input_ms"] >= 12.0 and v["evidence"]["input_fraction"] >= 0.5, v
+    assert v["evidence"]["input_ms"] >= 25.0 and v["evidence"]["input_fraction"] >= 0.5, v
     assert "input is not measured" in v["why"] and "e.g. fetching the next batch" in v["why"]
     assert "compute_bound" not in _kinds(s)
     assert s["across_ranks"]["input"] is None

@@ -51,8 +51,14 @@ def workdir(slurm_cluster) -> Path:
 
 
 def doctor_job(cluster, workdir: Path, *sbatch: str, args: str = "", env: Optional[dict] = None,
-               signal: bool = True, timeout: float = 120) -> tuple[dict, int, str]:
-    """Run the doctor in the batch shell of an sbatch job; return (report, exit code, stderr)."""
+               signal: bool = True, timeout: float = 240) -> tuple[dict, int, str]:
+    """Run the doctor in the batch shell of an sbatch job; return (report, exit code, stderr).
+    ``--timeout 60`` unless ``args`` sets one: the default 15 s also bounds each node's `import
+    torch` child (facts, benchmarks, the gloo all-reduce), which several nodes importing at once
+    on a loaded 2-core CI machine can exceed; the checks these tests assert on have bounds of
+    their own (a 3 s connect, the aggregator's min(timeout, 15))."""
+    if "--timeout" not in args:
+        args = f"--timeout 60 {args}"
     lines = ["#!/bin/bash"]
     if signal:
         lines.append("#SBATCH --signal=TERM@60")
@@ -91,10 +97,8 @@ TWO = ("-N2", "--ntasks-per-node=1", "--time=30")
 
 def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     t0 = time.monotonic()
-    # --timeout 60: each wait's bound (15 s by default) also bounds the child's `import torch`,
-    # which can take longer than that on a loaded CI machine (a CI run failed one check of this
-    # job under the default); a healthy node still answers in seconds
-    report, rc, stderr = doctor_job(slurm_cluster, workdir, *TWO, args="--timeout 60")
+    # (--timeout 60, doctor_job's: a CI run under the default 15 s failed one check of this job)
+    report, rc, stderr = doctor_job(slurm_cluster, workdir, *TWO)
     took = time.monotonic() - t0
     c = checks(report)
     failed = {cid: ck["nodes"] for cid, ck in c.items() if ck["status"] == "fail"}
@@ -117,7 +121,7 @@ def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     assert "--signal=TERM@60" in c["time.signal"]["nodes"]["node1"]["observed"]
     assert report["summary"]["failed"] == 0 and rc == 0
     assert report["job"]["context"] == "batch shell" and report["job"]["nodes"] == ["node1", "node2"]
-    assert took < 90, f"default tier took {took:.1f} s on 2 nodes"
+    assert took < 200, f"default tier took {took:.1f} s on 2 nodes"
 
 
 def test_launch_config_is_the_one_print_config_resolves(slurm_cluster, workdir):

@@ -43,16 +43,17 @@ def _ports(out: str) -> tuple[int, int]:
 
 
 def test_a_node_that_joins_late(slurm_cluster, tmp_path):
-    """Node 1's launcher starts 10 s late (a slow module load): the run works, and the summary
+    """Node 1's launcher starts 20 s late (a slow module load): the run works, and the summary
     says which node joined late and by how much. (Each node joins after its torch import, the
-    pre-flight, so the delay seen is 10 s plus the difference of the two nodes' import times.)"""
-    launch = _launch(tmp_path, f'[ "$SLURM_NODEID" = 1 ] && sleep 10\nexec traceml run {EXAMPLE} --steps 40\n')
+    pre-flight, so the delay seen is 20 s plus the difference of the two nodes' import times,
+    which a loaded machine makes up to several seconds either way.)"""
+    launch = _launch(tmp_path, f'[ "$SLURM_NODEID" = 1 ] && sleep 20\nexec traceml run {EXAMPLE} --steps 40\n')
     job, state, out = slurm_cluster.run_job(TOKEN + f"srun --kill-on-bad-exit=1 {launch}\n", *TWO_NODES,
-                                            timeout=120, env=job_env(tmp_path))
+                                            timeout=180, env=job_env(tmp_path))
     assert state == "COMPLETED", out
     data = summary(tmp_path)
     node1 = data["topology"]["nodes"][1]
-    assert node1["joined"] and node1["late"] and node1["join_delay_s"] >= 6.5, node1
+    assert node1["joined"] and node1["late"] and node1["join_delay_s"] >= 12, node1
     assert not data["topology"]["nodes"][0]["late"]
     assert data["run"]["status"] == "completed" and data["telemetry"]["complete"]
     assert data["telemetry"]["records_received"] == 2 * 40
@@ -91,7 +92,7 @@ def test_scancel_writes_the_summary_before_killwait(slurm_cluster, tmp_path):
     script = TOKEN + f"srun traceml run {EXAMPLE} --steps 10000000 --run-name=cancelled\n"
     job = slurm_cluster.submit(script, *TWO_NODES, env=job_env(tmp_path))
     state_file = tmp_path / "cancelled" / "aggregate.state"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180   # two torch imports per node first: 30-45 s each under load
     while _records(state_file) < 50:
         assert time.monotonic() < deadline, "telemetry never started flowing"
         time.sleep(0.2)

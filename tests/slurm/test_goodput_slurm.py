@@ -4,7 +4,8 @@ Three jobs run side by side (2 + 1 + 1 nodes of the 3; each test then waits for 
 
 * ``requeue``: 2 nodes, ``--requeue``, a checkpoint (``torch.save``) every 20 steps,
   ``trace_step(model, step=global_step)``; requeued with ``scontrol requeue`` once it is past step
-  30, it resumes from its last checkpoint and finishes step 59 in its second attempt;
+  30 (of 90: room for a loaded controller), it resumes from its last checkpoint and finishes step
+  89 in its second attempt;
 * ``clean``: the control, 1 node, one attempt that completes: no redone work, no false advice;
 * ``fail``: 1 node, 2 ranks; rank 1 raises at step 25, the job fails and the test requeues it: the
   second attempt resumes from the checkpoint at step 20 (no ``step=``: the redone work is inferred
@@ -59,7 +60,7 @@ echo "$(date +%s.%N)" >> "$GOODPUT_TRUTH/end-a${{SLURM_RESTART_COUNT:-0}}.txt"
 
 
 JOBS = {
-    "requeue": ("--steps 60 --step-ms 100 --ckpt-every 20 --ckpt-ms 400 --give-step",
+    "requeue": ("--steps 90 --step-ms 100 --ckpt-every 20 --ckpt-ms 400 --give-step",
                 ("--nodes=2", *NODE, "--requeue")),
     "clean": ("--steps 40 --step-ms 100 --ckpt-every 20 --ckpt-ms 300 --give-step", ("--nodes=1", *NODE)),
     "fail": ("--steps 40 --step-ms 100 --ckpt-every 10 --ckpt-ms 200 --fail-rank 1 --fail-step 25",

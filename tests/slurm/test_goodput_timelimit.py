@@ -84,7 +84,7 @@ def _drive(cluster, jobs: dict[str, gp.Job]) -> None:
         assert time.monotonic() < deadline + 40, cluster.output(jobs["saved"].id)[-3000:]
         time.sleep(0.2)
     for name in ("ignored", "nosignal"):
-        _set_end(cluster, jobs[name], t1 + 25)
+        jobs[name].end_moved_to = _set_end(cluster, jobs[name], t1 + 25)   # type: ignore[attr-defined]
     for name, want in (("saved", "COMPLETED"), ("ignored", "TIMEOUT"), ("nosignal", "TIMEOUT")):
         state = cluster.wait(jobs[name].id, timeout=120)
         assert state == want, (name, state, cluster.output(jobs[name].id)[-3000:])
@@ -162,7 +162,12 @@ def test_the_time_limit_names_the_sigterm_and_the_work_lost(slurm_cluster, jobs,
         assert "`#SBATCH --signal=USR1@600`" in adv["next_step"], adv
     if name == "ignored":
         assert e["warning"] == "SIGUSR1" and e["saved_after_warning"] is False, e
-        assert abs(e["warning_lead_s"] - (job.end_at_warning - e["warning_at"])) < 1.0, e
+        # the end the controller held when the launcher asked, right after the warning: the test
+        # moves it as soon as the saved job's worker has the warning, which on a loaded machine
+        # can come first; either is what the controller said then
+        ends = (job.end_at_warning, job.end_moved_to)
+        assert any(abs(e["scheduled_end"] - end) < 1.0 for end in ends), (e, ends)
+        assert abs(e["warning_lead_s"] - (e["scheduled_end"] - e["warning_at"])) < 1.0, e
         assert "no checkpoint was saved after it" in text and "the job ran on to SIGTERM" in text
     else:
         assert e["warning"] is None and e["warning_lead_s"] is None, e

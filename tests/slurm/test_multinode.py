@@ -91,7 +91,7 @@ srun --kill-on-bad-exit=1 traceml run {REPO}/examples/ddp_minimal.py --steps 100
 """
     job = slurm_cluster.submit(script, "--nodes=2", "--ntasks-per-node=1", "--gres=gpu:1", *SMALL,
                                env=job_env(tmp_path))
-    _wait_for_records(tmp_path / "lost" / "aggregate.state", 60)   # mid-run: training is under way
+    _wait_for_records(tmp_path / "lost" / "aggregate.state", 180)   # mid-run: training is under way
     slurmd = int((slurm_cluster.dir / "node2" / "slurmd.pid").read_text())
     killed = []
     for pid in slurm_cluster.node_pids("node2"):

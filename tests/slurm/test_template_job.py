@@ -120,7 +120,10 @@ def test_time_limit_signal_reaches_every_launcher_as_sigterm(slurm_cluster, tmp_
     terms = {n: [float(line.split()[1]) for line in logs[n] if line.startswith("TERM ")] for n in (0, 1)}
     # Both launchers got a plain SIGTERM (srun's SIGKILL could not be handled), together, before the limit.
     assert terms[0] and terms[1], logs
-    assert abs(terms[0][0] - terms[1][0]) < 2 and terms[0][0] - started < 60, terms
+    # before the limit: within 60 s of the job's start as the controller has it (not of the submit,
+    # which a loaded controller may start late)
+    begun = time.mktime(time.strptime(info["StartTime"], "%Y-%m-%dT%H:%M:%S"))
+    assert abs(terms[0][0] - terms[1][0]) < 2 and terms[0][0] - begun < 60 + 1, (terms, begun, started)
     assert len(terms[1]) == 1 and logs[1][-1] == "exit 143", logs[1]
     # Node 0 was still busy when node 1 exited 143: --kill-on-bad-exit then sends it SIGTERM again, and
     # SIGKILL only KillWait (5 s here) later, so its 3 s of summary writing still complete.
