@@ -22,6 +22,7 @@ from .controller import _facts
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from .thresholds import GPU_FOREIGN_MEMORY_BYTES
+from .torchprobe import FACTS, IMPORT, STALLED_IN
 
 if TYPE_CHECKING:
     from traceml_core.selftest import GpuDevice
@@ -127,12 +128,12 @@ def check_cuda_init(ctx: NodeContext) -> Outcome:
     if asked == 0 and not devices:
         return skipped(NO_GPU)
     torch = ctx.torch()
-    if torch.stalled == "`import torch`":
+    if torch.stalled == IMPORT:
         return skipped(f"not measured: {torch.stall_words} (see sw.torch)")
     if not torch.ok:
         return failed(f"torch is unusable, so CUDA cannot be tried: {torch.error}",
                       "Fix the torch installation first (see sw.torch).")
-    if torch.stalled == "CUDA initialisation":
+    if torch.stalled == STALLED_IN[FACTS]:
         return failed(f"{torch.stall_words} on {ctx.hostname} ({asked} GPUs allocated)",
                       "A GPU or driver that hangs: check `nvidia-smi` and `dmesg` for Xid errors on this node, or "
                       "exclude it. A first CUDA context can also be slow: rerun with `--timeout 60` to tell.",

@@ -13,6 +13,7 @@ from pathlib import Path
 from .model import CheckSpec, Outcome, failed, passed, skipped, warned
 from .node import NodeContext
 from .thresholds import IMPORT_RETRY_TIMEOUT_S, IMPORT_SLOW_S
+from .torchprobe import IMPORT
 
 
 def check_python(ctx: NodeContext) -> Outcome:
@@ -21,7 +22,7 @@ def check_python(ctx: NodeContext) -> Outcome:
 
 def check_torch(ctx: NodeContext) -> Outcome:
     t = ctx.torch()
-    if t.stalled == "`import torch`":
+    if t.stalled == IMPORT:
         # slow is not broken: a first import from a cold shared filesystem can take a minute
         return warned(f"not measured: {t.stall_words} on {ctx.hostname}",
                       f"A first import from a cold or slow shared filesystem can take a minute: rerun with "

@@ -11,7 +11,7 @@ devices, and the micro-benchmarks (a matmul on the CPU and on each device, the h
 
 The child prints a line ``TRACEML_DOCTOR_RESULT <json>`` (other output, say from a
 sitecustomize, is ignored); :func:`run_probe` starts it and reads the last such line. ``info``
-prints one after each stage (:data:`STAGES`), so a child stopped at the timeout still says how far
+prints one after each stage (:data:`STALLED_IN`), so a child stopped at the timeout still says how far
 it got: an import that did not finish is not a broken torch, and CUDA that did not initialise is
 not a slow import.
 """
@@ -37,10 +37,10 @@ INFO_ARGS = ("info", "--cuda-init", "--bench")
 #: ``info``'s stages, each reported when it is done: torch imported with its facts (versions, CUDA
 #: build, gloo), CUDA initialised on each device, the micro-benchmarks run. What the probe was doing
 #: when its time ran out is the stage after the last one reported.
-STAGES = ("facts", "cuda", "bench")
-#: the words for what did not finish: before "facts", the import itself
-STALLED_IN = {None: "`import torch`", "facts": "CUDA initialisation", "cuda": "the micro-benchmarks",
-              "bench": "the probe's exit"}
+FACTS, CUDA, BENCH = "facts", "cuda", "bench"
+#: what did not finish, by the last stage reported (none: the import itself)
+IMPORT = "`import torch`"
+STALLED_IN = {None: IMPORT, FACTS: "CUDA initialisation", CUDA: "the micro-benchmarks", BENCH: "the probe's exit"}
 #: the micro-benchmarks: best of BENCH_REPS windows of BENCH_WINDOW_S each. A window is longer than
 #: a CPU quota's period (100 ms by default), so a cgroup CPU limit shows in every window; the best
 #: window ignores a moment of load from elsewhere.
@@ -195,10 +195,11 @@ class TorchInfo:
     @classmethod
     def from_probe(cls, r: ProbeResult, timeout_s: Optional[float] = None) -> "TorchInfo":
         d = r.data
-        stalled = STALLED_IN.get(d.get("stage"), "`import torch`") if r.timed_out else None
-        if stalled == "`import torch`":
-            return cls(error=f"{stalled} did not finish within {timeout_s or 0:.0f} s", stalled=stalled,
-                       timeout_s=timeout_s)
+        stalled = STALLED_IN.get(d.get("stage"), IMPORT) if r.timed_out else None
+        if stalled == IMPORT:   # nothing of torch is known; not a broken torch either
+            info = cls(stalled=stalled, timeout_s=timeout_s)
+            info.error = info.stall_words
+            return info
         if not r.ok and not d.get("version"):
             return cls(error=r.error)
         return cls(error=d.get("error") or (None if stalled else r.error), version=d.get("version"), path=d.get("path"),
@@ -314,7 +315,7 @@ def _info(cuda_init: bool, bench: bool = False) -> dict[str, Any]:
     except BaseException as exc:  # noqa: BLE001
         out["error"] = f"torch is importable but broken: {type(exc).__name__}: {exc}"
         return out
-    _emit(dict(out, stage="facts"))
+    _emit(dict(out, stage=FACTS))
     if cuda_init and out.get("device_count"):
         inits = []
         for i in range(out["device_count"]):
@@ -333,10 +334,10 @@ def _info(cuda_init: bool, bench: bool = False) -> dict[str, Any]:
             torch.cuda.init()
         except BaseException as exc:  # noqa: BLE001
             out["cuda_error"] = f"{type(exc).__name__}: {exc}"[:300]
-    _emit(dict(out, stage="cuda"))
+    _emit(dict(out, stage=CUDA))
     if bench:
         out["bench"] = _bench(torch, [d["index"] for d in out.get("cuda_init") or [] if d.get("ok")])
-    out["stage"] = "bench"
+    out["stage"] = BENCH
     return out
 
 
