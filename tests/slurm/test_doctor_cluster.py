@@ -105,13 +105,20 @@ def test_healthy_two_node_job_passes_every_cross_check(slurm_cluster, workdir):
     assert not failed, failed
     for cid in ("cross.answers", "cross.node-ranks", "cross.config-agrees", "cross.master-address",
                 "cross.ports-reachable", "cross.versions", "cross.logs-shared", "cross.clock-skew",
-                "cross.gloo-allreduce", "cross.aggregator", "cross.link-bandwidth"):
+                "cross.gloo-allreduce", "cross.aggregator"):
         assert c[cid]["status"] == "pass", (cid, c[cid])
         assert set(c[cid]["nodes"]) == {"node1", "node2"}, cid
     assert c["cross.nccl-bandwidth"]["status"] == "skip"
     assert "sum 3 = 3 over 2 nodes" in node(report, "cross.gloo-allreduce", "node2")["observed"]
     assert "rank 1 reached node 0's aggregator and its summary" in node(report, "cross.aggregator", "node2")["observed"]
-    link = node(report, "cross.link-bandwidth", "node2")   # the link probe between the agents
+    # the link probe between the agents. Between network namespaces a transfer is a memory copy,
+    # CPU-bound: on a loaded 2-core CI machine one direction measured 0.82 against 1.66 GB/s and
+    # was warned of (a real slow link here is tc's 100 Mbit, 0.0125 GB/s: test_comm_slurm.py)
+    bw = checks(report)["cross.link-bandwidth"]
+    assert set(bw["nodes"]) == {"node1", "node2"}, bw
+    assert all(o["status"] == "pass" or (o["status"] == "warn" and all(p["gbps"] > 0.1 for p in o["data"]["pairs"]))
+               for o in bw["nodes"].values()), bw
+    link = node(report, "cross.link-bandwidth", "node2")
     assert link["data"]["gbps"] > 0.1 and [(p["src"], p["dst"]) for p in link["data"]["pairs"]] == [(0, 1), (1, 0)]
     assert "sends" in link["observed"] and "to node1" in link["observed"]
     # the controller facts come from the real scontrol

@@ -34,7 +34,7 @@ from ..wire.client import Link, LinkError, LinkRefused
 from ..wire.frames import MAX_PROBE_NODES
 from ..wire.protocol import HEADER
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
-from .analysis import Pair, analyse, best_of, failed, schedule, suspect_pairs
+from .analysis import Pair, analyse, confirm, failed, schedule
 
 HELLO_KIND = "probe"
 #: what one chunk of the stream carries (large: fewer system calls, the rate is the link's)
@@ -349,19 +349,16 @@ def coordinate(run: ProbeRun, hosts: Sequence[str], *, ports: Optional[Sequence[
             pairs += run_round(rnd)
             if stop():
                 return ended()
-        first = analyse(pairs, hosts, bytes_per_pair=nbytes, seconds=time.monotonic() - t0)
-        suspect = suspect_pairs(first)
-        if not suspect:
-            return first
-        # Confirm before naming anyone: the suspect's transfers again, one at a time (a busy CPU
-        # or a burst of other traffic slows a transfer, nothing makes one faster), keeping each
-        # pair's better rate.
-        for pair in suspect:
-            again = run_round([pair])
-            pairs = [best_of(p, again[0]) if (p.src, p.dst) == pair else p for p in pairs]
-            if stop():
-                return ended()
-        return analyse(pairs, hosts, bytes_per_pair=nbytes, seconds=time.monotonic() - t0)
+        def judge(measured: Sequence[Pair]) -> dict[str, Any]:
+            return analyse(measured, hosts, bytes_per_pair=nbytes, seconds=time.monotonic() - t0)
+
+        def again(pair: tuple[int, int]) -> Optional[Pair]:
+            got = run_round([pair])[0]   # one at a time: the transfer has the link alone
+            return None if stop() else got
+
+        # confirm before naming anyone: the suspect's transfers again (analysis.confirm)
+        section = confirm(pairs, judge, again)
+        return ended() if section is None else section
     except Exception as exc:   # never into the launcher
         return failed(f"{type(exc).__name__}: {exc}")
     finally:
