@@ -46,7 +46,7 @@ def _check(sc, out, logs: Path, tally) -> None:
     bad = problems(sc, out)
     tally.runs.append((sc.name, out.mode, bad))
     assert not out.error, out.error
-    assert not bad, f"{sc.name} [{out.mode}]: {'; '.join(bad)}; why: {out.why}"
+    assert not bad, f"{sc.name} [{out.mode}]: {'; '.join(bad)}; why: {out.primary.why if out.primary else out.error}"
     summary = json.loads((logs / f"{sc.name}-{out.mode}-{out.run}" / "final_summary.json").read_text())
     for v in [summary["verdict"]] + summary["other_verdicts"]:
         if v["kind"] in SAY:
