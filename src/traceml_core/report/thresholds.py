@@ -129,6 +129,16 @@ CPU_OVERSUBSCRIBED_CRIT = 2.0
 #: comes from outside the job's work (other processes, or the job's own threads, which the
 #: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
 CPU_CONTENTION_NOTE = 0.10
+#: A straggler comes from its node's oversubscription when at least this share of its excess was
+#: its extra wait for a core (measured: sdk/threads.py); half, because then the wait is most of
+#: what makes it slower.
+CAUSE_SHARE = 0.5
+#: ...or, where each rank computes with more than one torch thread, when its excess is in the
+#: phases torch runs on those threads: only the training thread's wait for a core is measured,
+#: and an operator split over threads that wait for a core takes longer on the training thread
+#: without it waiting at all (2 ranks x 4 threads on 2 cores: a rank falls behind in forward, its
+#: training thread waiting no more than the others').
+INTRA_OP_PHASES = ("forward", "backward", "optimizer")
 
 # --- GPU utilisation -----------------------------------------------------------------------------
 #: NVML utilisation is the fraction of time any kernel ran; under 50 % on average the GPUs are idle

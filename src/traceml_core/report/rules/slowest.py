@@ -1,0 +1,232 @@
+"""The slowest rank and what its excess is made of: the one analysis the straggler, work-imbalance
+and CPU-contention rules share (each reads it; none reads another's finding).
+
+Under DDP every rank's *step* time is the same (all ranks wait for the slowest in the gradient
+all-reduce), so step time cannot name the culprit. A rank's *own* time can: ``step - comm +
+outside`` where communication is measured, else ``step - backward + outside`` (the wait hides in
+backward). The slowest rank's **excess** is its own time over the median of the *other* ranks
+(with two ranks, the median of both would sit half-way and halve it). Without synchronisation
+(independent ranks) own and step time agree anyway; the step metric is tried second.
+
+What is judged (:attr:`Slowest.judged`) is the excess the rank shows *through* the run, beyond its
+noise: the least of the mean excess, the excess in at least half of the run's stretches of
+steps, and the mean less two standard errors of the stretches' scatter about their trend
+(thresholds: STRAGGLER_PERSISTENT_QUANTILE, STRAGGLER_CONFIDENCE_SE); one long pause is taken out
+first (:func:`one_pause`). Then what the excess is made of, each measured:
+
+* **more work**: the rank's batches (samples, elements) against the others' (sdk/work
+  measurement, or the script's ``declare_work``), and its training thread's CPU time per step;
+* **a wait for a core**: its run-queue wait per step beyond what its own CPU time would cost at
+  the other ranks' wait per CPU second (a rank that computes more waits more, at the same rate:
+  that wait is part of its work);
+* **where**: the phases that hold the excess.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from .. import thresholds as T
+from ..model import CpuThreads, RankSummary
+from ..stats import median
+from .base import OWN_PHASES, Run, mean_ms, own, own_time, quantile
+
+
+@dataclass
+class Slowest:
+    """The slowest rank by one metric, its excess and what it is made of."""
+
+    rank: RankSummary
+    others: list[RankSummary]
+    #: ``own`` or ``step``
+    metric: str
+    #: mean excess (ms per step), after a one-off pause was taken out
+    excess: float
+    #: what is judged: the least of the mean, persistent and lower-bound excess
+    judged: float
+    persistent: Optional[float]
+    lower: Optional[float]
+    windows: int
+    slower: Optional[float]
+    #: one pause taken out of the excess (ms), or None
+    pause: Optional[float]
+    #: the extra wait for a core beyond its own CPU time at the others' rate (ms per step), or
+    #: None where not measured on every rank
+    starved: Optional[float]
+    #: its cgroup's CPU quota's part of its wait (ms per step)
+    quota: float
+    #: excess per phase over the others' median (ms per step)
+    deltas: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def phase(self) -> str:
+        return max(self.deltas, key=lambda p: self.deltas[p]) if self.deltas else "step"
+
+    @property
+    def phase_share(self) -> float:
+        return self.deltas.get(self.phase, 0.0) / self.excess if self.excess > 0 else 0.0
+
+    @property
+    def own_work(self) -> float:
+        """The judged excess less its extra wait for a core."""
+        return self.judged - max(0.0, self.starved or 0.0)
+
+
+def persistent_excess(run: Run, worst: RankSummary, others: Sequence[RankSummary],
+                      metric: str) -> tuple[Optional[float], Optional[float], int, Optional[float]]:
+    """(the excess the worst rank shows in at least half of the run's stretches of steps, the
+    lower confidence bound of its mean excess over them, the stretches judged, the share of
+    stretches in which it is slower): its excess per window of steady steps over the other
+    ranks' median, windows joined into stretches of at least ``STRAGGLER_STRETCH_STEPS`` steps
+    (one step's scheduling noise on a busy machine is tens of milliseconds; a stretch's mean is
+    steadier)."""
+    ctx = run.ctx
+    ww = ctx.windows.get(worst.rank)
+    ow = [ctx.windows[r.rank] for r in others if r.rank in ctx.windows]
+    if ww is None or not ow:
+        return None, None, 0, None
+
+    def value(w: Any, i: int) -> Optional[float]:
+        step = w.step_ms[i] if i < len(w.step_ms) else None
+        if metric == "step":
+            return step
+        return own_time(step, lambda p: w.phase(p, i))
+
+    per = max(1, -(-T.STRAGGLER_STRETCH_STEPS // max(1, ww.width)))  # windows per stretch
+    diffs: list[float] = []
+    acc, steps = 0.0, 0
+    for i in range(len(ww)):
+        if not ww.steady(i):
+            continue
+        mine = value(ww, i)
+        theirs = [v for v in (value(w, i) for w in ow if i < len(w) and w.steady(i)) if v is not None]
+        if mine is None or not theirs:
+            continue
+        n = ww.steps[i]
+        acc += (mine - (median(theirs) or 0.0)) * n
+        steps += n
+        if steps >= per * ww.width:
+            diffs.append(acc / steps)
+            acc, steps = 0.0, 0
+    if steps >= ww.width * per / 2:  # a last stretch of at least half the length counts
+        diffs.append(acc / steps)
+    if len(diffs) < T.STRAGGLER_MIN_WINDOWS:
+        return None, None, len(diffs), None
+    return (quantile(diffs, T.STRAGGLER_PERSISTENT_QUANTILE), lower_bound(diffs), len(diffs),
+            sum(1 for d in diffs if d > 0) / len(diffs))
+
+
+def lower_bound(diffs: Sequence[float]) -> float:
+    """The lower confidence bound of a rank's mean excess over its stretches of steps: the mean
+    less ``STRAGGLER_CONFIDENCE_SE`` standard errors, the noise taken as the robust scatter of
+    the stretches about their own trend (a Theil-Sen line over the run: a rank whose excess grows,
+    as with memory that it scans, is not noisy, it is trending). Two ranks of a machine shared with
+    other jobs differ from stretch to stretch by tens of milliseconds either way: an excess that
+    noise can explain is not judged a straggler."""
+    from ..trend import theil_sen
+
+    n = len(diffs)
+    fit = theil_sen([float(i) for i in range(n)], list(diffs))
+    slope, icpt = fit if fit is not None else (0.0, median(diffs) or 0.0)
+    resid = [d - (icpt + slope * i) for i, d in enumerate(diffs)]
+    mid = median(resid) or 0.0
+    spread = 1.4826 * (median([abs(r - mid) for r in resid]) or 0.0)
+    return sum(diffs) / n - T.STRAGGLER_CONFIDENCE_SE * spread / n ** 0.5
+
+
+def quota_wait(f: CpuThreads) -> float:
+    """The part of a rank's wait for a core (ms per step) that its cgroup's CPU quota caused: a
+    throttled thread stays runnable, so the run queue counts it, but the limit is the task's own
+    (its node's, its allocation's), not other processes': it stays in the rank's own time. At most
+    the time the cgroup was throttled (a cgroup-wide counter, for all its threads and CPUs), at
+    most the wait."""
+    if f.wait_ms is None or not f.throttled_ms:
+        return 0.0
+    return min(f.wait_ms, f.throttled_ms)
+
+
+def queue_wait(f: CpuThreads) -> float:
+    """A rank's wait for a core (ms per step) less what its own CPU quota caused: other processes'."""
+    return (f.wait_ms or 0.0) - quota_wait(f)
+
+
+def starved(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> Optional[float]:
+    """How much longer per step ``worst`` waited for a CPU core than its own CPU time explains
+    (ms; None when not measured on every rank). On a shared CPU every rank waits in proportion to
+    the CPU time it asks for; at the other ranks' rate (their median wait per ms on a CPU), the
+    wait beyond what its own CPU time would have cost is the rank being starved more than the
+    others (another process on its cores), not work of its own: that part of its excess is
+    taken out. A rank that does more work waits more too, but at the same rate: none of that is
+    taken out."""
+    facts = {r.rank: run.cpu(r.rank) for r in [worst, *others]}
+    if any(f is None or f.wait_ms is None or f.run_ms is None for f in facts.values()):
+        return None
+    rates = [queue_wait(f) / f.run_ms for r in others for f in [facts[r.rank]] if f is not None and f.run_ms]
+    if not rates:
+        return None
+    mine = facts[worst.rank]
+    assert mine is not None and mine.wait_ms is not None and mine.run_ms is not None
+    return queue_wait(mine) - mine.run_ms * (median(rates) or 0.0)
+
+
+def _max(r: RankSummary, phase: str) -> Optional[float]:
+    ph = r.phases.get(phase)
+    return ph.max_ms if ph else None
+
+
+def one_pause(worst: RankSummary, live: Sequence[RankSummary], metric: str) -> Optional[float]:
+    """A pause is not a straggler: the length (ms) of one long step that accounts for part of
+    ``worst``'s excess, or None. A rank stopped once (SIGSTOP, a debugger, a save on that rank
+    only) makes every other rank wait once, for the whole pause, in the step's synchronisation
+    (``comm``, else ``backward``: the wait :func:`own_time` takes out), while its own wait there
+    stays short; so the others' longest wait exceeds the rank's own by the pause. A rank slower
+    at every step makes the others wait a little at every step (their longest wait is about one
+    step's excess), and a slow first step on every rank (compilation) is long for the rank too,
+    so neither looks like a pause. For the ``step`` metric the pause is the rank's own longest
+    step beyond the others'. The caller takes the pause out of the rank's excess and judges the
+    rest (report/thresholds.py: PAUSE_MIN_STEPS)."""
+    others = [r for r in live if r is not worst]
+    if metric == "own":
+        def wait_max(r: RankSummary) -> Optional[float]:
+            return _max(r, "comm") if r.phases.get("comm") else _max(r, "backward")
+        theirs = [v for v in map(wait_max, others) if v is not None]
+        mine = wait_max(worst)
+        pause = (median(theirs) or 0.0) - mine if theirs and mine is not None else 0.0
+    else:
+        theirs = [v for v in (_max(r, "step") for r in others) if v is not None]
+        mine = _max(worst, "step")
+        pause = mine - (median(theirs) or 0.0) if theirs and mine is not None else 0.0
+    step = median([v for v in (mean_ms(r, "step") for r in live) if v is not None]) or 0.0
+    return pause if step > 0 and pause >= T.PAUSE_MIN_STEPS * step else None
+
+
+def by_metric(run: Run, metric: str) -> Optional[Slowest]:
+    """The slowest rank by ``metric`` (``own`` or ``step``) and its excess, or None with fewer
+    than two ranks."""
+    live = run.live
+    if len(live) < 2:
+        return None
+    fn = own if metric == "own" else (lambda r: mean_ms(r, "step") or 0.0)
+    worst = max(live, key=fn)
+    others = [r for r in live if r is not worst]
+    mid = median([fn(r) for r in others])
+    assert mid is not None
+    excess = fn(worst) - mid
+    pause = one_pause(worst, live, metric)
+    if pause and worst.steady_steps:  # a pause is not a straggler: judge the rest
+        excess = max(0.0, excess - pause / worst.steady_steps)
+    persistent, lower, windows, slower = persistent_excess(run, worst, others, metric)
+    judged = excess if persistent is None or lower is None else min(excess, persistent, lower)
+    fact = run.cpu(worst.rank)
+    phases = OWN_PHASES + (("backward",) if metric == "step" or run.comm_measured() else ())
+    deltas: dict[str, float] = {}
+    for ph in phases:
+        mine = mean_ms(worst, ph)
+        theirs = [v for v in (mean_ms(r, ph) for r in others) if v is not None]
+        if mine is not None and theirs:
+            deltas[ph] = round(mine - (median(theirs) or 0.0), 2)
+    return Slowest(rank=worst, others=others, metric=metric, excess=excess, judged=judged,
+                   persistent=persistent, lower=lower, windows=windows, slower=slower, pause=pause,
+                   starved=starved(run, worst, others), quota=quota_wait(fact) if fact is not None else 0.0,
+                   deltas=deltas)
