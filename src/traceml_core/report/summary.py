@@ -84,7 +84,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
-        cpu_threads=cpu_threads_of(data.ranks)))
+        cpu_threads=cpu_threads_of(data.ranks),
+        declared={r.rank: r.facts.work for r in data.ranks if r.facts.work is not None}))
     try:
         ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
         ledger_note = ""
@@ -258,7 +259,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         fail_in_step=bool(bye and bye.fail_in_step),
         failed_at=_failed_at(r, status), exit=exit_,
         phases=phases,
-        outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
+        outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside, _jitter(phases.get("step"))),
         comm=_comm(r, phases),
         mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(
@@ -270,6 +271,14 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         events=r.event_count,
         last_events=r.events[-3:],
     )
+
+
+def _jitter(step: Optional[PhaseSummary]) -> float:
+    """The spread of a rank's steps (p90 - p50, ms): the scheduling jitter its gaps between steps
+    see too (report/pauses.py)."""
+    if step is None or step.p90_ms is None or step.p50_ms is None:
+        return 0.0
+    return max(0.0, step.p90_ms - step.p50_ms)
 
 
 def _mem_peak(r: RankData) -> MemPeak:

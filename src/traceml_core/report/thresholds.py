@@ -76,6 +76,24 @@ ATTRIBUTION_LIST = 0.2
 #: for last seconds to minutes.
 PAUSE_MIN_STEPS = 50.0
 
+# --- work imbalance -----------------------------------------------------------------------------
+#: The slowest rank does more work when its batches (samples, elements or tokens per step,
+#: measured on sampled steps, or declared with ``traceml.declare_work``) are at least 5 % more than
+#: the other ranks' median: a batch's size is an exact count, so below that only variable-length
+#: batches differ, by chance (the mean of ~50 sampled steps of lengths that vary +-30 % moves by
+#: about 4 %).
+WORK_RATIO_MIN = 1.05
+#: ...and that extra work accounts for at least half of its judged excess (its own time scaled by
+#: the ratio): a rank whose batches are 5 % bigger but that is 40 % slower has another cause.
+#: Half, as for a wait for a core (CAUSE_SHARE): then the work is most of what makes it slower.
+WORK_EXPLAINS = 0.5
+#: Without a difference in batches, a rank does more work *for the same code* when its training
+#: thread's CPU time per step exceeds the other ranks' median by at least half its judged excess
+#: (CAUSE_SHARE) and by 10 %: on one node every rank's core is the same, so more CPU time for the
+#: same batch is work only that rank does (metrics, logging, an extra loss). CPU runs only: on a
+#: GPU the training thread's CPU time is kernel launches and waiting, not the work.
+WORK_CPU_RATIO_MIN = 1.10
+
 # --- memory creep --------------------------------------------------------------------------------
 #: The early window starts after this fraction of the run (allocator caches and optimizer state
 #: grow during the first steps, which is not a leak).
@@ -110,6 +128,22 @@ PERIODIC_BURST_SHARE = 0.6
 PERIODIC_MIN_BURSTS = 2
 #: ...needs this many steady gaps to see a pattern at all.
 PERIODIC_MIN_GAPS = 20
+#: A pause is also longer than the scheduler's jitter *for that rank*: its typical gap plus twice
+#: the spread of its own steps (p90 - p50 of its step time). On a loaded machine a thread loses its
+#: core for milliseconds at random, in a step or between two; the same jitter that widens its steps
+#: lengthens its gaps, so a gap is a pause only beyond it (a 0.18 ms typical gap made 1.2 ms of
+#: jitter a "pause" at load 3-9: "every ~8 steps" for an evaluation every 20).
+PERIODIC_JITTER_SPREADS = 2.0
+#: ...and holds its part of the pauses' time: at least a quarter of the mean pause. Periodic work is
+#: long pauses (an evaluation, a save); jitter that passes the cut is short ones, which a mean
+#: pause length then leaves out (twice: the mean without them is longer), so neither the count nor
+#: the period ("every N steps") counts them. A quarter keeps an evaluation every 20 steps beside a
+#: checkpoint 10 times as long every 100.
+PERIODIC_OF_MEAN_PAUSE = 0.25
+#: Periodic work is one rank's when fewer than half of the ranks pause (an evaluation or logging on
+#: rank 0 only: the others wait for it in the next step's all-reduce, not between steps); else the
+#: run's.
+PERIODIC_RANKS_SHARE = 0.5
 #: Severity, as for input: the share of the wall clock per step the bursts take, and an absolute
 #: floor in ms per step on average.
 PERIODIC_FRACTION_WARN = 0.10
@@ -129,6 +163,17 @@ CPU_OVERSUBSCRIBED_CRIT = 2.0
 #: comes from outside the job's work (other processes, or the job's own threads, which the
 #: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
 CPU_CONTENTION_NOTE = 0.10
+#: A rank's wait for a core is a cause of its excess only where its wait *per CPU second* exceeds
+#: the other ranks' median by a quarter: every rank on a busy CPU waits in proportion to the CPU
+#: time it asks for, so a rank that computes 1.3x the others' waits 1.3x as long, at the same rate:
+#: that wait is part of its work. A quarter: on a machine shared with other jobs two ranks' rates
+#: differ by 10-20 % from run to run.
+CONTENTION_RATE_MARGIN = 1.25
+#: Whose processes held the cores: the job's own when its ranks (their threads and DataLoader
+#: workers) used at least 90 % of the cores they may run on, others' when the ranks left at least
+#: a quarter of them (the node's CPUs busy beside them); otherwise not said.
+CONTENTION_OWN_SHARE = 0.9
+CONTENTION_OTHERS_SHARE = 0.25
 #: A straggler comes from its node's oversubscription when at least this share of its excess was
 #: its extra wait for a core (measured: sdk/threads.py); half, because then the wait is most of
 #: what makes it slower.

@@ -276,10 +276,13 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
     from .threads import ThreadsProbe
+    from .worksample import WorkSampler
 
-    # threads against cores, and the wait for a core of the thread that trains (the one in init)
+    # threads against cores, and the wait for a core of the thread that trains (the one in init);
+    # what its steps consume (batches, CPU per phase), on sampled steps
     s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
-                         request=info.cpu_request if info is not None else None, notify=notify)
+                         request=info.cpu_request if info is not None else None, notify=notify,
+                         sampler=WorkSampler(TRACER))
     s.client.add_periodic(s.cpu, 0.5)
     _install_exit_hooks()
     if info is not None and info.stack_dir:

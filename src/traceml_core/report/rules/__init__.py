@@ -27,7 +27,7 @@ from .. import thresholds as T
 from ..model import RankSummary, VerdictContext
 from . import (communication_bound, compute_bound, cpu_contention, cpu_oversubscribed, did_not_start, hang,
                input_bound, low_gpu_util, memory_creep, no_clear_bottleneck, no_steps, periodic_work,
-               run_failed, straggler)
+               run_failed, straggler, work_imbalance)
 from .base import WAIT_PHASES, Finding, Run, no_phase, own_time
 from .graph import arrange
 
@@ -38,7 +38,7 @@ Verdict = dict[str, Any]
 #: every rule, in the order that breaks ties between verdicts of one severity (the first listed
 #: comes first): failures and hangs, then the causes a user acts on first
 RULES: tuple[ModuleType, ...] = (
-    hang, did_not_start, run_failed, no_steps, straggler, input_bound, periodic_work,
+    hang, did_not_start, run_failed, no_steps, work_imbalance, straggler, input_bound, periodic_work,
     communication_bound, memory_creep, cpu_oversubscribed, low_gpu_util, cpu_contention, compute_bound,
     no_clear_bottleneck)
 KINDS = tuple(m.KIND for m in RULES)

@@ -113,6 +113,8 @@ class Run:
 
     live: Sequence[RankSummary]
     ctx: VerdictContext
+    #: figures several rules read, computed once (by the module that owns them)
+    cache: dict[str, Any] = field(default_factory=dict)
 
     @property
     def median_step(self) -> float:

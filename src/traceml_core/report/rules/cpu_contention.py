@@ -2,27 +2,30 @@
 
 How it decides. Each rank's training thread's time runnable but not running (the scheduler's run
 queue, ``/proc/self/task/<tid>/schedstat``, per steady step; sleeping, I/O and collectives are
-not counted). Noted when the median rank waited a tenth of the wall clock per step or more, or
-when the slowest rank's excess over the others was its extra wait for a core (so it was not
-called a straggler). Information, never a warning: the step times include that wait, which comes
-from outside the job's own work (other processes on the node), or from its own threads when the
-CPU verdict says the ranks ask for too many. A wait the rank's own cgroup's CPU quota caused is
-not other processes': it is left out here (the straggler says it).
+not counted), less what its own cgroup's CPU quota caused. Noted when the median rank waited a
+tenth of the wall clock per step or more, or when the slowest rank's excess was its wait for a
+core *beyond its share*: its wait per CPU second exceeded the other ranks' by a quarter (every
+rank on a busy CPU waits in proportion to the CPU time it asks for: a rank that computes 1.3x as
+much waits 1.3x as long, and that is its work, not contention), and without that wait no
+straggler's excess was left. Whose processes held the cores, where the ranks' own CPU use says
+it: the job's own (its ranks, their threads and DataLoader workers used 90 % of the cores they
+may run on) or others' (they left a quarter of them); otherwise it is not said. Information,
+never a warning: the step times include that wait.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from .. import thresholds as T
 from ..stats import median
 from .base import Evidence, Finding, Run
-from .slowest import queue_wait
-from .straggler import candidate
+from .slowest import CONTENTION, assess, queue_wait
 
 KIND = "cpu_contention"
-THRESHOLDS = ("CPU_CONTENTION_NOTE", "CAUSE_SHARE")
+THRESHOLDS = ("CPU_CONTENTION_NOTE", "CONTENTION_RATE_MARGIN", "CAUSE_SHARE", "CONTENTION_OWN_SHARE",
+              "CONTENTION_OTHERS_SHARE")
 
 
 @dataclass
@@ -35,7 +38,32 @@ class ContentionEvidence(Evidence):
     excused_rank: Optional[int] = None
     excused_excess_ms: Optional[float] = None
     excused_wait_ms: Optional[float] = None
+    #: the excused rank's wait per CPU second over the other ranks' median
+    excused_rate_ratio: Optional[float] = None
+    #: whose processes held the cores: ``own`` (the job's ranks), ``others``, or None (not known)
+    whose: Optional[str] = None
+    whose_node: Any = None
+    whose_ranks: int = 0
+    job_cores: Optional[float] = None
+    cores: Optional[int] = None
     explained_by: Optional[str] = None
+
+
+def _whose(run: Run, node: Any) -> tuple[Optional[str], int, Optional[float], Optional[int]]:
+    """(``own``/``others``/None, the node's ranks, the cores its ranks and their DataLoader
+    workers used, the cores they may run on)."""
+    ranks = [r for r in run.live if r.node == node]
+    facts = [run.cpu(r.rank) for r in ranks]
+    if not facts or any(f is None or f.proc_cores is None for f in facts):
+        return None, len(ranks), None, None
+    cores = len(frozenset().union(*(f.cpus for f in facts if f is not None)))
+    used = sum((f.proc_cores or 0.0) + (f.workers_cores or 0.0) for f in facts if f is not None)
+    whose = None
+    if cores and used >= T.CONTENTION_OWN_SHARE * cores:
+        whose = "own"
+    elif cores and used <= (1.0 - T.CONTENTION_OTHERS_SHARE) * cores:
+        whose = "others"
+    return whose, len(ranks), round(used, 2), cores
 
 
 def detect(run: Run) -> Optional[Finding]:
@@ -47,29 +75,54 @@ def detect(run: Run) -> Optional[Finding]:
     wait = median([w for w, _ in waits]) or 0.0
     it = run.median_iteration()
     frac = wait / it if it else 0.0
-    _, _, ex = candidate(run)
+    s, sev = assess(run)
+    ex = s if s is not None and sev is None and s.cause == CONTENTION else None
     if frac < T.CPU_CONTENTION_NOTE and ex is None:
         return None
     most = max(waits)
+    node = (ex.rank if ex else next(r for r in live if r.rank == most[1])).node
+    whose, n, used, cores = _whose(run, node)
+    rate = (ex.work.rate / ex.work.rate_theirs if ex and ex.work.rate is not None and ex.work.rate_theirs
+            else None)
     return Finding(KIND, "info", None, ContentionEvidence(
         wait_ms=round(wait, 2), fraction=round(frac, 4), iteration_ms=round(it, 2),
         max_wait_ms=round(most[0], 2), max_rank=most[1],
         excused_rank=ex.rank.rank if ex else None, excused_excess_ms=round(ex.excess, 2) if ex else None,
-        excused_wait_ms=round(ex.starved, 2) if ex and ex.starved is not None else None))
+        excused_wait_ms=round(ex.starved, 2) if ex and ex.starved is not None else None,
+        excused_rate_ratio=round(rate, 2) if rate is not None else None,
+        whose=whose, whose_node=node, whose_ranks=n, job_cores=used, cores=cores))
+
+
+def _held(ev: ContentionEvidence) -> str:
+    if ev.explained_by == "cpu_oversubscribed":
+        return "the ranks' own threads held the cores: more threads than cores (see the CPU verdict)"
+    if ev.whose == "own":
+        return (f"the job's own processes held the cores: its {ev.whose_ranks} rank(s) on node {ev.whose_node} "
+                f"(their threads, gloo's included) and their DataLoader workers used {ev.job_cores:.1f} of the "
+                f"{ev.cores} core(s) they may run on")
+    if ev.whose == "others":
+        return (f"processes outside the job's ranks held the cores: its {ev.whose_ranks} rank(s) on node "
+                f"{ev.whose_node} and their DataLoader workers used only {ev.job_cores:.1f} of the {ev.cores} "
+                "core(s) they may run on (other jobs or the system; TraceML's launcher and aggregator are "
+                "not measured apart)")
+    return "a core was busy (whose processes held it was not measured)"
 
 
 def say(ev: ContentionEvidence) -> tuple[str, str]:
-    own_threads = ev.explained_by == "cpu_oversubscribed"
-    who = "more threads than cores (see the CPU verdict)" if own_threads else "other processes on the node"
     why = (f"the ranks' training threads waited for a CPU core {ev.wait_ms:.1f} ms per step (median rank, "
            f"{ev.fraction:.0%} of the wall clock per step; most: rank {ev.max_rank}, "
-           f"{ev.max_wait_ms:.1f} ms): runnable, but {who} held the cores")
+           f"{ev.max_wait_ms:.1f} ms): runnable, but {_held(ev)}")
     if ev.excused_rank is not None:
+        rate = (f", {ev.excused_rate_ratio:.2g}x the others' wait per CPU second" if ev.excused_rate_ratio
+                else "")
         why += (f"; rank {ev.excused_rank} is {ev.excused_excess_ms:.1f} ms per step slower than the "
-                f"others, {ev.excused_wait_ms:.1f} ms of it waiting for a core longer than the others, so "
-                "it is not called a straggler")
-    if own_threads:
+                f"others, {ev.excused_wait_ms:.1f} ms of it waiting for a core beyond what its own CPU time "
+                f"explains{rate}: not its own work, so it is not called a straggler")
+    if ev.explained_by == "cpu_oversubscribed":
         return why, "give the ranks no more threads than cores (see the CPU verdict)"
+    if ev.whose == "own":
+        return why, ("the job's own processes fill the cores: run fewer ranks, threads (OMP_NUM_THREADS) or "
+                     "DataLoader workers per node, or ask for more cores per rank (Slurm: --cpus-per-task)")
     return why, ("the step times include that wait: measure on a node the job has to itself, or ask "
                  "the scheduler for whole cores (Slurm: --exclusive, or --cpus-per-task with "
                  "--cpu-bind=cores)")

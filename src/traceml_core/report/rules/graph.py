@@ -56,6 +56,11 @@ def _threads_slow_it(cause: Finding, effect: Finding) -> bool:
     return waited or threaded
 
 
+def _between_steps(cause: Finding, effect: Finding) -> bool:
+    # one rank's periodic pauses are its excess between steps
+    return getattr(effect.evidence, "phase", None) == "outside"
+
+
 @dataclass(frozen=True)
 class Link:
     cause: str
@@ -75,8 +80,14 @@ LINKS: tuple[Link, ...] = (
          "as it grows"),
     Link("input_bound", "straggler", "in a run that waits for data, the rank whose DataLoader is slowest "
          "paces it and is slower in its input: the same wait, seen from that rank", _input_paces, INFO),
+    Link("periodic_work", "straggler", "a rank that alone pauses between steps every k steps is slower by its "
+         "pauses: the same time, seen as its excess", _between_steps, INFO),
+    Link("periodic_work", "work_imbalance", "a rank that alone evaluates every k steps does more work by "
+         "that evaluation: the same time, seen as its excess", _between_steps, INFO),
     Link("cpu_oversubscribed", "straggler", "ranks that ask for more threads than their node has cores slow "
          "each other down at random", _threads_slow_it),
+    Link("cpu_oversubscribed", "work_imbalance", "ranks that ask for more threads than their node has cores "
+         "slow each other down at random", _threads_slow_it),
     Link("cpu_oversubscribed", "communication_bound", "too many threads starve gloo's communication threads"),
     Link("cpu_oversubscribed", "compute_bound", "too many threads make the model's own work slower"),
     Link("cpu_oversubscribed", "cpu_contention", "the ranks' own threads are what holds the cores"),

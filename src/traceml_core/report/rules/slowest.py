@@ -30,7 +30,46 @@ from typing import Any, Optional, Sequence
 from .. import thresholds as T
 from ..model import CpuThreads, RankSummary
 from ..stats import median
-from .base import OWN_PHASES, Run, mean_ms, own, own_time, quantile
+from .base import OWN_PHASES, Run, mean_ms, own, own_time, quantile, severity
+
+#: what the slowest rank's excess is made of (:func:`assess`)
+WORK, CPU_WORK, CONTENTION, WAIT = "work", "cpu_work", "contention", "wait"
+
+
+@dataclass
+class Work:
+    """The slowest rank's work per step against the other ranks' median: its batches (measured
+    or declared), its training thread's CPU time, its wait for a core per CPU second."""
+
+    #: ``samples``, ``elements``, ``tokens`` (measured), ``declared samples``, ``declared
+    #: tokens``; None where no batch was measured on every rank
+    basis: Optional[str] = None
+    mine: Optional[float] = None
+    theirs: Optional[float] = None
+    #: the samples per step beside an ``elements``/``tokens`` basis (the same batch, longer rows)
+    samples: Optional[float] = None
+    #: the training thread's CPU time per step (ms), its and the others' median
+    cpu: Optional[float] = None
+    cpu_theirs: Optional[float] = None
+    #: its extra CPU time per phase (ms per sampled step) over the others' median
+    phase_cpu: dict[str, float] = field(default_factory=dict)
+    #: its wait for a core per ms of CPU, and the others' median
+    rate: Optional[float] = None
+    rate_theirs: Optional[float] = None
+    #: whether another rank ran on its node (then a slower CPU is not why it uses more CPU time)
+    shares_node: bool = False
+
+    @property
+    def ratio(self) -> Optional[float]:
+        return self.mine / self.theirs if self.mine is not None and self.theirs else None
+
+    @property
+    def cpu_ratio(self) -> Optional[float]:
+        return self.cpu / self.cpu_theirs if self.cpu is not None and self.cpu_theirs else None
+
+    @property
+    def cpu_excess(self) -> Optional[float]:
+        return self.cpu - self.cpu_theirs if self.cpu is not None and self.cpu_theirs is not None else None
 
 
 @dataclass
@@ -58,6 +97,13 @@ class Slowest:
     quota: float
     #: excess per phase over the others' median (ms per step)
     deltas: dict[str, float] = field(default_factory=dict)
+    #: its work against the others' (:func:`work_of`)
+    work: Work = field(default_factory=Work)
+    #: what the excess is made of: WORK, CPU_WORK, CONTENTION or WAIT (:func:`assess`)
+    cause: str = WAIT
+    #: the excess its cause is judged on (ms per step): the judged excess, less a wait for a core
+    #: beyond its share where that is not the cause
+    weighed: float = 0.0
 
     @property
     def phase(self) -> str:
@@ -67,10 +113,6 @@ class Slowest:
     def phase_share(self) -> float:
         return self.deltas.get(self.phase, 0.0) / self.excess if self.excess > 0 else 0.0
 
-    @property
-    def own_work(self) -> float:
-        """The judged excess less its extra wait for a core."""
-        return self.judged - max(0.0, self.starved or 0.0)
 
 
 def persistent_excess(run: Run, worst: RankSummary, others: Sequence[RankSummary],
@@ -201,6 +243,117 @@ def one_pause(worst: RankSummary, live: Sequence[RankSummary], metric: str) -> O
     return pause if step > 0 and pause >= T.PAUSE_MIN_STEPS * step else None
 
 
+def _batch(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> tuple[Optional[str], Optional[float], Optional[float], Optional[float]]:
+    """(basis, its work per step, the others' median, its samples) from what every rank declared
+    (``declare_work``: it overrides what was measured), else from the batches measured on sampled
+    steps: samples where they differ, else elements (tokens for integer ids: longer sequences)."""
+    ranks = [worst, *others]
+    decl = [run.ctx.declared.get(r.rank) for r in ranks]
+    for key, basis in (("tokens_per_step", "declared tokens"), ("samples_per_step", "declared samples")):
+        vals = [getattr(d, key, None) for d in decl]
+        if all(v for v in vals):
+            return basis, vals[0], median(vals[1:]), None
+    works = [f.work if f is not None else None for f in (run.cpu(r.rank) for r in ranks)]
+    if any(w is None or not w.samples for w in works):
+        return None, None, None, None
+    samples = [w.samples for w in works if w is not None]
+    theirs = median(samples[1:]) or 0.0
+    if theirs and samples[0] / theirs >= T.WORK_RATIO_MIN:
+        return "samples", samples[0], theirs, samples[0]
+    elems = [w.tokens or w.elements for w in works if w is not None]
+    if all(elems):
+        basis = "tokens" if all(w.tokens for w in works if w is not None) else "elements"
+        return basis, elems[0], median(elems[1:]), samples[0]
+    return "samples", samples[0], theirs, samples[0]
+
+
+def work_of(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> Work:
+    """The slowest rank's work per step against the others' median (see :class:`Work`)."""
+    basis, mine, theirs, samples = _batch(run, worst, others)
+    w = Work(basis=basis, mine=mine, theirs=theirs, samples=samples,
+             shares_node=any(r.node == worst.node for r in others))
+    facts = [run.cpu(r.rank) for r in [worst, *others]]
+    me = facts[0]
+    if me is not None and me.run_ms is not None:
+        theirs_cpu = [f.run_ms for f in facts[1:] if f is not None and f.run_ms is not None]
+        if len(theirs_cpu) == len(others):
+            w.cpu, w.cpu_theirs = me.run_ms, median(theirs_cpu)
+        rates = [queue_wait(f) / f.run_ms for f in facts[1:] if f is not None and f.wait_ms is not None and f.run_ms]
+        if me.wait_ms is not None and me.run_ms and len(rates) == len(others):
+            w.rate, w.rate_theirs = queue_wait(me) / me.run_ms, median(rates)
+    if me is not None and me.work is not None:
+        for p in ("forward", "backward", "optimizer"):
+            mine_p = me.work.phase_cpu(p)
+            theirs_p = [f.work.phase_cpu(p) for f in facts[1:] if f is not None and f.work is not None]
+            theirs_p = [v for v in theirs_p if v is not None]
+            if mine_p is not None and theirs_p:
+                w.phase_cpu[p] = round(mine_p - (median(theirs_p) or 0.0), 2)
+    return w
+
+
+def _cause(run: Run, s: Slowest) -> tuple[str, float]:
+    """What the excess is made of, and the excess that cause is judged on:
+
+    * WORK: its batches are bigger (measured or declared), by enough to account for at least
+      half of the excess (its others' own time scaled by the ratio);
+    * CONTENTION: its wait for a core per CPU second exceeds the others' by the margin, and
+      without the wait beyond its share no straggler's excess is left;
+    * CPU_WORK: for the same batch its training thread used more CPU time per step, by at least
+      half of the excess (less any wait beyond its share) and by 10 %, beside a rank of its own
+      node (CPU runs);
+    * WAIT: none of these: it waits, off the CPU (a slower device, storage, a lock, a sleep)."""
+    w, judged, step = s.work, s.judged, run.median_step
+    own_others = median([own(r) for r in s.others]) or 0.0
+    ratio = w.ratio
+    if ratio is not None and ratio >= T.WORK_RATIO_MIN and (ratio - 1.0) * own_others >= T.WORK_EXPLAINS * judged:
+        return WORK, judged
+    rest = judged
+    if (w.rate is not None and w.rate_theirs is not None and s.starved is not None
+            and w.rate >= T.CONTENTION_RATE_MARGIN * w.rate_theirs and s.starved > 0):
+        rest = judged - s.starved
+        if severity(rest / step, rest, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
+                    T.STRAGGLER_FLOOR_MS) is None:
+            return CONTENTION, judged
+    extra, cratio = w.cpu_excess, w.cpu_ratio
+    if (run.ctx.device == "cpu" and w.shares_node and extra is not None and cratio is not None
+            and extra >= T.CAUSE_SHARE * rest and cratio >= T.WORK_CPU_RATIO_MIN):
+        return CPU_WORK, rest
+    return WAIT, rest
+
+
+def assess(run: Run) -> tuple[Optional[Slowest], Optional[str]]:
+    """The slowest rank whose excess is worth a verdict, with its severity (its ``cause`` says
+    which), by own time, then by step time; (None, None) when no rank's is. A rank whose excess
+    only a wait for a core beyond its share made is returned with cause CONTENTION and no
+    severity when no other is worth one."""
+    key = "slowest.assess"
+    if key in run.cache:
+        return run.cache[key]
+    step = run.median_step
+    out: tuple[Optional[Slowest], Optional[str]] = (None, None)
+    if step > 0:
+        excused = None
+        for metric in ("own", "step"):
+            s = by_metric(run, metric)
+            if s is None:
+                break
+            s.cause, s.weighed = _cause(run, s)
+            if s.cause == CONTENTION:
+                if excused is None and severity(s.judged / step, s.judged, T.STRAGGLER_EXCESS_WARN,
+                                                T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS):
+                    excused = s
+                continue
+            sev = severity(s.weighed / step, s.weighed, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
+                           T.STRAGGLER_FLOOR_MS)
+            if sev is not None:
+                out = (s, sev)
+                break
+        if out[0] is None and excused is not None:
+            out = (excused, None)
+    run.cache[key] = out
+    return out
+
+
 def by_metric(run: Run, metric: str) -> Optional[Slowest]:
     """The slowest rank by ``metric`` (``own`` or ``step``) and its excess, or None with fewer
     than two ranks."""
@@ -229,4 +382,4 @@ def by_metric(run: Run, metric: str) -> Optional[Slowest]:
     return Slowest(rank=worst, others=others, metric=metric, excess=excess, judged=judged,
                    persistent=persistent, lower=lower, windows=windows, slower=slower, pause=pause,
                    starved=starved(run, worst, others), quota=quota_wait(fact) if fact is not None else 0.0,
-                   deltas=deltas)
+                   deltas=deltas, work=work_of(run, worst, others), weighed=judged)

@@ -1,15 +1,17 @@
-"""STRAGGLER: one rank is slower through the run, and not because it does more work.
+"""STRAGGLER: one rank is slower through the run, and not because it does more work: it waits.
 
-How it decides. The slowest rank by its own time (:mod:`.slowest`: step less its wait for the
+How it decides. The slowest rank by its own time (rules/slowest.py: step less its wait for the
 others, plus the time between its steps) has an excess over the other ranks' median; what is
 judged is the excess it shows through the run and beyond the run's own noise (the least of the
 mean, the median over stretches of 8+ steps, and the mean less two standard errors), less one
-long pause, less its extra wait for a core (other processes held its cores: CPU-CONTENTION says
-so). A warning from 10 % of the median step and 2 ms, critical from 25 %. An excess that comes
-with more work (bigger batches, longer sequences, more CPU time for the same batch beside a rank
-of the same node) is WORK-IMBALANCE, not a straggler: what is left here is a rank that *waits*
-longer (a slower device, storage, a lock, a sleep). The excess is attributed to the phases that
-hold it ("mostly in X" from half of it, else "spread over" every phase with a fifth).
+long pause. Then what the excess is made of, measured: bigger batches (samples, elements, tokens,
+or what the script declared) that account for half of it, or more CPU time for the same batch
+beside a rank of its own node, are WORK-IMBALANCE; a wait for a core per CPU second beyond the
+other ranks' (another process took its cores) is taken out, and when nothing else is left it is
+CPU-CONTENTION. What is left here is a rank that *waits* longer, off the CPU: a slower device,
+storage, a lock, a sleep. A warning from 10 % of the median step and 2 ms, critical from 25 %.
+The excess is attributed to the phases that hold it ("mostly in X" from half of it, else
+"spread over" every phase with a fifth).
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import thresholds as T
-from .base import IN, Evidence, Finding, Run, rounded, severity
-from .slowest import Slowest, by_metric
+from .base import IN, Evidence, Finding, Run, rounded
+from .slowest import WAIT, Slowest, assess
 
 KIND = "straggler"
 THRESHOLDS = ("STRAGGLER_EXCESS_WARN", "STRAGGLER_EXCESS_CRIT", "STRAGGLER_FLOOR_MS",
@@ -48,30 +50,9 @@ class StragglerEvidence(Evidence):
     pause_ms: Optional[float] = None
     explained_by: Optional[str] = None
     device: str = "unknown"
-
-
-def _severity(s: Slowest, step: float, ms: float) -> Optional[str]:
-    return severity(ms / step, ms, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS)
-
-
-def candidate(run: Run) -> tuple[Optional[Slowest], Optional[str], Optional[Slowest]]:
-    """(the slowest rank whose own work is a straggler's excess, its severity, the slowest rank
-    whose excess its wait for a core explains, which is then not called one): by own time,
-    then by step time."""
-    step = run.median_step
-    excused = None
-    if step <= 0:
-        return None, None, None
-    for metric in ("own", "step"):
-        s = by_metric(run, metric)
-        if s is None:
-            return None, None, excused
-        sev = _severity(s, step, s.own_work)
-        if sev is not None:
-            return s, sev, excused
-        if s.starved is not None and _severity(s, step, s.judged) and excused is None:
-            excused = s
-    return None, None, excused
+    #: its training thread's CPU time per step and the others' median (ms; None: not measured)
+    cpu_ms: Optional[float] = None
+    others_cpu_ms: Optional[float] = None
 
 
 def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
@@ -83,12 +64,13 @@ def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
         windows_needed=T.STRAGGLER_MIN_WINDOWS, slower_windows=rounded(s.slower, 4), phase=s.phase,
         phase_ms=s.deltas, phase_share=round(s.phase_share, 4), cpu_wait_ms=rounded(s.starved),
         quota_wait_ms=round(s.quota, 2) if s.quota else None,
-        pause_ms=round(s.pause, 1) if s.pause else None, device=run.ctx.device)
+        pause_ms=round(s.pause, 1) if s.pause else None, device=run.ctx.device,
+        cpu_ms=rounded(s.work.cpu), others_cpu_ms=rounded(s.work.cpu_theirs))
 
 
 def detect(run: Run) -> Optional[Finding]:
-    s, sev, _ = candidate(run)
-    if s is None or sev is None:
+    s, sev = assess(run)
+    if s is None or sev is None or s.cause != WAIT:
         return None
     return Finding(KIND, sev, s.rank.culprit(), evidence_of(s, run))
 
@@ -116,6 +98,11 @@ def say(ev: StragglerEvidence) -> tuple[str, str]:
         big = [p for p in sorted(deltas, key=lambda p: -deltas[p])
                if deltas[p] >= T.ATTRIBUTION_LIST * ev.excess_ms] or [phase]
         why += ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
+    cpu, theirs = ev.cpu_ms, ev.others_cpu_ms
+    waits_off_cpu = cpu is not None and theirs is not None and cpu - theirs < T.CAUSE_SHARE * ev.excess_ms
+    if waits_off_cpu:
+        why += (f"; its training thread used {cpu:.1f} ms of CPU per step, the others {theirs:.1f}: "
+                "it waits, off the CPU, rather than computing more")
     if ev.metric == "own":
         why += "; the other ranks wait for it"
     if ev.pause_ms:
@@ -144,6 +131,10 @@ def say(ev: StragglerEvidence) -> tuple[str, str]:
     elif ev.device == "cuda":
         nxt = (f"rank {r} computes slower: check its GPU's clocks and temperature "
                "(nvidia-smi -q -d PERFORMANCE,TEMPERATURE) and what else runs on its node")
+    elif waits_off_cpu:
+        nxt = (f"find what rank {r} waits for {IN.get(phase, phase)} (a slower device, storage or the "
+               f"network, a lock, a sleep: py-spy dump --pid <its pid> shows where it is) and what else "
+               "runs on its node")
     else:
         nxt = (f"rank {r} computes slower: check what else runs on its node (top, other jobs sharing "
                "its cores) and how many threads each rank uses (OMP_NUM_THREADS, "
