@@ -196,6 +196,29 @@ def report(scenarios: list[Scenario], outcomes: list[Outcome]) -> dict[str, Any]
     return out
 
 
+def rejudge(dirs: list[Path]) -> list[Outcome]:
+    """The runs kept in ``dirs`` (``<scenario>-<mode>-<run>`` directories), each summary rebuilt
+    from its checkpoint with this checkout's rules and scored."""
+    from scenarios.catalog import BY_NAME, outcome_from_summary
+    from traceml_core.report.summarize import SummarizeError, summarize
+
+    out = []
+    for d in dirs:
+        for run_dir in sorted(p for p in d.iterdir() if p.is_dir()):
+            name, _, rest = run_dir.name.rpartition("-")
+            scenario, _, mode = name.rpartition("-")
+            if scenario not in BY_NAME or not rest.isdigit():
+                continue
+            try:
+                summary = summarize(run_dir)["summary"]
+            except (SummarizeError, OSError, ValueError) as exc:
+                out.append(Outcome(scenario, mode, int(rest), [], "no summary", 0.0, (0.0, 0.0),
+                                   error=f"cannot rebuild: {exc}"))
+                continue
+            out.append(outcome_from_summary(summary, scenario, mode, int(rest), 0.0, (0.0, 0.0)))
+    return out
+
+
 def _load(path: str) -> list[Outcome]:
     return [Outcome.from_json(json.loads(line)) for line in Path(path).read_text().splitlines() if line.strip()]
 
@@ -215,6 +238,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                     "as it comes (a long matrix cut short keeps what it measured)")
     ap.add_argument("--report", default="", help="print the figures of the outcomes in this JSON-lines "
                     "file (from --outcomes; several: comma-separated) instead of running anything")
+    ap.add_argument("--rejudge", default="", help="judge again, with this checkout's rules, the runs kept in "
+                    "this directory (from --logs; several: comma-separated): each run's summary is rebuilt (rewritten) from "
+                    "its checkpoint (traceml summarize) and scored; nothing runs")
     ap.add_argument("--src", default="", help="TraceML source directory the runs use (default: this "
                     "checkout's src; e.g. an older commit's, exported with git archive, for a baseline)")
     args = ap.parse_args(argv)
@@ -226,6 +252,16 @@ def main(argv: Optional[list[str]] = None) -> int:
         names = {o.scenario for o in outcomes}
         scenarios = [s for s in SCENARIOS if s.name in names]
         data = report(scenarios, outcomes)
+        if args.json:
+            Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
+        return 0
+    if args.rejudge:
+        outcomes = rejudge([Path(p) for p in args.rejudge.split(",")])
+        if args.outcomes:
+            with open(args.outcomes, "a") as f:
+                f.writelines(json.dumps(o.to_json()) + "\n" for o in outcomes)
+        names = {o.scenario for o in outcomes}
+        data = report([s for s in SCENARIOS if s.name in names], outcomes)
         if args.json:
             Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
         return 0

@@ -51,7 +51,8 @@ def _threads_slow_it(cause: Finding, effect: Finding) -> bool:
     # the training thread's wait is measured: an operator split over threads that wait for a core
     # takes longer on the training thread without it waiting at all)
     ev = effect.evidence
-    waited = ev.cpu_wait_ms is not None and ev.cpu_wait_ms >= T.CAUSE_SHARE * ev.excess_ms
+    wait = getattr(ev, "cpu_wait_ms", None)
+    waited = wait is not None and wait >= T.CAUSE_SHARE * ev.excess_ms
     threaded = max(cause.evidence.threads_per_rank or [1]) > 1 and ev.phase in T.INTRA_OP_PHASES
     return waited or threaded
 

@@ -71,6 +71,16 @@ class Work:
     def cpu_excess(self) -> Optional[float]:
         return self.cpu - self.cpu_theirs if self.cpu is not None and self.cpu_theirs is not None else None
 
+    @property
+    def cpu_wall(self) -> Optional[float]:
+        """The wall time its extra CPU time takes on this CPU (ms per step): the CPU time, and the
+        wait for a core that comes with it at the other ranks' wait per CPU second (on a CPU
+        shared with others every ms of work waits about that long too)."""
+        extra = self.cpu_excess
+        if extra is None:
+            return None
+        return extra * (1.0 + (self.rate_theirs or 0.0))
+
 
 @dataclass
 class Slowest:
@@ -298,9 +308,9 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
       half of the excess (its others' own time scaled by the ratio);
     * CONTENTION: its wait for a core per CPU second exceeds the others' by the margin, and
       without the wait beyond its share no straggler's excess is left;
-    * CPU_WORK: for the same batch its training thread used more CPU time per step, by at least
-      half of the excess (less any wait beyond its share) and by 10 %, beside a rank of its own
-      node (CPU runs);
+    * CPU_WORK: for the same batch its training thread used more CPU time per step, enough (with
+      the wait for a core that comes with it at the others' rate) for at least half of the excess
+      (less any wait beyond its share), and 10 % more, beside a rank of its own node (CPU runs);
     * WAIT: none of these: it waits, off the CPU (a slower device, storage, a lock, a sleep)."""
     w, judged, step = s.work, s.judged, run.median_step
     own_others = median([own(r) for r in s.others]) or 0.0
@@ -314,7 +324,7 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
         if severity(rest / step, rest, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                     T.STRAGGLER_FLOOR_MS) is None:
             return CONTENTION, judged
-    extra, cratio = w.cpu_excess, w.cpu_ratio
+    extra, cratio = w.cpu_wall, w.cpu_ratio
     if (run.ctx.device == "cpu" and w.shares_node and extra is not None and cratio is not None
             and extra >= T.CAUSE_SHARE * rest and cratio >= T.WORK_CPU_RATIO_MIN):
         return CPU_WORK, rest

@@ -53,6 +53,8 @@ class StragglerEvidence(Evidence):
     #: its training thread's CPU time per step and the others' median (ms; None: not measured)
     cpu_ms: Optional[float] = None
     others_cpu_ms: Optional[float] = None
+    #: the other ranks' wait for a core per ms of CPU (median)
+    others_wait_per_cpu: Optional[float] = None
 
 
 def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
@@ -65,7 +67,8 @@ def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
         phase_ms=s.deltas, phase_share=round(s.phase_share, 4), cpu_wait_ms=rounded(s.starved),
         quota_wait_ms=round(s.quota, 2) if s.quota else None,
         pause_ms=round(s.pause, 1) if s.pause else None, device=run.ctx.device,
-        cpu_ms=rounded(s.work.cpu), others_cpu_ms=rounded(s.work.cpu_theirs))
+        cpu_ms=rounded(s.work.cpu), others_cpu_ms=rounded(s.work.cpu_theirs),
+        others_wait_per_cpu=rounded(s.work.rate_theirs, 3))
 
 
 def detect(run: Run) -> Optional[Finding]:
@@ -99,7 +102,9 @@ def say(ev: StragglerEvidence) -> tuple[str, str]:
                if deltas[p] >= T.ATTRIBUTION_LIST * ev.excess_ms] or [phase]
         why += ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
     cpu, theirs = ev.cpu_ms, ev.others_cpu_ms
-    waits_off_cpu = cpu is not None and theirs is not None and cpu - theirs < T.CAUSE_SHARE * ev.excess_ms
+    # (its extra CPU time, with the wait for a core that comes with it, explains under half of it)
+    waits_off_cpu = (cpu is not None and theirs is not None
+                     and (cpu - theirs) * (1.0 + (ev.others_wait_per_cpu or 0.0)) < T.CAUSE_SHARE * ev.excess_ms)
     if waits_off_cpu:
         why += (f"; its training thread used {cpu:.1f} ms of CPU per step, the others {theirs:.1f}: "
                 "it waits, off the CPU, rather than computing more")
