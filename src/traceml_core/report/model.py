@@ -532,7 +532,7 @@ def _delta(raw: dict[str, Any], key: str) -> Optional[int]:
 
 @dataclass(slots=True)
 class VerdictContext:
-    """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
+    """What the verdicts know about the run besides its ranks (report/rules/)."""
 
     #: ``cuda``, ``cpu`` or ``unknown`` (what the ranks computed on, as far as was measured)
     device: str = "unknown"

@@ -11,7 +11,7 @@ a pure function of the run data and what the steps before it made:
 ``topology`` (nodes, who joined when), ``timing`` (phases across ranks, the merged step-time
 histogram, the device, the nodes' system evidence), ``communication`` (the ranks' collectives
 side by side), ``status`` (how the run ended and why: ``report/status.py``, the failure headline,
-a hang), ``verdicts`` (why it was slow: ``report/verdicts.py``, after the ending's headline),
+a hang), ``verdicts`` (why it was slow: ``report/rules/``, after the ending's headline),
 ``telemetry`` (every record accounted for). A new section (the goodput ledger, say) is one more
 step reading :class:`RunData` and, where it needs them, the steps' results. Cost is proportional
 to ranks x (phases x sketch buckets + series buckets), never to steps.
@@ -536,7 +536,7 @@ def _restart_note(data: RunData) -> str:
 # --- verdicts --------------------------------------------------------------------------------------
 def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[Verdict]:
     """The verdicts step: the ending's headline first (failures first), then why the run was
-    slow (``report/verdicts.py``), a resolved stall right after the primary verdict."""
+    slow (``report/rules/``), a resolved stall right after the primary verdict."""
     found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
     if end.headline is not None:
         perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
