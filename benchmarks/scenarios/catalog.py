@@ -135,15 +135,16 @@ BIG_GRADIENT = ("--features", "1024", "--width", "1024", "--depth", "1", "--batc
 
 
 def _three(name: str, cause: str, kind: str, levels: tuple[float, float, float], flag: str,
-           args: tuple[str, ...], half: str, truth: dict[str, Any], **kw: Any) -> list[Scenario]:
+           args: tuple[str, ...], half: str, truth: dict[str, Any], ci_at: str = "", **kw: Any) -> list[Scenario]:
     """A cause at three magnitudes (below / near / above its threshold): the factor ``flag``
-    takes each of ``levels``; below is a control (truth ``none``)."""
+    takes each of ``levels``; below is a control (truth ``none``); ``ci_at``: the magnitude in
+    the CI subset."""
     out = []
     for mag, level in zip(("below", "near", "above"), levels):
         fig = {k: (level if v == "level" else v) for k, v in truth.items()}
         t = NONE if mag == "below" else Truth(kind, **fig)
         out.append(_s(f"{name}-{mag}", f"{cause}, {flag} {level:g}", t, *args, flag, f"{level:g}",
-                      half=half, magnitude=mag, **kw))
+                      half=half, magnitude=mag, ci=mag == ci_at, **kw))
     return out
 
 
@@ -249,7 +250,7 @@ SCENARIOS: tuple[Scenario, ...] = (
 
     # --- memory creep: real tensors kept --------------------------------------------------------------
     *_three("creep", "rank 1 keeps KiB per step (100 steps)", "memory_creep", (150, 900, 4096), "--leak-kib",
-            (*S, "--leak-rank", "1"), "tune", {"culprit": 1}),
+            (*S, "--leak-rank", "1"), "tune", {"culprit": 1}, ci_at="above"),
     *_three("creep-250", "rank 0 keeps KiB per step (250 steps)", "memory_creep", (200, 400, 2048), "--leak-kib",
             ("--steps", "250", "--leak-rank", "0"), "held", {"culprit": 0}),
     _s("plateau", "rank 1 keeps 2 MiB per step for 60 steps, then stops (250 steps)", NONE,

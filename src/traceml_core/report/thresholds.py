@@ -63,7 +63,9 @@ STRAGGLER_CONFIDENCE_SE = 2.0
 #: A stretch is at least this many steps (whole windows of the run's series).
 STRAGGLER_STRETCH_STEPS = 8
 #: ...judged on at least this many stretches of steady steps; with fewer, the mean excess is
-#: used and the verdict says that persistence was not checked (and how many it needs).
+#: used, the verdict says that persistence was not checked (and how many it needs), and it is
+#: information only: on a loaded machine 24 steady steps of two ranks differ by 27 % of a step
+#: by chance (a hang scenario's first 30 steps at load 13 read as a critical straggler).
 STRAGGLER_MIN_WINDOWS = 4
 #: "mostly in <phase>" only when that phase holds at least half of the rank's excess; otherwise
 #: the excess is "spread over" every phase holding at least a fifth of it.

@@ -333,9 +333,10 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
 
 def assess(run: Run) -> tuple[Optional[Slowest], Optional[str]]:
     """The slowest rank whose excess is worth a verdict, with its severity (its ``cause`` says
-    which), by own time, then by step time; (None, None) when no rank's is. A rank whose excess
-    only a wait for a core beyond its share made is returned with cause CONTENTION and no
-    severity when no other is worth one."""
+    which), by own time, then by step time; (None, None) when no rank's is. ``info`` where the
+    run had too few stretches of steps to check that the excess lasts through it (a timed excess;
+    a batch size is counted). A rank whose excess only a wait for a core beyond its share made is
+    returned with cause CONTENTION and no severity when no other is worth one."""
     key = "slowest.assess"
     if key in run.cache:
         return run.cache[key]
@@ -356,6 +357,10 @@ def assess(run: Run) -> tuple[Optional[Slowest], Optional[str]]:
             sev = severity(s.weighed / step, s.weighed, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
                            T.STRAGGLER_FLOOR_MS)
             if sev is not None:
+                if s.persistent is None and s.cause != WORK:
+                    # too few stretches of steps to tell it from the run's noise: a description,
+                    # not a warning (bigger batches are counted, not timed: they need no check)
+                    sev = "info"
                 out = (s, sev)
                 break
         if out[0] is None and excused is not None:
