@@ -35,15 +35,19 @@ COLS = ("step_ns", "input_ns", "forward_ns", "backward_ns", "optimizer_ns", "h2d
 
 
 def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], batch: int = 10,
-         threads: Optional[Callable[[int], tuple[int, list[list[int]]]]] = None) -> dict[str, Any]:
+         threads: Optional[Callable[[int], tuple[int, list[list[int]]]]] = None,
+         facts: Optional[Callable[[int], dict[str, Any]]] = None, one_per_node: bool = False) -> dict[str, Any]:
     """A run of ``nproc`` ranks on one node; ``step(rank, i)`` gives step i of a rank: phase
     times in ms (``step``, ``input``, ``forward``, ...; None = not measured), ``gap`` (ms between
     the previous step's end and this step's start) and ``mem`` (bytes); ``threads(rank)``: the
-    ``cpu_threads`` event it sends (its torch threads and its cores as ranges)."""
-    st = RunState(make_settings(Path("/nonexistent"), nnodes=1, nproc_per_node=nproc))
+    ``cpu_threads`` event it sends (its torch threads and its cores as ranges); ``facts(rank)``:
+    more of that event (``work``: what its sampled steps consumed, ``pcpu_ns``/``wall_ns``...);
+    ``one_per_node``: each rank on a node of its own."""
+    st = RunState(make_settings(Path("/nonexistent"), nnodes=nproc if one_per_node else 1,
+                                nproc_per_node=1 if one_per_node else nproc))
     for rank in range(nproc):
         rs = st.rank(rank)
-        rs.node, rs.host = 0, "node-a"
+        rs.node, rs.host = (rank, f"node-{rank}") if one_per_node else (0, "node-a")
         if threads is not None:
             n, cpuset, *wait = threads(rank)
             fact: dict[str, Any] = {"threads": n, "cpus": sum(b - a + 1 for a, b in cpuset), "cpuset": cpuset}
@@ -53,6 +57,8 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
                             wait_ns=int(wait[0] * MS * (steps - 5)))
                 if len(wait) > 2:  # the time its cgroup's CPU quota throttled it, ms per steady step
                     fact.update(thr0_ns=0, thr_ns=int(wait[2] * MS * (steps - 5)))
+            if facts is not None:
+                fact.update(facts(rank))
             rs.note_event("cpu_threads", json.dumps(fact), 1.0)
         rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
         t = 1_700_000_000_000_000_000
@@ -424,7 +430,7 @@ def test_more_work_on_a_busy_cpu_is_a_work_imbalance_not_contention():
     assert "its training thread used 2x their CPU time per step (30.0 vs 15.0 ms)" in v["why"], v["why"]
     assert "OMP_NUM_THREADS" not in v["next_step"] and "what else runs on its node" not in v["next_step"]
     assert "straggler" not in _kinds(s)
-    c = _get(s, "cpu_contention")
+    c = next((v for v in _all(s) if v["kind"] == "cpu_contention"), None)
     assert c is None or c["evidence"]["excused_rank"] is None, c
 
 
