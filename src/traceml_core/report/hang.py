@@ -160,7 +160,9 @@ class RankAutopsy:
     rank: int
     node: Optional[int]
     host: str
-    state: str                 # "collective", "dataloader", "running", "stopped", "no_dump"
+    #: "collective", "dataloader", "running", "stopped", "gone", "no_dump" (its relay answered,
+    #: its interpreter did not), "unreachable" (neither answered)
+    state: str
     collective: Optional[str]  # op name, "ddp_backward", ... (None when not in one)
     where: Optional[str]       # innermost user frame of the main thread
     stack: list[str]           # the main thread's frames, innermost first (short form)
@@ -227,7 +229,7 @@ def analyse_rank(rank: int, node: Optional[int], host: str, proc: Optional[dict[
         coll = inflight.get("op") if isinstance(inflight, dict) and snapshot else None
         halted = proc is not None and proc.get("state") in ("T", "t")
         state = "stopped" if halted else "gone" if proc is not None and proc.get("gone") else \
-            "collective" if coll else "no_dump"
+            "collective" if coll else "unreachable" if proc is None and not snapshot else "no_dump"
         return _counters(RankAutopsy(rank, node, host, state, None if halted else coll, None, [],
                                      0, inflight, step, no_answer(proc, waited_s)), proc, snapshot)
     coll = _collective(main.frames, world)
@@ -304,16 +306,24 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         finding = ("no rank is in a collective: " + "; ".join(
             f"{ranks_phrase([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
     elif waiting:
-        # every stack read waits in one collective; the ranks without one are not in it
-        absent = [a for a in ranks if a.state in ("no_dump", "gone")]
+        # every stack read waits in one collective; the ranks without one are not in it, or
+        # could not be reached at all (their node or its link is down)
+        absent = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
         culprits = absent
-        finding = (f"{ranks_phrase([a.rank for a in waiting])} wait in {colls[0]}; "
-                   f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
-                   "never arrived at it, and no stack could be read from "
-                   + ("it" if len(absent) == 1 else "them"))
+        verb = "waits" if len(waiting) == 1 else "wait"
+        if all(a.state == "unreachable" for a in absent):
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; nothing was heard "
+                       f"from {ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}): "
+                       "neither the rank nor its node's relay answered, so its node or its network link "
+                       "may be down")
+        else:
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; "
+                       f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
+                       "never arrived at it, and no stack could be read from "
+                       + ("it" if len(absent) == 1 else "them"))
     else:
         finding = "no rank's stack could be read"
-    missing = [a for a in ranks if a.state in ("no_dump", "gone")]
+    missing = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
     if missing and culprits != missing:
         finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}" + (
             f" ({missing[0].error})" if missing[0].error and len({a.error for a in missing}) == 1 else "")
@@ -337,11 +347,11 @@ def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8)
         a = by_rank[g["ranks"][0]]
         what = words(g["collective"]) if g["state"] == "collective" else (
             "waiting for a DataLoader batch" if g["state"] == "dataloader" else
-            "no stack (" + (a.get("error") or "?") + ")" if g["state"] in ("no_dump", "gone") else
+            "no stack (" + (a.get("error") or "?") + ")" if g["state"] in ("no_dump", "gone", "unreachable") else
             "stopped: it runs nothing (SIGSTOP, Ctrl-Z, or a debugger)" if g["state"] == "stopped"
             else "not in a collective")
         at = f" at {a['where']}" if a.get("where") else ""
-        step = f", step {a['step']}" if a.get("step") is not None else ""
+        step = f", step {a['step']}" if a.get("step") is not None and g["state"] != "unreachable" else ""
         mark = ""
         if a["rank"] in report["culprits"]:
             mark = "  <- never arrived" if g["state"] != "collective" else "  <- differs from the others"

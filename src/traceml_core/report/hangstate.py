@@ -41,7 +41,7 @@ from .thresholds import HANG_COLLECTIVE_CPU, HANG_WORK_CPU, HANG_WORK_IO_BPS
 
 #: where a rank is, as report/hang.py reads it
 IN_COLLECTIVE = "collective"
-ELSEWHERE = ("running", "dataloader", "no_dump")
+ELSEWHERE = ("running", "dataloader", "no_dump", "unreachable")
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,8 @@ def _place(row: Mapping[str, Any]) -> str:
         return "waiting for a DataLoader batch"
     if row.get("state") == "no_dump":
         return "C code (its interpreter did not answer)"
+    if row.get("state") == "unreachable":
+        return "an unknown place (nothing heard from it)"
     return where or "?"
 
 
