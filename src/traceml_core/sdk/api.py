@@ -278,14 +278,16 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     # a blocked training thread's last records still travel (sdk/recorder.py)
     s.client.add_periodic(lambda: recorder.seal_stalled() and s.client.wake(), 0.1)
     from .threads import ThreadsProbe
-    from .worksample import WorkSampler
+    from . import worksample
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init);
     # what its steps consume (batches, CPU per phase), on sampled steps
+    sampler = worksample.WorkSampler(TRACER)
     s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
                          request=info.cpu_request if info is not None else None, notify=notify,
-                         sampler=WorkSampler(TRACER))
+                         sampler=sampler)
     s.client.add_periodic(s.cpu, 0.5)
+    s.client.add_periodic(sampler.tick, worksample.INTERVAL_S)
     _install_exit_hooks()
 
     TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()

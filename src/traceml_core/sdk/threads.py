@@ -11,8 +11,8 @@ long its training thread waited for a core. Told to the aggregator in ``cpu_thre
   out of a rank's own time. Sleeping, waiting for I/O or for a collective is not run-queue wait.
 
 * **What a step consumed** (the work-imbalance verdict): the batch the model was given and the
-  training thread's CPU time per phase, on sampled steps (sdk/worksample.py: each probe arms the
-  sampler for the next step), sent as ``work``: the sums of the samples (``n``, ``cpu_ns``,
+  training thread's CPU time per phase, on sampled steps (sdk/worksample.py: the client thread
+  arms the sampler ten times a second), sent as ``work``: the sums of the samples (``n``, ``cpu_ns``,
   ``wall_ns`` of the whole iteration, ``phase_cpu_ns`` and ``phase_wall_ns`` of forward,
   backward and the optimizer, ``forwards``, ``measured`` samples whose batch was measured, and
   their ``samples``, ``elements`` and ``tokens``).
@@ -211,7 +211,7 @@ class ThreadsProbe:
                  request: Optional[dict[str, Any]] = None, *,
                  notify: Callable[[dict[str, Any]], bool], sampler: Any = None) -> None:
         self.recorder = recorder
-        #: what a step consumed, on sampled steps (sdk/worksample.py): armed with every probe
+        #: what a step consumed, on sampled steps (sdk/worksample.py), sent with the counters
         self.sampler = sampler
         self.notify = notify
         tid = tid if tid is not None else threading.main_thread().native_id
@@ -255,8 +255,6 @@ class ThreadsProbe:
             self.settled_feed = self.feeders.sample()
         else:
             self.feeders.count()
-        if self.sampler is not None:
-            self.sampler.arm()
         fact = self._fact()
         if fact != self.sent and self._send(fact, steps, sched, self.settled_feed):
             self.sent = fact

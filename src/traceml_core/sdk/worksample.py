@@ -16,9 +16,10 @@ bucketing, work only that rank does. Only the figures tell them apart, and the a
 
 How, at no cost to the other steps: the hooks already call the timing strategy's device-event
 part (``StepState.events``) at each phase, where there is one (CUDA); on a CPU run there is none
-and the hooks skip it. Twice a second the client thread (the CPU probe, sdk/threads.py) *arms*
-the sampler by putting it there; the next step's start begins a sample, the following step's
-start ends it and puts nothing back. A thread-CPU clock read is a system call (0.1-4 us), so the
+and the hooks skip it. Ten times a second, once the rank has settled (its first steps are
+warm-up), the client thread *arms* the sampler by putting it there (:meth:`WorkSampler.tick`);
+the next step's start begins a sample, the following step's start ends it and puts nothing back
+(ten a second: a 60-step run of 40 ms steps still has about twenty). A thread-CPU clock read is a system call (0.1-4 us), so the
 steps that are not sampled pay nothing, and a sampled step pays a few of them. Never on a CUDA run
 (the device events own the slot there; the batch is not measured there). The sums go to node 0
 in the CPU probe's events; nothing here raises into training.
@@ -32,6 +33,10 @@ from typing import Any, Optional
 from .recorder import C_BWD, C_FWD, C_OPT
 
 _PHASE = {C_FWD: "forward", C_BWD: "backward", C_OPT: "optimizer"}
+#: steps after which a rank has settled (its first steps are warm-up: sdk/threads.py's)
+SETTLED_STEPS = 5
+#: how often the client thread arms the sampler (s)
+INTERVAL_S = 0.1
 PHASES = tuple(_PHASE.values())
 #: a batch's structure is looked into this deep (a dict of tuples of tensors) at most
 MAX_DEPTH = 3
@@ -92,6 +97,12 @@ class WorkSampler:
         self.batches = 0            # forwards whose first argument was measured
 
     # ---- client thread -------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Arm the sampler once the rank has settled (the client thread calls it periodically)."""
+        rec = getattr(self.state, "rec", None)
+        if rec is not None and rec.count >= SETTLED_STEPS:
+            self.arm()
 
     def arm(self) -> None:
         """Sample the next step (a no-op while a sample is armed or the slot is taken)."""

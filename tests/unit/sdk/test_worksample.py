@@ -34,10 +34,12 @@ def _fact(sdk, sink) -> CpuThreads:
 
 
 def _steps(sdk, model, batches, opt, *, arm=True, extra=None):
-    """Train on ``batches``; before each step, what the CPU probe does twice a second (sdk/threads.py)."""
+    """Train on ``batches``; before each step, what the client thread does periodically (the CPU
+    probe, and the sampler's arming)."""
     for x, y in batches:
         if arm:
             sdk._session.cpu()
+            sdk._session.cpu.sampler.tick()
         with sdk.trace_step(model):
             out = model(x) if not isinstance(x, dict) else model(**x)
             loss = ((out - y) ** 2).mean()
