@@ -18,7 +18,9 @@ e.g. CPU-OVERSUBSCRIBED for 4 ranks on 2 cores), and the figures a sentence must
   come first), on the right rank and phase, its figures agreeing with the truth;
 * every ``also`` must be listed (any severity);
 * every other verdict at ``warning`` or ``critical`` whose class is not the cause, an ``also`` or
-  ``allowed`` is a **false secondary**; an information verdict whose sentence contradicts the
+  ``allowed`` is a **false secondary**, unless it is a consequence of the cause found: listed
+  after it, saying so (``evidence.explained_by``), on the cause's rank (a rank whose memory
+  creeps is slower too: true, and said to follow from the creep); an information verdict whose sentence contradicts the
   truth (a rank "not called a straggler" that is the culprit) is an error too;
 * a control (cause ``none``) is right only with no warning or critical verdict at all.
 
@@ -564,8 +566,10 @@ def score(sc: Scenario, o: Outcome) -> Score:
     for v in verdicts:
         if v is found:
             continue
+        consequence = (found is not None and v.evidence.get("explained_by") == found.kind
+                       and (v.rank is None or v.rank == found.rank))
         if v.loud and v.cls not in expected:
-            if v.cls in t.allowed:
+            if v.cls in t.allowed or consequence:
                 s.allowed.append(v.cls)
             else:
                 s.fp.append(v.cls)

@@ -403,11 +403,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.fail_mode == "mismatch" and world > 1:
                 dist.all_reduce(torch.ones(3))  # one collective the other ranks never call
+        # the first batch is fetched before the step, as `for batch in loader:` does; a further
+        # micro-batch of gradient accumulation inside it
+        first = next(source)
         step_ctx = contextlib.nullcontext() if args.zero_code else traceml.trace_step(model)
         with step_ctx:
             opt.zero_grad(set_to_none=True)
             for micro in range(args.accum):
-                x, y = next(source)
+                x, y = first if micro == 0 else next(source)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 sync = micro == args.accum - 1 or world == 1
                 with (contextlib.nullcontext() if sync else model.no_sync()):  # type: ignore[operator]
