@@ -418,16 +418,25 @@ def test_more_work_on_a_busy_cpu_is_a_work_imbalance_not_contention():
     1 ms of wait per ms on a core). Rank 1 does 15 ms more CPU work per step and so also waits 15
     ms more: that wait comes with its work, at the others' rate (issue 31: "more work is excused
     as contention"), so nothing is excused, and more CPU time for the same batch beside a rank of
-    its own node is work only rank 1 does: WORK-IMBALANCE with the figures, advice about that
-    work, not about the node."""
+    its own node, in forward (where the work is, not alike in every part of its step), is work
+    only rank 1 does: WORK-IMBALANCE with the figures, advice about that work, not the node."""
     def step(rank, i):
         return _ddp(fwd=40.0, comm=0.4) if rank == 1 else _ddp(fwd=10.0, comm=30.4)
+
+    def work(rank):  # its sampled steps: the extra CPU time is in forward (2 + 15 ms), not spread
+        fwd = 17.0 if rank == 1 else 2.0
+        n = 40
+        return {"work": {"n": n, "cpu_ns": int((fwd + 13.0) * MS * n), "wall_ns": int(60 * MS * n),
+                         "phase_cpu_ns": {"forward": int(fwd * MS * n), "backward": int(10 * MS * n),
+                                          "optimizer": int(3 * MS * n)},
+                         "phase_wall_ns": {}, "forwards": n, "measured": n, "samples": 64 * n,
+                         "elements": 64 * 32 * n, "tokens": 0}}
     s = _run(2, 200, step, threads=lambda rank: (1, [[0, 1]], 30.0 if rank == 1 else 15.0,
-                                                  30.0 if rank == 1 else 15.0))
+                                                  30.0 if rank == 1 else 15.0), facts=work)
     v = s["verdict"]
     assert v["kind"] == "work_imbalance" and v["culprit"]["rank"] == 1, _kinds(s)
     assert v["evidence"]["basis"] == "cpu" and v["evidence"]["ratio"] == 2.0, v["evidence"]
-    assert "its training thread used 2x their CPU time per step (30.0 vs 15.0 ms)" in v["why"], v["why"]
+    assert "its training thread used 2x their CPU time per step (30.0 vs 15.0 ms; forward +15.0 ms of CPU)" in v["why"], v["why"]
     assert "OMP_NUM_THREADS" not in v["next_step"] and "what else runs on its node" not in v["next_step"]
     assert "straggler" not in _kinds(s)
     c = next((v for v in _all(s) if v["kind"] == "cpu_contention"), None)

@@ -129,6 +129,31 @@ def test_more_cpu_for_the_same_batch_alone_on_its_node_is_not_called_its_own_wor
     assert _none(s, "work_imbalance"), _kinds(s)
 
 
+def test_more_cpu_alike_in_every_part_of_the_step_is_a_slower_core_not_work():
+    """The same batch, 1.8x the CPU time in forward, backward, the optimizer and the rest alike:
+    its core ran slower (another process on the same physical core: seen on a shared machine for
+    a whole run), not work of its own. Not a straggler nor a work imbalance: CPU-CONTENTION says
+    so. Its control: the same extra CPU time all in forward is work of its own."""
+    def spread(rank):
+        k = 1.8 if rank == 1 else 1.0
+        return _work(8192, 8192 * 32, cpu_ms=20.0 * k,
+                     phase_cpu={"forward": 6.0 * k, "backward": 9.0 * k, "optimizer": 2.0 * k})
+    s = _run(2, STEPS, _bigger_batch, threads=lambda r: (1, [[0, 1]], 8.0, 36.0 if r == 1 else 20.0), facts=spread)
+    assert _none(s, "straggler") and _none(s, "work_imbalance"), _kinds(s)
+    c = _get(s, "cpu_contention")
+    assert c["evidence"]["excused_rank"] == 1 and c["evidence"]["excused_by"] == "slow_core", c["evidence"]
+    assert "its core ran slower" in c["why"] and "forward 1.8x, backward 1.8x" in c["why"], c["why"]
+
+    def concentrated(rank):
+        return _work(8192, 8192 * 32, cpu_ms=36.0 if rank == 1 else 20.0,
+                     phase_cpu={"forward": 22.0 if rank == 1 else 6.0, "backward": 9.0, "optimizer": 2.0})
+    w = _run(2, STEPS, _bigger_batch, threads=lambda r: (1, [[0, 1]], 8.0, 36.0 if r == 1 else 20.0),
+             facts=concentrated)
+    v = w["verdict"]
+    assert v["kind"] == "work_imbalance" and v["evidence"]["basis"] == "cpu", _kinds(w)
+    assert "forward +16.0 ms" in v["why"], v["why"]
+
+
 # --- a wait for a core: per unit of work, and whose --------------------------------------------------
 def test_a_wait_beyond_its_share_is_contention_and_says_other_processes_held_the_cores():
     """Rank 1 waits 3x the others' per CPU second for the same CPU time: another process took its

@@ -130,12 +130,14 @@ PERIODIC_BURST_SHARE = 0.6
 PERIODIC_MIN_BURSTS = 2
 #: ...needs this many steady gaps to see a pattern at all.
 PERIODIC_MIN_GAPS = 20
-#: A pause is also longer than the scheduler's jitter *for that rank*: its typical gap plus twice
-#: the spread of its own steps (p90 - p50 of its step time). On a loaded machine a thread loses its
+#: A pause is also longer than the scheduler's jitter *for that rank*: its typical gap plus the
+#: spread of its own steps (p90 - p50 of its step time). On a loaded machine a thread loses its
 #: core for milliseconds at random, in a step or between two; the same jitter that widens its steps
 #: lengthens its gaps, so a gap is a pause only beyond it (a 0.18 ms typical gap made 1.2 ms of
-#: jitter a "pause" at load 3-9: "every ~8 steps" for an evaluation every 20).
-PERIODIC_JITTER_SPREADS = 2.0
+#: jitter a "pause" at load 3-9: "every ~8 steps" for an evaluation every 20). Once, not twice: a
+#: loaded machine's steps are heavy-tailed (p90 twice the median), and twice the spread cut off
+#: an evaluation of two steps' compute every 10 steps (0 of its 9 pauses seen on one rank).
+PERIODIC_JITTER_SPREADS = 1.0
 #: ...and holds its part of the pauses' time: at least a quarter of the mean pause. Periodic work is
 #: long pauses (an evaluation, a save); jitter that passes the cut is short ones, which a mean
 #: pause length then leaves out (twice: the mean without them is longer), so neither the count nor
@@ -166,11 +168,14 @@ CPU_OVERSUBSCRIBED_CRIT = 2.0
 #: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
 CPU_CONTENTION_NOTE = 0.10
 #: A rank's wait for a core is a cause of its excess only where its wait *per CPU second* exceeds
-#: the other ranks' median by a quarter: every rank on a busy CPU waits in proportion to the CPU
-#: time it asks for, so a rank that computes 1.3x the others' waits 1.3x as long, at the same rate:
-#: that wait is part of its work. A quarter: on a machine shared with other jobs two ranks' rates
-#: differ by 10-20 % from run to run.
-CONTENTION_RATE_MARGIN = 1.25
+#: the other ranks' median (rules/slowest.py: the wait beyond what its own CPU time costs at their
+#: rate): every rank on a busy CPU waits in proportion to the CPU time it asks for, so a rank that
+#: computes 1.3x the others' waits 1.3x as long, at the same rate: that wait is part of its work.
+#: Likewise a core that runs slower (another process on its physical core, a lower clock) makes the
+#: same work take more CPU time in *every* phase alike, where more work of its own adds CPU time
+#: where that work is: a rank's extra CPU time is its core's, not its work, when the phase it grew
+#: least in grew at least half as much as the whole (CPU_UNIFORM).
+CPU_UNIFORM = 0.5
 #: Whose processes held the cores: the job's own when its ranks (their threads and DataLoader
 #: workers) used at least 90 % of the cores they may run on, others' when the ranks left at least
 #: a quarter of them (the node's CPUs busy beside them); otherwise not said.

@@ -1,31 +1,36 @@
-"""CPU-CONTENTION (information): the ranks' training threads waited for a core.
+"""CPU-CONTENTION (information): the ranks' training threads waited for a core, or one rank's core ran
+slower.
 
 How it decides. Each rank's training thread's time runnable but not running (the scheduler's run
 queue, ``/proc/self/task/<tid>/schedstat``, per steady step; sleeping, I/O and collectives are
 not counted), less what its own cgroup's CPU quota caused. Noted when the median rank waited a
-tenth of the wall clock per step or more, or when the slowest rank's excess was its wait for a
-core *beyond its share*: its wait per CPU second exceeded the other ranks' by a quarter (every
-rank on a busy CPU waits in proportion to the CPU time it asks for: a rank that computes 1.3x as
-much waits 1.3x as long, and that is its work, not contention), and without that wait no
-straggler's excess was left. Whose processes held the cores, where the ranks' own CPU use says
-it: the job's own (its ranks, their threads and DataLoader workers used 90 % of the cores they
-may run on) or others' (they left a quarter of them); otherwise it is not said. Information,
-never a warning: the step times include that wait.
+tenth of the wall clock per step or more, or when the slowest rank's excess was not its own
+work but its CPU's: its wait for a core *beyond its share* (beyond what its own CPU time costs at
+the other ranks' wait per CPU second: every rank on a busy CPU waits in proportion to the CPU time
+it asks for, so a rank that computes 1.3x as much waits 1.3x as long, and that is its work, not
+contention), or, for the same batch, more CPU time spread alike over every part of its step
+(forward, backward, the optimizer and the rest each grew at least half as much as the whole: its
+core ran slower, another process on the same physical core or a lower clock; work of its own
+adds CPU time where that work is), and without that no straggler's excess was left. Whose
+processes held the cores, where the ranks' own CPU use says it: the job's own (its ranks, their
+threads and DataLoader workers used 90 % of the cores they may run on) or others' (they left a
+quarter of them); otherwise it is not said. Information, never a warning: the step times include
+that wait.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from .. import thresholds as T
 from ..stats import median
 from .base import Evidence, Finding, Run
-from .slowest import CONTENTION, assess, queue_wait
+from .slowest import CONTENTION, SLOW_CORE, assess, queue_wait
 
 KIND = "cpu_contention"
-THRESHOLDS = ("CPU_CONTENTION_NOTE", "CONTENTION_RATE_MARGIN", "CAUSE_SHARE", "CONTENTION_OWN_SHARE",
-              "CONTENTION_OTHERS_SHARE")
+THRESHOLDS = ("CPU_CONTENTION_NOTE", "CPU_UNIFORM", "CAUSE_SHARE", "STRAGGLER_EXCESS_WARN",
+              "CONTENTION_OWN_SHARE", "CONTENTION_OTHERS_SHARE")
 
 
 @dataclass
@@ -40,6 +45,11 @@ class ContentionEvidence(Evidence):
     excused_wait_ms: Optional[float] = None
     #: the excused rank's wait per CPU second over the other ranks' median
     excused_rate_ratio: Optional[float] = None
+    #: why it was excused: ``wait`` (for a core, beyond its share) or ``slow_core`` (its core ran
+    #: slower: more CPU time for the same batch, alike in every part of its step)
+    excused_by: Optional[str] = None
+    #: its CPU time per part of a sampled step over the others' (slow_core)
+    excused_cpu_ratios: dict[str, float] = field(default_factory=dict)
     #: whose processes held the cores: ``own`` (the job's ranks), ``others``, or None (not known)
     whose: Optional[str] = None
     whose_node: Any = None
@@ -76,7 +86,7 @@ def detect(run: Run) -> Optional[Finding]:
     it = run.median_iteration()
     frac = wait / it if it else 0.0
     s, sev = assess(run)
-    ex = s if s is not None and sev is None and s.cause == CONTENTION else None
+    ex = s if s is not None and sev is None and s.cause in (CONTENTION, SLOW_CORE) else None
     if frac < T.CPU_CONTENTION_NOTE and ex is None:
         return None
     most = max(waits)
@@ -90,6 +100,8 @@ def detect(run: Run) -> Optional[Finding]:
         excused_rank=ex.rank.rank if ex else None, excused_excess_ms=round(ex.excess, 2) if ex else None,
         excused_wait_ms=round(ex.starved, 2) if ex and ex.starved is not None else None,
         excused_rate_ratio=round(rate, 2) if rate is not None else None,
+        excused_by=None if ex is None else "slow_core" if ex.cause == SLOW_CORE else "wait",
+        excused_cpu_ratios=dict(ex.work.part_ratios) if ex is not None and ex.cause == SLOW_CORE else {},
         whose=whose, whose_node=node, whose_ranks=n, job_cores=used, cores=cores))
 
 
@@ -112,7 +124,13 @@ def say(ev: ContentionEvidence) -> tuple[str, str]:
     why = (f"the ranks' training threads waited for a CPU core {ev.wait_ms:.1f} ms per step (median rank, "
            f"{ev.fraction:.0%} of the wall clock per step; most: rank {ev.max_rank}, "
            f"{ev.max_wait_ms:.1f} ms): runnable, but {_held(ev)}")
-    if ev.excused_rank is not None:
+    if ev.excused_rank is not None and ev.excused_by == "slow_core":
+        parts = ", ".join(f"{p} {k:.2g}x" for p, k in ev.excused_cpu_ratios.items())
+        why += (f"; rank {ev.excused_rank} is {ev.excused_excess_ms:.1f} ms per step slower than the "
+                f"others, and for the same batch its training thread used more CPU time in every part of "
+                f"its step alike ({parts}): its core ran slower (another process on the same physical "
+                "core, a lower clock), not more work of its own, so it is not called a straggler")
+    elif ev.excused_rank is not None:
         rate = (f", {ev.excused_rate_ratio:.2g}x the others' wait per CPU second" if ev.excused_rate_ratio
                 else "")
         why += (f"; rank {ev.excused_rank} is {ev.excused_excess_ms:.1f} ms per step slower than the "

@@ -33,7 +33,10 @@ from ..stats import median
 from .base import OWN_PHASES, Run, mean_ms, own, own_time, quantile, severity
 
 #: what the slowest rank's excess is made of (:func:`assess`)
-WORK, CPU_WORK, CONTENTION, WAIT = "work", "cpu_work", "contention", "wait"
+WORK, CPU_WORK, CONTENTION, SLOW_CORE, WAIT = "work", "cpu_work", "contention", "slow_core", "wait"
+#: the parts of a sampled step's CPU time compared between ranks (``rest``: the iteration's CPU
+#: time outside the three: input made in the rank's process, no phase, between steps)
+PARTS = ("forward", "backward", "optimizer", "rest")
 
 
 @dataclass
@@ -58,6 +61,11 @@ class Work:
     rate_theirs: Optional[float] = None
     #: whether another rank ran on its node (then a slower CPU is not why it uses more CPU time)
     shares_node: bool = False
+    #: its CPU time per part of a sampled step over the others' median (parts of at least a tenth
+    #: of their step's CPU time), and whether its extra CPU time is spread alike over them (its
+    #: core ran slower) or not (work of its own where it grew); None: not measured
+    part_ratios: dict[str, float] = field(default_factory=dict)
+    uniform: Optional[bool] = None
 
     @property
     def ratio(self) -> Optional[float]:
@@ -298,7 +306,39 @@ def work_of(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> Work
             theirs_p = [v for v in theirs_p if v is not None]
             if mine_p is not None and theirs_p:
                 w.phase_cpu[p] = round(mine_p - (median(theirs_p) or 0.0), 2)
+    _uniformity(w, [f.work if f is not None else None for f in facts])
     return w
+
+
+def _parts(work: Any) -> Optional[dict[str, float]]:
+    if work is None or work.cpu_ms is None:
+        return None
+    out = {p: work.phase_cpu(p) or 0.0 for p in PARTS[:3]}
+    out["rest"] = max(0.0, work.cpu_ms - sum(out.values()))
+    return out
+
+
+def _uniformity(w: Work, works: Sequence[Any]) -> None:
+    """Whether the slowest rank's extra CPU time per sampled step is spread alike over the parts
+    of its step (forward, backward, the optimizer, the rest): a core that runs slower makes the
+    same work take longer everywhere; work of its own adds CPU time where it is."""
+    mine, theirs = _parts(works[0]), [_parts(x) for x in works[1:]]
+    if mine is None or not theirs or any(t is None for t in theirs):
+        return
+    total_me = sum(mine.values())
+    total_them = median([sum(t.values()) for t in theirs if t is not None]) or 0.0
+    if total_them <= 0 or total_me <= total_them:
+        return
+    ratios = {}
+    for p in PARTS:
+        th = median([t[p] for t in theirs if t is not None]) or 0.0
+        if th >= 0.1 * total_them:
+            ratios[p] = round(mine[p] / th, 3)
+    if not ratios:
+        return
+    w.part_ratios = ratios
+    grew = total_me / total_them - 1.0
+    w.uniform = min(ratios.values()) - 1.0 >= T.CPU_UNIFORM * grew
 
 
 def _cause(run: Run, s: Slowest) -> tuple[str, float]:
@@ -306,28 +346,31 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
 
     * WORK: its batches are bigger (measured or declared), by enough to account for at least
       half of the excess (its others' own time scaled by the ratio);
-    * CONTENTION: its wait for a core per CPU second exceeds the others' by the margin, and
-      without the wait beyond its share no straggler's excess is left;
-    * CPU_WORK: for the same batch its training thread used more CPU time per step, enough (with
-      the wait for a core that comes with it at the others' rate) for at least half of the excess
-      (less any wait beyond its share), and 10 % more, beside a rank of its own node (CPU runs);
-    * WAIT: none of these: it waits, off the CPU (a slower device, storage, a lock, a sleep)."""
+    * CONTENTION: its wait for a core beyond what its own CPU time costs at the others' rate
+      (:func:`starved`) is taken out of the excess, and no straggler's excess is left;
+    * CPU_WORK or SLOW_CORE: for the same batch its training thread used more CPU time per step,
+      enough (with the wait for a core that comes with it at the others' rate) for at least half of
+      what is left and 10 % more, beside a rank of its own node (CPU runs): spread alike over its
+      step's parts, its core ran slower (SLOW_CORE: another process on the same physical core, a
+      lower clock); where it grew in one part, it is work of its own (CPU_WORK);
+    * WAIT: none of these: it waits, off the CPU (a slower device, storage, a lock, a sleep), or
+      (alone on its node, or its parts not measured) it computes slower or more, which cannot be
+      told apart."""
     w, judged, step = s.work, s.judged, run.median_step
     own_others = median([own(r) for r in s.others]) or 0.0
     ratio = w.ratio
     if ratio is not None and ratio >= T.WORK_RATIO_MIN and (ratio - 1.0) * own_others >= T.WORK_EXPLAINS * judged:
         return WORK, judged
-    rest = judged
-    if (w.rate is not None and w.rate_theirs is not None and s.starved is not None
-            and w.rate >= T.CONTENTION_RATE_MARGIN * w.rate_theirs and s.starved > 0):
-        rest = judged - s.starved
-        if severity(rest / step, rest, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT,
-                    T.STRAGGLER_FLOOR_MS) is None:
-            return CONTENTION, judged
+    rest = judged - max(0.0, s.starved or 0.0)
+    if severity(rest / step, rest, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS) is None:
+        return CONTENTION, judged
     extra, cratio = w.cpu_wall, w.cpu_ratio
     if (run.ctx.device == "cpu" and w.shares_node and extra is not None and cratio is not None
             and extra >= T.CAUSE_SHARE * rest and cratio >= T.WORK_CPU_RATIO_MIN):
-        return CPU_WORK, rest
+        if w.uniform is True:
+            return SLOW_CORE, judged
+        if w.uniform is False:
+            return CPU_WORK, rest
     return WAIT, rest
 
 
@@ -336,7 +379,8 @@ def assess(run: Run) -> tuple[Optional[Slowest], Optional[str]]:
     which), by own time, then by step time; (None, None) when no rank's is. ``info`` where the
     run had too few stretches of steps to check that the excess lasts through it (a timed excess;
     a batch size is counted). A rank whose excess only a wait for a core beyond its share made is
-    returned with cause CONTENTION and no severity when no other is worth one."""
+    returned with cause CONTENTION (or SLOW_CORE, its core ran slower) and no severity when no
+    other is worth one."""
     key = "slowest.assess"
     if key in run.cache:
         return run.cache[key]
@@ -344,12 +388,14 @@ def assess(run: Run) -> tuple[Optional[Slowest], Optional[str]]:
     out: tuple[Optional[Slowest], Optional[str]] = (None, None)
     if step > 0:
         excused = None
-        for metric in ("own", "step"):
+        # the step metric only where the ranks' wait for each other is not measured: where it
+        # is, a rank's longest step is the one that waited (for a rank late from between steps)
+        for metric in (("own",) if run.comm_measured() else ("own", "step")):
             s = by_metric(run, metric)
             if s is None:
                 break
             s.cause, s.weighed = _cause(run, s)
-            if s.cause == CONTENTION:
+            if s.cause in (CONTENTION, SLOW_CORE):
                 if excused is None and severity(s.judged / step, s.judged, T.STRAGGLER_EXCESS_WARN,
                                                 T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS):
                     excused = s

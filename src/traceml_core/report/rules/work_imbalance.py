@@ -11,9 +11,11 @@ and its training thread's CPU time per phase), or taken from what every rank dec
   samples, elements or tokens: longer sequences) and that accounts for at least half of its
   excess: the fix is the data (the sampler, bucketing by length, padding), not the node; or
 * for the same batch its training thread used more CPU time per step, by at least half of its
-  excess (less any wait for a core beyond its share) and 10 %, beside another rank of its own
-  node (same cores: not a slower CPU): work only that rank does (metrics, logging, an evaluation
-  or an extra loss on one rank). CPU runs only.
+  excess (with the wait for a core that comes with it; less any wait beyond its share) and 10 %,
+  beside another rank of its own node, and the extra CPU time is where that work is (forward,
+  backward, the optimizer or the rest of the step grew, not all of them alike, which is a core
+  that runs slower: CPU-CONTENTION): work only that rank does (metrics, logging, an evaluation or
+  an extra loss on one rank). CPU runs only.
 
 A rank whose wait for a core grew with its extra work (the same wait per CPU second as the
 others') is a work imbalance, not contention: the wait is part of the work.
@@ -29,7 +31,8 @@ from .base import IN, Evidence, Finding, Run, rounded
 from .slowest import CPU_WORK, WORK, assess
 
 KIND = "work_imbalance"
-THRESHOLDS = ("WORK_RATIO_MIN", "WORK_EXPLAINS", "WORK_CPU_RATIO_MIN", "CAUSE_SHARE", "STRAGGLER_EXCESS_WARN",
+THRESHOLDS = ("WORK_RATIO_MIN", "WORK_EXPLAINS", "WORK_CPU_RATIO_MIN", "CPU_UNIFORM", "CAUSE_SHARE",
+              "STRAGGLER_EXCESS_WARN",
               "STRAGGLER_EXCESS_CRIT", "STRAGGLER_FLOOR_MS")
 
 
