@@ -188,11 +188,15 @@ def figures(scenarios: list[Scenario], outcomes: list[Outcome], title: str, quie
 
 
 def report(scenarios: list[Scenario], outcomes: list[Outcome]) -> dict[str, Any]:
-    out = {"outcomes": [o.to_json() for o in outcomes]}
+    out: dict[str, Any] = {"outcomes": [o.to_json() for o in outcomes]}
+    ran = {o.scenario for o in outcomes}
+    halves = [h for h in ("tune", "held") if any(s.half == h and s.name in ran for s in scenarios)]
     for half, title in (("tune", "tune half (rules may be changed for what these show)"),
                         ("held", "held-out half (written before the rules changed, never tuned on)")):
-        out[half] = figures([s for s in scenarios if s.half == half], outcomes, title)
-    out["all"] = figures(scenarios, outcomes, "both halves")
+        if half in halves:
+            out[half] = figures([s for s in scenarios if s.half == half], outcomes, title)
+    if len(halves) > 1:
+        out["all"] = figures(scenarios, outcomes, "both halves")
     return out
 
 
