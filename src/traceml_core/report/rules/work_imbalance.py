@@ -104,13 +104,16 @@ def say(ev: WorkEvidence) -> tuple[str, str]:
                f"({ev.cpu_ms:.1f} vs {ev.others_cpu_ms:.1f} ms)")
     if ev.basis == "cpu":
         extra = [f"{p} +{v:.1f} ms" for p, v in sorted(ev.phase_cpu_ms.items(), key=lambda kv: -kv[1]) if v >= 0.5]
-        why = (f"{ev.who} does more work per step than the other ranks for the same batch"
+        why = (f"{ev.who} computes more per step than the other ranks for the same batch"
                + (f" ({_n(ev.samples)} samples)" if ev.samples else "")
                + f": its training thread used {ev.ratio:.2g}x their CPU time per step ({ev.cpu_ms:.1f} vs "
-               f"{ev.others_cpu_ms:.1f} ms" + (f"; {', '.join(extra)} of CPU" if extra else "") + f"); {slower}")
-        nxt = (f"rank {r} runs work the others do not (metrics, logging, an extra loss, an evaluation or a "
-               f"save on rank {r} only?): move it off the training loop, do it every k steps, or spread "
-               "it over the ranks; torch.profiler on that rank shows what it is")
+               f"{ev.others_cpu_ms:.1f} ms" + (f"; {', '.join(extra)} of CPU" if extra else "") + f"); {slower}; "
+               "work only it does, or the same work costing it more (its process's memory allocator, "
+               "its core's neighbours); not its node: another rank of the node computes less")
+        nxt = (f"find what rank {r} runs that the others do not (metrics, logging, an extra loss, an "
+               f"evaluation or a save on rank {r} only?): move it off the training loop, do it every k steps, "
+               f"or spread it over the ranks; torch.profiler on rank {r} and on another rank, side by side, "
+               "shows where its CPU time goes")
         if ev.explained_by == "memory_creep":
             why += "; its memory also keeps growing (see the memory verdict): scanning what it keeps may be the work"
             nxt = f"first find what keeps memory on rank {r} (see the memory verdict); then " + nxt
