@@ -65,6 +65,21 @@ def test_bigger_batches_on_one_rank_are_a_work_imbalance_with_the_figures():
     assert c is None or c["evidence"]["excused_rank"] is None, c
 
 
+def test_bigger_batches_that_do_not_slow_their_rank_yet_are_information():
+    """Rank 1's batches are 1.6x but it is hardly slower (a tiny model whose step is mostly
+    overhead, or a busy CPU whose wait dominates): the imbalance is said, as information, with
+    the figures; no warning."""
+    def step(rank, i):
+        return _ddp(fwd=10.5, bwd=14.5, comm=0.4) if rank == 1 else _ddp(fwd=10.0, bwd=14.0, comm=1.4)
+    s = _run(2, STEPS, step, threads=lambda rank: (1, [[0, 1]], 8.0, 21.0 if rank == 1 else 20.0),
+             facts=lambda rank: _work(13107 if rank == 1 else 8192, 32 * (13107 if rank == 1 else 8192),
+                                      cpu_ms=21.0 if rank == 1 else 20.0))
+    v = _get(s, "work_imbalance")
+    assert v["severity"] == "info" and v["culprit"]["rank"] == 1 and v["evidence"]["ratio"] == 1.6, v
+    assert "not enough to matter yet" in v["why"] and "the other ranks wait for it" not in v["why"], v["why"]
+    assert all(x["severity"] == "info" for x in _all(s)), _kinds(s)
+
+
 def test_the_same_slowness_without_more_work_is_a_straggler_that_waits():
     """The control: rank 1 is as slow, with the same batch and the same CPU time as rank 0 (a
     slower device, a blocking call): a straggler, and its sentence says it waits off the CPU."""

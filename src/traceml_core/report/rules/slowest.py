@@ -285,6 +285,22 @@ def _batch(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> tuple
     return "samples", samples[0], theirs, samples[0]
 
 
+def most_work(run: Run) -> Optional[tuple[RankSummary, float]]:
+    """The rank whose batches (measured or declared) are biggest against the other ranks'
+    median, and that ratio, where it is at least WORK_RATIO_MIN; None otherwise."""
+    live = run.live
+    best = None
+    for r in live:
+        others = [o for o in live if o is not r]
+        basis, mine, theirs, _ = _batch(run, r, others)
+        if basis is None or mine is None or not theirs:
+            continue
+        ratio = mine / theirs
+        if ratio >= T.WORK_RATIO_MIN and (best is None or ratio > best[1]):
+            best = (r, ratio)
+    return best
+
+
 def work_of(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> Work:
     """The slowest rank's work per step against the others' median (see :class:`Work`)."""
     basis, mine, theirs, samples = _batch(run, worst, others)
@@ -422,7 +438,15 @@ def by_metric(run: Run, metric: str) -> Optional[Slowest]:
     if len(live) < 2:
         return None
     fn = own if metric == "own" else (lambda r: mean_ms(r, "step") or 0.0)
-    worst = max(live, key=fn)
+    return of_rank(run, max(live, key=fn), metric)
+
+
+def of_rank(run: Run, worst: RankSummary, metric: str = "own") -> Slowest:
+    """One rank's excess by ``metric`` over the other ranks' median, and what it is made of (the
+    slowest rank's, for :func:`by_metric`; the rank with the biggest batches, for an imbalance
+    that does not slow it yet)."""
+    live = run.live
+    fn = own if metric == "own" else (lambda r: mean_ms(r, "step") or 0.0)
     others = [r for r in live if r is not worst]
     mid = median([fn(r) for r in others])
     assert mid is not None

@@ -18,7 +18,10 @@ and its training thread's CPU time per phase), or taken from what every rank dec
   an extra loss on one rank). CPU runs only.
 
 A rank whose wait for a core grew with its extra work (the same wait per CPU second as the
-others') is a work imbalance, not contention: the wait is part of the work.
+others') is a work imbalance, not contention: the wait is part of the work. A measured (or
+declared) difference in batches of 5 % or more that does not yet make its rank slower by enough
+for a warning is information, with the same figures: its fix is the data's, and it costs more
+where compute dominates (on a GPU).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Optional
 
 from .. import thresholds as T
 from .base import IN, Evidence, Finding, Run, rounded
-from .slowest import CPU_WORK, WORK, assess
+from .slowest import CPU_WORK, WORK, assess, most_work, of_rank
 
 KIND = "work_imbalance"
 THRESHOLDS = ("WORK_RATIO_MIN", "WORK_EXPLAINS", "WORK_CPU_RATIO_MIN", "CPU_UNIFORM", "CAUSE_SHARE",
@@ -69,7 +72,13 @@ class WorkEvidence(Evidence):
 def detect(run: Run) -> Optional[Finding]:
     s, sev = assess(run)
     if s is None or sev is None or s.cause not in (WORK, CPU_WORK):
-        return None
+        # a measured difference in batches that does not (yet) make its rank slower by enough:
+        # information (its fix is the data's; where compute dominates, on a GPU, it costs more)
+        most = most_work(run)
+        if most is None or (s is not None and sev is not None and s.rank is most[0]):
+            return None
+        s, sev = of_rank(run, most[0]), "info"
+        s.cause = WORK
     w, step = s.work, run.median_step
     batch = s.cause == WORK
     ratio = w.ratio if batch else w.cpu_ratio
@@ -133,7 +142,13 @@ def say(ev: WorkEvidence) -> tuple[str, str]:
         nxt = ("give every rank about as many tokens per step: bucket batches by length (or pack "
                "sequences to a fixed length) so that no rank gets the long ones, or pad every rank's "
                "batch to the same length")
-    why = f"{what}; {slower}{cpu}; the other ranks wait for it"
+    if ev.excess_fraction < T.STRAGGLER_EXCESS_WARN or ev.excess_ms < T.STRAGGLER_FLOOR_MS:
+        slower = slower.replace("it takes", "so far it takes only") + (
+            f": not enough to matter yet (a warning from {T.STRAGGLER_EXCESS_WARN:.0%} of the median step and "
+            f"{T.STRAGGLER_FLOOR_MS:g} ms), but it grows where the compute does (a GPU's)")
+        why = f"{what}; {slower}{cpu}"
+    else:
+        why = f"{what}; {slower}{cpu}; the other ranks wait for it"
     if ev.explained_by == "memory_creep":
         why += "; its memory also keeps growing (see the memory verdict)"
     return why, nxt + "; the node is not the cause: the rank's data is (the same rank would be slow on any node)"
