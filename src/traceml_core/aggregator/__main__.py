@@ -114,12 +114,15 @@ def main() -> int:
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")
-            if server.exports is not None:  # the live ones: the rest and the files, bounded, once
-                exports = server.exports    # node 0's launcher has the summary (Server.finalize)
-
-                def after_reply() -> None:
-                    for line in exports.finish(out["summary"], out):
-                        log(line)
+            keep, exports = out.get("keep_evidence"), server.exports
+            if keep is not None or exports is not None:
+                def after_reply() -> None:  # node 0's launcher has the summary (Server.finalize)
+                    if keep is not None:     # the node store, bounded (report/nextjob.py)
+                        for line in keep():
+                            log(f"node health: {line}")
+                    if exports is not None:  # the live exports: the rest and the files, bounded, once
+                        for line in exports.finish(out["summary"], out):
+                            log(line)
                 server.after_reply = after_reply
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 

@@ -47,7 +47,8 @@ def run_evidence(summary: Summary, *, source: str = "run", at: Optional[float] =
     obs += missing_observations(summary, hosts)
     return RunEvidence(job_id=summary.run.job_id, run_name=summary.run.name or "", source=source,
                        at=time.time() if at is None else at,
-                       hosts=tuple(h for h in hosts.values() if h), observations=tuple(obs))
+                       hosts=tuple(h for h in hosts.values() if h), observations=tuple(obs),
+                       origins=tuple(host_origins(summary).items()))
 
 
 def node_hosts(summary: Summary) -> dict[int, str]:
@@ -56,6 +57,15 @@ def node_hosts(summary: Summary) -> dict[int, str]:
     for r in summary.ranks:
         if r.node is not None and r.host and not out.get(r.node):
             out[r.node] = r.host
+    return out
+
+
+def host_origins(summary: Summary) -> dict[str, str]:
+    """Who named each host: a node's launcher (as it joined), else the first rank that said it."""
+    out = {n.hostname: f"node {n.node}'s launcher" for n in summary.topology.nodes if n.hostname}
+    for r in summary.ranks:
+        if r.host and r.host not in out:
+            out[r.host] = f"rank {r.rank}"
     return out
 
 
