@@ -93,6 +93,8 @@ class RelayStats:
     upstream_refused: Optional[str]
     queued_bytes: int
     peak_queued_bytes: int
+    answers_in: int = 0        # answers to requests (``resp``) received from ranks
+    answers_dropped: int = 0   # ... dropped because the byte budget was full (a stack is up to 64 KiB)
 
 
 class _Lane:
@@ -161,14 +163,12 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False,
+                 port: int = 0, tail: bool = False,
                  upstream_aud: str = AGGREGATOR) -> None:
         self.node = node
         #: besides each window's statistics (``fold``), send its last records (``tail``): the
         #: live views (one node) show them
         self.tail = tail
-        #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
-        self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
         self.endpoint = Endpoint(aud=relay_aud(node), run=run_name, job=job_id, keys={"rank": token},
                                  nnodes=nnodes, nproc_per_node=nproc_per_node, node=node)
@@ -209,6 +209,8 @@ class Relay(Handler):
         self.first_steps_at: Optional[float] = None
         self._frames_in = 0
         self._events_dropped = 0
+        self._answers_in = 0
+        self._answers_dropped = 0
         self._peak = 0
 
         host, port = upstream
@@ -284,7 +286,8 @@ class Relay(Handler):
             dropped_untold=self.dropped_untold(), events_dropped=self._events_dropped, malformed=self.counters.get("malformed", 0),
             refused=self.counters.get("refused", 0), upstream_connects=cs.connects,
             upstream_connected=cs.connected, upstream_refused=cs.refused,
-            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak)
+            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak,
+            answers_in=self._answers_in, answers_dropped=self._answers_dropped)
 
     def dropped_by_rank(self) -> dict[int, int]:
         return {r: ln.dropped for r, ln in self._lanes.items() if ln.dropped}
@@ -451,7 +454,13 @@ class Relay(Handler):
                 self._events_dropped += 1
                 return
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
-        else:  # bye, resp: small, always kept
+        elif t == "resp":  # an answer can carry a 64 KiB stack: within the budget like events
+            self._answers_in += 1
+            if self._pending_bytes + self.out.queued + size > self.budget:
+                self._answers_dropped += 1
+                return
+            lane.items.append((_RAW, None, bytes(data[off:end]), size))
+        else:  # bye: small, always kept
             if t == "bye":
                 lane.open = 0
                 lane.said_bye = True
@@ -470,27 +479,31 @@ class Relay(Handler):
         for rank, lane in list(self._lanes.items()):
             if lane.conn is not None and (ranks is None or rank in ranks):
                 self.net.send_raw(lane.conn, data)
-        if msg["kind"] == "stacks" and self.stacks is not None:
-            # the hang autopsy: the ranks' own answers need their interpreters; the stacks are
-            # dumped by faulthandler from inside a signal handler, which needs nothing
+        if msg["kind"] == "stacks":
+            # the hang autopsy: each rank's interpreter answers with its stacks; this relay adds
+            # what the kernel knows of each process (stopped, its CPU time and I/O), which needs
+            # nothing of the rank: a rank that cannot answer is still described
             pids = {r: ln.pid for r, ln in self._lanes.items()
                     if ln.pid is not None and ln.conn is not None and (ranks is None or r in ranks)}
-            threading.Thread(target=self._dump_stacks, args=(msg["id"], pids),
-                             name=f"traceml-stacks-{self.node}", daemon=True).start()
+            if pids:
+                threading.Thread(target=self._proc_states, args=(msg["id"], pids),
+                                 name=f"traceml-procstate-{self.node}", daemon=True).start()
 
-    def _dump_stacks(self, req_id: int, pids: dict[int, int]) -> None:
-        """(a thread) Make this node's ranks dump their stacks; each dump goes up as the rank's
-        ``stacks`` answer."""
-        try:
-            dumps = self.stacks.collect(pids)
-        except Exception as exc:  # never take the relay down
-            dumps = {r: {"ok": False, "text": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
-                     for r in pids}
-        for rank, d in sorted(dumps.items()):
+    def _proc_states(self, req_id: int, pids: dict[int, int]) -> None:
+        """(a thread: ``/proc`` of a process in the kernel's uninterruptible sleep can be slow)
+        Each rank's process state goes up as this relay's ``stacks`` answer for the rank."""
+        from .procstate import read
+
+        for rank, pid in sorted(pids.items()):
+            try:
+                st = read(pid)
+            except Exception:  # never take the relay down
+                continue
             self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
-                         "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
-                                  "text": d.get("text") or "", "error": d.get("error"),
-                                  "stopped": bool(d.get("stopped"))}})
+                         "data": {"source": "relay", "pid": st.pid, "gone": st.gone, "state": st.state,
+                                  "wchan": st.wchan, "main_cpu_ns": st.main_cpu_ns,
+                                  "proc_cpu_ns": st.proc_cpu_ns, "children_cpu_ns": st.children_cpu_ns,
+                                  "io_bytes": st.io_bytes, "at_ns": time.monotonic_ns()}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:

@@ -282,10 +282,6 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
                          request=info.cpu_request if info is not None else None, notify=notify)
     s.client.add_periodic(s.cpu, 0.5)
     _install_exit_hooks()
-    if info is not None and info.stack_dir:
-        from . import stackdump
-
-        stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
     TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()
     from . import spans
