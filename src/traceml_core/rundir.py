@@ -128,6 +128,33 @@ def make_fallback(run_name: str) -> tuple[Path, Optional[str]]:
         return fresh, f"{exc}, so a fresh private directory is used"
 
 
+def private_places() -> list[tuple[Path, Optional[str]]]:
+    """Where a private file of this user's may go, best first: ``$TMPDIR/traceml-<uid>``, else
+    (refused: someone else made it) a fresh private directory in ``$TMPDIR``, else
+    ``~/.cache/traceml``; each with the note that says why an earlier one was not used. Made
+    lazily: iterate and take the first that can be made (:func:`make_private`)."""
+    return [(fallback_root(), None), (Path(tempfile.gettempdir()), "fresh"),
+            (Path(os.path.expanduser("~")) / ".cache" / "traceml", None)]
+
+
+def make_private() -> tuple[Path, Optional[str]]:
+    """A directory only this user can use (0700, never a link, never another user's), and why
+    the usual one was not used (None when it was); ``OSError`` when none can be made."""
+    why: list[str] = []
+    for place, how in private_places():
+        try:
+            if how == "fresh":
+                made = Path(tempfile.mkdtemp(prefix=f"traceml-{os.getuid()}-", dir=place))
+            else:
+                place.parent.mkdir(parents=True, exist_ok=True)
+                private_dir(place)
+                made = place
+            return made, ("; ".join(why) + f", so {made} is used") if why else None
+        except OSError as exc:
+            why.append(str(exc) if isinstance(exc, UnsafeDirError) else f"{place}: {exc.strerror or exc}")
+    raise OSError(0, "; ".join(why))
+
+
 @dataclass
 class RunDir:
     """Where this run's files go: ``path`` (may be the fallback) and why, when it is not ``wanted``."""

@@ -110,3 +110,61 @@ def test_forged_and_unreadable_files_in_a_run_directory_never_stall_the_run_nor_
         # the run directory is the victim's alone from now on
         assert os.lstat(run).st_mode & 0o777 == 0o755
         print(f"run with 4 planted entries: {took:.1f} s")
+
+
+def test_a_planted_tmpdir_never_leaves_the_dashboard_without_its_token():
+    """Issue 34, finding 6: another user made ``$TMPDIR/traceml-<victim uid>`` first (the usual place
+    of the dashboard's token file, in a shared ``/tmp``). Before the fix the log said "no file:
+    TraceML could not write one" and the token was nowhere; now the file is in a fresh private
+    directory, and the log says where and why."""
+    import re
+    import signal
+    import subprocess
+    import urllib.request
+
+    from testports import free_port
+    from tinyrun import TINY
+
+    with team("victim", "attack") as (group, users, work):
+        victim, attacker = users["victim"], users["attack"]
+        tmp = shared_dir(work / "tmp", victim.gid, 0o1777)
+        attacker.python("import os, sys; os.mkdir(sys.argv[1], 0o777); os.chmod(sys.argv[1], 0o777)",
+                        str(tmp / f"traceml-{victim.uid}"))
+        log = victim.home / "job.out"
+        with open(log, "w") as f:
+            os.chown(log, victim.uid, victim.gid)
+            os.chmod(log, 0o644)   # readable by others, as a job's output file usually is
+            cmd = [interpreter(victim), "-m", "traceml_core.cli", "run", "--nproc-per-node=1", "--mode", "dashboard",
+                   "--master-port", str(free_port()), "--aggregator-port", str(free_port()), "--logs-dir",
+                   str(victim.home / "logs"), "--run-name", "dash", "--cluster", "none", str(TINY)]
+            env = victim.env(TMPDIR=str(tmp), TINY_STEPS="100000", TINY_SLEEP_MS="5")
+            p = subprocess.Popen(victim.argv() + cmd, env=env, stdout=f, stderr=f, cwd=str(victim.home))
+        try:
+            deadline = time.monotonic() + 120
+            while "dashboard: " not in log.read_text():
+                assert time.monotonic() < deadline and p.poll() is None, log.read_text()[-3000:]
+                time.sleep(0.1)
+            time.sleep(0.5)  # the note line after it
+            text = log.read_text()
+            m = re.search(r"dashboard: (http://127\.0\.0\.1:\d+/) \(the address with its access token is in (\S+), "
+                          r"readable only by you", text)
+            assert m and "token=" not in text, text
+            url_file = Path(m.group(2))
+            assert not str(url_file).startswith(str(tmp / f"traceml-{victim.uid}") + "/"), url_file
+            st = os.lstat(url_file)
+            assert st.st_uid == victim.uid and stat.S_IMODE(st.st_mode) == 0o600
+            assert os.lstat(url_file.parent).st_uid == victim.uid
+            assert f"{tmp / f'traceml-{victim.uid}'} cannot be trusted: it is owned by uid {attacker.uid}" in text
+            url = url_file.read_text().strip()
+            assert url.startswith(m.group(1) + "?token=")
+            with urllib.request.urlopen(url.replace("/?", "/api/live?"), timeout=10) as resp:
+                assert resp.status == 200
+            assert list((tmp / f"traceml-{victim.uid}").iterdir()) == []   # nothing left in the planted one
+        finally:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
