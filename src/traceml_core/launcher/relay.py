@@ -101,7 +101,7 @@ class _Lane:
     """One rank as the relay sees it: its current connection and what waits to go upstream."""
 
     __slots__ = ("rank", "conn", "items", "seen_end", "dropped", "reported", "told", "host", "pid",
-                 "local_rank", "open", "first_seq", "first_t", "last_t", "said_bye")
+                 "local_rank", "open", "first_seq", "first_t", "last_t", "said_bye", "peak_rate")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -119,8 +119,11 @@ class _Lane:
         self.first_seq = -1                # for its step rate: first seq and time, latest time
         self.first_t = 0.0
         self.last_t = 0.0
+        #: the fastest the rank has stepped, on its own clock (steps/s over one frame's records)
+        self.peak_rate = 0.0
 
-    def note_steps(self, seq: int, end: int, open_: Optional[int], now: float) -> None:
+    def note_steps(self, seq: int, end: int, open_: Optional[int], now: float,
+                   t_end_ns: Optional[list[int]] = None) -> None:
         if self.first_seq < 0:
             self.first_seq, self.first_t = seq, now
         self.last_t = now
@@ -128,14 +131,21 @@ class _Lane:
             self.seen_end = end
         if open_ is not None:
             self.open = open_
+        if t_end_ns is not None and len(t_end_ns) >= 2 and t_end_ns[-1] > t_end_ns[0]:
+            rate = (len(t_end_ns) - 1) * 1e9 / (t_end_ns[-1] - t_end_ns[0])
+            if rate > self.peak_rate:
+                self.peak_rate = rate
 
     def unsent_bound(self, now: float) -> Optional[int]:
-        """At a close without ``bye``: what the rank last said it held unsent, plus what its step
-        rate gives for the time since (records produced after its last frame)."""
+        """At a close without ``bye``: what the rank last said it held unsent, plus the records it
+        can have produced since it last spoke, at the fastest rate it ever stepped. A rank
+        speaks at least every second while its client thread lives (a stalled training thread
+        included: sdk/recorder.py), so the second part is about a second of steps, not the
+        length of a hang."""
         if self.first_seq < 0:
             return None
         span = self.last_t - self.first_t
-        rate = (self.seen_end - self.first_seq) / span if span > 0 else 0.0
+        rate = max((self.seen_end - self.first_seq) / span if span > 0 else 0.0, self.peak_rate)
         return (self.open or 0) + math.ceil(rate * max(0.0, now - self.last_t))
 
     def join_frame(self, new: bool) -> dict[str, Any]:
@@ -438,10 +448,11 @@ class Relay(Handler):
         size = end - off
         if t == "steps":
             n = checked["n"]
-            lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
+            lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic(),
+                            checked["cols"].get("t_end_ns"))
             self._records_in += n
             self._frames_in += 1
-            if self.first_steps_at is None:
+            if self.first_steps_at is None and n:
                 self.first_steps_at = time.time()
             if self._pending_bytes + self.out.queued + size > self.budget:
                 lane.dropped += n

@@ -275,6 +275,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
+    # a blocked training thread's last records still travel (sdk/recorder.py)
+    s.client.add_periodic(lambda: recorder.seal_stalled() and s.client.wake(), 0.1)
     from .threads import ThreadsProbe
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init)
