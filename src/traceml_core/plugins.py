@@ -70,6 +70,13 @@ class NodeObservation:
     strong: bool = False
     #: a few words for the reason line ("sends at 0.012 GB/s against 1.5 GB/s")
     note: str = ""
+    #: the global ranks whose slowness this observation is (kinds that follow where ranks are
+    #: placed: report/nodeevidence.PLACED_KINDS); () for a figure of the node itself (a link, a
+    #: benchmark)
+    ranks: tuple[int, ...] = ()
+    #: ``equal``: the run measured the ranks' work per step and found it equal, so the slowness
+    #: is not the rank's work; "" where not measured
+    work: str = ""
 
 
 @dataclass(frozen=True)

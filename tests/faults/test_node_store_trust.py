@@ -154,8 +154,8 @@ def test_a_host_name_with_a_newline_is_never_stored_nor_printed(tmp_path):
     with sqlite3.connect(store) as conn:  # as an older TraceML stored it: the name as the rank said it
         for rid in (1, 2, 3):
             conn.execute("INSERT INTO members VALUES (?, ?)", (rid, evil))
-            conn.execute("INSERT INTO observations VALUES (?, ?, 'compute', 90, 40, 'ms', 1, 0, ?)",
-                         (rid, evil, "own time\nforged line"))
+            conn.execute("INSERT INTO observations (record, host, kind, value, peers, unit, bad, strong, note) "
+                         "VALUES (?, ?, 'compute', 90, 40, 'ms', 1, 0, ?)", (rid, evil, "own time\nforged line"))
     notes = keep(store, "", RunEvidence("9", "r9", time.time(), "run", ("node1", evil),
                                         (NodeObservation(evil, "compute", 90.0, 40.0, "ms", True),)))
     assert notes and "not Slurm host names and are not recorded: 'node3\\nNext job script" in notes[0], notes

@@ -44,7 +44,11 @@ from traceml_core.safeio import kind_of, writable_by_others
 
 from ..hostlists import is_host_name, shown
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: schema 2 added the ranks an observation is about and whether their work was measured equal
+#: (report/nodeevidence.PLACED_KINDS); a schema-1 store is migrated in place, its rows keeping ""
+_MIGRATE = {"1": ("ALTER TABLE observations ADD COLUMN ranks TEXT NOT NULL DEFAULT ''",
+                  "ALTER TABLE observations ADD COLUMN work TEXT NOT NULL DEFAULT ''")}
 #: seconds the summary's read waits for another job's transaction (the summary waits on it)
 READ_WAIT_S = 0.5
 #: seconds adding a record waits for another job's transaction (after the summary is written)
@@ -71,7 +75,8 @@ CREATE TABLE IF NOT EXISTS members (
 CREATE TABLE IF NOT EXISTS observations (
     record INTEGER NOT NULL REFERENCES records(id) ON DELETE CASCADE, host TEXT NOT NULL,
     kind TEXT NOT NULL, value REAL, peers REAL, unit TEXT NOT NULL, bad INTEGER NOT NULL,
-    strong INTEGER NOT NULL, note TEXT NOT NULL, PRIMARY KEY (record, host, kind));
+    strong INTEGER NOT NULL, note TEXT NOT NULL, ranks TEXT NOT NULL DEFAULT '',
+    work TEXT NOT NULL DEFAULT '', PRIMARY KEY (record, host, kind));
 CREATE INDEX IF NOT EXISTS records_at ON records (cluster, at);
 """
 
@@ -247,9 +252,29 @@ class NodeStore:
                 raise
             return
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() if "meta" in tables else None
+        if row is not None and row[0] in _MIGRATE:
+            self._migrate(conn)
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None or row[0] != str(SCHEMA_VERSION):
             raise _NotOurs(f"schema {row[0] if row else 'unknown'}, this TraceML reads {SCHEMA_VERSION}")
         conn.execute("SELECT count(*) FROM records").fetchone()  # reads a page: corruption shows here
+
+    @staticmethod
+    def _migrate(conn: sqlite3.Connection) -> None:
+        """An older schema to this one, in one transaction (another job may be doing the same)."""
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            while row is not None and row[0] in _MIGRATE:
+                for statement in _MIGRATE[row[0]]:
+                    conn.execute(statement)
+                conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (str(int(row[0]) + 1),))
+                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
 
     def _set_aside(self, exc: BaseException, create: bool, seen: Optional[tuple[int, int]], wait_s: float) -> Opened:
         aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
@@ -296,8 +321,9 @@ class NodeStore:
                 conn.executemany("INSERT OR IGNORE INTO members VALUES (?, ?)",
                                  [(rid, h) for h in sorted(set(evidence.hosts))])
                 conn.executemany(
-                    "INSERT OR REPLACE INTO observations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(rid, o.host, o.kind, o.value, o.peers, o.unit, int(o.bad), int(o.strong), printable(o.note))
+                    "INSERT OR REPLACE INTO observations VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(rid, o.host, o.kind, o.value, o.peers, o.unit, int(o.bad), int(o.strong), printable(o.note),
+                      ",".join(str(int(r)) for r in o.ranks[:64]), "equal" if o.work == "equal" else "")
                      for o in evidence.observations])
                 self._prune(conn, evidence.at)
                 conn.execute("COMMIT")
@@ -352,11 +378,13 @@ class NodeStore:
                         members[rid].append(host)
                     else:
                         bad_names += 1
-                for rid, host, kind, value, peers, unit, bad, strong, note in _in(
-                        conn, "SELECT record, host, kind, value, peers, unit, bad, strong, note FROM observations", ids):
+                for rid, host, kind, value, peers, unit, bad, strong, note, ranks, work in _in(
+                        conn, "SELECT record, host, kind, value, peers, unit, bad, strong, note, ranks, work "
+                              "FROM observations", ids):
                     if is_host_name(host):
                         obs[rid].append(NodeObservation(host, str(kind), value, peers, printable(unit, 20),
-                                                        bool(bad), bool(strong), printable(note)))
+                                                        bool(bad), bool(strong), printable(note), _ranks(ranks),
+                                                        "equal" if work == "equal" else ""))
             except sqlite3.Error as exc:
                 if _busy(exc):
                     return [], [self.busy_note(wait_s).replace("is not recorded", "is not judged")]
@@ -392,6 +420,12 @@ def valid_evidence(evidence: RunEvidence) -> tuple[RunEvidence, list[str]]:
                    observations=tuple(o for o in evidence.observations if is_host_name(o.host)))
     return kept, [f"{len(bad)} host name(s) of this {evidence.source} are not Slurm host names and are not "
                   f"recorded: {', '.join(shown(h) for h in bad[:3])}" + (" ..." if len(bad) > 3 else "")]
+
+
+def _ranks(text: object) -> tuple[int, ...]:
+    """The stored ranks (``"1,3"``) back; () for anything else."""
+    parts = str(text or "").split(",")
+    return tuple(int(p) for p in parts if p.isdigit() and len(p) < 10)
 
 
 def _busy(exc: BaseException) -> bool:
