@@ -170,3 +170,31 @@ def test_a_host_name_with_a_newline_is_never_stored_nor_printed(tmp_path):
                          timeout=60, cwd=tmp_path)
     assert tpl.returncode == 0 and "Traceback" not in tpl.stderr, tpl.stderr
     assert "--exclude=node1" not in tpl.stdout and "#SBATCH --exclude" not in tpl.stdout, tpl.stdout
+
+
+def test_a_host_name_with_a_newline_from_the_wire_forges_no_line(aggregator):
+    """A node's hello (what a rank holding the run's token could send) names a host with a newline:
+    it is dropped where it enters (wire/protocol.host_name), so neither the summary nor its text
+    carries the forged line, and node evidence never sees the name."""
+    import sys as _sys
+
+    sys_path = str(Path(__file__).parents[1] / "unit")
+    if sys_path not in _sys.path:
+        _sys.path.insert(0, sys_path)
+    from aggpeers import NodePeer
+
+    a = aggregator(job_id="42", nproc_per_node=1)
+    forged = "node1\nTraceML summary: run FORGED"
+    peer = NodePeer(a.port, 0, job="42", host=forged)
+    assert peer.welcomed, peer.reply
+    peer.join(0)
+    peer.steps(0, 30)
+    peer.rank_bye(0)
+    peer.gone(0)
+    peer.bye()
+    res = a.finish(0)
+    doc = json.loads(Path(res.summary_json).read_text())
+    text = Path(res.summary_txt).read_text()
+    assert "FORGED" not in json.dumps(doc) and "FORGED" not in text
+    host = doc["topology"]["nodes"][0]["hostname"] or ""
+    assert "\n" not in host and host != forged, doc["topology"]["nodes"][0]   # not known from it: the launcher's

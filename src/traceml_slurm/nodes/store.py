@@ -50,7 +50,7 @@ SCHEMA_VERSION = 2
 _MIGRATE = {"1": ("ALTER TABLE observations ADD COLUMN ranks TEXT NOT NULL DEFAULT ''",
                   "ALTER TABLE observations ADD COLUMN work TEXT NOT NULL DEFAULT ''")}
 #: seconds the summary's read waits for another job's transaction (the summary waits on it)
-READ_WAIT_S = 0.5
+READ_WAIT_S = 0.2
 #: seconds adding a record waits for another job's transaction (after the summary is written)
 WRITE_WAIT_S = 2.0
 #: records older than this are deleted (the health rule ages evidence out much earlier)
