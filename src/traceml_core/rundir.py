@@ -346,11 +346,12 @@ def foreign_checkpoint(doc: dict[str, Any], settings: Any) -> Optional[str]:
         f" (run {theirs.get('run_name')!r}, id {theirs.get('run_id') or 'unknown'})"
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
+def load_checkpoint(path: Path, *, owned: bool = True) -> dict[str, Any]:
     """The checkpoint document; raises ValueError with a readable reason when it is not one (not
-    a regular file of this user's, a link, too large: :func:`traceml_core.safeio.read_file`)."""
+    a regular file of this user's, a link, too large: :func:`traceml_core.safeio.read_file`).
+    ``owned=False``: another user's may be read (a test that forges one from it)."""
     try:
-        raw = read_file(path, MAX_CHECKPOINT_BYTES)
+        raw = read_file(path, MAX_CHECKPOINT_BYTES, owned=owned)
     except UnsafeFileError as exc:
         raise ValueError(exc.strerror) from None
     try:
