@@ -128,30 +128,29 @@ def make_fallback(run_name: str) -> tuple[Path, Optional[str]]:
         return fresh, f"{exc}, so a fresh private directory is used"
 
 
-def private_places() -> list[tuple[Path, Optional[str]]]:
-    """Where a private file of this user's may go, best first: ``$TMPDIR/traceml-<uid>``, else
-    (refused: someone else made it) a fresh private directory in ``$TMPDIR``, else
-    ``~/.cache/traceml``; each with the note that says why an earlier one was not used. Made
-    lazily: iterate and take the first that can be made (:func:`make_private`)."""
-    return [(fallback_root(), None), (Path(tempfile.gettempdir()), "fresh"),
-            (Path(os.path.expanduser("~")) / ".cache" / "traceml", None)]
-
-
 def make_private() -> tuple[Path, Optional[str]]:
-    """A directory only this user can use (0700, never a link, never another user's), and why
-    the usual one was not used (None when it was); ``OSError`` when none can be made."""
+    """A directory only this user can use (0700, never a link, never another user's) for a
+    private file (the dashboard's token): ``$TMPDIR/traceml-<uid>``, else (someone else made it)
+    a fresh one in ``$TMPDIR``, else ``~/.cache/traceml``; and why the usual one was not used
+    (None when it was). ``OSError`` naming each place when none can be made."""
+    def home_cache() -> Path:
+        d = Path(os.path.expanduser("~")) / ".cache" / "traceml"
+        d.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(d)
+        return d
+
+    def usual() -> Path:
+        private_dir(fallback_root())
+        return fallback_root()
+
     why: list[str] = []
-    for place, how in private_places():
+    for make in (usual, lambda: Path(tempfile.mkdtemp(prefix=f"traceml-{os.getuid()}-")), home_cache):
         try:
-            if how == "fresh":
-                made = Path(tempfile.mkdtemp(prefix=f"traceml-{os.getuid()}-", dir=place))
-            else:
-                place.parent.mkdir(parents=True, exist_ok=True)
-                private_dir(place)
-                made = place
-            return made, ("; ".join(why) + f", so {made} is used") if why else None
+            made = make()
         except OSError as exc:
-            why.append(str(exc) if isinstance(exc, UnsafeDirError) else f"{place}: {exc.strerror or exc}")
+            why.append(str(exc) if isinstance(exc, UnsafeDirError) else (exc.strerror or str(exc)))
+            continue
+        return made, ("; ".join(why) + f", so {made} is used") if why else None
     raise OSError(0, "; ".join(why))
 
 
