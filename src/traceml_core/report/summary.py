@@ -168,7 +168,8 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
         for w in rep.workers:
             # Python's error of a worker that failed comes with torchrun's record of it
             workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
-                                         message=w.message or None, traceback=w.traceback or None)
+                                         message=w.message or None, traceback=w.traceback or None,
+                                         stderr=w.stderr or None)
         if rep.has_oom:
             oom[node] = rep.oom
     return workers, oom
@@ -256,7 +257,8 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         steps=r.received, steady_steps=r.phase("step_ns").steady_count, last_step=r.last_step,
         steps_produced=bye.steps if bye else None, fail_step=bye.fail_step if bye else None,
         fail_in_step=bool(bye and bye.fail_in_step),
-        failed_at=_failed_at(r, status), exit=exit_,
+        failed_at=_failed_at(r, status),
+        ended_at=(r.bye.at if r.bye is not None and r.bye.at is not None else r.closed_at), exit=exit_,
         phases=phases,
         outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
         comm=_comm(r, phases),
