@@ -53,7 +53,7 @@ from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised
                          recorded_error, split_exception, traceback_of)
 
 __all__ = ["classify", "describe", "diagnose", "did_not_start", "consequence_of", "raised_where",
-           "split_exception", "left_early"]
+           "split_exception", "left_early", "failure_began"]
 
 #: what the user does about a collective mismatch
 MISMATCH_ADVICE = ("make every rank call the same collectives in the same order and with the same sizes: "
@@ -237,7 +237,7 @@ def _describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) ->
         return (f"{who} was killed by {c['signal']}{_sp(c['step_words'])}{extra}",
                 f"rank {r} was killed by {c['signal']}{_sp(c['step_short'])}")
     if c["cause"] == "exit":
-        said = f': "{c["said"]}"' if c.get("said") else ""
+        said = f' after printing "{c["said"]}"' if c.get("said") else ""
         return (f"{who} exited with {c['message']}{_sp(c['step_words'])}{said}",
                 f"rank {r} exited with {c['message']}{_sp(c['step_short'])}{said}")
     if c["cause"] == "interrupted":
@@ -396,6 +396,15 @@ def _left_early_verdict(leaver: RankSummary, ranks: Sequence[RankSummary], faile
             "reason": (f"rank {leaver.rank} finished after {steps} while {still} "
                        f"{'was' if len(failed) == 1 else 'were'} still training; "
                        f"rank {follower.rank}'s error followed")}
+
+
+def failure_began(ranks: Sequence[RankSummary]) -> Optional[float]:
+    """When the run's first failure was seen (epoch seconds), None when no rank failed. What was
+    measured over a span reaching past it covers the failure's own stall (a rank waiting for a
+    dead peer, its DataLoader shut down, the process exiting): the performance verdicts must not
+    read that as the run's behaviour (summary.cpu_threads_of keeps only what came before)."""
+    return min((r.failed_at for r in ranks if r.status in FAILED_ENDINGS and r.status != "never_joined"
+                and r.failed_at is not None), default=None)
 
 
 def _node_verdict(nf: NodeFailure, failed: Sequence[RankSummary], causes: dict[int, dict[str, Any]],
