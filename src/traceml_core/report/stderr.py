@@ -58,12 +58,13 @@ _LIBRARIES = [(lib, re.compile(who), [(kind, re.compile(p)) for kind, p in kinds
               for lib, who, kinds in LIBRARY_MESSAGES]
 
 #: decorations around a library's sentence that say nothing to the user: torch's rank prefix, the
-#: C++ runtime's words for an uncaught exception, source locations of the library's build, log
+#: C++ runtime's words for an uncaught exception, the Python exception type carrying it, source locations of the library's build, log
 #: prefixes (glog's ``E1207 13:32:28.511000 9479 file.cpp:12]``)
 _NOISE = [re.compile(p) for p in (
     r"^\s*\[(default|rank)\d+\]:\s*",
     r"^\s*terminate called after throwing an instance of '[^']*'\s*",
     r"^\s*what\(\):\s*",
+    r"^\s*[\w.]*(Error|Exception):\s*",
     r"^\s*\[?[EWI]\d{4} [\d:.]+ \d+ [^\]]*\]\s*",
     r"\[(enforce fail at )?[^\]\s]*\.(cc|cpp|cu|c|h|hpp):\d+\]\s*",
     r"\s*GLHF!.*$",
