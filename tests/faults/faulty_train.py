@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import traceml_core as traceml
 
 FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective",
-          "hang-in-loader", "leave", "mismatch")
+          "hang-in-loader", "hold-gil", "leave", "mismatch")
 
 
 class StuckDataset(torch.utils.data.Dataset):
@@ -55,6 +55,8 @@ def main() -> int:
                          "the records it produced reach the network")
     ap.add_argument("--pause-at", type=int, default=-1, help="every rank pauses before this step")
     ap.add_argument("--pause-s", type=float, default=0.0, help="... for this long (an evaluation)")
+    ap.add_argument("--stop-file", default="",
+                    help="train until this file exists (every rank stops at the same step)")
     args = ap.parse_args()
 
     # the truth the tests check the summary against; unset, it goes nowhere (it used to land in
@@ -80,6 +82,12 @@ def main() -> int:
     gen = torch.Generator().manual_seed(1234 + rank)
 
     for step in range(args.steps):
+        if args.stop_file:
+            stop = torch.tensor([float(os.path.exists(args.stop_file))])
+            if world > 1:
+                dist.all_reduce(stop)
+            if stop.item():
+                break
         if args.fault != "none" and rank == args.fault_rank and step == args.fault_step:
             time.sleep(args.settle)
             out.write(f"sent {traceml.stats().get('sent', 0)}\n")
@@ -112,6 +120,12 @@ def main() -> int:
                 # a collective only this rank calls (a metric reduced on rank 0 alone): gloo pairs
                 # it with the others' next gradient all-reduce, sees the sizes differ and aborts
                 dist.all_reduce(torch.ones(3))
+            if args.fault == "hold-gil":
+                # C code that keeps the GIL while it waits (ctypes.PyDLL does not release it):
+                # no other thread of the rank runs Python, not even TraceML's client
+                import ctypes
+
+                ctypes.PyDLL(None).sleep(3600)
             if args.fault == "hang-in-loader":
                 # the batch never comes: the main thread waits in the DataLoader for good, and
                 # the others wait for it in the next step's gradient all-reduce

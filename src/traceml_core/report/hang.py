@@ -1,9 +1,10 @@
 """The hang autopsy: where is each rank stuck, and which one never arrived?
 
 A pure function of what node 0 collected when no rank had completed a step for the threshold:
-per rank its faulthandler dump (every thread's Python stack, taken from inside a signal handler,
-so it is there even when the main thread is blocked in C), what its still-running interpreter said
-(the collective it launched and that has not completed, from the SDK's communication timing), and
+per rank what its interpreter said (every thread's Python stack, read on its client thread while
+the main thread waits in C with the GIL released, as collectives, loaders and sleeps do; and the
+collective it launched and that has not completed, from the SDK's communication timing), what
+its node's relay read of its process from the kernel (stopped, gone, its CPU time and I/O), and
 its step count. No I/O; the launcher prints :func:`render` at once and the summary keeps the
 report (``hang``) and its verdict.
 
@@ -69,24 +70,29 @@ class Thread:
     ident: str
     current: bool
     frames: list[Frame] = field(default_factory=list)  # innermost first
+    name: Optional[str] = None
 
     @property
     def is_main(self) -> bool:
+        if self.name is not None:
+            return self.name == "MainThread"
         return bool(self.frames) and (self.frames[-1].func == "<module>"
                                       or self.frames[-1].func == "_run_module_as_main")
 
     @property
     def is_traceml(self) -> bool:
-        return any(f.traceml for f in self.frames) and not self.is_main
+        return ((self.name or "").startswith("traceml-") or any(f.traceml for f in self.frames)) \
+            and not self.is_main
 
 
 def parse(text: str) -> list[Thread]:
-    """faulthandler's dump -> threads (innermost frame first)."""
+    """A stack text in faulthandler's layout (sdk/stackdump.py writes it) -> threads (innermost
+    frame first)."""
     threads: list[Thread] = []
     for line in text.splitlines():
         m = _THREAD_RE.match(line)
         if m:
-            threads.append(Thread(m.group(2), m.group(1).startswith("Current")))
+            threads.append(Thread(m.group(2), m.group(1).startswith("Current"), name=m.group("name")))
             continue
         f = _FRAME_RE.match(line)
         if f and threads:
@@ -167,19 +173,44 @@ class RankAutopsy:
         return dict(self.__dict__)
 
 
-def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[str, Any]],
-                 snapshot: Optional[dict[str, Any]], world: int, step: Optional[int]) -> RankAutopsy:
-    text = (dump or {}).get("text") or ""
+#: why a stopped rank has no stack
+STOPPED = ("its process is stopped (state T: SIGSTOP, Ctrl-Z, or a debugger holds it), so it runs "
+           "nothing, not even the answer")
+
+
+def no_answer(proc: Optional[dict[str, Any]], waited_s: float) -> str:
+    """Why a rank's interpreter told nothing, from what its relay read of the process."""
+    if proc is None:
+        return f"neither the rank nor its node's relay answered within {waited_s:.0f} s"
+    if proc.get("gone"):
+        return "its process is gone"
+    if proc.get("state") in ("T", "t"):
+        return STOPPED
+    kernel = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (D)"}.get(
+        str(proc.get("state")), f"state {proc.get('state')}")
+    if proc.get("wchan"):
+        kernel += f" in {proc['wchan']}"
+    return (f"its interpreter did not answer within {waited_s:.0f} s (C code holding the GIL, or "
+            f"the process is overloaded); the kernel says its main thread is {kernel}")
+
+
+def analyse_rank(rank: int, node: Optional[int], host: str, proc: Optional[dict[str, Any]],
+                 snapshot: Optional[dict[str, Any]], world: int, step: Optional[int],
+                 waited_s: float = 6.0) -> RankAutopsy:
+    text = (snapshot or {}).get("text") or ""
     threads = parse(text)
     main = main_thread(threads)
     inflight = (snapshot or {}).get("in_flight")
     if snapshot and snapshot.get("step") is not None:
         step = snapshot["step"]
+    if proc is not None and proc.get("state") in ("T", "t"):
+        main = None    # an answer from before it stopped does not say where it is now
     if main is None:
-        coll = inflight.get("op") if isinstance(inflight, dict) else None
-        state = "collective" if coll else "stopped" if (dump or {}).get("stopped") else "no_dump"
-        return RankAutopsy(rank, node, host, state, coll, None, [],
-                           0, inflight, step, (dump or {}).get("error") or "no stack dump")
+        coll = inflight.get("op") if isinstance(inflight, dict) and snapshot else None
+        halted = proc is not None and proc.get("state") in ("T", "t")
+        state = "stopped" if halted else "collective" if coll else "no_dump"
+        return RankAutopsy(rank, node, host, state, None if halted else coll, None, [],
+                           0, inflight, step, no_answer(proc, waited_s))
     coll = _collective(main.frames, world)
     if isinstance(inflight, dict) and inflight.get("op"):
         # the SDK saw this collective launched and not completed: it names it exactly
@@ -315,10 +346,12 @@ class _Obj:
 
 def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, threshold_s: float,
           threshold_source: str, at: float) -> dict[str, Any]:
-    """The report from what was collected: ``ranks_in`` rows ``{rank, node, host, dump, snapshot,
-    step}`` (``dump``: ``{"text","ok","error"}`` from the node's collector)."""
-    autopsies = [analyse_rank(int(r["rank"]), r.get("node"), r.get("host") or "", r.get("dump"),
-                              r.get("snapshot"), world, r.get("step")) for r in ranks_in]
+    """The report from what was collected: ``ranks_in`` rows ``{rank, node, host, proc, snapshot,
+    step, waited_s}`` (``proc``: the relay's reading of the process; ``snapshot``: the rank's own
+    answer, with its stacks as ``text``)."""
+    autopsies = [analyse_rank(int(r["rank"]), r.get("node"), r.get("host") or "", r.get("proc"),
+                              r.get("snapshot"), world, r.get("step"), float(r.get("waited_s") or 6.0))
+                 for r in ranks_in]
     d = diagnose(autopsies)
     # each rank's full main-thread stack for the ranks that tell the story (the culprits and the
     # first rank of each group); the others repeat them, and a 4,096-rank report must stay small
