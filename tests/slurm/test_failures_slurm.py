@@ -18,7 +18,9 @@ GLOO_MISMATCH = "Is there a distributed collective mismatch in your code?"
 def test_a_collective_mismatch_on_node_2_is_quoted_in_the_headline(slurm_cluster, tmp_path):
     progress = tmp_path / "progress"
     progress.mkdir()
-    body = (TOKEN + f"srun --kill-on-bad-exit=1 traceml run {FAULTY} --steps 200 --step-ms 10 "
+    # (no --kill-on-bad-exit: node 0 writes the summary however long its rank takes to exit after
+    # losing its peer; with it, srun kills node 0 KillWait after node 2 failed, 5 s on this cluster)
+    body = (TOKEN + f"srun traceml run {FAULTY} --steps 200 --step-ms 10 "
             "--fault mismatch --fault-rank 1 --fault-step 30\n")
     job, state, out = slurm_cluster.run_job(body, *TWO_NODES, timeout=180,
                                             env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
@@ -37,3 +39,8 @@ def test_a_collective_mismatch_on_node_2_is_quoted_in_the_headline(slurm_cluster
     assert "Verdict: RUN-FAILED (critical): rank 1 (node 1, node2) was killed by SIGABRT" in out
     # the worker's own output still reached the job's log, unchanged
     assert "terminate called after throwing an instance of 'gloo::EnforceNotMet'" in out
+    # a mismatch is the script's: node2 gets no evidence against it in the node store
+    from traceml_core.report.document import Summary
+    from traceml_core.report.nodeevidence import run_evidence
+
+    assert not [o for o in run_evidence(Summary.from_json(data)).observations if o.kind == "failure"]

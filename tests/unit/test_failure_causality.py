@@ -201,3 +201,23 @@ def test_a_failure_does_not_become_the_input_verdicts_cpu_evidence():
         assert "storage, the network" not in v["why"], v["why"]
         if v["kind"] == "input_bound":
             assert v["evidence"]["cpu"] is None, v["evidence"]   # not measured, never a wrong figure
+
+
+def test_recorded_runs_read_whole_and_blame_no_host():
+    """Whole summaries of two recorded real runs (tests/fixtures/failures: early_exit.py, rank 0
+    out of data after 150 steps; mismatch.py, rank 0's extra all_reduce at step 40, with its
+    stderr as `traceml run` kept it): the headline, and no evidence against the host in the node
+    store (a collective mismatch and a rank that finished early follow the script, not the node)."""
+    from traceml_core.report.document import Summary
+    from traceml_core.report.nodeevidence import run_evidence
+
+    left = _summary("left_early.state")
+    v = left["verdict"]
+    assert v["evidence"]["cause"] == "left_early" and v["culprit"]["rank"] == 0, v
+    assert v["evidence"]["where"] == "early_exit.py:20 in main", v["evidence"]
+    mism = _summary("mismatch.state")
+    v = mism["verdict"]
+    assert v["evidence"]["cause"] == "collective_mismatch" and GLOO_MISMATCH in v["why"], v
+    for s in (left, mism):
+        failures = [o for o in run_evidence(Summary.from_json(s)).observations if o.kind == "failure"]
+        assert failures == [], failures

@@ -32,8 +32,11 @@ from .stats import median
 from .thresholds import MIN_STEPS, PROBE_SLOW_FRACTION
 from .verdicts import own_time
 
-#: failure causes that are the script's own (report/failure.py: classify), not evidence of a node
-SCRIPT_CAUSES = frozenset({"exception", "exit", "interrupted", "never_joined", "unknown"})
+#: failure causes that are the script's own (report/failure.py: classify), not evidence of a node: a
+#: collective mismatch (the ranks' calls differ) and a rank that finished early (its data ran out)
+#: follow the script wherever it runs
+SCRIPT_CAUSES = frozenset({"exception", "exit", "interrupted", "never_joined", "unknown",
+                           "collective_mismatch", "left_early"})
 #: signals a user or the scheduler sends to stop a run
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"})
 
