@@ -87,6 +87,12 @@ def test_the_libraries_own_sentences_are_read_with_their_kind():
     mpi = library_message(MPI_TRUNCATE)
     assert (mpi.library, mpi.kind) == ("MPI", "mismatch") and "MPI_ERR_TRUNCATE" in mpi.text
     assert library_message(ARGPARSE) is None and library_message("") is None
+    # a library's warnings and notes are no failure (each real, from torch 2.13's logs)
+    chatter = ("[W1207 13:57:39.307840119 socket.cpp:207] [c10d] The hostname of the client socket cannot "
+               "be retrieved. err=-3\n"
+               "[rank0]:[W1207 ProcessGroupNCCL.cpp:1234] Warning: TORCH_NCCL_AVOID_RECORD_STREAMS is the default\n"
+               "node1:123:456 [0] NCCL INFO Bootstrap : Using eth0:10.0.0.1<0>\n")
+    assert library_message(chatter) is None
     # a mismatch is the ranks' own doing, never a lost peer, whatever error type carries it
     assert consequence_of("torch.distributed.DistBackendError: " + MISMATCH_STDERR.splitlines()[-1]) is None
     assert consequence_of(LOST_PEER) == "gloo lost the connection to a peer"

@@ -34,12 +34,14 @@ KIND_WORDS = {"mismatch": "a collective mismatch (the ranks called different col
               "closed": "a lost connection to a peer"}
 
 #: (library, how a line of that library is recognised, ((kind, pattern), ...)); the first kind
-#: whose pattern matches a line of the library is its kind, else ``error``
+#: whose pattern matches a line of the library is its kind; a line of the library that matches
+#: none (a warning, a note) is not a message
 LIBRARY_MESSAGES: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
     ("gloo", r"gloo",
      (("mismatch", r"collective mismatch|size doesn't match|does not match|mismatch"),
       ("timeout", r"[Tt]imed? ?out"),
-      ("closed", r"Connection (closed|reset)|Broken pipe|Read error|Write error|peer"))),
+      ("closed", r"Connection (closed|reset)|Broken pipe|Read error|Write error|peer"),
+      ("error", r"EnforceNotMet|enforce fail|[Ee]rror"))),
     ("NCCL", r"NCCL|nccl",
      (("mismatch", r"mismatch"),
       ("timeout", r"[Tt]imed? ?out|Timeout\(ms\)|ran for \d+ milliseconds"),
@@ -107,10 +109,17 @@ def clean(line: str) -> str:
     return text if len(text) <= QUOTE_MAX else text[:QUOTE_MAX - 3].rstrip() + "..."
 
 
+#: a library's warnings (c10d's ``[W socket.cpp:207] ...``, ``Warning: TORCH_NCCL_...``) are no failure
+_WARNING = re.compile(r"^\s*(\[(default|rank)\d+\]:)?\s*\[W[\d ]|Warning:|UserWarning")
+
+
 def _library_of(line: str) -> Optional[tuple[str, str]]:
+    if _WARNING.search(line):
+        return None
     for lib, who, kinds in _LIBRARIES:
         if who.search(line):
-            return lib, next((kind for kind, rx in kinds if rx.search(line)), "error")
+            kind = next((kind for kind, rx in kinds if rx.search(line)), None)
+            return (lib, kind) if kind is not None else None
     return None
 
 
