@@ -2,7 +2,7 @@
 2, calls one all_reduce the other rank does not (a collective mismatch); gloo aborts it from native
 code. Its last stderr lines travel with node 2's worker report to node 0, so the headline names
 rank 1 on node2 and quotes gloo's own sentence, not "a segfault"; rank 0 on node1 lost its peer.
-(Single-node cases, and the rank that finished early: tests/faults/test_failure_causality.py.)
+(Single-node cases, and the rank that finished early: tests/faults/test_failure_runs.py.)
 """
 
 from __future__ import annotations

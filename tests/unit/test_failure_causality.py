@@ -2,7 +2,7 @@
 library's line means, where an error was raised, and what the performance verdicts may read of a
 run that failed. The texts are what real runs wrote (2 gloo ranks under ``traceml run``, torch
 2.13): rank 1's traceback after its peer ended cleanly, rank 0's stderr when gloo aborted it on
-a collective mismatch, an argparse exit. End to end: tests/faults/test_failure_causality.py.
+a collective mismatch, an argparse exit. End to end: tests/faults/test_failure_runs.py.
 """
 
 from __future__ import annotations
