@@ -203,17 +203,17 @@ class StderrTees:
             return False
         tees = self
 
-        def _popen(handler: Any, args: Any, env: Any) -> Any:
+        def _popen(handler: Any, *args: Any, **kwargs: Any) -> Any:
             # torchrun redirects it itself (--redirects, --tee): leave it so
             if getattr(handler, "_stderr", False) is not None:
-                return original(handler, args, env)
+                return original(handler, *args, **kwargs)
             try:
                 tee = WorkerStderr(tees.dest)
             except OSError:
-                return original(handler, args, env)
+                return original(handler, *args, **kwargs)
             handler._stderr = tee.writer
             try:
-                proc = original(handler, args, env)
+                proc = original(handler, *args, **kwargs)
             except BaseException:
                 handler._stderr = None
                 tee.failed_to_start()
