@@ -26,7 +26,6 @@ wraps to pass the pipe as the worker's stderr when torchrun itself does not redi
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from collections import deque
@@ -133,24 +132,27 @@ class WorkerStderr:
         self.done.set()
 
     def _copy(self) -> None:
-        writing = True
+        """Copy until the worker's end of the stream closes. Nothing here may stop the reading
+        while the worker lives (its writes would then fail or block): a destination that fails
+        stops the writing, a tail that fails stops the keeping, the reading goes on."""
+        writing = keeping = True
         try:
             while True:
                 try:
                     data = os.read(self.read_fd, 65536)
                 except InterruptedError:
                     continue
-                except OSError as exc:   # EIO: a pseudo-terminal whose last writer closed it
-                    if exc.errno != errno.EIO:
-                        raise
+                except OSError:   # EIO: a pseudo-terminal whose last writer closed it
                     break
                 if not data:
                     break
                 if writing:
                     writing = _write_all(self.dest, data)
-                self.tail.feed(data)
-        except Exception:   # noqa: BLE001 - the copy must never take the worker's stderr down
-            pass
+                if keeping:
+                    try:
+                        self.tail.feed(data)
+                    except Exception:  # noqa: BLE001
+                        keeping = False
         finally:
             try:
                 os.close(self.read_fd)
