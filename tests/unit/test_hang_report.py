@@ -50,3 +50,13 @@ def test_an_answer_from_before_a_rank_stopped_is_not_where_it_is():
     assert h["ranks"][3]["state"] == "stopped" and h["ranks"][3]["error"] == STOPPED
     assert h["culprits"] == [3]
 
+
+
+def test_a_rank_nothing_was_heard_from_is_unreachable_not_a_rank_that_never_arrived():
+    """Node 2's link is down: neither rank 3 nor its relay answers (benchmarks/hang_latency.py,
+    link-cut)."""
+    h = _report({})
+    assert h["ranks"][3]["state"] == "unreachable" and h["culprits"] == [3]
+    assert h["finding"] == ("ranks 0-2 wait in the gradient all-reduce (DDP backward); nothing was heard "
+                            "from rank 3 (node 1, n1): neither the rank nor its node's relay answered, so "
+                            "its node or its network link may be down"), h["finding"]

@@ -35,6 +35,8 @@ class Autopsy:
     threshold_s: float
     threshold_source: str
     records_at: int
+    #: a reading of the hang detection (aggregator/hangwatch.py), not a report asked for
+    reading: bool = False
     started: float = field(default_factory=time.monotonic)
     #: what each rank's relay read of its process (``source`` relay)
     procs: dict[int, dict[str, Any]] = field(default_factory=dict)

@@ -68,6 +68,9 @@ class AggregatorSettings(BaseModel):
     export: list[str] = Field(default_factory=list)
     #: seconds between live exports (traceml_core/exporters)
     export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
+    #: ``--hang-report-after``: "auto", "off", or seconds (aggregator/hangwatch.py: the backstop;
+    #: "off" turns hang detection off)
+    hang_report_after: str = Field("auto", max_length=32)
     #: the cluster plugin of the launch (``slurm``; ``none``/empty: none): the final summary hands
     #: it the run's node evidence and shows its lines for the next job (report/nextjob.py)
     cluster: str = Field("", max_length=64)

@@ -160,7 +160,9 @@ class RankAutopsy:
     rank: int
     node: Optional[int]
     host: str
-    state: str                 # "collective", "dataloader", "running", "stopped", "no_dump"
+    #: "collective", "dataloader", "running", "stopped", "gone", "no_dump" (its relay answered,
+    #: its interpreter did not), "unreachable" (neither answered)
+    state: str
     collective: Optional[str]  # op name, "ddp_backward", ... (None when not in one)
     where: Optional[str]       # innermost user frame of the main thread
     stack: list[str]           # the main thread's frames, innermost first (short form)
@@ -168,9 +170,27 @@ class RankAutopsy:
     in_flight: Optional[dict[str, Any]]
     step: Optional[int]
     error: Optional[str]
+    #: the progress counters of this reading (cumulative; report/hangstate.py compares two):
+    #: collectives the SDK saw launched, and what the relay read of the process
+    launched: Optional[int] = None
+    main_cpu_ns: Optional[int] = None
+    children_cpu_ns: Optional[int] = None
+    proc_cpu_ns: Optional[int] = None
+    io_bytes: Optional[int] = None
+    #: when the relay read the process (its node's monotonic clock, ns)
+    at_ns: Optional[int] = None
 
     def to_data(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def _counters(a: RankAutopsy, proc: Optional[dict[str, Any]], snapshot: Optional[dict[str, Any]]) -> RankAutopsy:
+    if snapshot:
+        a.launched = snapshot.get("launched")
+    if proc:
+        a.main_cpu_ns, a.children_cpu_ns = proc.get("main_cpu_ns"), proc.get("children_cpu_ns")
+        a.proc_cpu_ns, a.io_bytes, a.at_ns = proc.get("proc_cpu_ns"), proc.get("io_bytes"), proc.get("at_ns")
+    return a
 
 
 #: why a stopped rank has no stack
@@ -208,9 +228,10 @@ def analyse_rank(rank: int, node: Optional[int], host: str, proc: Optional[dict[
     if main is None:
         coll = inflight.get("op") if isinstance(inflight, dict) and snapshot else None
         halted = proc is not None and proc.get("state") in ("T", "t")
-        state = "stopped" if halted else "collective" if coll else "no_dump"
-        return RankAutopsy(rank, node, host, state, None if halted else coll, None, [],
-                           0, inflight, step, no_answer(proc, waited_s))
+        state = "stopped" if halted else "gone" if proc is not None and proc.get("gone") else \
+            "collective" if coll else "unreachable" if proc is None and not snapshot else "no_dump"
+        return _counters(RankAutopsy(rank, node, host, state, None if halted else coll, None, [],
+                                     0, inflight, step, no_answer(proc, waited_s)), proc, snapshot)
     coll = _collective(main.frames, world)
     if isinstance(inflight, dict) and inflight.get("op"):
         # the SDK saw this collective launched and not completed: it names it exactly
@@ -220,9 +241,10 @@ def analyse_rank(rank: int, node: Optional[int], host: str, proc: Optional[dict[
     user = [f for f in frames if f.user]
     where = (user[0] if user else frames[0]).short if frames else None
     state = "dataloader" if coll == "dataloader" else ("collective" if coll else "running")
-    return RankAutopsy(rank, node, host, state, None if coll == "dataloader" else coll, where,
-                       [f.short for f in frames[:STACK_LINES]],
-                       sum(1 for t in threads if not t.is_traceml), inflight, step, None)
+    return _counters(RankAutopsy(rank, node, host, state, None if coll == "dataloader" else coll, where,
+                                 [f.short for f in frames[:STACK_LINES]],
+                                 sum(1 for t in threads if not t.is_traceml), inflight, step, None),
+                     proc, snapshot)
 
 
 def _nodes(items: Sequence[Any], inline: bool = False) -> str:
@@ -284,16 +306,24 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         finding = ("no rank is in a collective: " + "; ".join(
             f"{ranks_phrase([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
     elif waiting:
-        # every stack read waits in one collective; the ranks without one are not in it
-        absent = [a for a in ranks if a.state == "no_dump"]
+        # every stack read waits in one collective; the ranks without one are not in it, or
+        # could not be reached at all (their node or its link is down)
+        absent = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
         culprits = absent
-        finding = (f"{ranks_phrase([a.rank for a in waiting])} wait in {colls[0]}; "
-                   f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
-                   "never arrived at it, and no stack could be read from "
-                   + ("it" if len(absent) == 1 else "them"))
+        verb = "waits" if len(waiting) == 1 else "wait"
+        if all(a.state == "unreachable" for a in absent):
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; nothing was heard "
+                       f"from {ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}): "
+                       "neither the rank nor its node's relay answered, so its node or its network link "
+                       "may be down")
+        else:
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; "
+                       f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
+                       "never arrived at it, and no stack could be read from "
+                       + ("it" if len(absent) == 1 else "them"))
     else:
         finding = "no rank's stack could be read"
-    missing = [a for a in ranks if a.state == "no_dump"]
+    missing = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
     if missing and culprits != missing:
         finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}" + (
             f" ({missing[0].error})" if missing[0].error and len({a.error for a in missing}) == 1 else "")
@@ -311,19 +341,17 @@ def _by_where(items: Sequence[RankAutopsy]) -> list[list[RankAutopsy]]:
 
 def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8) -> list[str]:
     """The report as log lines (also the summary text's hang section)."""
-    lines = [f"hang report: no rank completed a step for {report['silent_s']:.0f} s "
-             f"(threshold {report['threshold_s']:.0f} s: {report['threshold_source']}); "
-             + report["finding"]]
+    lines = [f"hang report: {because(report)}; " + report["finding"]]
     by_rank = {a["rank"]: a for a in report["ranks"]}
     for g in report["groups"][:max_groups]:
         a = by_rank[g["ranks"][0]]
         what = words(g["collective"]) if g["state"] == "collective" else (
             "waiting for a DataLoader batch" if g["state"] == "dataloader" else
-            "no stack (" + (a.get("error") or "?") + ")" if g["state"] == "no_dump" else
+            "no stack (" + (a.get("error") or "?") + ")" if g["state"] in ("no_dump", "gone", "unreachable") else
             "stopped: it runs nothing (SIGSTOP, Ctrl-Z, or a debugger)" if g["state"] == "stopped"
             else "not in a collective")
         at = f" at {a['where']}" if a.get("where") else ""
-        step = f", step {a['step']}" if a.get("step") is not None else ""
+        step = f", step {a['step']}" if a.get("step") is not None and g["state"] != "unreachable" else ""
         mark = ""
         if a["rank"] in report["culprits"]:
             mark = "  <- never arrived" if g["state"] != "collective" else "  <- differs from the others"
@@ -337,6 +365,19 @@ def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8)
             lines.append(f"  rank {r}'s main thread (innermost first):")
             lines += [f"    {s}" for s in a["stack"][:stack_lines]]
     return lines
+
+
+def because(report: dict[str, Any]) -> str:
+    """Why the report was made: the rule that fired (aggregator/hangwatch.py), or the threshold
+    of an older report or of a report asked for (``--hang-timeout``)."""
+    rule = report.get("rule") or {}
+    silent = f"no rank completed a step for {report['silent_s']:.0f} s"
+    if rule.get("kind") == "state":
+        return f"{silent}, and {rule.get('because')} (decided by the ranks' state)"
+    if rule.get("kind") == "time":
+        return (f"{silent} (the backstop: {report['threshold_source']}; no rank was seen working, "
+                "but the ranks' state could not decide)")
+    return f"{silent} (threshold {report['threshold_s']:.0f} s: {report['threshold_source']})"
 
 
 class _Obj:
@@ -371,7 +412,11 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
     if a is not None:
         culprit = {"rank": a["rank"], "node": a["node"], "host": a["host"] or None}
     if ended_hung:
-        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more; "
+        how = ""
+        if report.rule and report.detect_s is not None:
+            how = (f" (named {report.detect_s:.0f} s after the last step, by "
+                   + ("the ranks' state" if report.rule.get("kind") == "state" else "the time backstop") + ")")
+        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more{how}; "
                + report.finding)
         nxt = ("look at the stacks in final_summary.json (hang.ranks[].stack): the rank that never "
                "arrived is stuck in its own code (a deadlock, an uneven loop, a rank-dependent "
@@ -392,6 +437,7 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,
             "evidence": {"silent_s": report.silent_s, "threshold_s": report.threshold_s,
+                         "rule": report.rule, "detect_s": report.detect_s,
                          "stall_s": report.stall_s, "culprits": report.culprits, "groups": report.groups}}
 
 
