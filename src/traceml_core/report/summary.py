@@ -30,7 +30,7 @@ from .goodput.ledger import AttemptLedger, Ledger
 from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
-from .failure import diagnose, did_not_start
+from .failure import diagnose, did_not_start, failure_began
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
                        SystemNode, Telemetry, TopoNode, Topology, Verdict)
@@ -84,7 +84,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
-        cpu_threads=cpu_threads_of(data.ranks)))
+        # what a rank measured across the run's failure covers the stall it caused (report/failure.py)
+        cpu_threads=cpu_threads_of(data.ranks, before=failure_began(rows.ranks))))
     try:
         ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
         ledger_note = ""
@@ -168,7 +169,8 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
         for w in rep.workers:
             # Python's error of a worker that failed comes with torchrun's record of it
             workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
-                                         message=w.message or None, traceback=w.traceback or None)
+                                         message=w.message or None, traceback=w.traceback or None,
+                                         stderr=w.stderr or None)
         if rep.has_oom:
             oom[node] = rep.oom
     return workers, oom
@@ -256,7 +258,8 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         steps=r.received, steady_steps=r.phase("step_ns").steady_count, last_step=r.last_step,
         steps_produced=bye.steps if bye else None, fail_step=bye.fail_step if bye else None,
         fail_in_step=bool(bye and bye.fail_in_step),
-        failed_at=_failed_at(r, status), exit=exit_,
+        failed_at=_failed_at(r, status),
+        ended_at=(r.bye.at if r.bye is not None and r.bye.at is not None else r.closed_at), exit=exit_,
         phases=phases,
         outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
         comm=_comm(r, phases),
@@ -279,12 +282,16 @@ def _mem_peak(r: RankData) -> MemPeak:
                    trend_why=why)
 
 
-def cpu_threads_of(ranks: Sequence[RankData]) -> dict[int, CpuThreads]:
+def cpu_threads_of(ranks: Sequence[RankData], before: Optional[float] = None) -> dict[int, CpuThreads]:
     """Each rank's last ``cpu_threads`` event (sdk/threads.py): its threads, its cores and its
-    wait for a core."""
+    wait for a core; with ``before``, its last event taken before then (one taken at the rank's
+    shutdown after the run failed spans the failure: the figures per step and per second then
+    include the time the failure stalled, so only the earlier event's threads and cores count)."""
     out: dict[int, CpuThreads] = {}
     for r in ranks:
         for e in reversed(r.events):
+            if before is not None and isinstance(e.ts, (int, float)) and e.ts >= before:
+                continue
             if e.kind == THREADS_EVENT:
                 fact = CpuThreads.from_event_text(e.text)
                 if fact is not None:
