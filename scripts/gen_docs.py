@@ -5,7 +5,10 @@ Generated regions sit between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END 
 in hand-written pages; everything else in those pages is prose. Sources:
 
 - ``configuration``: ``traceml_core.options.OPTIONS`` (every flag and ``TRACEML_*`` variable, the
-  same table the CLI is built from) plus :data:`OTHER_VARIABLES` for variables that are not options;
+  same table the CLI is built from, with the outputs' rows) plus :data:`OTHER_VARIABLES` for
+  variables that are not options;
+- ``exports-table``: the output registry (``traceml_core.exporters.output``: the ``traceml.outputs``
+  entry points);
 - ``limits``: ``traceml_core.limits`` as applied by the option table and the Slurm plugin's variables;
 - ``template-options`` and ``presets``: ``traceml_slurm.template.options.TEMPLATE_OPTIONS`` and the
   shipped preset files;
@@ -40,9 +43,6 @@ OTHER_VARIABLES = {
                       "before `srun` in multi-node jobs: every node's launcher then shares it through the step's "
                       "environment. Generated jobs do this. Without it, multi-node runs derive one from a per-user secret in "
                       "`~/.traceml/secret` (needs a home directory shared by the nodes). See [Security](security.md)."),
-    "TRACEML_PROMETHEUS_DIR": ("user", "`--export prometheus`: the directory of node_exporter's textfile "
-                               "collector where node 0 writes one file per node (`{host}` in it becomes the "
-                               "node's host name). Default: `<run-dir>/prometheus`. See [Exports](exports.md)."),
     "TRACEML_NODE_STORE": ("user", "The node evidence store that every run and `traceml slurm doctor` under "
                            "Slurm add to, and `traceml slurm nodes` reads. Default: "
                            "`$XDG_CACHE_HOME/traceml/nodes.sqlite`, else `~/.cache/traceml/nodes.sqlite`. "
@@ -92,12 +92,20 @@ def configuration() -> str:
     for o in OPTIONS:
         default = o.default_doc or ("" if o.default is None else o.default)
         meta = f" {o.metavar}" if o.metavar else ""
-        lines.append(f"| `{o.flag}{meta}` | `{o.env}` | {_cell(default)} | {_cell(o.help)} |")
+        env = f"`{o.env}`" + (f", then `{o.also_env}`" if o.also_env else "")
+        lines.append(f"| `{o.flag}{meta}` | {env} | {_cell(default)} | {_cell(o.help)} |")
     lines += ["", "Variables that are not launch options:", "", "| Variable | Who sets it | Meaning |",
               "| --- | --- | --- |"]
     for name, (who, text) in sorted(OTHER_VARIABLES.items()):
         lines.append(f"| `{name}` | {who} | {_cell(text)} |")
     return "\n".join(lines) + "\n"
+
+
+def exports_table() -> str:
+    """docs/exports.md's table of kinds: the output registry (traceml.outputs entry points)."""
+    from traceml_core.exporters.output import docs_table
+
+    return docs_table()
 
 
 def limits() -> str:
@@ -277,6 +285,7 @@ GENERATORS = {
     "explicit-launch": explicit_launch,
     "torchrun-flags": torchrun_flags,
     "configuration": configuration,
+    "exports-table": exports_table,
     "limits": limits,
     "template-options": template_options,
     "presets": presets,

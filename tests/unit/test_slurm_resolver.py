@@ -127,9 +127,20 @@ def test_no_gpu_batch_shell_uses_tasks_per_node_step_uses_one_with_fix():
     c = r(env)
     assert c.nproc_per_node == 4 and any("no GPU" in w for w in c.warnings)
     c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="1"))
-    assert c.nproc_per_node == 1 and any("TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE" in w for w in c.warnings)
+    assert c.nproc_per_node == 1 and any("--nproc-per-node=N" in w for w in c.warnings)
     c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None), nproc_per_node="4")
     assert c.nproc_per_node == 4
+
+
+@pytest.mark.parametrize("given", [{"cli": {"nproc_per_node": "1"}}, {"env": {"TRACEML_NPROC_PER_NODE": "2"}}])
+def test_no_gpu_warning_when_the_worker_count_is_given(given):
+    """A generated CPU job passes --nproc-per-node: nothing was guessed, so nothing to warn about
+    (every node printed six lines of it). Batch shell and step alike."""
+    shell = dict(JOB, SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_JOB_NODELIST="gpu07", SLURM_NODEID="0",
+                 SLURMD_NODENAME="gpu07", SLURM_NTASKS_PER_NODE="4")
+    for env in (shell, step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="1")):
+        c = resolve(given.get("cli", {}), {**env, **given.get("env", {})}, SLURM)
+        assert not [w for w in c.warnings if "GPU" in w], c.warnings
 
 
 @pytest.mark.parametrize("nodelist,first,count", [

@@ -68,6 +68,9 @@ class AggregatorSettings(BaseModel):
     export: list[str] = Field(default_factory=list)
     #: seconds between live exports (traceml_core/exporters)
     export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
+    #: the outputs' settings, by option key (exporters/output.py: each output's option rows, as
+    #: the launch resolved them); an output reads its own, never the environment
+    export_settings: dict[str, Any] = Field(default_factory=dict, max_length=256)
     #: the cluster plugin of the launch (``slurm``; ``none``/empty: none): the final summary hands
     #: it the run's node evidence and shows its lines for the next job (report/nextjob.py)
     cluster: str = Field("", max_length=64)
