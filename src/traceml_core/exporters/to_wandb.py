@@ -73,14 +73,14 @@ class WandbExporter:
         self._run = wandb.init(
             project=self.project, name=run.run_name, id=run.key, resume="allow",
             group=run.job_id or None, dir=run.run_dir, job_type="training",
+            config={"nnodes": run.nnodes, "nproc_per_node": run.nproc_per_node,
+                    "world_size": run.world_size, "job_id": run.job_id, "script": run.script,
+                    "hosts": list(run.hostnames), "attempt": run.attempt},
+            # a resumed run's launch may differ (a requeue on fewer nodes): the latest is kept
+            allow_val_change=True,
             settings=wandb.Settings(silent=True, console="off", x_disable_stats=True,
                                     x_disable_machine_info=True),
             reinit="create_new")
-        # on a resumed run the launch may differ (a requeue on fewer nodes): the latest is kept
-        self._run.config.update({"nnodes": run.nnodes, "nproc_per_node": run.nproc_per_node,
-                                 "world_size": run.world_size, "job_id": run.job_id, "script": run.script,
-                                 "hosts": list(run.hostnames), "attempt": run.attempt},
-                                allow_val_change=True)
         self._run.define_metric("step")
         self._run.define_metric("elapsed_s")
         self._run.define_metric("rank_*", step_metric="step")

@@ -444,11 +444,15 @@ class Timeline:
     ranks: list[RankSeries] = field(default_factory=list)
     envelope: Optional[Envelope] = None
     nodes: list[NodeSeries] = field(default_factory=list)
+    #: the run's global step of this attempt's first step (the goodput ledger's first position of
+    #: the current attempt; 0 for a first attempt): a resumed attempt's charts and exports are
+    #: drawn against the steps the ledger uses, not from 0 again
+    step_offset: int = 0
 
     def step_range(self, bucket: int) -> tuple[int, int]:
-        """The first and last step (record index) of a bucket."""
+        """The first and last step of a bucket, as the run's global steps."""
         w = max(1, self.steps_per_bucket)
-        return bucket * w, (bucket + 1) * w - 1
+        return self.step_offset + bucket * w, self.step_offset + (bucket + 1) * w - 1
 
     @classmethod
     def from_json(cls, t: Any) -> "Timeline":
@@ -456,7 +460,8 @@ class Timeline:
         return cls(t.get("steps_per_bucket") or 1, t.get("buckets") or 0, t.get("bucket_limit") or 0,
                    t.get("rank_limit") or 0, t.get("ranks_total") or 0, t.get("ranks_shown") or "all",
                    list(t.get("phases") or []), [RankSeries.from_json(r) for r in t.get("ranks") or []],
-                   Envelope.from_json(t.get("envelope")), [NodeSeries.from_json(n) for n in t.get("nodes") or []])
+                   Envelope.from_json(t.get("envelope")), [NodeSeries.from_json(n) for n in t.get("nodes") or []],
+                   int(t.get("step_offset") or 0))
 
     def to_json(self) -> J:
         return {"steps_per_bucket": self.steps_per_bucket, "buckets": self.buckets,
@@ -464,7 +469,7 @@ class Timeline:
                 "ranks_total": self.ranks_total, "ranks_shown": self.ranks_shown, "phases": self.phases,
                 "ranks": [r.to_json() for r in self.ranks],
                 "envelope": self.envelope.to_json() if self.envelope else None,
-                "nodes": [n.to_json() for n in self.nodes]}
+                "nodes": [n.to_json() for n in self.nodes], "step_offset": self.step_offset}
 
 
 @dataclass(slots=True)

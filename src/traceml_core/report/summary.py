@@ -33,7 +33,7 @@ from . import status as S
 from .failure import diagnose, did_not_start
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
-                       SystemNode, Telemetry, TopoNode, Topology, Verdict)
+                       SystemNode, Telemetry, Timeline, TopoNode, Topology, Verdict)
 from .pauses import between_steps
 from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
@@ -106,11 +106,22 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
         telemetry=telemetry_of(data, rows.ranks, rebuilt),
         compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
-        timeline=build_timeline(data, rows.ranks, verdicts[0]),
+        timeline=_global_steps(build_timeline(data, rows.ranks, verdicts[0]), ledger),
         files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
                            _restart_note(data), _refused_note(data), ledger_note) if n],
     ).to_json()
+
+
+def _global_steps(timeline: Optional[Timeline], ledger: Optional[Ledger]) -> Optional[Timeline]:
+    """The timeline against the run's global steps: a resumed attempt begins where the ledger
+    says (its current attempt's first position), so its charts and exports continue the run's
+    steps instead of starting from 0 again."""
+    current = ledger.current if ledger is not None else None
+    first = current.progress.first_position if current is not None else None
+    if timeline is not None and first:
+        timeline.step_offset = int(first)
+    return timeline
 
 
 # --- ranks ---------------------------------------------------------------------------------------
