@@ -19,6 +19,7 @@ from typing import Any, Optional
 from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
+from .runcontext import RunContext, context_from_json, context_to_json
 
 J = dict[str, Any]
 
@@ -549,6 +550,8 @@ class Summary:
     goodput: Optional[Ledger] = None
     #: lines for the next job script (report/nextjob.py); None when there are none
     next_job: Optional[NextJobSection] = None
+    #: what the run ran on (report/runcontext.py); None in older summaries
+    context: Optional[RunContext] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -586,7 +589,8 @@ class Summary:
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
             notes=list(doc.get("notes") or []), partial=doc.get("partial"),
             goodput=Ledger.from_json(doc.get("goodput")),
-            next_job=NextJobSection.from_json(doc.get("next_job")))
+            next_job=NextJobSection.from_json(doc.get("next_job")),
+            context=context_from_json(doc.get("context")))
 
     def to_json(self) -> J:
         out: J = {
@@ -612,4 +616,6 @@ class Summary:
             out["partial"] = self.partial
         if self.next_job is not None:
             out["next_job"] = self.next_job.to_json()
+        if self.context is not None:
+            out["context"] = context_to_json(self.context)
         return out
