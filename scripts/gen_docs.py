@@ -7,6 +7,7 @@ in hand-written pages; everything else in those pages is prose. Sources:
 - ``configuration``: ``traceml_core.options.OPTIONS`` (every flag and ``TRACEML_*`` variable, the
   same table the CLI is built from, with the outputs' rows) plus :data:`OTHER_VARIABLES` for
   variables that are not options;
+- ``template-signal``: the time-limit recipe the template writes (``traceml_slurm.timelimit``);
 - ``exports-table``: the output registry (``traceml_core.exporters.output``: the ``traceml.outputs``
   entry points);
 - ``limits``: ``traceml_core.limits`` as applied by the option table and the Slurm plugin's variables;
@@ -99,6 +100,21 @@ def configuration() -> str:
     for name, (who, text) in sorted(OTHER_VARIABLES.items()):
         lines.append(f"| `{name}` | {who} | {_cell(text)} |")
     return "\n".join(lines) + "\n"
+
+
+def template_signal() -> str:
+    """docs/template.md's line on the time-limit signal: the one recipe the template writes
+    (traceml_slurm.timelimit), so the prose cannot describe another way than the job does."""
+    from traceml_slurm.template.options import TEMPLATE_OPTIONS
+    from traceml_slurm.timelimit import MARGIN_S, SIGNAL
+
+    flag = next(o.flag for o in TEMPLATE_OPTIONS if o.key == "signal_margin")
+    return (f"- **A signal before the time limit** (`#SBATCH --signal={SIGNAL}@<margin>`, {MARGIN_S} s "
+            f"unless `{flag}` says otherwise): Slurm sends SIG{SIGNAL} to every task of the job's steps "
+            f"and to nothing else (no `B:`, no trap in the batch shell: signalled, `srun` would turn "
+            f"it into SIGKILL for its tasks). Each node's `traceml run` stops its workers and node 0 "
+            f"writes the summary, marked interrupted, before Slurm's SIGKILL. How and why: "
+            f"[Time limits and signals](slurm.md#time-limits-and-signals).\n")
 
 
 def exports_table() -> str:
@@ -286,6 +302,7 @@ GENERATORS = {
     "torchrun-flags": torchrun_flags,
     "configuration": configuration,
     "exports-table": exports_table,
+    "template-signal": template_signal,
     "limits": limits,
     "template-options": template_options,
     "presets": presets,

@@ -281,3 +281,33 @@ def test_non_numeric_job_id_is_refused_naming_it():
     with pytest.raises(ConfigError) as err:
         r(step(SLURM_JOB_ID="abc"))
     assert "SLURM_JOB_ID='abc'" in str(err.value) and "\n" not in str(err.value)
+
+
+# --- OMP_NUM_THREADS: the task's CPUs over its workers ---------------------------------------------
+def test_omp_threads_are_the_task_cpus_over_the_workers_with_their_source():
+    c = r(step(SLURM_CPUS_PER_TASK="16"))       # 4 GPUs: 4 workers
+    assert (c.task_cpus, c.source("task_cpus")) == (16, "slurm:SLURM_CPUS_PER_TASK")
+    assert (c.omp_threads, c.source("omp_threads")) == ("4", "derived:task_cpus/nproc_per_node")
+    # no --cpus-per-task: the job's CPUs on the node, shared by its one launcher task
+    c = r(step(SLURM_CPUS_ON_NODE="6"), nproc_per_node="4")
+    assert (c.task_cpus, c.omp_threads) == (6, "1")
+    # never below 1
+    c = r(step(SLURM_CPUS_PER_TASK="2"))
+    assert c.omp_threads == "1"
+
+
+def test_the_users_omp_num_threads_always_wins():
+    c = r(step(SLURM_CPUS_PER_TASK="16", OMP_NUM_THREADS="7"))
+    assert (c.omp_threads, c.source("omp_threads")) == ("7", "env:OMP_NUM_THREADS")
+
+
+def test_task_layout_gives_each_task_its_own_cpus():
+    env = step(SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1",
+               SLURM_NODEID="1", SLURMD_NODENAME="gpu08", SLURM_CPUS_PER_TASK="8")
+    c = r(env)
+    assert c.layout == "task" and (c.omp_threads, c.source("omp_threads")) == ("8", "derived:task_cpus")
+
+
+def test_outside_slurm_nothing_is_set():
+    c = resolve({}, {}, SLURM)
+    assert c.omp_threads is None and c.task_cpus is None
