@@ -195,10 +195,13 @@ CORE_OPTIONS: tuple[Option, ...] = (
            "above your longest pause without steps (evaluation, checkpointing); 0 = off.", "S",
            default_doc="0 (off)"),
     Option("hang_report_after", _hang_after, "auto",
-           "Write a hang report (every rank's stack, which rank never arrived at the collective the "
-           "others wait in) to the log and the summary once no rank has completed a step for this "
-           "many seconds; auto = max(60 s, 20 x the run's median step); off = never. The run "
-           "goes on (--hang-timeout decides whether to stop it).", "S|auto|off",
+           "Hang detection. Once no rank has completed a step for 5 s, node 0 looks at where every "
+           "rank is and whether it makes progress, and names a hang (every rank's stack, which rank "
+           "the others wait for) in the log and the summary when the ranks the others wait for "
+           "make none for 10 s; a rank that works (a long save or evaluation) is never a hang. "
+           "This value is the backstop for when the ranks' state cannot decide: auto = max(60 s, "
+           "20 x the run's median step); off = no hang detection. The run goes on "
+           "(--hang-timeout decides whether to stop it).", "S|auto|off",
            default_doc="auto"),
     Option("export", _exports, "none",
            "Also send the run's per-step series to other tools, from node 0's aggregator; "

@@ -672,6 +672,13 @@ class HangReport:
     #: from the last records before the stall to the first after it (None: not resolved)
     resolved_at: Optional[float] = None
     stall_s: Optional[float] = None
+    #: the rule that declared it (aggregator/hangwatch.py): ``{"kind": "state"|"time", "name",
+    #: "because"}``; None for a report asked for (``--hang-timeout``)
+    rule: Optional[dict[str, Any]] = None
+    #: when the last step records before the silence arrived (epoch s), and the seconds from
+    #: then to the declaration (the time to detect)
+    began_at: Optional[float] = None
+    detect_s: Optional[float] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "HangReport":
@@ -679,13 +686,17 @@ class HangReport:
                    d.get("threshold_s") or 0.0, str(d.get("threshold_source") or ""),
                    str(d.get("finding") or ""), list(d.get("culprits") or []),
                    list(d.get("groups") or []), list(d.get("ranks") or []),
-                   d.get("records_at") or 0, d.get("collect_s"), d.get("resolved_at"), d.get("stall_s"))
+                   d.get("records_at") or 0, d.get("collect_s"), d.get("resolved_at"), d.get("stall_s"),
+                   d.get("rule") if isinstance(d.get("rule"), dict) else None, d.get("began_at"),
+                   d.get("detect_s"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         out = {"at": self.at, "silent_s": self.silent_s, "threshold_s": self.threshold_s,
                "threshold_source": self.threshold_source, "finding": self.finding,
                "culprits": list(self.culprits), "groups": self.groups, "ranks": self.ranks,
                "records_at": self.records_at, "collect_s": self.collect_s}
+        if self.rule is not None:
+            out.update(rule=self.rule, began_at=self.began_at, detect_s=self.detect_s)
         if self.stall_s is not None:
             out.update(resolved_at=self.resolved_at, stall_s=self.stall_s)
         return out

@@ -32,8 +32,6 @@ class RunInfo:
     logs_dir: str
     #: the worker bootstrap finds steps in a script without trace_step (``--auto-steps``)
     auto_steps: bool = True
-    #: this node's private directory for the hang autopsy's stack dumps (launcher/stacks.py)
-    stack_dir: str = ""
     #: what the scheduler gave each task in CPUs (the cluster plugin's ``cpu_request``; None:
     #: not known): each rank sends it with its CPU facts (sdk/threads.py)
     cpu_request: Optional[dict] = None

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import traceml_core as traceml
 
 FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective",
-          "hang-in-loader")
+          "hang-in-loader", "hold-gil", "long-save")
 
 
 class StuckDataset(torch.utils.data.Dataset):
@@ -43,6 +43,26 @@ class StuckDataset(torch.utils.data.Dataset):
         os._exit(0)
 
 
+def busy(seconds: float, model: torch.nn.Module) -> None:
+    """Real work for ``seconds``: forward passes of a large batch (an evaluation, a compilation)."""
+    x = torch.randn(4096, 16)
+    end = time.monotonic() + seconds
+    with torch.no_grad():
+        while time.monotonic() < end:
+            model(x)
+
+
+def save_checkpoint(seconds: float, model: torch.nn.Module, where: str, rank: int) -> None:
+    """A long checkpoint save that really works for ``seconds``: serialising a large state and
+    writing it, again and again (a slow shared file system, a huge model)."""
+    state = {"model": model.state_dict(), "blob": torch.randn(1 << 20)}
+    path = os.path.join(where, f"ckpt-rank{rank}.pt")
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        torch.save(state, path)
+    os.unlink(path)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
@@ -55,6 +75,14 @@ def main() -> int:
                          "the records it produced reach the network")
     ap.add_argument("--pause-at", type=int, default=-1, help="every rank pauses before this step")
     ap.add_argument("--pause-s", type=float, default=0.0, help="... for this long (an evaluation)")
+    ap.add_argument("--fault-s", type=float, default=40.0,
+                    help="long-save: seconds the faulty rank spends saving (real work and writes)")
+    ap.add_argument("--pause-work", action="store_true",
+                    help="the pause at --pause-at computes (an evaluation) instead of sleeping")
+    ap.add_argument("--first-step-s", type=float, default=0.0,
+                    help="seconds of real work before the first step (compilation, data set-up)")
+    ap.add_argument("--stop-file", default="",
+                    help="train until this file exists (every rank stops at the same step)")
     args = ap.parse_args()
 
     # the truth the tests check the summary against; unset, it goes nowhere (it used to land in
@@ -79,10 +107,22 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(1234 + rank)
 
+    if args.first_step_s:
+        busy(args.first_step_s, model)
     for step in range(args.steps):
+        if args.stop_file:
+            stop = torch.tensor([float(os.path.exists(args.stop_file))])
+            if world > 1:
+                dist.all_reduce(stop)
+            if stop.item():
+                break
         if args.fault != "none" and rank == args.fault_rank and step == args.fault_step:
             time.sleep(args.settle)
             out.write(f"sent {traceml.stats().get('sent', 0)}\n")
+            # the truth of when the fault began, for the hang-latency figures (benchmarks/)
+            out.write(f"fault_at {time.time():.6f}\n")
+            if args.fault == "long-save":
+                save_checkpoint(args.fault_s, model, progress_dir or ".", rank)
             if args.fault == "kill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if args.fault == "raise":
@@ -101,13 +141,22 @@ def main() -> int:
                 # with another one): it waits there for good, and the others wait for it in the
                 # next step's gradient all-reduce -- the classic mismatched-collective hang
                 dist.all_reduce(torch.ones(1), group=side)
+            if args.fault == "hold-gil":
+                # C code that keeps the GIL while it waits (ctypes.PyDLL does not release it):
+                # no other thread of the rank runs Python, not even TraceML's client
+                import ctypes
+
+                ctypes.PyDLL(None).sleep(3600)
             if args.fault == "hang-in-loader":
                 # the batch never comes: the main thread waits in the DataLoader for good, and
                 # the others wait for it in the next step's gradient all-reduce
                 next(iter(torch.utils.data.DataLoader(StuckDataset(), num_workers=1)))
         if step == args.pause_at:
             out.write(f"pause {step}\n")
-            time.sleep(args.pause_s)
+            if args.pause_work:
+                busy(args.pause_s, model)
+            else:
+                time.sleep(args.pause_s)
         x = torch.randn(32, 16, generator=gen)
         y = x.sum(dim=1, keepdim=True)
         with traceml.trace_step(model):

@@ -45,6 +45,8 @@ class Progress:
     steps: dict[int, list[tuple[int, float]]] = field(default_factory=dict)
     sent: dict[int, int] = field(default_factory=dict)
     result: Optional[str] = None
+    #: when each faulty rank's fault began (wall time): the truth of a hang's start
+    fault_at: dict[int, float] = field(default_factory=dict)
 
     @classmethod
     def read(cls, d: Path) -> "Progress":
@@ -64,6 +66,8 @@ class Progress:
                     p.sent[rank] = int(parts[1])
                 elif parts[0] == "result":
                     p.result = parts[1]
+                elif parts[0] == "fault_at":
+                    p.fault_at[rank] = float(parts[1])
         return p
 
     def done(self, rank: int) -> int:

@@ -62,18 +62,6 @@ def test_a_rank_stuck_in_its_own_code_is_named_with_its_stack(tmp_path):
     assert_no_leftovers(r)
 
 
-def test_mismatched_collectives_are_called_so(tmp_path):
-    r = run(tmp_path, HANG + ("--fault", "hang-in-collective"), run_name="mismatch",
-            flags=[f"--hang-report-after={REPORT_AFTER}", "--hang-timeout=15"], timeout=120)
-    s = r.summary()
-    h = s["hang"]
-    by = {a["rank"]: a for a in h["ranks"]}
-    assert by[1]["state"] == "collective" and by[1]["collective"] == "all_reduce", by[1]
-    assert by[0]["state"] == "collective" and by[0]["collective"] != "all_reduce", by[0]
-    assert "different collectives" in h["finding"]
-    assert_no_leftovers(r)
-
-
 def test_a_run_ended_by_sigterm_while_hung_keeps_the_report(tmp_path):
     """scancel or the time limit after the report: the summary still leads with the hang."""
     launch = Launch(tmp_path, HANG + ("--fault", "hang"), run_name="term",
@@ -106,7 +94,7 @@ def test_controls_a_short_pause_gets_nothing_and_a_stall_that_ends_is_a_warning(
     # the stall's length, once it resolved (issue 27, finding 6): about the pause (10 s), seen at
     # node 0 through the relay's and the watch's 1 s windows: not the threshold, not the whole run
     assert REPORT_AFTER < s["hang"]["stall_s"] < REPORT_AFTER + 6 + 8, s["hang"]
-    assert "[traceml] the stall is over: steps reach node 0 again after" in long.err
+    assert "[traceml] the stall is over: step records arrive again" in long.err
     also = [v for v in s["other_verdicts"] if v["kind"] == "hang"]
     assert also and also[0]["severity"] == "warning"
     # every rank paused in its own code (an evaluation): nobody waits in a collective

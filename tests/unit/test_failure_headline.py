@@ -140,10 +140,11 @@ def _hung_summary(records_after: int):
     st.records = 80
     a = Autopsy(1, {0: (0, "node1", 40), 1: (1, "node2", 40)}, world=2, silent_s=61.0,
                 threshold_s=60.0, threshold_source="auto", records_at=80)
-    a.add(0, {"source": "faulthandler", "ok": True, "text": DUMP_WAITING})
-    a.add(1, {"source": "faulthandler", "ok": True, "text": DUMP_SLEEPING})
-    a.add(0, {"source": "sdk", "in_flight": {"op": "ddp_bucket", "bytes": 4096, "seq": 80,
-                                             "started_ns": 0, "group_size": 2}, "step": 40})
+    a.add(0, {"source": "sdk", "text": DUMP_WAITING, "in_flight": {
+        "op": "ddp_bucket", "bytes": 4096, "seq": 80, "started_ns": 0, "group_size": 2}, "step": 40})
+    a.add(1, {"source": "sdk", "text": DUMP_SLEEPING})
+    for r in (0, 1):
+        a.add(r, {"source": "relay", "gone": False, "state": "S"})
     assert a.done()
     st.hangs.append(a.report())
     st.records += records_after

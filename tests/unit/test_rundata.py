@@ -52,7 +52,7 @@ def _state() -> RunState:
                                     for i in range(5)])
     a = Autopsy(1, {0: (0, "n0", 60)}, world=4, silent_s=61.0, threshold_s=60.0,
                 threshold_source="auto", records_at=180)
-    a.add(0, {"source": "faulthandler", "ok": True, "text": STACK})
+    a.add(0, {"source": "sdk", "text": STACK})
     st.hangs.append(a.report())
     st.records = 180
     st.finish = {"exit_code": 1, "interrupted": False, "reason": "a worker failed", "failed_nodes": [1],

@@ -1,11 +1,12 @@
 """The aggregator's side of the hang autopsy: one stack collection in flight, and its report.
 
 Node 0's launcher decides that the run is stalled (launcher/hangwatch.py) and asks its aggregator
-for an autopsy. The aggregator sends one ``stacks`` request down to every node's relay; each relay
-makes its ranks dump their stacks (launcher/stacks.py: faulthandler, answered in C) and sends each
-dump up as that rank's answer, while each rank's interpreter, when it still runs, answers with
-the collective it has in flight (sdk/stackdump.py). :class:`Autopsy` gathers the answers until
-every expected rank's dump is in or the deadline passes, then builds the report with
+for an autopsy. The aggregator sends one ``stacks`` request down to every node's relay, which
+passes it to its ranks: each rank's interpreter answers with every thread's stack and the
+collective it has in flight (sdk/stackdump.py: on its client thread, no signal), and the relay
+adds what the kernel says of each rank's process (launcher/procstate.py: stopped, gone, its CPU
+time and I/O). :class:`Autopsy` gathers the answers until every expected rank has told where it
+is (or is known not to be able to: stopped, gone) or the deadline passes, then builds the report with
 :func:`traceml_core.report.hang.build`. The event loop never waits for it: the server checks
 :meth:`Autopsy.done` on its tick.
 """
@@ -18,8 +19,9 @@ from typing import Any, Optional
 
 from ..report import hang
 
-#: the most an autopsy waits for the ranks' dumps (a node's collector takes at most 3 s; the
-#: rest is the way up through the relay)
+#: the most an autopsy waits for the ranks' answers: a rank's interpreter answers in
+#: milliseconds unless it cannot run (a C extension holds the GIL); the rest is the way up
+#: through the relay on a loaded machine
 DEADLINE_S = 6.0
 
 
@@ -33,27 +35,36 @@ class Autopsy:
     threshold_s: float
     threshold_source: str
     records_at: int
+    #: a reading of the hang detection (aggregator/hangwatch.py), not a report asked for
+    reading: bool = False
     started: float = field(default_factory=time.monotonic)
-    dumps: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: what each rank's relay read of its process (``source`` relay)
+    procs: dict[int, dict[str, Any]] = field(default_factory=dict)
+    #: what each rank's interpreter said (``source`` sdk): its stacks and collective in flight
     snapshots: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def add(self, rank: int, data: dict[str, Any]) -> None:
-        if data.get("source") == "faulthandler":
-            self.dumps[rank] = data
+        if data.get("source") == "relay":
+            self.procs[rank] = data
         else:
             self.snapshots[rank] = data
 
+    def _told(self, rank: int) -> bool:
+        """Both ends answered for the rank, or its relay says the rank cannot (stopped, gone)."""
+        proc = self.procs.get(rank)
+        if proc is None:
+            return False
+        return rank in self.snapshots or proc.get("gone") is True or proc.get("state") in ("T", "t")
+
     def done(self, now: Optional[float] = None) -> bool:
         now = time.monotonic() if now is None else now
-        return all(r in self.dumps for r in self.expected) or now - self.started >= DEADLINE_S
+        return all(self._told(r) for r in self.expected) or now - self.started >= DEADLINE_S
 
     def report(self) -> dict[str, Any]:
         rows = []
         for rank, (node, host, step) in sorted(self.expected.items()):
-            dump = self.dumps.get(rank) or {"ok": False, "text": "",
-                                            "error": f"no dump reached node 0 within {DEADLINE_S:.0f} s"}
-            rows.append({"rank": rank, "node": node, "host": host, "dump": dump,
-                         "snapshot": self.snapshots.get(rank), "step": step})
+            rows.append({"rank": rank, "node": node, "host": host, "proc": self.procs.get(rank),
+                         "snapshot": self.snapshots.get(rank), "step": step, "waited_s": DEADLINE_S})
         out = hang.build(rows, world=self.world, silent_s=self.silent_s, threshold_s=self.threshold_s,
                          threshold_source=self.threshold_source, at=time.time())
         out["records_at"] = self.records_at

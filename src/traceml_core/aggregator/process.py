@@ -92,12 +92,13 @@ class AggregatorHandle:
                                job=s.job_id, node=0, rank=-1, kind="control", host=host),
             timeout=timeout, wait_s=timeout, name="control")
 
-    def status(self, timeout: float = 2.0) -> Optional[dict[str, Any]]:
-        """``{"nodes_joined": [...], "ranks_connected", "ranks_seen", "records"}``, or None."""
+    def status(self, timeout: float = 2.0, notices_after: int = 0) -> Optional[dict[str, Any]]:
+        """``{"nodes_joined": [...], "ranks_connected", "ranks_seen", "records", "notices"}``
+        (``notices``: the hang detection's log lines after ``notices_after``), or None."""
         if self.control is None or not self.alive():
             return None
         try:
-            return self.control.request({"t": "query"}, "status", timeout)
+            return self.control.request({"t": "query", "notices_after": notices_after}, "status", timeout)
         except LinkError:
             return None
 

@@ -43,6 +43,8 @@ from .settings import AggregatorSettings
 from .state import VALUES_REFUSED, RunState
 
 TICK_S = 0.2
+#: seconds between two looks of the hang detection at the run's progress
+HANG_WATCH_S = 1.0
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
 #: the most checkpoint bytes written per second on average (the interval stretches): the logs
@@ -151,6 +153,11 @@ class Server(Handler):
         self._req_id = 0
         #: (connection, request id) to answer when the autopsy in progress is done
         self._autopsy_for: Optional[tuple[Conn, Any]] = None
+        #: hang detection (aggregator/hangwatch.py): when to read the ranks, when it is a hang
+        from .hangwatch import HangWatch
+
+        self.hangwatch = HangWatch(settings.hang_report_after)
+        self._next_hang_watch = 0.0
         self.done = False
         self.result: Optional[dict[str, Any]] = None
         # ending state
@@ -231,6 +238,9 @@ class Server(Handler):
             self._autopsy_done()
         if self.state.hangs:
             self._stall_over()
+        if now >= self._next_hang_watch and not self.finishing:
+            self._next_hang_watch = now + HANG_WATCH_S
+            self._watch_hangs(now)
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -354,6 +364,9 @@ class Server(Handler):
         elif t == "query":
             reply = self.ingest.status(self.checkpoint_seconds)
             reply["id"] = msg.get("id")
+            # the hang detection's lines for node 0's log, after the last one the launcher printed
+            after = msg.get("notices_after")
+            reply["notices"] = self.hangwatch.notices_after(after if type(after) is int else 0)
             self.net.send(conn, reply)
         elif t == "snapshot":  # live views (aggregator/snapshot.py; never raises)
             from .snapshot import snapshot_frame
@@ -377,10 +390,27 @@ class Server(Handler):
                             f"{str(checked.get('t'))[:20]!r} frame{who} that are not measurements "
                             "(NaN, infinite or past their physical bound)")
 
-    # --- the hang autopsy (aggregator/autopsy.py) --------------------------------------------------
-    def _autopsy_start(self, conn: Conn, msg: dict[str, Any]) -> None:
+    # --- the hang autopsy (aggregator/autopsy.py) and hang detection (hangwatch.py) ---------------
+    def _watch_hangs(self, now: float) -> None:
+        if self.ingest.autopsy is not None:
+            return
+        hw = self.hangwatch
+        if hw.observe(now, self.state.records, bool(self.ingest.silent_ranks(1)), self.ingest.median_step_ms()):
+            self._autopsy_start(None, {"silent_s": now - hw.last_progress, "threshold_s": 0.0,
+                                       "threshold_source": ""})
+
+    def _autopsy_start(self, conn: Optional[Conn], msg: dict[str, Any]) -> None:
+        """Read every rank; ``conn`` None: a reading of the hang detection, else the launcher asked
+        for a report (``--hang-timeout``), which it gets (the one declared for this silence, if
+        there is one)."""
+        if conn is not None:
+            declared = self._declared_for_silence()
+            if declared is not None:
+                self.net.send(conn, {"t": "autopsy", "id": msg.get("id"), "report": declared})
+                return
         if self.ingest.autopsy is not None:  # one at a time: this caller gets that one's report
-            self._autopsy_for = (conn, msg.get("id"))
+            if conn is not None:
+                self._autopsy_for = (conn, msg.get("id"))
             return
         from .autopsy import Autopsy
 
@@ -388,8 +418,17 @@ class Server(Handler):
         self.ingest.autopsy = Autopsy(req, self.ingest.expected_ranks(), world=self.settings.world_size,
                                       silent_s=msg["silent_s"], threshold_s=msg["threshold_s"],
                                       threshold_source=msg["threshold_source"],
-                                      records_at=self.state.records)
-        self._autopsy_for = (conn, msg.get("id"))
+                                      records_at=self.state.records, reading=conn is None)
+        if conn is not None:
+            self._autopsy_for = (conn, msg.get("id"))
+
+    def _declared_for_silence(self) -> Optional[dict[str, Any]]:
+        """The hang report of the current silence, if the detection declared one."""
+        s = self.hangwatch.silence
+        if s is not None and s.declared and self.state.hangs \
+                and int(self.state.hangs[-1].get("records_at") or -1) == self.state.records:
+            return self.state.hangs[-1]
+        return None
 
     def _stall_over(self) -> None:
         """The last hang report's stall resolved when step records arrive again: how long none
@@ -402,8 +441,8 @@ class Server(Handler):
         began = float(h.get("at") or now) - float(h.get("collect_s") or 0.0) - float(h.get("silent_s") or 0.0)
         h["resolved_at"], h["stall_s"] = now, round(max(0.0, now - began), 1)
         self.state.dirty = True
-        log(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after the last ones "
-            f"before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
+        self.hangwatch.notice(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after "
+                              f"the last ones before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
 
     def _autopsy_done(self) -> None:
         autopsy, self.ingest.autopsy = self.ingest.autopsy, None
@@ -412,7 +451,26 @@ class Server(Handler):
         except Exception as exc:  # the analysis must never take the loop down
             log(f"could not build the hang report: {type(exc).__name__}: {exc}")
             report = None
-        if report is not None:
+        if autopsy.reading:
+            declared = None
+            if report is not None:
+                try:
+                    declared = self.hangwatch.reading(time.monotonic(), report, self.ingest.median_step_ms())
+                except Exception as exc:  # never take the loop down
+                    log(f"could not judge the ranks' state: {type(exc).__name__}: {exc}")
+            if declared is not None:
+                self.state.hangs.append(declared)
+                self.state.dirty = True
+                if self.exports is not None and not self.finishing:
+                    self.exports.tick(self._summary_so_far)   # the hang goes out live at once
+            if self._autopsy_for is None:
+                return
+            if declared is not None:
+                report = declared
+            elif report is not None:   # the launcher asked meanwhile: its report is this reading
+                self.state.hangs.append(report)
+                self.state.dirty = True
+        elif report is not None:
             self.state.hangs.append(report)
             self.state.dirty = True
         target = self._autopsy_for

@@ -71,6 +71,9 @@ class AggregatorSettings(BaseModel):
     #: the outputs' settings, by option key (exporters/output.py: each output's option rows, as
     #: the launch resolved them); an output reads its own, never the environment
     export_settings: dict[str, Any] = Field(default_factory=dict, max_length=256)
+    #: ``--hang-report-after``: "auto", "off", or seconds (aggregator/hangwatch.py: the backstop;
+    #: "off" turns hang detection off)
+    hang_report_after: str = Field("auto", max_length=32)
     #: the cluster plugin of the launch (``slurm``; ``none``/empty: none): the final summary hands
     #: it the run's node evidence and shows its lines for the next job (report/nextjob.py)
     cluster: str = Field("", max_length=64)

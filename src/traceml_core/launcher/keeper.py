@@ -54,7 +54,8 @@ class AggregatorKeeper:
             master_addr=c.master_addr, port_source=c.flag_source("aggregator_port"),
             hostnames=list(c.hosts_by_node), relay_fan_in=tree_fan_in(c),
             script=script, script_args=list(script_args), export=export_kinds(c.export),
-            export_interval_s=c.export_interval, export_settings=dict(c.outputs), cluster=c.cluster or "")
+            export_interval_s=c.export_interval, export_settings=dict(c.outputs), cluster=c.cluster or "",
+            hang_report_after=str(c.hang_report_after))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control
         if self.handle.run_dir_note:
@@ -96,15 +97,16 @@ class AggregatorKeeper:
             self.handle, self.link = new, new.control
 
     # -- questions over the control connection -------------------------------------------------
-    def status(self, *, wait: bool = True) -> Optional[dict[str, Any]]:
+    def status(self, *, wait: bool = True, notices_after: int = 0) -> Optional[dict[str, Any]]:
         """The aggregator's ``status`` (aggregator/ingest.py), or None when there is no answer.
-        ``wait=False``: None at once when the control connection is busy (a hang report)."""
+        ``wait=False``: None at once when the control connection is busy (a hang report).
+        ``notices_after``: the hang detection's log lines after this one come with it."""
         if not self._lock.acquire(blocking=wait):
             return None
         try:
             if self.handle is None or self.link is None:
                 return None
-            return self.handle.status(timeout=STATUS_TIMEOUT_S)
+            return self.handle.status(timeout=STATUS_TIMEOUT_S, notices_after=notices_after)
         finally:
             self._lock.release()
 
@@ -119,7 +121,8 @@ class AggregatorKeeper:
                 return None
 
     def autopsy(self, silent_s: float, threshold_s: float, source: str) -> Optional[dict[str, Any]]:
-        """Have every rank's stack taken and read (aggregator/autopsy.py); None without an answer."""
+        """The hang report of this silence: the one the aggregator's detection declared, else one
+        taken now (aggregator/autopsy.py); None without an answer."""
         with self._lock:
             if self.handle is None or self.link is None:
                 return None

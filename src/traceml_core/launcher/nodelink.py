@@ -1,9 +1,9 @@
-"""One node's link to node 0: its relay, its system samples, its end of the link probe, its stacks.
+"""One node's link to node 0: its relay, its system samples, its end of the link probe.
 
 Every node's ranks send to the node's :class:`~.relay.Relay` on loopback; the relay's connection
 to node 0's aggregator is the node's link: the launcher's system samples and, on nodes other
-than 0, its final ``bye`` follow every rank's frames on it. The relay also takes the hang
-autopsy's stack dumps of the node's ranks (:mod:`.stacks`). In the node layout every node's
+than 0, its final ``bye`` follow every rank's frames on it. The relay also adds the kernel's view
+of the node's ranks to the hang autopsy (:mod:`.procstate`). In the node layout every node's
 launcher holds the link; in the task layout, local rank 0's task of each node.
 
 Nothing here ever stops training: a relay that cannot listen means no telemetry from this node,
@@ -23,7 +23,6 @@ from ..wire.auth import AGGREGATOR, group_aud
 from .grouprelay import GroupRelay, group_flush_s, tree_fan_in
 from .keeper import AggregatorKeeper
 from .relay import FLUSH_S, LIVE_FLUSH_S, Relay
-from .stacks import StackCollector
 from .supervise import log
 from .token import Token, disagreement_hint
 
@@ -58,9 +57,7 @@ def _probe_failed(why: str) -> dict[str, Any]:
 
 
 class NodeLink:
-    def __init__(self, config: LaunchConfig, token: Token, stacks: Optional[StackCollector] = None) -> None:
-        """``stacks``: this node's stack directory (a private one when None), which the relay
-        reads for the hang report; the node link closes it at the end."""
+    def __init__(self, config: LaunchConfig, token: Token) -> None:
         self.config = config
         self.token_info = token
         self.hostname = socket.gethostname()
@@ -69,8 +66,6 @@ class NodeLink:
         self.group_relay: Optional[GroupRelay] = None
         self.join_refused = False
         self.probe: Any = None      # linkprobe.probe.NodeProbe while it serves
-        #: this node's stack dumps for the hang report (its relay collects them)
-        self.stacks = stacks if stacks is not None else StackCollector()
         self._reporter: Any = None
 
     def join(self, upstream: tuple[str, int], wait: float, interrupted: Callable[[], bool] = lambda: False,
@@ -97,7 +92,7 @@ class NodeLink:
                                upstream=upstream, hostname=self.hostname, port=port,
                                flush_s=FLUSH_S if c.mode == "summary" else LIVE_FLUSH_S,
                                tail=c.mode != "summary", upstream_aud=aud,
-                               warn=lambda msg: log(f"warning: {msg}"), stacks=self.stacks).start()
+                               warn=lambda msg: log(f"warning: {msg}")).start()
         except OSError as exc:
             where = f" on 127.0.0.1:{port}" if port else ""
             log(f"warning: cannot start this node's relay{where} ({exc}); no telemetry from this node")
@@ -253,9 +248,6 @@ class NodeLink:
                 _relay_report(relay.close(CLOSE_WITH_BYE_S, bye=bye))
         if self.group_relay is not None:  # the group's other nodes end about now: their last frames
             self.group_relay.close(GROUP_DRAIN_S)
-
-    def close_stacks(self) -> None:
-        self.stacks.close()
 
 
 def _relay_report(st: Any) -> None:

@@ -93,13 +93,15 @@ class RelayStats:
     upstream_refused: Optional[str]
     queued_bytes: int
     peak_queued_bytes: int
+    answers_in: int = 0        # answers to requests (``resp``) received from ranks
+    answers_dropped: int = 0   # ... dropped because the byte budget was full (a stack is up to 64 KiB)
 
 
 class _Lane:
     """One rank as the relay sees it: its current connection and what waits to go upstream."""
 
     __slots__ = ("rank", "conn", "items", "seen_end", "dropped", "reported", "told", "host", "pid",
-                 "local_rank", "open", "first_seq", "first_t", "last_t", "said_bye")
+                 "local_rank", "open", "first_seq", "first_t", "last_t", "said_bye", "peak_rate")
 
     def __init__(self, rank: int) -> None:
         self.rank = rank
@@ -117,8 +119,11 @@ class _Lane:
         self.first_seq = -1                # for its step rate: first seq and time, latest time
         self.first_t = 0.0
         self.last_t = 0.0
+        #: the fastest the rank has stepped, on its own clock (steps/s over one frame's records)
+        self.peak_rate = 0.0
 
-    def note_steps(self, seq: int, end: int, open_: Optional[int], now: float) -> None:
+    def note_steps(self, seq: int, end: int, open_: Optional[int], now: float,
+                   t_end_ns: Optional[list[int]] = None) -> None:
         if self.first_seq < 0:
             self.first_seq, self.first_t = seq, now
         self.last_t = now
@@ -126,14 +131,21 @@ class _Lane:
             self.seen_end = end
         if open_ is not None:
             self.open = open_
+        if t_end_ns is not None and len(t_end_ns) >= 2 and t_end_ns[-1] > t_end_ns[0]:
+            rate = (len(t_end_ns) - 1) * 1e9 / (t_end_ns[-1] - t_end_ns[0])
+            if rate > self.peak_rate:
+                self.peak_rate = rate
 
     def unsent_bound(self, now: float) -> Optional[int]:
-        """At a close without ``bye``: what the rank last said it held unsent, plus what its step
-        rate gives for the time since (records produced after its last frame)."""
+        """At a close without ``bye``: what the rank last said it held unsent, plus the records it
+        can have produced since it last spoke, at the fastest rate it ever stepped. A rank
+        speaks at least every second while its client thread lives (a stalled training thread
+        included: sdk/recorder.py), so the second part is about a second of steps, not the
+        length of a hang."""
         if self.first_seq < 0:
             return None
         span = self.last_t - self.first_t
-        rate = (self.seen_end - self.first_seq) / span if span > 0 else 0.0
+        rate = max((self.seen_end - self.first_seq) / span if span > 0 else 0.0, self.peak_rate)
         return (self.open or 0) + math.ceil(rate * max(0.0, now - self.last_t))
 
     def join_frame(self, new: bool) -> dict[str, Any]:
@@ -161,14 +173,12 @@ class Relay(Handler):
                  bind_host: str = "127.0.0.1", handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S,
                  warn: Optional[Callable[[str], None]] = None,
                  client_options: Optional[dict[str, Any]] = None,
-                 stacks: Optional[Any] = None, port: int = 0, tail: bool = False,
+                 port: int = 0, tail: bool = False,
                  upstream_aud: str = AGGREGATOR) -> None:
         self.node = node
         #: besides each window's statistics (``fold``), send its last records (``tail``): the
         #: live views (one node) show them
         self.tail = tail
-        #: this node's StackCollector (launcher/stacks.py): the hang autopsy's dumps
-        self.stacks = stacks
         self._warn = warn or (lambda msg: log.warning("traceml: %s", msg))
         self.endpoint = Endpoint(aud=relay_aud(node), run=run_name, job=job_id, keys={"rank": token},
                                  nnodes=nnodes, nproc_per_node=nproc_per_node, node=node)
@@ -209,6 +219,8 @@ class Relay(Handler):
         self.first_steps_at: Optional[float] = None
         self._frames_in = 0
         self._events_dropped = 0
+        self._answers_in = 0
+        self._answers_dropped = 0
         self._peak = 0
 
         host, port = upstream
@@ -284,7 +296,8 @@ class Relay(Handler):
             dropped_untold=self.dropped_untold(), events_dropped=self._events_dropped, malformed=self.counters.get("malformed", 0),
             refused=self.counters.get("refused", 0), upstream_connects=cs.connects,
             upstream_connected=cs.connected, upstream_refused=cs.refused,
-            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak)
+            queued_bytes=self._pending_bytes + self.out.queued, peak_queued_bytes=self._peak,
+            answers_in=self._answers_in, answers_dropped=self._answers_dropped)
 
     def dropped_by_rank(self) -> dict[int, int]:
         return {r: ln.dropped for r, ln in self._lanes.items() if ln.dropped}
@@ -435,10 +448,11 @@ class Relay(Handler):
         size = end - off
         if t == "steps":
             n = checked["n"]
-            lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic())
+            lane.note_steps(checked["seq"], checked["seq"] + n, checked.get("open"), time.monotonic(),
+                            checked["cols"].get("t_end_ns"))
             self._records_in += n
             self._frames_in += 1
-            if self.first_steps_at is None:
+            if self.first_steps_at is None and n:
                 self.first_steps_at = time.time()
             if self._pending_bytes + self.out.queued + size > self.budget:
                 lane.dropped += n
@@ -451,7 +465,13 @@ class Relay(Handler):
                 self._events_dropped += 1
                 return
             lane.items.append((_RAW, None, bytes(data[off:end]), size))
-        else:  # bye, resp: small, always kept
+        elif t == "resp":  # an answer can carry a 64 KiB stack: within the budget like events
+            self._answers_in += 1
+            if self._pending_bytes + self.out.queued + size > self.budget:
+                self._answers_dropped += 1
+                return
+            lane.items.append((_RAW, None, bytes(data[off:end]), size))
+        else:  # bye: small, always kept
             if t == "bye":
                 lane.open = 0
                 lane.said_bye = True
@@ -470,27 +490,31 @@ class Relay(Handler):
         for rank, lane in list(self._lanes.items()):
             if lane.conn is not None and (ranks is None or rank in ranks):
                 self.net.send_raw(lane.conn, data)
-        if msg["kind"] == "stacks" and self.stacks is not None:
-            # the hang autopsy: the ranks' own answers need their interpreters; the stacks are
-            # dumped by faulthandler from inside a signal handler, which needs nothing
+        if msg["kind"] == "stacks":
+            # the hang autopsy: each rank's interpreter answers with its stacks; this relay adds
+            # what the kernel knows of each process (stopped, its CPU time and I/O), which needs
+            # nothing of the rank: a rank that cannot answer is still described
             pids = {r: ln.pid for r, ln in self._lanes.items()
                     if ln.pid is not None and ln.conn is not None and (ranks is None or r in ranks)}
-            threading.Thread(target=self._dump_stacks, args=(msg["id"], pids),
-                             name=f"traceml-stacks-{self.node}", daemon=True).start()
+            if pids:
+                threading.Thread(target=self._proc_states, args=(msg["id"], pids),
+                                 name=f"traceml-procstate-{self.node}", daemon=True).start()
 
-    def _dump_stacks(self, req_id: int, pids: dict[int, int]) -> None:
-        """(a thread) Make this node's ranks dump their stacks; each dump goes up as the rank's
-        ``stacks`` answer."""
-        try:
-            dumps = self.stacks.collect(pids)
-        except Exception as exc:  # never take the relay down
-            dumps = {r: {"ok": False, "text": "", "error": f"{type(exc).__name__}: {exc}"[:200]}
-                     for r in pids}
-        for rank, d in sorted(dumps.items()):
+    def _proc_states(self, req_id: int, pids: dict[int, int]) -> None:
+        """(a thread: ``/proc`` of a process in the kernel's uninterruptible sleep can be slow)
+        Each rank's process state goes up as this relay's ``stacks`` answer for the rank."""
+        from .procstate import read
+
+        for rank, pid in sorted(pids.items()):
+            try:
+                st = read(pid)
+            except Exception:  # never take the relay down
+                continue
             self.submit({"t": "resp", "id": req_id, "rank": rank, "kind": "stacks",
-                         "data": {"source": "faulthandler", "ok": bool(d.get("ok")),
-                                  "text": d.get("text") or "", "error": d.get("error"),
-                                  "stopped": bool(d.get("stopped"))}})
+                         "data": {"source": "relay", "pid": st.pid, "gone": st.gone, "state": st.state,
+                                  "wchan": st.wchan, "main_cpu_ns": st.main_cpu_ns,
+                                  "proc_cpu_ns": st.proc_cpu_ns, "children_cpu_ns": st.children_cpu_ns,
+                                  "io_bytes": st.io_bytes, "at_ns": time.monotonic_ns()}})
 
     # ---- merging ----------------------------------------------------------------------------
     def _window(self, out: OutQueue, msg: dict[str, Any]) -> int:

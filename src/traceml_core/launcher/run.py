@@ -35,7 +35,6 @@ from .nodelink import NodeLink
 from .outcome import (HANG_EXIT_CODE, Outcome, WorkersEnded, allocation_start, explain_interrupt, judge,
                       scheduled_end, status_of)
 from .preflight import check_master_port, check_script
-from .stacks import StackCollector
 from .starters import STOP_GRACE_S, WorkerStarter, make_starter
 from .supervise import log
 from .token import Token, resolve_token
@@ -164,12 +163,9 @@ class NodeLaunch:
                 self.keeper = AggregatorKeeper(c, self.token.value)
                 self.keeper.start(s.script, s.script_args,  # raises before training on a clash
                                   allocation_start=self.record.allocation_start)
-            # every rank's faulthandler writes its stacks here (the hang report); in the task
-            # layout every task of the node agrees on the directory without talking
-            stacks = StackCollector(s.stack_dir)
             relay = None
             if self.duties.links_node:
-                self.link = NodeLink(c, self.token, stacks)
+                self.link = NodeLink(c, self.token)
                 upstream = self.keeper.upstream if self.keeper else (c.aggregator_host, c.aggregator_port)
                 relay = self.link.join(upstream, c.aggregator_wait, s.interrupted, port=s.relay_port,
                                        announce=self.keeper is None)
@@ -182,7 +178,7 @@ class NodeLaunch:
                 run_name=c.run_name, job_id=c.job_id, nnodes=c.nnodes, node_rank=c.node_rank,
                 nproc_per_node=c.nproc_per_node, aggregator_host=host, aggregator_port=port,
                 token=self.token.value, connect_wait=connect_wait, mode=c.mode, logs_dir=c.logs_dir,
-                auto_steps=c.auto_steps, stack_dir=stacks.path,
+                auto_steps=c.auto_steps,
                 cpu_request=cpu_request(c.cluster, self.environ))
             if self.keeper is not None:
                 self.watchdog = Watchdog(c, self.token, self.keeper, s.terminate,
@@ -202,8 +198,6 @@ class NodeLaunch:
             return self._monitor(s.wait, self._tick)
         except BaseException:
             s.abort()
-            if self.link is not None:
-                self.link.close_stacks()
             raise
         finally:
             if self.view:
@@ -266,8 +260,6 @@ class NodeLaunch:
             text = self._report(outcome, report)
         finally:
             s.close()
-            if self.link is not None:   # the node's other ranks have ended (or the wait ran out)
-                self.link.close_stacks()
         if text:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
             sys.stdout.flush()

@@ -15,8 +15,7 @@ starts the workers, which telemetry duties this process holds, and what it knows
   given it (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``,
   ``MASTER_ADDR``, ``MASTER_PORT``). Rank 0 keeps the aggregator; local rank 0 of each node holds
   the node's link, its relay on a port every task of the node knows without talking
-  (:func:`relay_port`), and its stack directory (:func:`.stacks.node_dir`), where every rank's
-  faulthandler writes. Every task's worker sends its steps to that relay on loopback; a worker
+  (:func:`relay_port`). Every task's worker sends its steps to that relay on loopback; a worker
   that starts before the relay listens keeps retrying in the background (steps are buffered
   meanwhile).
 
@@ -32,14 +31,12 @@ import signal
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..config import LaunchConfig
 from .agent import FD_VAR as AGENT_FD_VAR
 from .preflight import AgentLink, PreflightError, WorkerProbe, check_cpus, check_probe, probe_failure
 from .relay import Relay
-from .stacks import node_dir
 from .supervise import Supervisor, log
 from .torchrun import agent_command, torchrun_command, worker_command
 
@@ -85,8 +82,6 @@ class WorkerStarter(ABC):
     live_view: bool
     #: the port the node's relay listens on (0: any free one)
     relay_port: int = 0
-    #: the node's stack directory when every task of the node must agree on it; None: a private one
-    stack_dir: Optional[Path] = None
     sup: Optional[Supervisor] = None
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str], script: str,
@@ -324,7 +319,6 @@ class TaskStarter(WorkerStarter):
         super().__init__(config, *args, **kwargs)
         self.rank, self.local = int(config.task_rank or 0), int(config.local_rank or 0)
         self.relay_port = relay_port(config)
-        self.stack_dir = node_dir(config.run_name, config.node_rank)
 
     def check(self) -> None:
         ignored = [a for a in self.torchrun_args if a not in ("--module", "--no-python")]

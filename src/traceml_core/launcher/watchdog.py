@@ -7,8 +7,9 @@ It reads the aggregator's ``status`` (through the :class:`~.keeper.AggregatorKee
   trouble alone never stops a healthy run;
 * **hung ranks** (``--hang-timeout``, off by default): a rank that is still connected and has not
   finished sent no step for that long: the run is stopped, exit status 124;
-* **hang reports** (``--hang-report-after``, :mod:`.hangwatch`): when no rank completed a step for
-  the threshold, every rank's stack is taken and logged, and kept for the summary.
+* **the hang detection's lines** (aggregator/hangwatch.py decides, on node 0's aggregator): a hang
+  named with its ranks, node and place, a rank working through a long pause; printed as they
+  come (the status carries the lines after the last one printed).
 
 At the end it says what failed from node 0's point of view (:meth:`Watchdog.failure_reason`), which
 :func:`.outcome.judge` puts in the run's reason. See docs/reliability.md.
@@ -16,12 +17,10 @@ At the end it says what failed from node 0's point of view (:meth:`Watchdog.fail
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, Optional
 
 from ..config import LaunchConfig
-from .hangwatch import HangWatch, Stall
 from .keeper import AggregatorKeeper
 from .supervise import log
 from .token import Token, disagreement_hint
@@ -64,9 +63,10 @@ class Watchdog:
         self.failed_nodes: list[int] = []
         #: the hang watchdog stopped the run (the launcher then exits with HANG_EXIT_CODE)
         self.hung = False
-        #: when to take a hang report (--hang-report-after)
-        self.hangwatch = HangWatch(config.hang_report_after)
-        self._autopsy: Optional[threading.Thread] = None
+        #: the hang detection runs in the aggregator (aggregator/hangwatch.py); its lines are
+        #: printed here, after the last one printed
+        self.watching = config.hang_report_after != "off"
+        self._notice = 0
 
     def training_started(self) -> None:
         """The workers were told to go: the node-join window and the progress clock start now."""
@@ -76,31 +76,20 @@ class Watchdog:
     def tick(self) -> None:
         """Called by the monitor loop while the workers run."""
         hang = self.config.hang_timeout
-        watch = self.hangwatch.setting != "off"
         if self.keeper.handle is None or self._failure is not None or (self.config.nnodes == 1 and not hang
-                                                                       and not watch):
+                                                                       and not self.watching):
             return
         now = time.monotonic()
         if now < self._next_watch:
             return
         self._next_watch = now + WATCH_INTERVAL_S
         # a hang report being taken over the control connection: next tick
-        status = self.keeper.status(wait=False)
+        status = self.keeper.status(wait=False, notices_after=self._notice)
         if status is None:
             return  # no aggregator to ask: telemetry trouble alone never stops a run
+        self._print_notices(status)
         if hang and self._check_hang(status, hang):
             return
-        if watch:
-            before = self.hangwatch.current
-            stall = self.hangwatch.observe(now, int(status.get("records", 0)), bool(status.get("silent")),
-                                           status.get("median_step_ms"))
-            if before is not None and before.resolved_after_s is not None:  # the stall is over
-                log(f"the stall is over: steps reach node 0 again after {before.resolved_after_s:.0f} s "
-                    "without one (the summary keeps its length and the hang report)")
-            if stall is not None and (self._autopsy is None or not self._autopsy.is_alive()):
-                self._autopsy = threading.Thread(target=self.take_hang_report, args=(stall, now),
-                                                 name="traceml-hang-report", daemon=True)
-                self._autopsy.start()
         if self.config.nnodes == 1:
             return
         records = int(status.get("records", 0))
@@ -118,19 +107,25 @@ class Watchdog:
             self._fail(lost, hosts, f"vanished (its launcher's connection closed) and training has made "
                                     f"no progress for {stalled:.0f} s")
 
-    def take_hang_report(self, stall: Stall, now: float) -> Optional[dict[str, Any]]:
-        """Have every rank's stack taken and read (aggregator/autopsy.py), and print the report to
-        the log at once; the aggregator keeps it for the summary."""
+    def _print_notices(self, status: dict) -> None:
+        for entry in status.get("notices") or []:
+            if isinstance(entry, list) and len(entry) == 2 and type(entry[0]) is int and entry[0] > self._notice:
+                self._notice = entry[0]
+                log(str(entry[1]))
+
+    def take_hang_report(self, silent_s: float, threshold_s: float, source: str) -> Optional[dict[str, Any]]:
+        """The hang report of this silence (the one the aggregator declared, else one taken now),
+        printed to the log when it is new; the aggregator keeps it for the summary."""
         from ..report.hang import render
 
-        silent = max(0.0, now - stall.began)
-        report = self.keeper.autopsy(silent, stall.threshold_s, stall.threshold_source)
+        report = self.keeper.autopsy(silent_s, threshold_s, source)
         if report is None:
-            log(f"warning: no rank completed a step for {silent:.0f} s, but the hang report could not "
+            log(f"warning: no rank completed a step for {silent_s:.0f} s, but the hang report could not "
                 "be taken (no answer from the aggregator)")
             return None
-        for line in render(report):
-            log(line)
+        if not report.get("rule"):      # a declared one was printed when it was declared
+            for line in render(report):
+                log(line)
         return report
 
     def _check_hang(self, status: dict, hang: float) -> bool:
@@ -149,13 +144,13 @@ class Watchdog:
         self.hung = True
         self._failure = (f"training looks hung: no step for more than {hang:g} s from {names}{more}; "
                          f"stopped by the hang watchdog ({src}={hang:g})")
-        # where every rank is stuck, taken before the workers are stopped (unless already taken
-        # for this stall)
-        if self._autopsy is not None and self._autopsy.is_alive():
-            self._autopsy.join(20.0)
-        elif self.hangwatch.current is None and self.hangwatch.setting != "off":
-            now = time.monotonic()
-            self.take_hang_report(Stall(now - silent[0][1], now, hang, f"{src}={hang:g}"), now)
+        # where every rank is stuck, taken before the workers are stopped (the aggregator answers
+        # with the report it declared for this silence, if any)
+        if self.watching:
+            status = self.keeper.status(notices_after=self._notice)
+            if status is not None:
+                self._print_notices(status)
+            self.take_hang_report(silent[0][1], hang, f"{src}={hang:g}")
         self.stop(self._failure)
         return True
 

@@ -1,9 +1,10 @@
 """The hang autopsy: where is each rank stuck, and which one never arrived?
 
 A pure function of what node 0 collected when no rank had completed a step for the threshold:
-per rank its faulthandler dump (every thread's Python stack, taken from inside a signal handler,
-so it is there even when the main thread is blocked in C), what its still-running interpreter said
-(the collective it launched and that has not completed, from the SDK's communication timing), and
+per rank what its interpreter said (every thread's Python stack, read on its client thread while
+the main thread waits in C with the GIL released, as collectives, loaders and sleeps do; and the
+collective it launched and that has not completed, from the SDK's communication timing), what
+its node's relay read of its process from the kernel (stopped, gone, its CPU time and I/O), and
 its step count. No I/O; the launcher prints :func:`render` at once and the summary keeps the
 report (``hang``) and its verdict.
 
@@ -69,24 +70,29 @@ class Thread:
     ident: str
     current: bool
     frames: list[Frame] = field(default_factory=list)  # innermost first
+    name: Optional[str] = None
 
     @property
     def is_main(self) -> bool:
+        if self.name is not None:
+            return self.name == "MainThread"
         return bool(self.frames) and (self.frames[-1].func == "<module>"
                                       or self.frames[-1].func == "_run_module_as_main")
 
     @property
     def is_traceml(self) -> bool:
-        return any(f.traceml for f in self.frames) and not self.is_main
+        return ((self.name or "").startswith("traceml-") or any(f.traceml for f in self.frames)) \
+            and not self.is_main
 
 
 def parse(text: str) -> list[Thread]:
-    """faulthandler's dump -> threads (innermost frame first)."""
+    """A stack text in faulthandler's layout (sdk/stackdump.py writes it) -> threads (innermost
+    frame first)."""
     threads: list[Thread] = []
     for line in text.splitlines():
         m = _THREAD_RE.match(line)
         if m:
-            threads.append(Thread(m.group(2), m.group(1).startswith("Current")))
+            threads.append(Thread(m.group(2), m.group(1).startswith("Current"), name=m.group("name")))
             continue
         f = _FRAME_RE.match(line)
         if f and threads:
@@ -154,7 +160,9 @@ class RankAutopsy:
     rank: int
     node: Optional[int]
     host: str
-    state: str                 # "collective", "dataloader", "running", "stopped", "no_dump"
+    #: "collective", "dataloader", "running", "stopped", "gone", "no_dump" (its relay answered,
+    #: its interpreter did not), "unreachable" (neither answered)
+    state: str
     collective: Optional[str]  # op name, "ddp_backward", ... (None when not in one)
     where: Optional[str]       # innermost user frame of the main thread
     stack: list[str]           # the main thread's frames, innermost first (short form)
@@ -162,24 +170,68 @@ class RankAutopsy:
     in_flight: Optional[dict[str, Any]]
     step: Optional[int]
     error: Optional[str]
+    #: the progress counters of this reading (cumulative; report/hangstate.py compares two):
+    #: collectives the SDK saw launched, and what the relay read of the process
+    launched: Optional[int] = None
+    main_cpu_ns: Optional[int] = None
+    children_cpu_ns: Optional[int] = None
+    proc_cpu_ns: Optional[int] = None
+    io_bytes: Optional[int] = None
+    #: when the relay read the process (its node's monotonic clock, ns)
+    at_ns: Optional[int] = None
 
     def to_data(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[str, Any]],
-                 snapshot: Optional[dict[str, Any]], world: int, step: Optional[int]) -> RankAutopsy:
-    text = (dump or {}).get("text") or ""
+def _counters(a: RankAutopsy, proc: Optional[dict[str, Any]], snapshot: Optional[dict[str, Any]]) -> RankAutopsy:
+    if snapshot:
+        a.launched = snapshot.get("launched")
+    if proc:
+        a.main_cpu_ns, a.children_cpu_ns = proc.get("main_cpu_ns"), proc.get("children_cpu_ns")
+        a.proc_cpu_ns, a.io_bytes, a.at_ns = proc.get("proc_cpu_ns"), proc.get("io_bytes"), proc.get("at_ns")
+    return a
+
+
+#: why a stopped rank has no stack
+STOPPED = ("its process is stopped (state T: SIGSTOP, Ctrl-Z, or a debugger holds it), so it runs "
+           "nothing, not even the answer")
+
+
+def no_answer(proc: Optional[dict[str, Any]], waited_s: float) -> str:
+    """Why a rank's interpreter told nothing, from what its relay read of the process."""
+    if proc is None:
+        return f"neither the rank nor its node's relay answered within {waited_s:.0f} s"
+    if proc.get("gone"):
+        return "its process is gone"
+    if proc.get("state") in ("T", "t"):
+        return STOPPED
+    kernel = {"R": "running", "S": "sleeping", "D": "in uninterruptible I/O (D)"}.get(
+        str(proc.get("state")), f"state {proc.get('state')}")
+    if proc.get("wchan"):
+        kernel += f" in {proc['wchan']}"
+    return (f"its interpreter did not answer within {waited_s:.0f} s (C code holding the GIL, or "
+            f"the process is overloaded); the kernel says its main thread is {kernel}")
+
+
+def analyse_rank(rank: int, node: Optional[int], host: str, proc: Optional[dict[str, Any]],
+                 snapshot: Optional[dict[str, Any]], world: int, step: Optional[int],
+                 waited_s: float = 6.0) -> RankAutopsy:
+    text = (snapshot or {}).get("text") or ""
     threads = parse(text)
     main = main_thread(threads)
     inflight = (snapshot or {}).get("in_flight")
     if snapshot and snapshot.get("step") is not None:
         step = snapshot["step"]
+    if proc is not None and proc.get("state") in ("T", "t"):
+        main = None    # an answer from before it stopped does not say where it is now
     if main is None:
-        coll = inflight.get("op") if isinstance(inflight, dict) else None
-        state = "collective" if coll else "stopped" if (dump or {}).get("stopped") else "no_dump"
-        return RankAutopsy(rank, node, host, state, coll, None, [],
-                           0, inflight, step, (dump or {}).get("error") or "no stack dump")
+        coll = inflight.get("op") if isinstance(inflight, dict) and snapshot else None
+        halted = proc is not None and proc.get("state") in ("T", "t")
+        state = "stopped" if halted else "gone" if proc is not None and proc.get("gone") else \
+            "collective" if coll else "unreachable" if proc is None and not snapshot else "no_dump"
+        return _counters(RankAutopsy(rank, node, host, state, None if halted else coll, None, [],
+                                     0, inflight, step, no_answer(proc, waited_s)), proc, snapshot)
     coll = _collective(main.frames, world)
     if isinstance(inflight, dict) and inflight.get("op"):
         # the SDK saw this collective launched and not completed: it names it exactly
@@ -189,9 +241,10 @@ def analyse_rank(rank: int, node: Optional[int], host: str, dump: Optional[dict[
     user = [f for f in frames if f.user]
     where = (user[0] if user else frames[0]).short if frames else None
     state = "dataloader" if coll == "dataloader" else ("collective" if coll else "running")
-    return RankAutopsy(rank, node, host, state, None if coll == "dataloader" else coll, where,
-                       [f.short for f in frames[:STACK_LINES]],
-                       sum(1 for t in threads if not t.is_traceml), inflight, step, None)
+    return _counters(RankAutopsy(rank, node, host, state, None if coll == "dataloader" else coll, where,
+                                 [f.short for f in frames[:STACK_LINES]],
+                                 sum(1 for t in threads if not t.is_traceml), inflight, step, None),
+                     proc, snapshot)
 
 
 def _nodes(items: Sequence[Any], inline: bool = False) -> str:
@@ -253,16 +306,24 @@ def diagnose(ranks: Sequence[RankAutopsy]) -> dict[str, Any]:
         finding = ("no rank is in a collective: " + "; ".join(
             f"{ranks_phrase([a.rank for a in v])} at {v[0].where}" for v in _by_where(elsewhere)))
     elif waiting:
-        # every stack read waits in one collective; the ranks without one are not in it
-        absent = [a for a in ranks if a.state == "no_dump"]
+        # every stack read waits in one collective; the ranks without one are not in it, or
+        # could not be reached at all (their node or its link is down)
+        absent = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
         culprits = absent
-        finding = (f"{ranks_phrase([a.rank for a in waiting])} wait in {colls[0]}; "
-                   f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
-                   "never arrived at it, and no stack could be read from "
-                   + ("it" if len(absent) == 1 else "them"))
+        verb = "waits" if len(waiting) == 1 else "wait"
+        if all(a.state == "unreachable" for a in absent):
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; nothing was heard "
+                       f"from {ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}): "
+                       "neither the rank nor its node's relay answered, so its node or its network link "
+                       "may be down")
+        else:
+            finding = (f"{ranks_phrase([a.rank for a in waiting])} {verb} in {colls[0]}; "
+                       f"{ranks_phrase([a.rank for a in absent])} ({_nodes(absent, inline=True)}) "
+                       "never arrived at it, and no stack could be read from "
+                       + ("it" if len(absent) == 1 else "them"))
     else:
         finding = "no rank's stack could be read"
-    missing = [a for a in ranks if a.state == "no_dump"]
+    missing = [a for a in ranks if a.state in ("no_dump", "gone", "unreachable")]
     if missing and culprits != missing:
         finding += f"; no stack from {ranks_phrase([a.rank for a in missing])}" + (
             f" ({missing[0].error})" if missing[0].error and len({a.error for a in missing}) == 1 else "")
@@ -280,19 +341,17 @@ def _by_where(items: Sequence[RankAutopsy]) -> list[list[RankAutopsy]]:
 
 def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8) -> list[str]:
     """The report as log lines (also the summary text's hang section)."""
-    lines = [f"hang report: no rank completed a step for {report['silent_s']:.0f} s "
-             f"(threshold {report['threshold_s']:.0f} s: {report['threshold_source']}); "
-             + report["finding"]]
+    lines = [f"hang report: {because(report)}; " + report["finding"]]
     by_rank = {a["rank"]: a for a in report["ranks"]}
     for g in report["groups"][:max_groups]:
         a = by_rank[g["ranks"][0]]
         what = words(g["collective"]) if g["state"] == "collective" else (
             "waiting for a DataLoader batch" if g["state"] == "dataloader" else
-            "no stack (" + (a.get("error") or "?") + ")" if g["state"] == "no_dump" else
+            "no stack (" + (a.get("error") or "?") + ")" if g["state"] in ("no_dump", "gone", "unreachable") else
             "stopped: it runs nothing (SIGSTOP, Ctrl-Z, or a debugger)" if g["state"] == "stopped"
             else "not in a collective")
         at = f" at {a['where']}" if a.get("where") else ""
-        step = f", step {a['step']}" if a.get("step") is not None else ""
+        step = f", step {a['step']}" if a.get("step") is not None and g["state"] != "unreachable" else ""
         mark = ""
         if a["rank"] in report["culprits"]:
             mark = "  <- never arrived" if g["state"] != "collective" else "  <- differs from the others"
@@ -308,6 +367,19 @@ def render(report: dict[str, Any], *, max_groups: int = 8, stack_lines: int = 8)
     return lines
 
 
+def because(report: dict[str, Any]) -> str:
+    """Why the report was made: the rule that fired (aggregator/hangwatch.py), or the threshold
+    of an older report or of a report asked for (``--hang-timeout``)."""
+    rule = report.get("rule") or {}
+    silent = f"no rank completed a step for {report['silent_s']:.0f} s"
+    if rule.get("kind") == "state":
+        return f"{silent}, and {rule.get('because')} (decided by the ranks' state)"
+    if rule.get("kind") == "time":
+        return (f"{silent} (the backstop: {report['threshold_source']}; no rank was seen working, "
+                "but the ranks' state could not decide)")
+    return f"{silent} (threshold {report['threshold_s']:.0f} s: {report['threshold_source']})"
+
+
 class _Obj:
     def __init__(self, d: dict[str, Any]) -> None:
         self.node, self.host = d.get("node"), d.get("host") or ""
@@ -315,10 +387,12 @@ class _Obj:
 
 def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, threshold_s: float,
           threshold_source: str, at: float) -> dict[str, Any]:
-    """The report from what was collected: ``ranks_in`` rows ``{rank, node, host, dump, snapshot,
-    step}`` (``dump``: ``{"text","ok","error"}`` from the node's collector)."""
-    autopsies = [analyse_rank(int(r["rank"]), r.get("node"), r.get("host") or "", r.get("dump"),
-                              r.get("snapshot"), world, r.get("step")) for r in ranks_in]
+    """The report from what was collected: ``ranks_in`` rows ``{rank, node, host, proc, snapshot,
+    step, waited_s}`` (``proc``: the relay's reading of the process; ``snapshot``: the rank's own
+    answer, with its stacks as ``text``)."""
+    autopsies = [analyse_rank(int(r["rank"]), r.get("node"), r.get("host") or "", r.get("proc"),
+                              r.get("snapshot"), world, r.get("step"), float(r.get("waited_s") or 6.0))
+                 for r in ranks_in]
     d = diagnose(autopsies)
     # each rank's full main-thread stack for the ranks that tell the story (the culprits and the
     # first rank of each group); the others repeat them, and a 4,096-rank report must stay small
@@ -338,7 +412,11 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
     if a is not None:
         culprit = {"rank": a["rank"], "node": a["node"], "host": a["host"] or None}
     if ended_hung:
-        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more; "
+        how = ""
+        if report.rule and report.detect_s is not None:
+            how = (f" (named {report.detect_s:.0f} s after the last step, by "
+                   + ("the ranks' state" if report.rule.get("kind") == "state" else "the time backstop") + ")")
+        why = (f"training hung: no rank completed a step for {report.silent_s:.0f} s or more{how}; "
                + report.finding)
         nxt = ("look at the stacks in final_summary.json (hang.ranks[].stack): the rank that never "
                "arrived is stuck in its own code (a deadlock, an uneven loop, a rank-dependent "
@@ -359,6 +437,7 @@ def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:
         sev = "warning"
     return {"kind": "hang", "severity": sev, "why": why, "next_step": nxt, "culprit": culprit,
             "evidence": {"silent_s": report.silent_s, "threshold_s": report.threshold_s,
+                         "rule": report.rule, "detect_s": report.detect_s,
                          "stall_s": report.stall_s, "culprits": report.culprits, "groups": report.groups}}
 
 

@@ -196,16 +196,39 @@ COMPUTE_FRACTION = 0.80
 #: phases are long because of launch overhead or host work, not the GPU's math.
 COMPUTE_GPU_UTIL_PCT = 70.0
 
-# --- hang report (--hang-report-after auto) -------------------------------------------------------
-#: No rank completing a step for a minute is worth a look at every rank's stack even for slow
-#: steps: shorter than that, ordinary pauses (a DataLoader worker respawn, a GC of a large heap,
-#: a slow collective on a busy fabric) would trigger reports nobody needs. Collecting stacks costs
-#: the ranks nothing (a signal, answered in C), so a false report is noise, never harm.
+# --- hangs (report/hangstate.py decides; aggregator/hangwatch.py samples) ----------------------
+#: Where every rank is and whether it progresses is looked at once no rank has completed a step
+#: for 5 s: shorter, ordinary steps of a few seconds would be sampled for nothing. Sampling costs
+#: each rank one answer on its client thread (a few hundred microseconds, no signal) every
+#: HANG_PROBE_EVERY_S while the silence lasts, so a look that finds everyone working is harmless.
+HANG_PROBE_AFTER_S = 5.0
+#: ...but not before 1.5 median steps: a run of 20 s steps would otherwise be looked at inside
+#: every step (harmless, but noise in the work of the ranks and of node 0).
+HANG_PROBE_STEPS = 1.5
+#: Samples while the silence lasts, this far apart.
+HANG_PROBE_EVERY_S = 5.0
+#: A hang is declared on state only after the ranks it names made no progress for this long
+#: (two samples at least): one sample cannot tell a rank that is stuck from one between two
+#: bursts of work, and 10 s of nothing is far beyond a GC pause or a scheduler hiccup. With the
+#: 5 s of silence first and the last step records' way to node 0, a hang is named ~17-25 s after
+#: it began.
+HANG_CONFIRM_S = 10.0
+#: A rank works when its main thread (the one that trains) used at least a tenth of a core over
+#: the window, or its child processes (DataLoader workers) did: a rank blocked in its own code
+#: (a lock, a queue, a sleep, a polling loop with sleeps) uses a few percent at most; a save, an
+#: evaluation or a data rebuild uses most of a core.
+HANG_WORK_CPU = 0.10
+#: ...or it read or wrote at least 256 KiB/s (files, pipes, sockets): a checkpoint written to a
+#: slow shared file system is I/O, not CPU; a rank's own logging is far below this.
+HANG_WORK_IO_BPS = 256 * 1024
+#: A rank waiting in a collective is moving data (not stuck) when its whole process used at
+#: least a fifth of a core: gloo's and MPI's threads copy and send while the main thread waits.
+HANG_COLLECTIVE_CPU = 0.20
+#: The backstop, when the state cannot be read (no rank or relay answers): no rank completing a
+#: step for a minute, and at least 20 median steps (a run of 10 s steps would otherwise be called
+#: stalled after six missed steps). It never fires while a sample shows a rank working: a 5-minute
+#: save that writes is not a hang, however long.
 HANG_REPORT_FLOOR_S = 60.0
-#: ...and at least 20 median steps: a run whose steps take 10 s (large models, gradient
-#: accumulation) would otherwise be called stalled after six missed steps. Evaluation and
-#: checkpointing pauses longer than this are reported (as stalls that resolved) when they happen;
-#: set --hang-report-after above them, or off.
 HANG_REPORT_STEPS = 20.0
 
 # --- compare (traceml compare A B) -----------------------------------------------------------------

@@ -275,6 +275,8 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
     recorder.on_backlog = s.client.wake
     s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
     s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
+    # a blocked training thread's last records still travel (sdk/recorder.py)
+    s.client.add_periodic(lambda: recorder.seal_stalled() and s.client.wake(), 0.1)
     from .threads import ThreadsProbe
 
     # threads against cores, and the wait for a core of the thread that trains (the one in init)
@@ -282,10 +284,6 @@ def _start(s: _Session, a: dict[str, Any]) -> None:
                          request=info.cpu_request if info is not None else None, notify=notify)
     s.client.add_periodic(s.cpu, 0.5)
     _install_exit_hooks()
-    if info is not None and info.stack_dir:
-        from . import stackdump
-
-        stackdump.install(info.stack_dir, s.rank)  # the hang autopsy's dump (never raises)
 
     TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()
     from . import spans

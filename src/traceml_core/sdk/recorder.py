@@ -17,6 +17,18 @@ consumer never wait on each other. Memory is bounded: at most ``max_batches`` ba
 ``batch_size`` records exist; when none is free (aggregator gone or slow) the record is dropped
 and counted in :attr:`StepRecorder.dropped` -- the exact number, never silently.
 
+**A blocked training thread.** A batch is sealed by the training thread when it commits a step,
+so a thread that blocks (a hang in a collective, a deadlock in user code) would keep the records
+of its last steps in the open batch for good, and node 0 would report an earlier last step than
+the rank reached. The client thread therefore sends what a stalled open batch holds
+(:meth:`StepRecorder.seal_stalled`) without taking the batch from the training thread: it copies
+the rows appended so far (a row is never written after its append) and marks them sent
+(``Batch.sent``); the batch is sealed as usual when the thread commits again, and only its rows
+after that mark travel then. It does so only when every sealed batch has been sent, so frames
+stay in the order of their steps. While the thread stays stalled, an empty frame every
+:data:`HEARTBEAT_S` says "still nothing unsent": the bound of records that die with a killed rank
+stays a second of steps, not the length of the hang.
+
 Why lists in a list and not ``array('q')`` columns: on a real training step the interpreter
 arrives at our code with cold caches (torch's step has evicted it), and there the generic
 operations every Python program uses all the time (copy a short list, append to a list,
@@ -51,6 +63,11 @@ C_COMM_CALLS = STEP_COLUMNS.index("comm_calls")
 #: the communication columns are one block at the end of the record (all -1 when not measured)
 assert STEP_COLUMNS[C_COMM:] == COMM_COLUMNS
 
+#: the open batch is sent by the client thread once the training thread is this late to seal it
+STALL_NS = 300_000_000
+#: while the training thread stays stalled, an empty frame this often says nothing is unsent
+HEARTBEAT_S = 1.0
+
 
 def fresh_values(*, forward_timed: bool, comm: int) -> list[int]:
     """What a step's values are before anything is measured in it: -1 ("not measured") for every
@@ -67,18 +84,22 @@ def fresh_values(*, forward_timed: bool, comm: int) -> list[int]:
 class Batch:
     """Records of consecutive steps starting at ``seq``; reused after the client has shipped it."""
 
-    __slots__ = ("rows", "seq")
+    __slots__ = ("rows", "seq", "sent")
 
     def __init__(self) -> None:
         self.rows: list[list[int]] = []
         self.seq = 0
+        #: rows at the front already sent by the client thread while the batch was open (a
+        #: stalled training thread; see the module docstring)
+        self.sent = 0
 
-    def columns(self, wall_offset: int) -> dict[str, list[int]]:
-        """The batch as the protocol's columns: ``step`` numbered from ``seq``, ``step_ns`` the
-        end minus the start, ``t_end_ns`` moved to the wall clock."""
-        cols = list(zip(*self.rows)) if self.rows else [()] * len(STEP_COLUMNS)
+    def columns(self, wall_offset: int, start: int = 0) -> dict[str, list[int]]:
+        """Rows ``start:`` of the batch as the protocol's columns: ``step`` numbered from
+        ``seq + start``, ``step_ns`` the end minus the start, ``t_end_ns`` moved to the wall clock."""
+        rows = self.rows[start:] if start else self.rows
+        cols = list(zip(*rows)) if rows else [()] * len(STEP_COLUMNS)
         out = {name: list(col) for name, col in zip(STEP_COLUMNS, cols)}
-        out["step"] = list(range(self.seq, self.seq + len(self.rows)))
+        out["step"] = list(range(self.seq + start, self.seq + start + len(rows)))
         out["step_ns"] = [e - s for e, s in zip(cols[C_TEND], cols[C_STEPNS])]
         out["t_end_ns"] = [t + wall_offset for t in cols[C_TEND]]
         return out
@@ -96,7 +117,7 @@ class StepRecorder:
         # hot fields first
         "rows", "batch_size", "seal_at",
         "batch", "seal_ns", "max_batches", "free", "sealed", "allocated", "next_seq", "dropped",
-        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog",
+        "discarded", "wall_offset", "rank", "backlog_mark", "on_backlog", "last_word_ns",
     )
 
     def __init__(
@@ -123,6 +144,8 @@ class StepRecorder:
         #: sealed batches waiting that make seal() call on_backlog (the client's wake-up)
         self.backlog_mark = max(2, max_batches // 8)
         self.on_backlog: Optional[Callable[[], None]] = None
+        #: when the client thread last sent a stalled frame (perf_counter ns)
+        self.last_word_ns = 0
 
     # ---- training thread ---------------------------------------------------------------------
 
@@ -210,23 +233,59 @@ class StepRecorder:
         self.sealed.appendleft(batch)
 
     def frame(self, batch: Batch) -> dict[str, Any]:
-        n = len(batch.rows)
+        start = batch.sent
+        n = len(batch.rows) - start
         return {
-            "t": "steps", "rank": self.rank, "seq": batch.seq, "n": n,
-            "cols": batch.columns(self.wall_offset),
+            "t": "steps", "rank": self.rank, "seq": batch.seq + start, "n": n,
+            "cols": batch.columns(self.wall_offset, start),
             "dropped": self.dropped + self.discarded,
             # what this rank holds beyond this batch (later sealed batches, the open one): the
             # bound of what dies with it if it is killed now
-            "open": max(0, self.count - batch.seq - n),
+            "open": max(0, self.count - batch.seq - start - n),
         }
 
     def records(self, batch: Batch) -> int:
-        return len(batch.rows)
+        return len(batch.rows) - batch.sent
 
     def recycle(self, batch: Batch) -> None:
+        if type(batch) is _Sent:
+            return
         batch.rows.clear()
+        batch.sent = 0
         self.free.append(batch)
 
     def discard(self, batch: Batch) -> None:
-        self.discarded += len(batch.rows)
+        self.discarded += len(batch.rows) - batch.sent
         self.recycle(batch)
+
+    def seal_stalled(self, now_ns: Optional[int] = None) -> bool:
+        """(client thread) When the training thread is :data:`STALL_NS` late to seal the open
+        batch, queue its unsent rows as a batch of their own (:class:`_Sent`), or an empty one
+        every :data:`HEARTBEAT_S` while it stays stalled; True when something was queued.
+
+        Safe without a lock: the training thread only appends to ``rows`` and assigns
+        ``batch`` after setting a new batch's ``seq``; a row is never written after its append.
+        Nothing is queued while a sealed batch waits. The open batch read here is then either
+        still open or sealed after that check, in which case it is behind the rows copied here
+        in ``sealed``: they go to the front, so the frames keep the order of their steps, and
+        the open batch's own frame later carries only its rows after ``sent``."""
+        now_ns = perf_counter_ns() if now_ns is None else now_ns
+        b = self.batch
+        if self.sealed or b is None or now_ns < self.seal_at + STALL_NS or not self.count:
+            return False
+        start = b.sent
+        rows = b.rows[start:]
+        if not rows and now_ns - self.last_word_ns < HEARTBEAT_S * 1e9:
+            return False
+        self.last_word_ns = now_ns
+        b.sent = start + len(rows)
+        part = _Sent()
+        part.rows, part.seq = rows, b.seq + start
+        self.sealed.appendleft(part)
+        return True
+
+
+class _Sent(Batch):
+    """Rows of an open batch sent while the training thread was stalled: a copy, never pooled."""
+
+    __slots__ = ()

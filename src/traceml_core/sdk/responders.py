@@ -30,13 +30,16 @@ def counts(session: Any, args: dict[str, Any]) -> dict[str, int]:
 
 @responder("stacks")
 def stacks(session: Any, args: dict[str, Any]) -> dict[str, Any]:
-    """Where this rank is, as its interpreter knows it (the collective in flight, its step); the
-    stacks themselves come from its relay's faulthandler dump, which needs no interpreter."""
-    from .stackdump import snapshot
+    """Where this rank is, as its interpreter knows it: every thread's stack (read here, on the
+    client thread, never from a signal handler: sdk/stackdump.py says why), the collective in
+    flight and its step. Its relay adds what the kernel knows of the process."""
+    from ..wire.frames import MAX_STACK_TEXT
+    from .stackdump import snapshot, thread_stacks
 
     out = snapshot(session.tracer)
     out.pop("ts", None)
     out["source"] = "sdk"
+    out["text"] = thread_stacks(MAX_STACK_TEXT)
     return out
 
 

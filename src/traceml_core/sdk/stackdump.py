@@ -1,68 +1,72 @@
-"""The rank side of the hang autopsy: every thread's Python stack, on request, even when stuck.
+"""The rank side of the hang autopsy: where this rank is, told by its own interpreter.
 
-``install()`` (called by ``init()`` under ``traceml run``) registers :mod:`faulthandler` for one
-real-time signal, writing to ``<stack_dir>/rank<R>.stacks``. faulthandler's handler runs in C in
-the signal handler itself: it needs neither the GIL nor the main thread, so it answers while the
-main thread is blocked inside a collective, a CUDA call, a lock or a C extension, which is
-exactly when it is needed. The launcher of the rank's node (:mod:`traceml_core.launcher.stacks`)
-truncates the file, sends the signal and reads what was written. The file is opened for appending,
-so the rank always writes at the current end.
+A stack request (``stacks``, wire/frames.py) is answered on the telemetry client's thread, never
+from a signal handler: :func:`thread_stacks` reads every thread's frames with
+:func:`sys._current_frames` while that thread holds the GIL, which is when the frames are
+consistent. An earlier design registered :mod:`faulthandler` for a signal and dumped
+``all_threads=True`` from inside the handler; faulthandler walks the other threads' frames
+without a lock, and a signal that landed while another thread was changing its frames killed a
+healthy rank with SIGSEGV (1 in 9 dumps on a real cluster, 2 of 22 processes over 4,131 signals
+locally). No signal, no handler: a stack request cannot change the fate of the rank.
 
-A real-time signal (``SIGRTMIN + 6``) is used so the dump never collides with what clusters and
-users send (SIGUSR1/2 for Slurm's ``--signal``, SIGTERM, SIGQUIT) and is never delivered by
-anything else. Nothing here ever raises into training.
+What this costs in coverage, and who fills it: a rank whose interpreter cannot run the client
+thread (a C extension holding the GIL, a stopped process) does not answer. Its node's relay reads
+what the kernel knows of it without touching it (launcher/procstate.py: stopped or not, where the
+main thread sleeps, its CPU time and I/O), so the report still says "stopped" or "not answering,
+holding the GIL in C code", and the hang rules judge its progress. Collectives release the GIL
+while they wait (gloo, NCCL, MPI bindings all do), as do DataLoader queues, sleeps, file and
+socket I/O: the cases a hang report is for are answered.
 
-:func:`snapshot` is the softer companion for a rank whose interpreter still runs (the client
-thread answers a request with it): the collective in flight, when the SDK saw it launched, and
-where the step counter stands.
+The text has faulthandler's layout (``Thread 0x... [name] (most recent call first):`` and
+``  File "...", line N in func``), which report/hang.py parses, innermost frame first, the main
+thread first. No source line is read (no file I/O on the answering thread).
+
+:func:`snapshot` adds what the SDK itself knows: the collective in flight, when the SDK saw it
+launched, and where the step counter stands.
 """
 
 from __future__ import annotations
 
-import os
-import signal
+import sys
+import threading
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
-if TYPE_CHECKING:   # (the launcher imports this module: it stays free of the SDK's hot path)
+if TYPE_CHECKING:   # (responders import this module lazily: it stays off the SDK's hot path)
     from .step import StepState
 
-#: offset of the dump signal from SIGRTMIN (glibc keeps the first two real-time signals)
-SIGNAL_OFFSET = 6
-#: the dump file of a rank, in the directory the launcher gives it
-FILE_PATTERN = "rank{rank}.stacks"
-
-_file: Any = None
+#: the most frames of one thread that are written (a deep recursion is cut, outermost kept last)
+MAX_FRAMES = 100
 
 
-def dump_signal() -> Optional[int]:
-    """The signal number that makes a rank dump its stacks (None where there are no real-time
-    signals)."""
-    base = getattr(signal, "SIGRTMIN", None)
-    return None if base is None else int(base) + SIGNAL_OFFSET
-
-
-def stack_file(stack_dir: str | Path, rank: int) -> Path:
-    return Path(stack_dir) / FILE_PATTERN.format(rank=rank)
-
-
-def install(stack_dir: str, rank: int) -> Optional[Path]:
-    """Register the dump; returns the file, or None when it could not be set up."""
-    global _file
-    sig = dump_signal()
-    if not stack_dir or sig is None:
-        return None
-    try:
-        import faulthandler
-
-        path = stack_file(stack_dir, rank)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        _file = os.fdopen(fd, "a")
-        faulthandler.register(sig, file=_file, all_threads=True, chain=False)
-        return path
-    except Exception:
-        return None
+def thread_stacks(limit: int) -> str:
+    """Every thread's Python stack, faulthandler's layout, main thread first, at most ``limit``
+    characters (a process with hundreds of threads is cut at a thread boundary where it can)."""
+    frames = sys._current_frames()
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    order = sorted(frames, key=lambda ident: (ident != main, ident))
+    out: list[str] = []
+    size = 0
+    for ident in order:
+        block = [f"Thread 0x{ident:016x} [{names.get(ident, '?')}] (most recent call first):"]
+        f = frames[ident]
+        n = 0
+        while f is not None and n < MAX_FRAMES:
+            code = f.f_code
+            block.append(f'  File "{code.co_filename}", line {f.f_lineno} in {code.co_name}')
+            f, n = f.f_back, n + 1
+        if f is not None:
+            block.append("  ...")
+        text = "\n".join(block) + "\n\n"
+        if size + len(text) > limit:
+            if not out:
+                out.append(text[:limit])
+            break
+        out.append(text)
+        size += len(text)
+    del frames
+    return "".join(out)
 
 
 def snapshot(state: Optional["StepState"]) -> dict[str, Any]:

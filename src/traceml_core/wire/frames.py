@@ -546,24 +546,34 @@ def _counts_data(data: Any) -> None:
 MAX_STACK_TEXT = 64 * 1024
 
 
+#: the fields of a relay's ``stacks`` answer that are counters (non-negative integers or null)
+_PROC_COUNTERS = ("pid", "main_cpu_ns", "proc_cpu_ns", "children_cpu_ns", "io_bytes", "at_ns")
+
+
 def _stacks_data(data: Any) -> None:
-    """A ``stacks`` answer: the relay's faulthandler dump of the rank (``source`` faulthandler),
-    or what the rank's own interpreter says about where it is (``source`` sdk)."""
+    """A ``stacks`` answer: what the rank's own interpreter says about where it is (``source``
+    sdk: every thread's stack as text, the collective in flight, its step), or what its node's
+    relay read of its process from the kernel (``source`` relay: launcher/procstate.py)."""
     if type(data) is not dict:
         raise ProtocolError("resp stacks: data must be a map")
     src = data.get("source")
-    if src == "faulthandler":
-        text, err = data.get("text"), data.get("error")
-        if not isinstance(text, str) or len(text) > MAX_STACK_TEXT or type(data.get("ok")) is not bool:
-            raise ProtocolError(f"resp stacks: text must be a string of at most {MAX_STACK_TEXT} "
-                                "characters and ok a bool")
-        if err is not None and (not isinstance(err, str) or len(err) > MAX_TEXT):
-            raise ProtocolError("resp stacks: error must be a short string or null")
-        if data.get("stopped") is not None and type(data["stopped"]) is not bool:
-            raise ProtocolError("resp stacks: stopped must be a bool or null")
+    if src == "relay":
+        if type(data.get("gone")) is not bool:
+            raise ProtocolError("resp stacks: gone must be a bool")
+        for key in ("state", "wchan"):
+            v = data.get(key)
+            if v is not None and (not isinstance(v, str) or len(v) > 64):
+                raise ProtocolError(f"resp stacks: {key} must be a short string or null")
+        for key in _PROC_COUNTERS:
+            v = data.get(key)
+            if v is not None and (type(v) is not int or not 0 <= v <= MAX_VALUE):
+                raise ProtocolError(f"resp stacks: {key} must be a non-negative integer or null")
         return
     if src != "sdk":
-        raise ProtocolError("resp stacks: source must be faulthandler or sdk")
+        raise ProtocolError("resp stacks: source must be sdk or relay")
+    text = data.get("text")
+    if text is not None and (not isinstance(text, str) or len(text) > MAX_STACK_TEXT):
+        raise ProtocolError(f"resp stacks: text must be a string of at most {MAX_STACK_TEXT} characters")
     for key in ("step", "launched"):
         v = data.get(key)
         if v is not None and (type(v) is not int or not 0 <= v <= MAX_VALUE):
@@ -582,8 +592,8 @@ REQUESTS: dict[str, Request] = {
     "counts": Request("counts", _no_args, _counts_data,
                       "records the rank produced, handed to the network, and knows it lost"),
     "stacks": Request("stacks", _no_args, _stacks_data,
-                      "the hang autopsy: where the rank is (its collective in flight, its step); its "
-                      "relay adds every thread's stack, dumped by faulthandler"),
+                      "the hang autopsy: where the rank is (every thread's stack, its collective in "
+                      "flight, its step); its relay adds the kernel's view of the process"),
 }
 
 

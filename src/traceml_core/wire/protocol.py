@@ -145,11 +145,13 @@ Aggregator → relay → rank (downstream, after ``welcome``):
             Request kinds and their answer's ``data`` validators are one table,
             :data:`traceml_core.wire.frames.REQUESTS`; adding a kind means adding a row there and
             a responder in the SDK (``sdk/responders.py``). Built in: ``counts`` (the rank's
-            records produced, sent and dropped so far) and ``stacks`` (the hang autopsy: the
-            rank answers ``{"source": "sdk", "in_flight", "launched", "step", "in_step"}``, the
-            collective it launched and that has not completed; its relay also makes it dump
-            every thread's stack with faulthandler and sends ``{"source": "faulthandler", "ok",
-            "text", "error"}`` up as that rank's answer, ``text`` at most 64 KiB).
+            records produced, sent and dropped so far) and ``stacks``
+            (the hang autopsy: the rank answers ``{"source": "sdk", "text", "in_flight",
+            "launched", "step", "in_step"}``: every thread's stack read by its own interpreter on
+            the client thread (``text``, at most 64 KiB; never from a signal handler), the
+            collective it launched and that has not completed; its relay adds, for each rank,
+            ``{"source": "relay", "pid", "gone", "state", "wchan", "main_cpu_ns", "proc_cpu_ns",
+            "children_cpu_ns", "io_bytes", "at_ns"}``: what the kernel says of the process).
 ``end``     ``{"t"}``: the run's summary is written and the aggregator is about to close this
             link: the relay stops reporting or reconnecting (a clean end is not a lost link).
 
