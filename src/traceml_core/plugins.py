@@ -173,7 +173,9 @@ def _all_entry_points() -> tuple[metadata.EntryPoint, ...]:
     seen: set[str] = set()
     out: list[metadata.EntryPoint] = []
     for dist in metadata.distributions():  # the first of each name on sys.path, as entry_points() does
-        name = (dist.metadata["Name"] or "").lower().replace("_", "-")
+        # the name from the distribution's directory where the Python gives it (as its own
+        # entry_points() does): reading every METADATA file would cost tens of ms per command
+        name = getattr(dist, "_normalized_name", None) or (dist.metadata["Name"] or "").lower().replace("_", "-")
         if name in seen:
             continue
         seen.add(name)

@@ -8,7 +8,6 @@ steps), ``{"kind": "all_ranks", ...}`` per bucket over all ranks (large runs), `
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -21,8 +20,10 @@ if TYPE_CHECKING:
 JSONL_NAME = "steps.jsonl"
 
 
-@dataclass(frozen=True)
 class JsonlOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
     kind: str = "jsonl"
     live: bool = False
     where: str = "`<run-dir>/steps.jsonl`"

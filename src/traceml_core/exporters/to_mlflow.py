@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -54,8 +53,10 @@ EXPERIMENT = Option("mlflow_experiment", nonempty, "traceml",
                     also_env="MLFLOW_EXPERIMENT_NAME", default_doc="$MLFLOW_EXPERIMENT_NAME, else traceml")
 
 
-@dataclass(frozen=True)
 class MlflowOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
     kind: str = "mlflow"
     live: bool = True
     where: str = "an MLflow run (one across a job's requeues)"

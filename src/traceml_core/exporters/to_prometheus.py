@@ -28,7 +28,6 @@ from __future__ import annotations
 import re
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -47,8 +46,10 @@ DIRECTORY = Option("prometheus_dir", path, None,
                    default_doc="<run-dir>/prometheus")
 
 
-@dataclass(frozen=True)
 class PrometheusOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
     kind: str = "prometheus"
     live: bool = True
     where: str = "node_exporter textfiles, one per node"

@@ -12,7 +12,6 @@ extra). Writing again replaces our earlier event files, never anyone else's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -29,8 +28,10 @@ _GIB = float(1 << 30)
 _MIB = float(1 << 20)
 
 
-@dataclass(frozen=True)
 class TensorboardOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
     kind: str = "tensorboard"
     live: bool = False
     where: str = "`<run-dir>/tensorboard/`"

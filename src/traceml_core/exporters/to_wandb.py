@@ -23,7 +23,6 @@ script) and the attempt. W&B's own variables apply (``WANDB_MODE=offline`` write
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Optional
 
@@ -39,8 +38,10 @@ PROJECT = Option("wandb_project", nonempty, "traceml",
                  default_doc="$WANDB_PROJECT, else traceml")
 
 
-@dataclass(frozen=True)
 class WandbOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
     kind: str = "wandb"
     live: bool = True
     where: str = "a Weights & Biases run (one across a job's requeues)"
