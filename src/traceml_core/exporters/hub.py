@@ -68,8 +68,6 @@ class ExportStats:
     batches_queued: int = 0
     #: what the destination was doing when the deadline passed ("writing a batch for 41 s")
     stuck_in: Optional[str] = None
-    #: helper processes of its library stopped at the end (W&B's wandb-core)
-    helpers_stopped: int = 0
 
     def line(self) -> str:
         out = f"export {self.kind}: {self.points_written:,} points written"
@@ -84,8 +82,6 @@ class ExportStats:
             out += f"; error: {self.error}"
         elif not self.finished:
             out += "; the final summary and report did not reach it in time"
-        if self.helpers_stopped:
-            out += f"; {self.helpers_stopped} helper process(es) of its library stopped"
         return out
 
 
@@ -204,6 +200,8 @@ class ExportHub:
         self.run = run
         #: this process's descendants before any destination started (theirs are the others)
         self._before = descendants(os.getpid())
+        #: the helper processes of the destinations' libraries stopped at the end ("4242 wandb-core")
+        self.helpers_stopped: list[str] = []
         self.workers = [_Worker(kind, make, run) for kind, make in makers.items()]
 
     def offer(self, batch: Batch) -> None:
@@ -221,10 +219,7 @@ class ExportHub:
         for w in self.workers:
             if w.thread.is_alive():
                 w.give_up(deadline_s)
-        stopped = stop_helpers(self._before)
-        if stopped:  # whose they were is not known: said on the destinations that went out live
-            for w in self.workers:
-                w.stats.helpers_stopped = stopped
+        self.helpers_stopped = stop_helpers(self._before)
         return self.report()
 
     def report(self) -> list[ExportStats]:
@@ -236,7 +231,8 @@ class ExportHub:
         try:
             from ..rundir import atomic_write
 
-            atomic_write(path, (json.dumps({"exports": [asdict(s) for s in self.report()]}, indent=1)
+            atomic_write(path, (json.dumps({"exports": [asdict(s) for s in self.report()],
+                                            "helpers_stopped": self.helpers_stopped}, indent=1)
                                 + "\n").encode())
             return path
         except Exception:  # noqa: BLE001 - the report of the exports must not cost anything either
@@ -275,10 +271,18 @@ def descendants(pid: int) -> set[int]:
     return out
 
 
-def stop_helpers(before: set[int], grace_s: float = HELPER_GRACE_S) -> int:
+def stop_helpers(before: set[int], grace_s: float = HELPER_GRACE_S) -> list[str]:
     """Stop the processes the destinations' libraries left below this one (W&B's ``wandb-core``
-    service outlived a run by 55 s): SIGTERM, then SIGKILL after ``grace_s``. Returns how many."""
+    service outlived a run by 55 s): SIGTERM, then SIGKILL after ``grace_s``. Returns them, as
+    "pid name"."""
     mine = descendants(os.getpid()) - before
+    names = []
+    for pid in sorted(mine):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                names.append(f"{pid} {f.read().strip()}")
+        except OSError:
+            names.append(str(pid))
     for pid in mine:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -294,7 +298,7 @@ def stop_helpers(before: set[int], grace_s: float = HELPER_GRACE_S) -> int:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
-    return len(mine)
+    return names
 
 
 def _alive(pid: int) -> bool:

@@ -81,7 +81,10 @@ class LiveExports:
             return [f"live exports: the final batch could not be built ({type(exc).__name__}: {exc})"]
         stats = self.hub.finish(batch)
         path = self.hub.write_report(self.run_dir)
-        return [s.line() for s in stats] + ([f"export report: {path}"] if path else [])
+        helpers = self.hub.helpers_stopped
+        return ([s.line() for s in stats]
+                + ([f"stopped what the destinations' libraries left running: {', '.join(helpers)}"] if helpers else [])
+                + ([f"export report: {path}"] if path else []))
 
     def report(self) -> list[ExportStats]:
         return self.hub.report()
