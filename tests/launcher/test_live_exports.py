@@ -310,3 +310,72 @@ def test_two_attempts_are_one_wandb_run_and_one_mlflow_run(tmp_path):
     assert {h["attempt"] for h in rows[0]} == {0} and {h["attempt"] for h in rows[1]} == {1}
     assert max(h["step"] for h in rows[0]) < min(h["step"] for h in rows[1]), rows
     assert max(h["step"] for h in rows[1]) >= 59, rows[1][-1:]
+
+
+# --- what the destinations' libraries start does not outlive their end ---------------------------
+def _children_named(name: str) -> list[int]:
+    from traceml_core.exporters.hub import descendants
+
+    out = []
+    for pid in descendants(os.getpid()):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == name:
+                out.append(pid)
+        except OSError:
+            pass
+    return out
+
+
+def test_wandb_core_is_gone_when_the_hub_has_finished(tmp_path, monkeypatch):
+    """W&B's wandb-core service outlived a run by 55 s: it lives as long as the process that
+    started it (node 0's aggregator, which goes on after the exports' end). Here that process
+    is this one, which goes on too: when the hub's finish returns, no wandb-core is left."""
+    from traceml_core.exporters.batch import Batch, FinalFiles, Point, RunIdentity
+    from traceml_core.exporters.hub import ExportHub
+    from traceml_core.exporters.live import makers
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    run = RunIdentity("core", None, time.time(), 1, 1, ("h",), "train.py", str(tmp_path))
+    hub = ExportHub(makers(["wandb"], {}), run)
+    hub.offer(Batch(time.time(), (Point("rank_0000", "rank", 1.0, {"step_ms": 1.0}, rank=0),)))
+    (stats,) = hub.finish(Batch(time.time(), final=FinalFiles("completed")), deadline_s=60.0)
+    assert stats.finished and stats.error is None, stats
+    assert not _children_named("wandb-core")
+
+
+def test_a_hung_destination_s_helper_process_is_stopped(tmp_path):
+    """A destination stuck in its library (here: its open never returns) with a helper process
+    running (a real child process, as wandb-core is): at the deadline the hub stops the helper
+    and says so, and the destination is named with what it was stuck in."""
+    from traceml_core.exporters.batch import Batch, FinalFiles, RunIdentity
+    from traceml_core.exporters.hub import ExportHub
+
+    release = threading.Event()
+
+    class StuckWithAHelper:
+        target = ""
+
+        def open(self, run):
+            self.helper = subprocess.Popen(["sleep", "300"])
+            release.wait(120)
+
+        def write(self, batch):
+            pass
+
+        def close(self, final):
+            pass
+
+    run = RunIdentity("stuck", None, time.time(), 1, 1, ("h",), "train.py", str(tmp_path))
+    hub = ExportHub({"stuck": StuckWithAHelper}, run)
+    deadline = time.monotonic() + 60
+    while not _children_named("sleep") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (pid,) = _children_named("sleep")
+    try:
+        (stats,) = hub.finish(Batch(time.time(), final=FinalFiles("completed")), deadline_s=0.5)
+        assert stats.stuck_in and stats.stuck_in.startswith("opening") and "no answer" in (stats.error or "")
+        assert hub.helpers_stopped == [f"{pid} sleep"], hub.helpers_stopped
+        assert not _children_named("sleep")
+    finally:
+        release.set()
