@@ -81,6 +81,8 @@ def main() -> int:
                     help="the pause at --pause-at computes (an evaluation) instead of sleeping")
     ap.add_argument("--first-step-s", type=float, default=0.0,
                     help="seconds of real work before the first step (compilation, data set-up)")
+    ap.add_argument("--slow-rank", type=int, default=-1, help="this rank does more work each step...")
+    ap.add_argument("--slow-ms", type=float, default=0.0, help="... for this many ms (real compute)")
     ap.add_argument("--stop-file", default="",
                     help="train until this file exists (every rank stops at the same step)")
     args = ap.parse_args()
@@ -160,6 +162,8 @@ def main() -> int:
         x = torch.randn(32, 16, generator=gen)
         y = x.sum(dim=1, keepdim=True)
         with traceml.trace_step(model):
+            if rank == args.slow_rank:
+                busy(args.slow_ms / 1000.0, model)
             loss = F.mse_loss(model(x), y)
             opt.zero_grad(set_to_none=True)
             loss.backward()

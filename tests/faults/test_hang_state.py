@@ -70,6 +70,12 @@ def test_a_rank_blocked_in_its_own_code_is_named_by_its_state(tmp_path):
     line = next(ln for ln in r.err.splitlines() if "[traceml] hang report:" in ln)
     assert "decided by the ranks' state" in line and "rank 1 (node 0" in line, line
     _last_steps_agree(s, r.progress)
+    # what the killed ranks may have held unsent: they were blocked, and their client threads kept
+    # saying "nothing unsent" each second, so the bound is about a second of steps (10 ms steps:
+    # ~50-100), not the length of the hang (it was 18,073 for 16 missing before)
+    for rank in s["ranks"]:
+        t = rank["telemetry"]
+        assert t["lost"] == 0 and t["unsent_max"] is not None and t["unsent_max"] <= 300, t
     assert_no_leftovers(r)
 
 
@@ -124,4 +130,18 @@ def test_a_long_save_that_works_is_never_a_hang(tmp_path):
     assert working and "(working:" in working[0], r.err[-3000:]
     s = r.summary()
     assert s["hang"] is None and all(v["kind"] != "hang" for v in [s["verdict"]] + s["other_verdicts"])
+    assert_no_leftovers(r)
+
+
+def test_a_straggler_once_confirmed_is_said_in_the_log_while_the_run_goes_on(tmp_path):
+    """Rank 1 does 30 ms more real work each step: node 0's log says so while training runs (the
+    line comes before the run's end), with the rank and its node."""
+    launch = Launch(tmp_path, ("--steps", "100000", "--step-ms", "10", "--slow-rank", "1", "--slow-ms", "30"),
+                    run_name="straggler")
+    _logged_at(launch, "[traceml] straggler confirmed", bound_s=240)
+    assert launch.proc.poll() is None, "said while the run goes on"
+    launch.proc.send_signal(signal.SIGTERM)
+    r = launch.wait(120)
+    line = next(ln for ln in r.err.splitlines() if "[traceml] straggler confirmed" in ln)
+    assert "rank 1" in line and "node 0" in line, line
     assert_no_leftovers(r)

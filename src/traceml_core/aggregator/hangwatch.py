@@ -23,27 +23,25 @@ the report to :meth:`HangWatch.reading`):
 
 One declaration per silence; when step records arrive again the silence is over (the aggregator
 marks the report resolved). Each declaration says which rule fired and how long after the last
-step it came. What is worth a line in the job's log is kept in :attr:`HangWatch.notices`, which
-node 0's launcher prints as it polls the aggregator.
+step it came. What is worth a line in the job's log goes to :attr:`HangWatch.notices`
+(aggregator/notices.py), which node 0's launcher prints as it polls the aggregator.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..report import hang
 from ..report.hangstate import Judgement, judge
 from ..report.ranklist import ranks_phrase
+from .notices import Notices
 from ..report.thresholds import (HANG_CONFIRM_S, HANG_PROBE_AFTER_S, HANG_PROBE_EVERY_S,
                                  HANG_PROBE_STEPS, HANG_REPORT_FLOOR_S, HANG_REPORT_STEPS)
 
 #: at most this many reports per run (a run that stalls and recovers over and over)
 MAX_REPORTS = 5
-#: lines kept for the launcher to print (it polls every second: a few are plenty)
-MAX_NOTICES = 64
 #: a rank working through a long silence is logged at this much silence, then at each doubling
 WORKING_FIRST_S = 30.0
 
@@ -59,15 +57,15 @@ class Silence:
 
 
 class HangWatch:
-    def __init__(self, setting: str = "auto") -> None:
+    def __init__(self, setting: str = "auto", notices: Optional[Notices] = None) -> None:
         #: "auto", "off", or seconds (``--hang-report-after``: the backstop)
         self.setting = setting
         self.last_records = -1
         self.last_progress = time.monotonic()
         self.silence: Optional[Silence] = None
         self.reports = 0
-        self.notices: deque[tuple[int, str]] = deque(maxlen=MAX_NOTICES)
-        self._seq = 0
+        #: where its lines for the job's log go (aggregator/notices.py)
+        self.notices = notices if notices is not None else Notices()
 
     # -- thresholds ---------------------------------------------------------------------------
     def threshold(self, median_step_ms: Optional[float]) -> tuple[float, str]:
@@ -141,22 +139,15 @@ class HangWatch:
         return None
 
     # -- words --------------------------------------------------------------------------------
-    def notice(self, line: str) -> None:
-        self._seq += 1
-        self.notices.append((self._seq, line))
-
-    def notices_after(self, seq: int) -> list[list[Any]]:
-        return [[n, line] for n, line in self.notices if n > seq]
-
     def _working_notice(self, j: Judgement, report: dict[str, Any], silent: float) -> None:
         rows = {int(r["rank"]): r for r in report["ranks"]}
         for rank, place in j.working[:4]:
             r = rows.get(rank, {})
             node = f"node {r.get('node')}" + (f", {r['host']}" if r.get("host") else "")
-            self.notice(f"rank {rank} ({node}) has been in {place} for {_duration(silent)} "
+            self.notices.say(f"rank {rank} ({node}) has been in {place} for {_duration(silent)} "
                         f"(working: {j.progress[rank].words()}); no rank completed a step meanwhile")
         if len(j.working) > 4:
-            self.notice(f"... and {len(j.working) - 4} more rank(s) working")
+            self.notices.say(f"... and {len(j.working) - 4} more rank(s) working")
 
     def _declare(self, s: Silence, report: dict[str, Any], wall: float, silent: float, limit: float,
                  source: str, kind: str, j: Optional[Judgement]) -> dict[str, Any]:
@@ -177,7 +168,7 @@ class HangWatch:
         out.update(silent_s=round(silent, 1), threshold_s=round(limit, 1), threshold_source=source,
                    rule=rule, began_at=round(s.began_wall, 3), detect_s=round(silent, 1))
         for line in hang.render(out):
-            self.notice(line)
+            self.notices.say(line)
         return out
 
 

@@ -45,6 +45,12 @@ from .state import VALUES_REFUSED, RunState
 TICK_S = 0.2
 #: seconds between two looks of the hang detection at the run's progress
 HANG_WATCH_S = 1.0
+#: seconds between two verdicts of the run so far, for the log (a straggler once confirmed);
+#: at least 20 times what building one took (a large run's summary takes about a second)
+LIVE_VERDICTS_S = 15.0
+#: the verdicts said in the job's log as soon as they are confirmed (warning or critical): they
+#: name a rank, and every step of every rank waits for it
+LIVE_VERDICT_KINDS = ("straggler", "work_imbalance")
 #: the largest share of wall-clock time spent writing checkpoints (the interval stretches)
 CHECKPOINT_SHARE = 0.02
 #: the most checkpoint bytes written per second on average (the interval stretches): the logs
@@ -155,9 +161,15 @@ class Server(Handler):
         self._autopsy_for: Optional[tuple[Conn, Any]] = None
         #: hang detection (aggregator/hangwatch.py): when to read the ranks, when it is a hang
         from .hangwatch import HangWatch
+        from .notices import Notices
 
-        self.hangwatch = HangWatch(settings.hang_report_after)
+        #: lines for the job's log, said by node 0's launcher as it polls (aggregator/notices.py)
+        self.notices = Notices()
+        self.hangwatch = HangWatch(settings.hang_report_after, self.notices)
         self._next_hang_watch = 0.0
+        #: verdicts confirmed while the run goes on and already said in the log: (kind, rank)
+        self._said: set[tuple[str, Any]] = set()
+        self._next_live_verdicts = time.monotonic() + LIVE_VERDICTS_S
         self.done = False
         self.result: Optional[dict[str, Any]] = None
         # ending state
@@ -241,6 +253,8 @@ class Server(Handler):
         if now >= self._next_hang_watch and not self.finishing:
             self._next_hang_watch = now + HANG_WATCH_S
             self._watch_hangs(now)
+        if now >= self._next_live_verdicts and not self.finishing:
+            self._live_verdicts(now)
         if self.signals:
             self._on_signal(now)
         if self._should_finalize(now):
@@ -250,6 +264,25 @@ class Server(Handler):
             self.checkpoint()
         if self.exports is not None and self.exports.due(now) and not self.finishing:
             self.exports.tick(self._summary_so_far)
+
+    def _live_verdicts(self, now: float) -> None:
+        """Say in the job's log a straggler (or another rank's verdict of LIVE_VERDICT_KINDS) once
+        the verdicts of the run so far confirm it, once per kind and rank."""
+        t0 = time.perf_counter()
+        try:
+            doc = self._summary_so_far() if self.state.records else None
+        except Exception:  # noqa: BLE001 - a verdict of the run so far must never cost the run
+            doc = None
+        took = time.perf_counter() - t0
+        self._next_live_verdicts = time.monotonic() + max(LIVE_VERDICTS_S, 20 * took)
+        for v in ([doc["verdict"]] + list(doc["other_verdicts"])) if doc else []:
+            if v.get("kind") not in LIVE_VERDICT_KINDS or v.get("severity") not in ("warning", "critical"):
+                continue
+            key = (v["kind"], (v.get("culprit") or {}).get("rank"))
+            if key not in self._said:
+                self._said.add(key)
+                self.notices.say(f"{v['kind'].replace('_', ' ')} confirmed ({v['severity']}, "
+                                 f"{self.state.records:,} step records in): {v.get('why', '')}")
 
     def _summary_so_far(self) -> dict[str, Any]:
         """The provisional summary of the run so far (a live export's batch is built from it)."""
@@ -366,7 +399,7 @@ class Server(Handler):
             reply["id"] = msg.get("id")
             # the hang detection's lines for node 0's log, after the last one the launcher printed
             after = msg.get("notices_after")
-            reply["notices"] = self.hangwatch.notices_after(after if type(after) is int else 0)
+            reply["notices"] = self.notices.after(after if type(after) is int else 0)
             self.net.send(conn, reply)
         elif t == "snapshot":  # live views (aggregator/snapshot.py; never raises)
             from .snapshot import snapshot_frame
@@ -441,7 +474,7 @@ class Server(Handler):
         began = float(h.get("at") or now) - float(h.get("collect_s") or 0.0) - float(h.get("silent_s") or 0.0)
         h["resolved_at"], h["stall_s"] = now, round(max(0.0, now - began), 1)
         self.state.dirty = True
-        self.hangwatch.notice(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after "
+        self.notices.say(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after "
                               f"the last ones before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
 
     def _autopsy_done(self) -> None:
