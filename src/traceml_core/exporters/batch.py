@@ -12,6 +12,7 @@ doubles its width as the run grows) is skipped rather than counted twice.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -34,10 +35,24 @@ class RunIdentity:
     hostnames: tuple[str, ...]
     script: str
     run_dir: str
+    #: which attempt of the run this is: 0, then 1, 2, ... for each requeue (or job continuing the
+    #: run under the same run name), as attempts.py numbers the run directory's attempt-<n>/
+    attempt: int = 0
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def key(self) -> str:
+        """The run's identity across its attempts, for a destination's own run id: the same for
+        every attempt that writes into the same run directory (a requeued job keeps its run name
+        and logs directory; docs/goodput.md), so a W&B run and an MLflow run continue across
+        requeues instead of starting one per attempt. 24 hex digits (W&B ids: [a-z0-9], <= 64)."""
+        import hashlib
+
+        where = os.path.abspath(self.run_dir)
+        return hashlib.sha256(f"traceml\0{self.run_name}\0{where}".encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)

@@ -437,6 +437,8 @@ class CpuThreads:
     omp: Optional[str] = None
     request: Optional[CpuRequest] = None
     throttled_ms: Optional[float] = None
+    #: the rank's torch version (None: not said)
+    torch: Optional[str] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -468,12 +470,14 @@ class CpuThreads:
             omp = raw.get("omp")
             omp = omp[:32] if isinstance(omp, str) else None
             request = CpuRequest.from_json(raw.get("request"))
+            torch_v = raw.get("torch")
+            torch_v = torch_v[:40] if isinstance(torch_v, str) else None
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if not 0 < threads < 1 << 16:
             return None
         return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
-                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms)
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms, torch_v)
 
 
 def _delta(raw: dict[str, Any], key: str) -> Optional[int]:
