@@ -81,6 +81,10 @@ class VerdictNow:
     severity: str
     why: str
     next_step: str
+    #: the rank it names, with its node and host (a hang's or a straggler's), where it names one
+    rank: Optional[int] = None
+    node: Optional[int] = None
+    host: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -136,8 +140,10 @@ class BatchBuilder:
                 continue  # (part of) these steps went out already
             self.last[p.series] = p.x
             points.append(p)
+        who = doc.verdict.culprit if isinstance(doc.verdict.culprit, dict) else {}
         verdict = VerdictNow(doc.verdict.kind, doc.verdict.severity, doc.verdict.why,
-                             doc.verdict.next_step) if doc.verdict.kind else None
+                             doc.verdict.next_step, who.get("rank"), who.get("node"),
+                             who.get("host")) if doc.verdict.kind else None
         changed = verdict is not None and verdict != self._verdict
         self._verdict = verdict or self._verdict
         status = (doc.run.status or "completed") if final else "running"

@@ -19,7 +19,8 @@ the run name.
   (``node_00/cpu_pct``, ...) at step = seconds since the attempt's start; the timestamp of each is
   when it was written (so the run shows it live);
 * the verdict as it forms as tags ``traceml.verdict``, ``traceml.verdict.severity``,
-  ``traceml.verdict.why``, ``traceml.verdict.next_step``;
+  ``traceml.verdict.why``, ``traceml.verdict.next_step``, and the rank it names with its node and
+  host (``traceml.verdict.rank``, ``.node``, ``.host``; empty when it names none);
 * at the end the summary's files as artifacts and the run ended FINISHED (completed), FAILED or
   KILLED (interrupted); a later attempt sets it RUNNING again.
 """
@@ -121,7 +122,10 @@ class MlflowExporter:
         if batch.verdict is not None:
             v = batch.verdict
             for key, value in (("traceml.verdict", v.kind), ("traceml.verdict.severity", v.severity),
-                               ("traceml.verdict.why", v.why), ("traceml.verdict.next_step", v.next_step)):
+                               ("traceml.verdict.why", v.why), ("traceml.verdict.next_step", v.next_step),
+                               ("traceml.verdict.rank", "" if v.rank is None else str(v.rank)),
+                               ("traceml.verdict.node", "" if v.node is None else str(v.node)),
+                               ("traceml.verdict.host", v.host or "")):
                 self._client.set_tag(self._run_id, key, value[:5000])
 
     def close(self, final: Batch) -> None:

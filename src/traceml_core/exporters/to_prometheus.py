@@ -12,7 +12,7 @@ bucket of each series (a scrape wants now, not history):
 * per node: ``traceml_cpu_percent``, ``traceml_ram_used_bytes``, ``traceml_gpu_util_percent{gpu}``,
   ``traceml_gpu_memory_used_bytes{gpu}``;
 * the run (node 0's file only, so one directory holding every node's file has no duplicates):
-  ``traceml_run_info{status}``, ``traceml_verdict_info{kind,severity}``, the minimum, median and
+  ``traceml_run_info{status}``, ``traceml_verdict_info{kind,severity,rank,node,host}``, the minimum, median and
   maximum step time over all ranks (``traceml_all_ranks_step_seconds{stat}``, large runs), and
   ``traceml_last_update_timestamp_seconds``.
 
@@ -186,7 +186,10 @@ class _Collector:
             gauge("traceml_run_info", "the run (status: running, completed, failed, interrupted)",
                   {"status": o._status}, 1)
             if o._verdict is not None:
-                gauge("traceml_verdict_info", "the verdict so far",
-                      {"kind": o._verdict.kind, "severity": o._verdict.severity}, 1)
+                v = o._verdict
+                gauge("traceml_verdict_info", "the verdict so far (rank, node, host: the rank it names)",
+                      {"kind": v.kind, "severity": v.severity,
+                       "rank": "" if v.rank is None else str(v.rank),
+                       "node": "" if v.node is None else str(v.node), "host": v.host or ""}, 1)
             gauge("traceml_last_update_timestamp_seconds", "when TraceML last wrote this file", {}, time.time())
         return list(fams.values())

@@ -101,7 +101,9 @@ class WandbExporter:
         if batch.verdict is not None:
             v = batch.verdict
             self._run.summary.update({"verdict/kind": v.kind, "verdict/severity": v.severity,
-                                      "verdict/why": v.why, "verdict/next_step": v.next_step})
+                                      "verdict/why": v.why, "verdict/next_step": v.next_step,
+                                      "verdict/rank": v.rank, "verdict/node": v.node,
+                                      "verdict/host": v.host})
 
     def close(self, final: Batch) -> None:
         import wandb
