@@ -9,6 +9,7 @@ it is used, so ``traceml --help`` stays fast.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -16,6 +17,8 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 CLUSTER_GROUP = "traceml.clusters"
 COMMAND_GROUP = "traceml.commands"
+#: outputs (``--export KIND``): exporters/output.py
+OUTPUT_GROUP = "traceml.outputs"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,16 @@ class Refusal:
     variable: str | None = None
 
 
+@dataclass(frozen=True)
+class Advice:
+    """A warning about values the plugin guessed: shown only when one of ``keys`` ends up taken
+    from the plugin. "No GPU here, so 1 worker per node" is noise in a job that passes
+    ``--nproc-per-node`` itself (every node of a generated CPU job printed it)."""
+
+    message: str
+    keys: frozenset[str]
+
+
 @dataclass
 class Contribution:
     """What a cluster environment says about this process's launch."""
@@ -47,6 +60,7 @@ class Contribution:
     values: dict[str, Setting] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    advice: list[Advice] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,13 @@ class NodeObservation:
     strong: bool = False
     #: a few words for the reason line ("sends at 0.012 GB/s against 1.5 GB/s")
     note: str = ""
+    #: the global ranks whose slowness this observation is (kinds that follow where ranks are
+    #: placed: report/nodeevidence.PLACED_KINDS); () for a figure of the node itself (a link, a
+    #: benchmark)
+    ranks: tuple[int, ...] = ()
+    #: ``equal``: the run measured the ranks' work per step and found it equal, so the slowness
+    #: is not the rank's work; "" where not measured
+    work: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +103,9 @@ class RunEvidence:
     source: str
     hosts: tuple[str, ...]
     observations: tuple[NodeObservation, ...] = ()
+    #: who named each host (``(host, "node 1's launcher")``, ``(host, "rank 3")``): a plugin that
+    #: refuses a host says whose claim it was
+    origins: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,10 +163,16 @@ class ClusterEnvironment(ABC):
 
     def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> NextJob | None:
         """Node 0's aggregator hands over what the run measured of each node, once, before the
-        final summary is written; the plugin may keep it (across the user's jobs) and answer
-        with lines for the next job script. Must answer within a few seconds; an exception is
-        noted in the summary, never raised into it."""
+        final summary is written; the plugin answers with lines for the next job script, judged
+        from this run and the user's earlier jobs. It is on the summary's path: it must only read
+        (a fraction of a second at most) and keep nothing yet (:meth:`keep_evidence` does, after
+        the summary is written). An exception is noted in the summary, never raised into it."""
         return None
+
+    def keep_evidence(self, evidence: RunEvidence, environ: Mapping[str, str]) -> list[str]:
+        """After the final summary is written: keep the run's node evidence across the user's
+        jobs (a bounded wait of a few seconds at most); notes for the log (skipped, refused)."""
+        return []
 
     def cpu_request(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
         """What the scheduler gave this task in CPUs, for the input-bound verdict (sent by each
@@ -152,11 +182,30 @@ class ClusterEnvironment(ABC):
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _all_entry_points() -> tuple[metadata.EntryPoint, ...]:
+    """Every installed entry point, read once per process (one scan of the installed
+    distributions' metadata: tens of ms, paid once however many groups are asked for)."""
+    seen: set[str] = set()
+    out: list[metadata.EntryPoint] = []
+    for dist in metadata.distributions():  # the first of each name on sys.path, as entry_points() does
+        # the name from the distribution's directory where the Python gives it (as its own
+        # entry_points() does): reading every METADATA file would cost tens of ms per command
+        name = getattr(dist, "_normalized_name", None) or (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        out.extend(dist.entry_points)
+    return tuple(out)
+
+
 def _entry_points(group: str) -> Sequence[metadata.EntryPoint]:
-    try:
-        return list(metadata.entry_points(group=group))
-    except TypeError:  # Python < 3.10
-        return list(metadata.entry_points().get(group, []))  # type: ignore[attr-defined]
+    return [ep for ep in _all_entry_points() if ep.group == group]
+
+
+def output_entry_points() -> Sequence[metadata.EntryPoint]:
+    """The installed outputs, in name order (loaded by exporters/output.py)."""
+    return sorted(_entry_points(OUTPUT_GROUP), key=lambda e: e.name)
 
 
 def cluster_environments() -> list[type[ClusterEnvironment]]:

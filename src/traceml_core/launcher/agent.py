@@ -20,19 +20,24 @@ SIGKILL from the kernel when this process dies, see :mod:`.ownership`) or ``{"re
 "detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
 descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
 end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
-``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message"}]}``.
+``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message", "traceback",
+"stderr"}]}`` (``stderr``: the end of the worker's stderr, kept by :mod:`.stderrtee`), or, when
+torchrun could not start at all because the master port was taken after the pre-flight,
+``{"startup_error": TEXT}`` (one paragraph, :func:`port_taken`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
 from typing import Any, Optional
 
 from .ownership import kill_workers_with_torchrun
+from .stderrtee import SEND_MAX, StderrTees
 
 FD_VAR = "TRACEML_AGENT_FD"
 BOOTSTRAP_MODULE = "traceml_core.bootstrap"   # (launcher/torchrun.py; this module stays light)
@@ -124,9 +129,10 @@ def _error_of(message: Any) -> tuple[str, str]:
     return text, ""
 
 
-def _failure_reporter(sock: socket.socket) -> None:
+def _failure_reporter(sock: socket.socket, tees: Optional[StderrTees] = None) -> None:
     """Send torchrun's per-worker outcome of a failed run back to the launcher (best effort: on
-    a torch without these internals the run is simply not annotated)."""
+    a torch without these internals the run is simply not annotated), with the end of each
+    failed worker's stderr where ``tees`` kept it (stderrtee.py)."""
     try:
         import torch.distributed.launcher.api as api
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -139,20 +145,48 @@ def _failure_reporter(sock: socket.socket) -> None:
             return original(*args, **kwargs)
         except ChildFailedError as exc:
             rows = []
-            for rank, f in sorted((getattr(exc, "failures", None) or {}).items()):
+            failures = sorted((getattr(exc, "failures", None) or {}).items())
+            try:
+                stderr = tees.texts([int(f.local_rank) for _, f in failures]) if tees is not None else {}
+            except Exception:
+                stderr = {}
+            for rank, f in failures:
                 try:
                     code = int(f.exitcode)
                     message, tb = _error_of(f.message)
                     rows.append({"rank": int(rank), "local_rank": int(f.local_rank), "pid": int(f.pid),
                                  "exitcode": code, "signal": f.signal_name() if code < 0 else None,
                                  "ts": float(f.timestamp), "message": message[:2000],
-                                 "traceback": tb[-4000:]})
+                                 "traceback": tb[-4000:],
+                                 "stderr": (stderr.get(int(f.local_rank)) or "")[-SEND_MAX:] or None})
                 except Exception:
                     continue
             _send(sock, {"failures": rows, "at": time.time()})
             raise
 
     api.launch_agent = launch_agent
+
+
+#: torch's words when its rendezvous store cannot listen (c10d TCPStore: DistNetworkError)
+_PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.I)
+_PORT_OF = re.compile(r"port: (\d+)")
+
+
+def port_taken(exc: BaseException, argv: list[str]) -> Optional[str]:
+    """One paragraph when ``exc`` is torch's rendezvous store failing to listen on the master
+    port because another process holds it (taken after the launcher's pre-flight found it free:
+    preflight.check_master_port); None for anything else."""
+    text = str(exc)
+    if not _PORT_TAKEN.search(text):
+        return None
+    m = _PORT_OF.search(text)
+    port = m.group(1) if m else next((a.split("=", 1)[1] for a in argv if a.startswith(("--master-port=",
+                                                                                        "--master_port="))), "?")
+    return (f"the master port {port} was taken on this node after TraceML's pre-flight found it free, so "
+            "torchrun could not start its rendezvous store there (EADDRINUSE) and no worker started: another "
+            "job or `traceml run` on this machine took it in the seconds between the check and torchrun. Run "
+            "again, or pass another free port with --master-port PORT (or TRACEML_MASTER_PORT; the same on "
+            "every node of the job), or --standalone on a single node to pick free ports.")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -191,7 +225,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.dup2(fds[1], 2)
     for fd in fds:
         os.close(fd)
-    _failure_reporter(sock)
+    # each worker's stderr through here, its last lines kept for the record of a failed worker;
+    # only where no worker can outlive this process (the reader of its stderr)
+    tees = StderrTees() if result.get("owns_workers") else None
+    if tees is not None and not tees.install():
+        tees = None
+    _failure_reporter(sock, tees)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
@@ -208,6 +247,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         # the launcher (_failure_reporter) and the summary names the first failure; torchrun's
         # traceback through its own internals, and its copy of the record, would only bury that.
         # Exit status 1, as the uncaught exception gave.
+        return 1
+    except Exception as exc:  # noqa: BLE001 - only the port race is ours to explain
+        words = port_taken(exc, argv)
+        if words is None:
+            raise
+        # the launcher's words (its log, the run's reason and headline) instead of torch's traceback
+        _send(sock, {"startup_error": words, "at": time.time()})
         return 1
     return 0
 

@@ -178,6 +178,9 @@ class WorkerStarter(ABC):
         if self.sup is not None:
             self.sup.restore()
 
+    #: why no worker could start at all, in one paragraph (set by :meth:`report`; None: they did)
+    startup_error: Optional[str] = None
+
 
 class TorchrunStarter(WorkerStarter):
     """The node layout: one torchrun per node, started through the pre-flight agent."""
@@ -206,6 +209,8 @@ class TorchrunStarter(WorkerStarter):
         env = dict(self.environ)
         env[AGENT_FD_VAR] = str(agent.child_fd)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if c.omp_threads:  # the task's CPUs over its workers (config.omp_threads); the user's own wins
+            env.setdefault("OMP_NUM_THREADS", c.omp_threads)
         sup = self.sup = Supervisor(cmd, env, grace=STOP_GRACE_S, pass_fds=(agent.child_fd,))
         try:
             sup.start()
@@ -269,6 +274,7 @@ class TorchrunStarter(WorkerStarter):
         step) made it stop torchrun, so a node lost before that is the failure."""
         assert self.agent is not None and self.sup is not None
         rows = self.agent.collect_failures() if code != 0 else []
+        self.startup_error = self.agent.startup_error
         self.agent.close()
         sup = self.sup
         ours = sup.interrupted_by is not None or sup.terminated is not None
@@ -297,6 +303,8 @@ def worker_env(config: LaunchConfig, environ: Mapping[str, str], run_env: Mappin
         **run_env,
     })
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if config.omp_threads:  # the task's CPUs (config.omp_threads); the user's own value wins
+        env.setdefault("OMP_NUM_THREADS", config.omp_threads)
     return env
 
 

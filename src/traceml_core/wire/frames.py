@@ -25,7 +25,7 @@ from ..statistics import window as _window
 from ..statistics.window import MAX_VALUE
 from . import fold
 from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, LAUNCHER_SIGNALS, PEAK_COLUMNS, STEP_COLUMNS,
-                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError)
+                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError, host_name)
 
 # MAX_VALUE: larger values are refused as malformed (2**62: what a window of the statistics
 # holds, statistics/window.py); each column has its own, lower, physical bound (COLUMN_LIMITS)
@@ -265,6 +265,8 @@ MAX_WORKER_ROWS = 1024
 #: characters kept of a failed worker's error line and of its traceback (the innermost part)
 MAX_WORKER_MESSAGE = 500
 MAX_WORKER_TRACEBACK = 2000
+#: characters kept of the end of a failed worker's stderr (launcher/stderrtee.py sends as many)
+MAX_WORKER_STDERR = 2000
 
 
 def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
@@ -283,14 +285,16 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
         sig = w.get("signal")
         ts = w.get("ts")
         ts = measured(msg, ts, limits.EPOCH_S, "workers ts") if type(ts) in _NUM else None
-        message, tb = w.get("message"), w.get("traceback")
+        message, tb, err = w.get("message"), w.get("traceback"), w.get("stderr")
         workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
                         "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
                         "signal": sig[:32] if isinstance(sig, str) else None,
                         "ts": None if ts is None else float(ts),
                         # Python's error of the worker, from torchrun's record (launcher/agent.py)
                         "message": message[:MAX_WORKER_MESSAGE] if isinstance(message, str) else None,
-                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None})
+                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None,
+                        # the end of its stderr (what a native library or the script said last)
+                        "stderr": err[-MAX_WORKER_STDERR:] if isinstance(err, str) else None})
     oom = msg.get("oom")
     if oom is not None:
         if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:
@@ -374,8 +378,7 @@ def check_join(msg: dict[str, Any]) -> dict[str, Any]:
     for key, typ in (("local_rank", int), ("pid", int), ("host", str)):
         if type(msg.get(key)) is not typ:
             msg[key] = None
-    if msg.get("host"):
-        msg["host"] = msg["host"][:255]
+    msg["host"] = host_name(msg.get("host")) or None
     msg["new"] = bool(msg.get("new", True))
     _int(msg, "seq_end", optional=True)
     return msg
@@ -398,7 +401,7 @@ def check_node(msg: dict[str, Any]) -> dict[str, Any]:
     if msg["gone"]:
         return msg
     _str(msg, "host", 255, optional=True)
-    msg["host"] = msg.get("host") or ""
+    msg["host"] = host_name(msg.get("host"))
     if type(msg.get("nproc")) is not int:
         msg["nproc"] = None
     return msg
@@ -412,6 +415,7 @@ def check_system(msg: dict[str, Any]) -> dict[str, Any]:
     (aggregator/system.py) adds the samples up without another check."""
     _int(msg, "node")
     _str(msg, "host", 255, optional=True)
+    msg["host"] = host_name(msg.get("host")) or None
     samples = msg.get("samples")
     if type(samples) is not list or len(samples) > MAX_SAMPLES_PER_FRAME:
         raise ProtocolError("system: samples must be a list")

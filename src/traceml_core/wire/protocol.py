@@ -103,8 +103,10 @@ received, plus:
 ``bye``      ``{"t","status","exit_code","workers","oom","torchrun"}`` (no ``rank``): the node's launcher
              ended, with its exit code and the node's **worker report**
              (:func:`traceml_core.wire.frames.worker_report`): ``workers`` is torchrun's outcome for
-             each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts"}``,
-             ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's
+             each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts",
+             "message","traceback","stderr"}``, ``signal`` a name such as ``"SIGKILL"`` or null;
+             ``message``/``traceback`` Python's error from torchrun's error file, ``stderr`` the end
+             of the worker's stderr, at most 2,000 characters: launcher/stderrtee.py), ``oom`` the OOM kills the node's
              memory cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null
              where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
              "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
@@ -181,6 +183,7 @@ Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, Iterator
 
@@ -278,3 +281,14 @@ class FrameBuffer:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+#: a host name as a peer may state it (its own, or a node's): letters, digits, ``_``, ``.``, ``-``,
+#: ``:`` (an address), at most 255 characters. Anything else (a newline, a space, a control
+#: character) is dropped where it enters, so it can never forge a line of a log or a summary.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:-]{0,254}")
+
+
+def host_name(value: Any) -> str:
+    """``value`` when it is a host name (:data:`HOST_NAME`), else "" (not known)."""
+    return value if isinstance(value, str) and HOST_NAME.fullmatch(value) else ""
