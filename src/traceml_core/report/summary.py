@@ -43,6 +43,7 @@ from .steps import no_steps_reason, steps_block
 from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
 from .trend import memory_trend
+from .rules.graph import beside_failure
 from .verdicts import judge, no_phase
 from .windows import memory_points, run_windows
 
@@ -568,6 +569,8 @@ def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) 
     found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
     if end.headline is not None:
         perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
+        for v in perf:  # the failure is what to fix: the steps before it are information
+            v.severity = beside_failure(v.kind, v.severity)
         found = [end.headline] + ([] if end.alone else perf)
     if end.stall is not None:
         found = found[:1] + [end.stall] + found[1:]

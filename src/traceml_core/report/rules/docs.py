@@ -94,4 +94,9 @@ def graph_markdown() -> str:
     out.append("")
     for kind, by in graph.CONTRADICTS.items():
         out.append(f"`{kind}` is dropped beside any of: " + ", ".join(f"`{k}`" for k in by) + ".")
+    out.append("")
+    out.append("Beside a failure or a hang (the headline), the performance verdicts of the steps before it "
+               "are information, except " + ", ".join(f"`{k}`" for k in graph.MAY_FAIL_A_RUN)
+               + " (a cause that can make a run fail): the failure is what to fix, and a short run cut by a "
+               "failing rank makes a straggler or a slow all-reduce out of noise.")
     return "\n".join(out) + "\n"

@@ -138,3 +138,17 @@ def arrange(found: list[Finding], node_of: dict[int, Any], kinds: Sequence[str])
             found.remove(cause)
             found.insert(found.index(effect), cause)
     return found
+
+
+#: beside a run's failure or hang (its headline), the performance verdicts of the steps before it
+#: are information: the failure is what to fix, and a short run cut by a failing rank (or a busy
+#: machine's few steps) makes a straggler or a slow all-reduce out of noise (a collective mismatch
+#: at load 8 listed COMMUNICATION-BOUND and a critical STRAGGLER). Except a cause that can make a
+#: run fail: memory that keeps growing ends in an out-of-memory kill.
+MAY_FAIL_A_RUN = ("memory_creep",)
+
+
+def beside_failure(kind: str, severity: str) -> str:
+    """The severity a performance verdict keeps beside a failure or hang headline."""
+    return severity if kind in MAY_FAIL_A_RUN else "info"
+
