@@ -9,8 +9,8 @@ on the right rank and phase with figures that agree, every consequence listed, n
 or critical secondary, no information sentence that contradicts the truth, controls with no
 warning or critical at all.
 
-Printed, for each half (``tune``: rules may be changed for what these show; ``held``: never) and
-for both: the confusion matrix (scenario x class of the primary verdict), precision and recall
+Printed, for each half (``tune``: rules may be changed for what these show; ``held`` and
+``held2``: never, see catalog.py) and for all: the confusion matrix (scenario x class of the primary verdict), precision and recall
 per class with their counts (verdicts: a false secondary counts against its class's precision,
 a cause not found against its recall), the share of verdicts right and of runs right, the
 thresholds' error rate on the *near* scenarios (a cause 1.5-2.5x its threshold) apart, false
@@ -190,11 +190,12 @@ def figures(scenarios: list[Scenario], outcomes: list[Outcome], title: str, quie
 def report(scenarios: list[Scenario], outcomes: list[Outcome]) -> dict[str, Any]:
     out: dict[str, Any] = {"outcomes": [o.to_json() for o in outcomes]}
     ran = {o.scenario for o in outcomes}
-    halves = [h for h in ("tune", "held") if any(s.half == h and s.name in ran for s in scenarios)]
-    for half, title in (("tune", "tune half (rules may be changed for what these show)"),
-                        ("held", "held-out half (written before the rules changed, never tuned on)")):
-        if half in halves:
-            out[half] = figures([s for s in scenarios if s.half == half], outcomes, title)
+    titles = {"tune": "tune half (rules may be changed for what these show)",
+              "held": "held-out half (written before the rules changed, never tuned on)",
+              "held2": "second held-out set (written before the second round of rule changes)"}
+    halves = [h for h in titles if any(s.half == h and s.name in ran for s in scenarios)]
+    for half in halves:
+        out[half] = figures([s for s in scenarios if s.half == half], outcomes, titles[half])
     if len(halves) > 1:
         out["all"] = figures(scenarios, outcomes, "both halves")
     return out
@@ -233,7 +234,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--modes", default="summary", help=f"comma-separated, of {', '.join(MODES)}")
     ap.add_argument("--only", default="", help="comma-separated scenario names")
     ap.add_argument("--skip", default="", help="comma-separated scenario names to leave out")
-    ap.add_argument("--half", choices=("tune", "held", "all"), default="all")
+    ap.add_argument("--half", choices=("tune", "held", "held2", "all"), default="all")
     ap.add_argument("--ci", action="store_true", help="the CI subset only")
     ap.add_argument("--logs", default="", help="keep the runs' directories here (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600.0)
@@ -288,7 +289,7 @@ def main(argv: Optional[list[str]] = None) -> int:
                 where = f" rank {o.culprit}" if o.culprit is not None else ""
                 where += f" in {o.phase}" if o.phase else ""
                 others = ", ".join(f"{v.kind}:{v.severity[0]}" for v in o.verdicts[1:])
-                print(f"  {s.name:<22} {s.half:<4} {mode:<7} #{run}  {o.kind} ({o.severity}){where}"
+                print(f"  {s.name:<22} {s.half:<5} {mode:<7} #{run}  {o.kind} ({o.severity}){where}"
                       f"{' + ' + others if others else ''}  [{o.wall_s:.0f} s, load {o.load[0]:.1f}]"
                       + (f"  WRONG: {'; '.join(sc.errors)}" if sc.errors else ""), flush=True)
     print(f"{len(outcomes)} runs in {time.monotonic() - t0:.0f} s")

@@ -33,6 +33,9 @@ runs give the thresholds' error rate, reported apart) and well *above* it.
 show) or the ``held`` half (written with the tune half, committed before any rule changed, and
 never used to change a rule: it measures whether the rules generalise). Held-out scenarios vary
 the rank, the phase, the period, the magnitude or the input path of their tune-half twins.
+``held2`` is a second held-out set, written and committed after the first held-out pass was
+reported and before the rules changed for what it showed (that pass then became tuning data):
+it measures the second round of changes the way ``held`` measured the first.
 """
 
 from __future__ import annotations
@@ -351,6 +354,44 @@ SCENARIOS: tuple[Scenario, ...] = (
     _s("nodes2-slow-link-held", "2 nodes; node1's egress limited to 100 Mbit/s, a 2.4 MB gradient per step",
        Truth("communication_bound"), "--features", "768", "--width", "768", "--depth", "1", "--batch", "8",
        "--steps", "30", nproc=1, nodes=2, throttle=("node1", "100mbit"), magnitude="above", half="held"),
+
+    # --- held2: a second held-out set (see the module docstring) ------------------------------------
+    _s("h2-control-busy3", "nothing, beside 3 busy loops", NONE, *S, busy=3, half="held2"),
+    _s("h2-control-loader", "nothing: a DataLoader of 1024-sample records, 2 workers", NONE, *S,
+       "--input", "loader", "--workers", "2", "--chunk", "1024", half="held2"),
+    _s("h2-control-loader-busy", "nothing: a DataLoader of 1024-sample records, no workers, beside 2 busy loops",
+       NONE, *S, "--input", "loader", "--workers", "0", "--chunk", "1024", busy=BUSY, half="held2"),
+    _s("h2-slow-backward-busy", "rank 1 waits 1x compute in backward, beside 2 busy loops",
+       Truth("straggler", 1, "backward"), *S, "--slow-rank", "1", "--slow-phase", "backward", "--slow-factor", "1.0",
+       busy=BUSY, magnitude="above", half="held2"),
+    _s("h2-slow-optimizer-busy", "rank 0 waits 0.8x compute in the optimizer, beside 2 busy loops",
+       Truth("straggler", 0, "optimizer"), *S, "--slow-rank", "0", "--slow-phase", "optimizer", "--slow-factor",
+       "0.8", busy=BUSY, magnitude="above", half="held2"),
+    _s("h2-slow-forward-near", "rank 0 waits 0.3x compute in forward", Truth("straggler", 0, "forward"), *S,
+       "--slow-rank", "0", "--slow-phase", "forward", "--slow-factor", "0.3", magnitude="near", half="held2"),
+    _s("h2-burn-backward-busy", "rank 0 computes 0.8x more in backward, beside 2 busy loops",
+       Truth("work_imbalance", 0, "backward"), *S, "--burn-rank", "0", "--burn-phase", "backward", "--burn-factor",
+       "0.8", busy=BUSY, magnitude="above", half="held2"),
+    _s("h2-batch-loader", "rank 1's DataLoader batches (1024-sample records) are 1.5x",
+       Truth("work_imbalance", 1, ratio=1.5), *S, "--input", "loader", "--workers", "1", "--chunk", "1024",
+       "--batch-rank", "1", "--batch-factor", "1.5", magnitude="above", half="held2"),
+    _s("h2-get-batch-busy", "get_batch() waits 0.8x compute before each step, beside 2 busy loops",
+       Truth("input_bound"), *S, "--input", "get_batch", "--fetch-factor", "0.8", busy=BUSY, magnitude="above",
+       half="held2"),
+    _s("h2-eval15-rank0-busy", "every 15 steps rank 0 alone evaluates (0.6x), beside 2 busy loops",
+       Truth("periodic_work", 0, period=15), "--steps", "120", "--eval-every", "15", "--eval-rank", "0",
+       "--eval-factor", "0.6", busy=BUSY, magnitude="above", half="held2"),
+    _s("h2-creep-busy", "rank 1 keeps 3 MiB per step, beside 2 busy loops", Truth("memory_creep", 1), *S,
+       "--leak-rank", "1", "--leak-kib", "3072", busy=BUSY, magnitude="above", half="held2"),
+    _s("h2-ranks3-slow", "3 ranks; rank 2 waits 1x compute in forward",
+       Truth("straggler", 2, "forward", allowed=("cpu_oversubscribed",), primary_any=("cpu_oversubscribed",)),
+       *S, "--slow-rank", "2", "--slow-phase", "forward", "--slow-factor", "1.0", nproc=3, magnitude="above",
+       half="held2"),
+    _s("h2-fail-raise-busy", "rank 0 raises at step 30, beside 2 busy loops", Truth("run_failed", 0, status="failed"),
+       *S, "--fail-mode", "raise", "--fail-rank", "0", "--fail-step", "30", busy=BUSY, half="held2"),
+    _s("h2-accum-slow-busy", "4 micro-batches under no_sync(); rank 0 waits 1x compute in forward, beside 2 busy loops",
+       Truth("straggler", 0, "forward"), *S, "--accum", "4", "--batch", "2048", "--slow-rank", "0", "--slow-phase",
+       "forward", "--slow-factor", "1.0", busy=BUSY, magnitude="above", half="held2"),
 
     # --- CUDA only ------------------------------------------------------------------------------------
     _s("host-sync", "loss.item() every step (CUDA)", Truth("host_sync"), *S, "--sync", needs="cuda"),
