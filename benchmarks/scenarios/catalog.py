@@ -621,7 +621,7 @@ def score(sc: Scenario, o: Outcome) -> Score:
                 s.fp.append(v.cls)
                 s.errors.append(f"false secondary {v.kind} ({v.severity})")
         elif not v.loud and v.kind == "cpu_contention" and t.culprit is not None \
-                and v.evidence.get("excused_rank") == t.culprit:
+                and v.evidence.get("excused_rank") == t.culprit and not consequence:
             s.fp.append(v.cls)
             s.errors.append(f"cpu_contention excuses rank {t.culprit}, the culprit")
     return s

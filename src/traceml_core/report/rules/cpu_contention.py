@@ -94,7 +94,7 @@ def detect(run: Run) -> Optional[Finding]:
     whose, n, used, cores = _whose(run, node)
     rate = (ex.work.rate / ex.work.rate_theirs if ex and ex.work.rate is not None and ex.work.rate_theirs
             else None)
-    return Finding(KIND, "info", None, ContentionEvidence(
+    return Finding(KIND, "info", ex.rank.culprit() if ex else None, ContentionEvidence(
         wait_ms=round(wait, 2), fraction=round(frac, 4), iteration_ms=round(it, 2),
         max_wait_ms=round(most[0], 2), max_rank=most[1],
         excused_rank=ex.rank.rank if ex else None, excused_excess_ms=round(ex.excess, 2) if ex else None,
@@ -126,10 +126,13 @@ def say(ev: ContentionEvidence) -> tuple[str, str]:
            f"{ev.max_wait_ms:.1f} ms): runnable, but {_held(ev)}")
     if ev.excused_rank is not None and ev.excused_by == "slow_core":
         parts = ", ".join(f"{p} {k:.2g}x" for p, k in ev.excused_cpu_ratios.items())
+        because = ("its memory keeps growing (see the memory verdict), which may be what slows it"
+                   if ev.explained_by == "memory_creep" else
+                   "its core ran slower (another process on the same physical core, a lower clock)")
         why += (f"; rank {ev.excused_rank} is {ev.excused_excess_ms:.1f} ms per step slower than the "
                 f"others, and for the same batch its training thread used more CPU time in every part of "
-                f"its step alike ({parts}): its core ran slower (another process on the same physical "
-                "core, a lower clock), not more work of its own, so it is not called a straggler")
+                f"its step alike ({parts}): {because}, not more work of its own, so it is not called a "
+                "straggler")
     elif ev.excused_rank is not None:
         rate = (f", {ev.excused_rate_ratio:.2g}x the others' wait per CPU second" if ev.excused_rate_ratio
                 else "")

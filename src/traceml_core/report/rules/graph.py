@@ -92,6 +92,8 @@ LINKS: tuple[Link, ...] = (
     Link("cpu_oversubscribed", "communication_bound", "too many threads starve gloo's communication threads"),
     Link("cpu_oversubscribed", "compute_bound", "too many threads make the model's own work slower"),
     Link("cpu_oversubscribed", "cpu_contention", "the ranks' own threads are what holds the cores"),
+    Link("memory_creep", "cpu_contention", "a rank whose memory grows computes slower (allocation, page "
+         "faults, a scan of what it keeps): its own, not its core's", lambda c, e: e.evidence.excused_rank is not None),
     Link("input_bound", "low_gpu_util", "GPUs that wait for data are idle"),
     Link("communication_bound", "low_gpu_util", "GPUs that wait for the network are idle"),
 )

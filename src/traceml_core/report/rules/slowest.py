@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from .. import thresholds as T
 from ..model import CpuThreads, RankSummary
 from ..stats import median
-from .base import OWN_PHASES, Run, mean_ms, own, own_time, quantile, severity
+from .base import OWN_PHASES, Run, iteration, mean_ms, own, own_time, quantile, severity
 
 #: what the slowest rank's excess is made of (:func:`assess`)
 WORK, CPU_WORK, CONTENTION, SLOW_CORE, WAIT = "work", "cpu_work", "contention", "slow_core", "wait"
@@ -66,6 +66,17 @@ class Work:
     #: core ran slower) or not (work of its own where it grew); None: not measured
     part_ratios: dict[str, float] = field(default_factory=dict)
     uniform: Optional[bool] = None
+    #: its time per step off the CPU and not waiting for a core nor for the other ranks (a sleep,
+    #: storage, a device, a lock: wall clock less communication, CPU time and run-queue wait), and
+    #: the others' median (ms; None where not measured)
+    blocked: Optional[float] = None
+    blocked_theirs: Optional[float] = None
+
+    @property
+    def blocked_excess(self) -> Optional[float]:
+        if self.blocked is None or self.blocked_theirs is None:
+            return None
+        return self.blocked - self.blocked_theirs
 
     @property
     def ratio(self) -> Optional[float]:
@@ -323,7 +334,23 @@ def work_of(run: Run, worst: RankSummary, others: Sequence[RankSummary]) -> Work
             if mine_p is not None and theirs_p:
                 w.phase_cpu[p] = round(mine_p - (median(theirs_p) or 0.0), 2)
     _uniformity(w, [f.work if f is not None else None for f in facts])
+    mine_b, theirs_b = blocked(run, worst), [blocked(run, r) for r in others]
+    if mine_b is not None and all(b is not None for b in theirs_b):
+        w.blocked, w.blocked_theirs = mine_b, median([b for b in theirs_b if b is not None])
     return w
+
+
+def blocked(run: Run, r: RankSummary) -> Optional[float]:
+    """A rank's time per steady step off the CPU and not waiting for a core nor for the other
+    ranks: its wall clock per step (step and between steps) less its measured communication, its
+    training thread's CPU time and its wait for a core (ms; None where one is not measured). A
+    rank that sleeps, reads storage, waits for its device or a lock has it; one that computes more
+    or waits for a core does not."""
+    f = run.cpu(r.rank)
+    it, comm = iteration(r), mean_ms(r, "comm")
+    if f is None or f.run_ms is None or f.wait_ms is None or it is None or comm is None:
+        return None
+    return it - comm - f.run_ms - f.wait_ms
 
 
 def _parts(work: Any) -> Optional[dict[str, float]]:
@@ -362,6 +389,8 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
 
     * WORK: its batches are bigger (measured or declared), by enough to account for at least
       half of the excess (its others' own time scaled by the ratio);
+    * WAIT, measured: at least half of the excess is time off the CPU and not waiting for a core
+      (:func:`blocked`): a sleep, storage, its device, a lock;
     * CONTENTION: its wait for a core beyond what its own CPU time costs at the others' rate
       (:func:`starved`) is taken out of the excess, and no straggler's excess is left;
     * CPU_WORK or SLOW_CORE: for the same batch its training thread used more CPU time per step,
@@ -377,6 +406,12 @@ def _cause(run: Run, s: Slowest) -> tuple[str, float]:
     ratio = w.ratio
     if ratio is not None and ratio >= T.WORK_RATIO_MIN and (ratio - 1.0) * own_others >= T.WORK_EXPLAINS * judged:
         return WORK, judged
+    off = w.blocked_excess
+    if off is not None and off >= T.CAUSE_SHARE * judged:
+        # it spends the excess off the CPU, not waiting for a core: it waits (for its device,
+        # storage, a lock, a sleep), whatever its CPU time (a thread that sleeps wakes to cold
+        # caches and waits for a core at each wake-up on a busy CPU)
+        return WAIT, judged
     rest = judged - max(0.0, s.starved or 0.0)
     if severity(rest / step, rest, T.STRAGGLER_EXCESS_WARN, T.STRAGGLER_EXCESS_CRIT, T.STRAGGLER_FLOOR_MS) is None:
         return CONTENTION, judged

@@ -55,6 +55,10 @@ class StragglerEvidence(Evidence):
     others_cpu_ms: Optional[float] = None
     #: the other ranks' wait for a core per ms of CPU (median)
     others_wait_per_cpu: Optional[float] = None
+    #: its time per step off the CPU and not waiting for a core nor the others, and the others'
+    #: (ms; rules/slowest.blocked)
+    blocked_ms: Optional[float] = None
+    others_blocked_ms: Optional[float] = None
 
 
 def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
@@ -68,7 +72,8 @@ def evidence_of(s: Slowest, run: Run) -> StragglerEvidence:
         quota_wait_ms=round(s.quota, 2) if s.quota else None,
         pause_ms=round(s.pause, 1) if s.pause else None, device=run.ctx.device,
         cpu_ms=rounded(s.work.cpu), others_cpu_ms=rounded(s.work.cpu_theirs),
-        others_wait_per_cpu=rounded(s.work.rate_theirs, 3))
+        others_wait_per_cpu=rounded(s.work.rate_theirs, 3), blocked_ms=rounded(s.work.blocked),
+        others_blocked_ms=rounded(s.work.blocked_theirs))
 
 
 def detect(run: Run) -> Optional[Finding]:
@@ -102,12 +107,18 @@ def say(ev: StragglerEvidence) -> tuple[str, str]:
                if deltas[p] >= T.ATTRIBUTION_LIST * ev.excess_ms] or [phase]
         why += ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
     cpu, theirs = ev.cpu_ms, ev.others_cpu_ms
-    # (its extra CPU time, with the wait for a core that comes with it, explains under half of it)
-    waits_off_cpu = (cpu is not None and theirs is not None
-                     and (cpu - theirs) * (1.0 + (ev.others_wait_per_cpu or 0.0)) < T.CAUSE_SHARE * ev.excess_ms)
-    if waits_off_cpu:
-        why += (f"; its training thread used {cpu:.1f} ms of CPU per step, the others {theirs:.1f}: "
-                "it waits, off the CPU, rather than computing more")
+    off, off_theirs = ev.blocked_ms, ev.others_blocked_ms
+    if off is not None and off_theirs is not None and off - off_theirs >= T.CAUSE_SHARE * ev.excess_ms:
+        waits_off_cpu = True
+        why += (f"; it spends {off:.1f} ms per step off the CPU and not waiting for a core (the others "
+                f"{off_theirs:.1f}): it waits, rather than computing more")
+    else:
+        # (its extra CPU time, with the wait for a core that comes with it, explains under half of it)
+        waits_off_cpu = (cpu is not None and theirs is not None
+                         and (cpu - theirs) * (1.0 + (ev.others_wait_per_cpu or 0.0)) < T.CAUSE_SHARE * ev.excess_ms)
+        if waits_off_cpu:
+            why += (f"; its training thread used {cpu:.1f} ms of CPU per step, the others {theirs:.1f}: "
+                    "it waits, off the CPU, rather than computing more")
     if ev.metric == "own":
         why += "; the other ranks wait for it"
     if ev.pause_ms:
