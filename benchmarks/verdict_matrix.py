@@ -20,6 +20,7 @@ figures.
     scripts/dev-cluster exec .venv/bin/python benchmarks/verdict_matrix.py --outcomes m.jsonl   # all
     ... benchmarks/verdict_matrix.py --half tune --runs 1 --modes summary
     ... benchmarks/verdict_matrix.py --ci --runs 1 --modes summary                    # the CI subset
+    ... benchmarks/verdict_matrix.py --busy 2 --outcomes loaded.jsonl                 # beside a CI-like load
     ... benchmarks/verdict_matrix.py --only control,batch-above --runs 2 --json out.json
     .venv/bin/python benchmarks/verdict_matrix.py --report m.jsonl                    # figures again
 
@@ -238,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--ci", action="store_true", help="the CI subset only")
     ap.add_argument("--logs", default="", help="keep the runs' directories here (default: a temporary one)")
     ap.add_argument("--timeout", type=float, default=600.0)
+    ap.add_argument("--busy", type=int, default=0, help="busy loops beside every run (a CPU load like CI's: 2), "
+                    "on top of a scenario's own")
     ap.add_argument("--json", default="", help="write outcomes and figures here")
     ap.add_argument("--outcomes", default="", help="append each run's outcome to this JSON-lines file "
                     "as it comes (a long matrix cut short keeps what it measured)")
@@ -271,6 +274,10 @@ def main(argv: Optional[list[str]] = None) -> int:
             Path(args.json).write_text(json.dumps(data, indent=2, default=str) + "\n")
         return 0
     scenarios = select(args)
+    if args.busy:
+        from dataclasses import replace as _replace
+
+        scenarios = [_replace(s, busy=s.busy + args.busy) for s in scenarios]
     logs = Path(args.logs) if args.logs else Path(tempfile.mkdtemp(prefix="verdict-matrix-"))
     logs.mkdir(parents=True, exist_ok=True)
     print(f"verdict matrix: {len(scenarios)} scenarios x {args.runs} runs x modes {', '.join(modes)}; "
