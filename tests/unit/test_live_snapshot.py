@@ -36,15 +36,15 @@ def test_snapshot_describes_each_rank_from_its_recent_steps(rig):
     fast, slow = RankPeer(h.port, 0), RankPeer(h.port, 1)
     fast.steps(40, step_ms=10, forward_ms=3, mem=200 << 20)
     slow.steps(40, step_ms=40, forward_ms=30, mem=300 << 20)
-    frame = wait_for(lambda: (f := snap(h, series=True)) and len(f["ranks"]) == 2 and all(r["received"] == 40 for r in f["ranks"]) and f)
-    by = {r["rank"]: r for r in frame["ranks"]}
-    assert by[0]["recent"]["ms"]["forward"] == pytest.approx(3.0, rel=0.01)
-    assert by[1]["recent"]["ms"]["forward"] == pytest.approx(30.0, rel=0.01)
-    assert by[1]["recent"]["steps_per_s"] == pytest.approx(25.0, rel=0.05)  # from t_end spacing
-    assert by[1]["recent"]["mem_peak"] == 300 << 20
-    series = by[0]["series"]  # the whole run so far, in buckets of `width` steps
-    assert (len(series["step_ms"]) - 1) * series["width"] < 40 <= len(series["step_ms"]) * series["width"]
-    assert series["step_ms"] == [pytest.approx(10.0)] * len(series["step_ms"])
+    frame = wait_for(lambda: (f := snap(h, series=True)) and len(f.ranks) == 2 and all(r.received == 40 for r in f.ranks) and f)
+    by = {r.rank: r for r in frame.ranks}
+    assert by[0].recent.ms["forward"] == pytest.approx(3.0, rel=0.01)
+    assert by[1].recent.ms["forward"] == pytest.approx(30.0, rel=0.01)
+    assert by[1].recent.steps_per_s == pytest.approx(25.0, rel=0.05)  # from t_end spacing
+    assert by[1].recent.mem_peak == 300 << 20
+    series = by[0].series  # the whole run so far, in buckets of `width` steps
+    assert (len(series.step_ms) - 1) * series.width < 40 <= len(series.step_ms) * series.width
+    assert series.step_ms == [pytest.approx(10.0)] * len(series.step_ms)
 
     st = read_snapshot(frame)
     assert [r.state for r in st.ranks] == ["ok", "ok", "waiting"]  # rank 2 never connected
@@ -79,9 +79,9 @@ def test_rate_per_rank_is_timed_by_the_ranks_steps_not_by_their_arrival(rig):
     peer = RankPeer(h.port, 0)
     t0 = time.time_ns()
     peer.steps(20, step_ms=10, t0_ns=t0)
-    first = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["received"] == 20 and f)
+    first = wait_for(lambda: (f := snap(h)) and f.ranks and f.ranks[0].received == 20 and f)
     peer.steps(40, step_ms=10, t0_ns=t0)
-    second = wait_for(lambda: (f := snap(h)) and f["ranks"][0]["received"] == 60 and f)
+    second = wait_for(lambda: (f := snap(h)) and f.ranks[0].received == 60 and f)
     st = read_snapshot(second, prev=first)
     assert st.ranks[0].rate == pytest.approx(100.0, rel=0.01)
     line = status_line(st, (True, 0.0, None))
@@ -105,9 +105,9 @@ def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(r
     a, b = RankPeer(h.port, 0), RankPeer(h.port, 1)
     a.steps(10)
     b.steps(10)
-    wait_for(lambda: snap(h)["records"] == 20)
+    wait_for(lambda: snap(h).records == 20)
     b.close()  # killed: no bye
-    frame = wait_for(lambda: (f := snap(h)) and not {r["rank"]: r for r in f["ranks"]}[1]["connected"] and f)
+    frame = wait_for(lambda: (f := snap(h)) and not {r.rank: r for r in f.ranks}[1].connected and f)
     st = read_snapshot(frame)
     r1 = st.ranks[1]
     assert r1.state == "gone" and r1.stale
@@ -127,7 +127,7 @@ def test_a_rank_that_said_bye_has_ended_not_stale(rig):
     a = RankPeer(h.port, 0)
     a.steps(5)
     a.bye("error", error="Traceback...\nRuntimeError: CUDA out of memory")
-    frame = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["bye"] and f)
+    frame = wait_for(lambda: (f := snap(h)) and f.ranks and f.ranks[0].bye and f)
     r0 = read_snapshot(frame).aged(time.monotonic() + 60).ranks[0]
     assert r0.state == "ended" and not r0.stale
     assert r0.note == "ended error: RuntimeError: CUDA out of memory"
@@ -138,8 +138,8 @@ def test_snapshot_requests_leave_the_control_link_working_for_finish(rig):
     h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a = RankPeer(h.port, 0)
     a.steps(30)
-    frame = wait_for(lambda: (f := snap(h, verdict=True)) and f["records"] == 30 and f)
-    assert frame["verdict"]["kind"]  # the verdict so far, from a provisional summary
+    frame = wait_for(lambda: (f := snap(h, verdict=True)) and f.records == 30 and f)
+    assert frame.verdict.kind  # the verdict so far, from a provisional summary
     assert h.status()["records"] == 30  # the old query still answers on the same link
     a.bye()
     result = h.finish(0)

@@ -69,7 +69,7 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
                 "mem_mib": [None if m is None else round(m / 1048576, 1) for m in s.mem_max]})
     out["state"] = {"run_name": st.run_name, "world_size": st.world_size, "nnodes": st.nnodes,
                     "elapsed_s": st.elapsed_s, "records": st.records, "finishing": st.finishing,
-                    "verdict": v.to_json() if (v := verdict_so_far(st)) else None, "ranks": ranks,
+                    "verdict": asdict(v) if (v := verdict_so_far(st)) else None, "ranks": ranks,
                     "nodes": [asdict(n) for n in st.nodes]}
     return out
 

@@ -14,13 +14,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..livesnapshot import LiveSnapshot
 from .snapshot import VERDICT_AFTER_STEPS, LiveState, read_snapshot
 
 #: seconds between two verdict computations in the aggregator (a provisional summary)
 VERDICT_EVERY_S = 5.0
 HISTORY_POINTS = 1200
 
-Fetch = Callable[[dict[str, Any]], Optional[dict[str, Any]]]
+Fetch = Callable[[dict[str, Any]], Optional[LiveSnapshot]]
 
 
 class LiveFeed:
@@ -34,7 +35,7 @@ class LiveFeed:
         self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._frame: Optional[dict[str, Any]] = None
+        self._frame: Optional[LiveSnapshot] = None
         self._state: Optional[LiveState] = None
         self._next_verdict = 0.0
         self.updates = 0
@@ -75,8 +76,8 @@ class LiveFeed:
             frame, err = None, f"{type(exc).__name__}: {exc}"
         else:
             err = None if frame is not None else "the aggregator did not answer"
-        if frame is not None and frame.get("error"):
-            frame, err = None, f"the aggregator could not build a snapshot: {frame['error']}"
+        if frame is not None and frame.error:
+            frame, err = None, f"the aggregator could not build a snapshot: {frame.error}"
         with self._cond:
             if frame is None:
                 self.failures += 1

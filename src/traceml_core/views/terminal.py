@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any, Callable, Optional, TextIO
 
-from ..report.document import Verdict
+from ..livesnapshot import LiveVerdict
 from .feed import LiveFeed
 from .snapshot import PHASES, VERDICT_AFTER_STEPS, LiveState, RankLive
 
@@ -71,7 +71,7 @@ def rate(r: RankLive) -> Optional[float]:
     return r.rate if r.rate is not None else r.steps_per_s
 
 
-def verdict_so_far(st: LiveState) -> Optional[Verdict]:
+def verdict_so_far(st: LiveState) -> Optional[LiveVerdict]:
     if st.verdict and max((r.received for r in st.ranks), default=0) >= VERDICT_AFTER_STEPS:
         return st.verdict
     return None
