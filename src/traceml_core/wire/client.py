@@ -28,7 +28,7 @@ process that uses it:
   as gaps in the per-rank ``seq`` numbers.
 
 :class:`Link` is the blocking request/response connection of node 0's launcher (kind
-``control``) and of the doctor's agents.
+``control``) and of the doctor's agents. Both open a connection with :func:`handshake`.
 """
 
 from __future__ import annotations
@@ -113,6 +113,76 @@ class ClientStats:
     last_error: Optional[str]
 
 
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where a :class:`TelemetryClient` connects, who it says it is (its hello), and its pace."""
+
+    host: str
+    port: int
+    token: str
+    #: the hello: the endpoint it is for (``wire.auth.relay_aud``...), the run and who this is
+    aud: str
+    run: str
+    job: Optional[str] = None
+    node: int = 0
+    rank: int = -1
+    kind: str = "rank"
+    world: int = 0
+    #: this machine's name in the hello (None: socket.gethostname())
+    hostname: Optional[str] = None
+    extra: Optional[dict[str, Any]] = None
+    #: submitted frames that may wait; beyond, they are dropped and counted
+    max_frames: int = 1024
+    poll_interval: float = 0.1
+    connect_timeout: float = 2.0
+    handshake_timeout: float = 5.0
+    #: a server that accepts nothing this long is treated as gone
+    send_timeout: float = 10.0
+    backoff_initial: float = 0.05
+    backoff_max: float = 5.0
+    #: the thread's name, and how log lines name the server
+    name: str = "traceml-client"
+    peer: str = "the aggregator"
+    #: a fixed send buffer (tests: make a stalled server felt sooner)
+    sndbuf: Optional[int] = None
+
+    def hello(self) -> dict[str, Any]:
+        """A fresh hello (fresh nonce: no endpoint's replay check ever refuses a reconnect)."""
+        return make_hello(self.token, aud=self.aud, run=self.run, job=self.job, node=self.node,
+                          rank=self.rank, kind=self.kind, world=self.world, extra=self.extra,
+                          host=self.hostname if self.hostname is not None else socket.gethostname())
+
+
+class LinkError(Exception):
+    """The server could not be reached or answered wrongly; ``str()`` says what happened."""
+
+
+class LinkRefused(LinkError):
+    """The server refused our hello; ``reason`` is its reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the connection was refused: {reason}")
+        self.reason = reason
+
+
+def handshake(sock: socket.socket, hello: dict[str, Any], frames: FrameBuffer) -> None:
+    """Send ``hello`` on a connected socket and read the answer (the socket's timeout bounds the
+    wait); returns once welcomed, what came after the welcome left in ``frames``. Raises
+    :class:`LinkRefused` with the server's reason, :class:`LinkError` for any other answer, OSError
+    or ProtocolError from the connection."""
+    sock.sendall(encode(hello))
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise LinkError("the server closed the connection during the handshake")
+        for reply in frames.feed(data):
+            if reply.get("t") == "welcome":
+                return
+            if reply.get("t") == "refused":
+                raise LinkRefused(str(reply.get("reason", "no reason given")))
+            raise LinkError(f"unexpected answer to hello: {reply.get('t')!r}")
+
+
 _live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
 
 
@@ -132,66 +202,36 @@ class TelemetryClient:
 
     Typical use (rank)::
 
-        c = TelemetryClient(relay_host, relay_port, token, aud=relay_aud(node), run=run,
-                            job=job, node=node, rank=rank, kind="rank", world=world,
-                            extra={"local_rank": lr}, source=recorder, on_frame=answer)
+        c = TelemetryClient(ClientConfig(relay_host, relay_port, token, aud=relay_aud(node),
+                                         run=run, job=job, node=node, rank=rank, world=world,
+                                         extra={"local_rank": lr}),
+                            source=recorder, on_frame=answer)
         c.start(); c.wait_connected(2.0)
         ...
         c.close(timeout=2.0, bye=lambda: {...})
+
+    ``source`` gives the step batches; ``on_refused`` (the server's reason), ``on_connect`` (the
+    frames that go first on each connection) and ``on_frame`` (a checked ``req``) run on the
+    client thread.
     """
 
     def __init__(
         self,
-        host: str,
-        port: int,
-        token: str,
+        config: ClientConfig,
         *,
-        aud: str,
-        run: str,
-        job: Optional[str] = None,
-        node: int = 0,
-        rank: int = -1,
-        kind: str = "rank",
-        world: int = 0,
-        hostname: Optional[str] = None,
-        extra: Optional[dict[str, Any]] = None,
         source: Optional[RecordSource] = None,
-        max_frames: int = 1024,
-        poll_interval: float = 0.1,
-        connect_timeout: float = 2.0,
-        handshake_timeout: float = 5.0,
-        send_timeout: float = 10.0,
-        backoff_initial: float = 0.05,
-        backoff_max: float = 5.0,
         on_refused: Optional[Callable[[str], None]] = None,
         on_connect: Optional[Callable[[], list[Union[dict[str, Any], bytes]]]] = None,
         on_frame: Optional[Callable[[dict[str, Any]], None]] = None,
-        name: str = "traceml-client",
-        peer: str = "the aggregator",
-        sndbuf: Optional[int] = None,
     ) -> None:
-        self.host = host
-        self.peer = peer
-        self._sndbuf = sndbuf
-        self.port = int(port)
-        self._token = token
-        self.kind = kind
-        self._hello_args = dict(
-            aud=aud, run=run, job=job, node=node, rank=rank, kind=kind, world=world,
-            host=hostname if hostname is not None else socket.gethostname(), extra=extra,
-        )
+        self.config = config
+        self.host, self.port, self.kind, self.peer = config.host, int(config.port), config.kind, config.peer
         self.source = source
-        self.max_frames = max_frames
-        self.poll_interval = poll_interval
-        self.connect_timeout = connect_timeout
-        self.handshake_timeout = handshake_timeout
-        self.send_timeout = send_timeout
-        self.backoff = Backoff(backoff_initial, backoff_max)
+        self.backoff = Backoff(config.backoff_initial, config.backoff_max)
         self._on_refused = on_refused
         self._on_connect = on_connect
         self._on_frame = on_frame
         self._down = FrameBuffer(MAX_FRAME)
-        self._name = name
 
         self._frames: deque[Union[dict[str, Any], bytes]] = deque()
         self._periodic: list[list[Any]] = []     # [fn, interval_s, next_due]
@@ -225,13 +265,13 @@ class TelemetryClient:
     def start(self) -> None:
         if self._thread is not None or self._dead:
             return
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.config.name, daemon=True)
         self._thread.start()
 
     def submit(self, frame: Union[dict[str, Any], bytes]) -> bool:
         """Queue one frame (``system``, ``event``..., or its encoded bytes). False (and counted) if
         it had to be dropped."""
-        if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.max_frames:
+        if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.config.max_frames:
             self._frames_dropped += 1
             return False
         self._frames.append(frame)
@@ -334,16 +374,16 @@ class TelemetryClient:
                                 not self._has_pending() and self._bye is None):
                             return
                         close_attempted = True
-                        self._connect(min(self.connect_timeout, left))
+                        self._connect(min(self.config.connect_timeout, left))
                         if self._sock is None:
                             return
                     elif now >= next_attempt:
-                        if self._connect(self.connect_timeout):
+                        if self._connect(self.config.connect_timeout):
                             self.backoff.reset()
                         else:
                             next_attempt = time.monotonic() + self.backoff.delay()
                     if self._sock is None:
-                        self._sleep(max(0.0, min(self.poll_interval, next_attempt - time.monotonic())))
+                        self._sleep(max(0.0, min(self.config.poll_interval, next_attempt - time.monotonic())))
                         continue
                 if not self._peer_alive():
                     self._lost_connection(f"{self.peer} closed the connection")
@@ -357,7 +397,7 @@ class TelemetryClient:
                         self._send_bye()
                         return
                     continue
-                self._sleep(self.poll_interval)
+                self._sleep(self.config.poll_interval)
         except Exception as exc:  # the thread must never die noisily inside a user's job
             self._last_error = f"client thread: {type(exc).__name__}: {exc}"
             log.warning("traceml: telemetry client stopped after an internal error: %s", exc)
@@ -393,41 +433,36 @@ class TelemetryClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=max(0.01, timeout))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._sndbuf:  # a fixed send buffer (tests: make a stalled server felt sooner)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
-            hs_timeout = self.handshake_timeout
+            if self.config.sndbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.sndbuf)
+            hs_timeout = self.config.handshake_timeout
             if self._closing:
                 hs_timeout = min(hs_timeout, max(0.01, self._deadline - time.monotonic()))
             sock.settimeout(hs_timeout)
-            sock.sendall(encode(make_hello(self._token, **self._hello_args)))
             self._down = FrameBuffer(MAX_FRAME)
-            reply = self._read_one(sock, self._down)
-            kind = reply.get("t")
-            if kind == "welcome":
-                sock.settimeout(_SEND_SLICE)
-                self._sock = sock
-                if hasattr(select, "poll"):
-                    self._poller = select.poll()
-                    self._poller.register(sock, select.POLLIN | select.POLLPRI)
-                self._connected = True
-                self._connects += 1
-                if self._on_connect is not None:
-                    try:
-                        first = self._on_connect()
-                    except Exception as exc:
-                        first = []
-                        self._last_error = f"on_connect: {exc}"
-                    for frame in reversed(first):
-                        self._frames.appendleft(frame)
-                self._settled.set()
-                if self._down.pending:
-                    self._handle_down(b"")   # a bad frame shows again at the next read
-                return True
-            if kind == "refused":
-                self._refuse(str(reply.get("reason", "no reason given")))
-            else:
-                self._last_error = f"unexpected answer to hello: {kind!r}"
-        except (OSError, ProtocolError) as exc:
+            handshake(sock, self.config.hello(), self._down)
+            sock.settimeout(_SEND_SLICE)
+            self._sock = sock
+            if hasattr(select, "poll"):
+                self._poller = select.poll()
+                self._poller.register(sock, select.POLLIN | select.POLLPRI)
+            self._connected = True
+            self._connects += 1
+            if self._on_connect is not None:
+                try:
+                    first = self._on_connect()
+                except Exception as exc:
+                    first = []
+                    self._last_error = f"on_connect: {exc}"
+                for frame in reversed(first):
+                    self._frames.appendleft(frame)
+            self._settled.set()
+            if self._down.pending:
+                self._handle_down(b"")   # a bad frame shows again at the next read
+            return True
+        except LinkRefused as exc:
+            self._refuse(exc.reason)
+        except (OSError, ProtocolError, LinkError) as exc:
             self._last_error = f"{type(exc).__name__}: {exc}"
         if sock is not None:
             try:
@@ -436,16 +471,6 @@ class TelemetryClient:
                 pass
         self._connect_failures += 1
         return False
-
-    @staticmethod
-    def _read_one(sock: socket.socket, fb: FrameBuffer) -> dict[str, Any]:
-        """The first frame; bytes after it stay in ``fb`` (a ``req`` right after ``welcome``)."""
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by the server during the handshake")
-            for msg in fb.feed(data):
-                return msg
 
     def _refuse(self, reason: str) -> None:
         self._refused = reason
@@ -607,8 +632,8 @@ class TelemetryClient:
                     now = time.monotonic()
                     if self._closing and now >= self._deadline:
                         return sent, f"close deadline reached while {self.peer} was not reading"
-                    if now - stalled_since >= self.send_timeout:
-                        return sent, f"{self.peer} accepted nothing for {self.send_timeout:.0f}s"
+                    if now - stalled_since >= self.config.send_timeout:
+                        return sent, f"{self.peer} accepted nothing for {self.config.send_timeout:.0f}s"
                     continue
                 if n <= 0:
                     return sent, "send returned 0"
@@ -652,18 +677,6 @@ class TelemetryClient:
 
 
 # --- the blocking link ------------------------------------------------------------------------------
-class LinkError(Exception):
-    """The server could not be reached or answered wrongly; ``str()`` says what happened."""
-
-
-class LinkRefused(LinkError):
-    """The server refused our hello; ``reason`` is its reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"the connection was refused: {reason}")
-        self.reason = reason
-
-
 class Link:
     """A blocking framed connection for request/response outside any hot path: node 0's launcher
     (kind ``control``: ``finish``/``query``/``snapshot``) and the doctor's agents."""
@@ -697,14 +710,15 @@ class Link:
         except OSError:
             pass
         link = cls(sock, name)
-        link.send(hello())
-        reply = link.recv(timeout)
-        if reply.get("t") == "refused":
+        try:
+            sock.settimeout(timeout)
+            handshake(sock, hello(), link._frames)
+        except (OSError, ProtocolError, LinkError) as exc:
             link.close()
-            raise LinkRefused(str(reply.get("reason")))
-        if reply.get("t") != "welcome":
-            link.close()
-            raise LinkError(f"unexpected answer to hello: {reply.get('t')!r}")
+            if isinstance(exc, LinkError):
+                raise
+            raise LinkError(f"no welcome from {host}:{port}: {exc}") from None
+        link.ready.extend(link._frames.feed(b""))
         return link
 
     def fileno(self) -> int:
