@@ -70,6 +70,12 @@ def test_a_rank_blocked_in_its_own_code_is_named_by_its_state(tmp_path):
     line = next(ln for ln in r.err.splitlines() if "[traceml] hang report:" in ln)
     assert "decided by the ranks' state" in line and "rank 1 (node 0" in line, line
     _last_steps_agree(s, r.progress)
+    # what the killed ranks may have held unsent: they were blocked, and their client threads kept
+    # saying "nothing unsent" each second, so the bound is about a second of steps (10 ms steps:
+    # ~50-100), not the length of the hang (it was 18,073 for 16 missing before)
+    for rank in s["ranks"]:
+        t = rank["telemetry"]
+        assert t["lost"] == 0 and t["unsent_max"] is not None and t["unsent_max"] <= 300, t
     assert_no_leftovers(r)
 
 

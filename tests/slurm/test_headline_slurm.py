@@ -164,3 +164,50 @@ def test_a_stopped_rank_is_named_and_its_stall_timed_not_a_straggler(slurm_clust
     assert stall["culprit"]["rank"] == 3
     assert "straggler" not in [v["kind"] for v in verdicts], verdicts
     assert "the stall is over: step records arrive again" in out
+
+
+def test_all_ranks_stuck_in_one_collective_are_named_so_by_their_state(slurm_cluster, tmp_path):
+    """Issue 32: the ranks' own traffic between the two nodes is dropped while their relays still
+    reach node 0 (a fabric that fails under the collective library, not under TraceML): both ranks
+    wait in the gradient all-reduce and neither makes progress. With default settings the hang is
+    named by the ranks' state as all ranks stuck in one collective, with their nodes, well before
+    the time backstop (60 s)."""
+    import time
+
+    progress = tmp_path / "progress"
+    progress.mkdir()
+    port = 29931
+    body = (TOKEN + f"srun traceml run --run-name=stuck --aggregator-port={port} {FAULTY} "
+            "--steps 100000 --step-ms 10\n")
+    job = slurm_cluster.submit(body, *TWO_NODES, env=job_env(tmp_path, FAULT_PROGRESS_DIR=str(progress)))
+    ip1 = slurm_cluster.node_ip("node1")
+    rules = (f"table inet tmlstuck {{\n chain o {{ type filter hook output priority 0; ip daddr {ip1} "
+             f"tcp dport != {port} drop; }}\n chain i {{ type filter hook input priority 0; ip saddr {ip1} "
+             f"tcp sport != {port} drop; }}\n}}\n")
+    try:
+        rank1 = progress / "rank1.txt"
+        deadline = time.monotonic() + 180
+        while not (rank1.exists() and rank1.read_text().count("\nstep ") >= 40):
+            assert time.monotonic() < deadline and slurm_cluster.state(job) in ("PENDING", "RUNNING"), \
+                slurm_cluster.output(job)[-3000:]
+            time.sleep(0.2)
+        slurm_cluster.run(str(slurm_cluster.dir / "bin" / "in-ns"), slurm_cluster.node_netns("node2"), "node2",
+                          "nft", "-f", "-", input=rules)
+        cut = time.time()
+        deadline = time.monotonic() + 90
+        while "hang report:" not in slurm_cluster.output(job):
+            assert time.monotonic() < deadline, slurm_cluster.output(job)[-3000:]
+            time.sleep(0.2)
+        took = time.time() - cut
+    finally:
+        slurm_cluster.on_node("node2", "nft", "delete", "table", "inet", "tmlstuck", check=False)
+        slurm_cluster.run("scancel", job, check=False)
+    slurm_cluster.wait(job, timeout=180)
+    print(f"all ranks stuck -> report in the log: {took:.1f} s")
+    line = next(ln for ln in slurm_cluster.output(job).splitlines() if "hang report:" in ln)
+    assert "decided by the ranks' state" in line and "all ranks are stuck in the gradient all-reduce" in line, line
+    assert took < 55, took
+    h = summary(tmp_path, "stuck")["hang"]
+    assert h["rule"] == {"kind": "state", "name": "all_stuck", "because": h["rule"]["because"]}, h["rule"]
+    by = {a["rank"]: a for a in h["ranks"]}
+    assert by[0]["host"] == "node1" and by[1]["host"] == "node2" and all(a["state"] == "collective" for a in by.values())
