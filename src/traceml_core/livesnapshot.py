@@ -13,6 +13,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from .rundata import SystemData
 from .statistics.columns import DURATION_COLUMNS
 
 #: the phases of the recent medians, in report order (``comm`` is the exposed communication, the
@@ -21,43 +22,9 @@ PHASES = tuple(c[:-3] for c in DURATION_COLUMNS)
 
 
 @dataclass(frozen=True)
-class Running:
-    """Count, sum and maximum of a node's samples so far (a view's mean since its previous
-    snapshot is the difference of two)."""
-
-    n: int = 0
-    sum: float = 0.0
-    max: Optional[float] = None
-
-
-@dataclass(frozen=True)
-class GpuSnap:
-    index: int
-    util_pct: Running = Running()
-    mem_used: Running = Running()
-    mem_total: Running = Running()
-    temp_c: Running = Running()
-    power_w: Running = Running()
-
-
-@dataclass(frozen=True)
-class NodeSnap:
-    node: int
-    host: str = ""
-    #: the latest sample's time (the aggregator's clock)
-    last_ts: Optional[float] = None
-    cpu_pct: Running = Running()
-    ram_used: Running = Running()
-    ram_total: Running = Running()
-    gpus: list[GpuSnap] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
 class Recent:
     """A rank's last records (at most aggregator/snapshot.RECENT_RECORDS)."""
 
-    n: int = 0
-    span_s: float = 0.0
     #: the rank's own clock at its latest step's end: a viewer's rate between two snapshots
     #: divides the steps by this, not by when they happened to arrive
     last_t_end_ns: Optional[int] = None
@@ -131,7 +98,8 @@ class LiveSnapshot:
     records: int = 0
     finishing: bool = False
     ranks: list[RankSnap] = field(default_factory=list)
-    nodes: list[NodeSnap] = field(default_factory=list)
+    #: each node's system samples so far (the run data's type, without its samples over time)
+    nodes: list[SystemData] = field(default_factory=list)
     #: asked for every few seconds; None when not asked for this time
     verdict: Optional[LiveVerdict] = None
     error: Optional[str] = None

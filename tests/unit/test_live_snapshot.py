@@ -12,6 +12,8 @@ import time
 import pytest
 
 from aggpeers import RankPeer
+from traceml_core.livesnapshot import LiveSnapshot
+from traceml_core.rundata import GpuData, Running, SystemData
 from traceml_core.views.feed import LiveFeed
 from traceml_core.views.snapshot import STALE_MIN_S, read_snapshot
 from traceml_core.views.terminal import render, status_line
@@ -168,3 +170,22 @@ def test_the_feed_names_a_silent_aggregator_instead_of_freezing(rig):
     con.print(render(feed.state(), feed.contact()))
     assert "aggregator not answering" in con.export_text()
     a.close()
+
+
+def test_node_use_is_the_mean_since_the_previous_snapshot_and_stays_when_no_sample_came():
+    # in-process: the records as the aggregator's handle decodes them, read as the feed reads them
+    def snap(t, cpu, gpus):
+        return LiveSnapshot(server_time=t, started_at=0.0, world_size=1, nodes=[SystemData(
+            0, "h", last_ts=t, cpu_pct=Running(*cpu), ram_total=Running(1, 8.0, 8.0),
+            gpus=[GpuData(i, util_pct=Running(*u), mem_total=Running(1, 4.0, 4.0)) for i, u in gpus])])
+
+    a = snap(10.0, (2, 100.0, 60.0), [(0, (2, 180.0, 95.0))])
+    first = read_snapshot(a)
+    assert first.nodes[0].cpu_pct == 50.0 and first.nodes[0].gpus[0].util_pct == 90.0  # the run so far
+    assert first.nodes[0].ram_total == 8.0 and first.nodes[0].gpus[0].mem_total == 4.0
+    b = snap(11.0, (4, 180.0, 60.0), [(0, (3, 200.0, 95.0)), (1, (2, 30.0, 20.0))])
+    second = read_snapshot(b, prev=a, prev_state=first)
+    assert second.nodes[0].cpu_pct == 40.0 and second.nodes[0].gpus[0].util_pct == 20.0  # since a
+    assert second.nodes[0].gpus[1].util_pct == 15.0  # a GPU new since a: its run so far
+    third = read_snapshot(b, prev=b, prev_state=second)  # no sample since: what was shown stays
+    assert third.nodes[0].cpu_pct == 40.0 and [g.util_pct for g in third.nodes[0].gpus] == [20.0, 15.0]

@@ -13,16 +13,14 @@ as the record's ``error``, so a bug here cannot close the launcher's control con
 from __future__ import annotations
 
 import time
+from itertools import islice
 from typing import Any
 
-from ..livesnapshot import (
-    PHASES, GpuSnap, LiveSnapshot, LiveVerdict, NodeSnap, RankSeries, RankSnap, Recent, Running, encode,
-)
-from ..rundata import RankData
-from ..statistics.columns import DURATION_COLUMNS, STEP_COLUMNS
+from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSeries, RankSnap, Recent, encode
+from ..rundata import RankData, SystemData
+from ..statistics.columns import DURATION_COLUMNS
 from ..statistics.window import WindowStats
 from .state import RunState
-from .system import GPU_METRICS, NodeSystem
 
 #: at most this many ranks are described in one frame (live views are single-node: 8-16 ranks)
 MAX_RANKS = 128
@@ -41,27 +39,13 @@ def snapshot_frame(state: RunState, msg: dict[str, Any]) -> dict[str, Any]:
     return {"t": "snapshot", "id": msg.get("id"), **encode(snap)}
 
 
-def _recent(rs: Any, k: int) -> tuple[int, dict[str, list[int]]]:
-    """The first seq and the columns of a rank's last ``k`` tail records (oldest first)."""
-    parts: list[tuple[int, dict[str, list[int]]]] = []
-    have = 0
-    for seq, n, cols in reversed(rs.tail):
-        take = min(n, k - have)
-        parts.append((seq + n - take, {c: cols[c][n - take:] for c in STEP_COLUMNS}))
-        have += take
-        if have >= k:
-            break
-    out: dict[str, list[int]] = {c: [] for c in STEP_COLUMNS}
-    for _seq, p in reversed(parts):
-        for c, v in p.items():
-            out[c].extend(v)
-    return (parts[-1][0] if parts else 0), out
-
-
 def _recent_stats(rs: Any) -> Recent:
-    seq, cols = _recent(rs, RECENT_RECORDS)
+    if not rs.tail:
+        return Recent()
+    n = min(RECENT_RECORDS, len(rs.tail["step"]))
+    cols = {c: list(islice(d, len(d) - n, None)) for c, d in rs.tail.items()}
     try:
-        w = WindowStats.of_columns(seq, cols, cap=RECENT_RECORDS)
+        w = WindowStats.of_columns(rs.tail_end - n, cols, cap=RECENT_RECORDS)
     except ValueError:  # sums past a window's bound (absurd values): this rank shows none
         return Recent()
     n = w.records
@@ -70,7 +54,7 @@ def _recent_stats(rs: Any) -> Recent:
     span = (w.field("t_last") - w.field("t_first")) / 1e9
     mem = w.field("mem_peak.max")
     return Recent(
-        n=n, span_s=round(span, 4), last_t_end_ns=w.field("t_last"),
+        last_t_end_ns=w.field("t_last"),
         steps_per_s=round((n - 1) / span, 3) if span > 0 else None,
         ms={p: None if (m := w.median(c)) is None else round(m / 1e6, 4) for p, c in zip(PHASES, DURATION_COLUMNS)},
         mem_peak=mem if mem >= 0 else None,
@@ -95,16 +79,6 @@ def _rank(rs: Any, series: bool) -> RankSnap:
         recent=_recent_stats(rs), series=_series(rs) if series else None)
 
 
-def _running(r: Any) -> Running:
-    return Running(r.n, r.sum, r.max)
-
-
-def _node(ns: NodeSystem) -> NodeSnap:
-    return NodeSnap(ns.node, ns.host, ns.last_ts, _running(ns.cpu), _running(ns.ram_used),
-                    _running(ns.ram_total),
-                    [GpuSnap(i, *(_running(per[k]) for k in GPU_METRICS)) for i, per in sorted(ns.gpus.items())])
-
-
 def build(st: RunState, series: bool = False, verdict: bool = False) -> LiveSnapshot:
     """The live snapshot of the run now (``series``: each rank's whole run so far; ``verdict``:
     the verdict of a provisional summary)."""
@@ -121,4 +95,5 @@ def build(st: RunState, series: bool = False, verdict: bool = False) -> LiveSnap
         server_time=time.time(), started_at=s.started_at, run_name=s.run_name, world_size=s.world_size,
         nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, records=st.records, finishing=st.finish is not None,
         ranks=[_rank(st.ranks[r], series) for r in sorted(st.ranks)[:MAX_RANKS]],
-        nodes=[_node(st.system[n]) for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)
+        nodes=[SystemData.from_checkpoint({**st.system[n].to_data(), "over_time": None})  # not shown live
+               for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)

@@ -12,30 +12,9 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
+from ..rundata import Running
 from ..statistics.series import BUCKETS
 from ..wire.frames import GPU_LIMITS, MAX_GPUS
-
-
-class Running:
-    """count / sum / max of a stream of numbers."""
-
-    __slots__ = ("n", "sum", "max")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sum = 0.0
-        self.max: Optional[float] = None
-
-    def add(self, x: Any) -> None:
-        if x is None:
-            return
-        self.n += 1
-        self.sum += x
-        if self.max is None or x > self.max:
-            self.max = x
-
-    def to_data(self) -> dict[str, Any]:
-        return {"n": self.n, "sum": self.sum, "max": self.max}
 
 
 GPU_METRICS = tuple(GPU_LIMITS)
@@ -156,9 +135,9 @@ class NodeSystem:
         return {
             "node": self.node, "host": self.host, "samples": self.samples,
             "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "cpu_pct": self.cpu.to_data(), "ram_used": self.ram_used.to_data(),
-            "ram_total": self.ram_total.to_data(),
-            "gpus": [{"index": i, **{k: r.to_data() for k, r in per.items()}}
+            "cpu_pct": self.cpu.to_checkpoint(), "ram_used": self.ram_used.to_checkpoint(),
+            "ram_total": self.ram_total.to_checkpoint(),
+            "gpus": [{"index": i, **{k: r.to_checkpoint() for k, r in per.items()}}
                      for i, per in sorted(self.gpus.items())],
             "over_time": self.over_time.to_data(),
         }

@@ -1,13 +1,9 @@
-"""One process's telemetry session: what ``init()`` was given, who the rank is, and its life.
+"""One process's telemetry session (sdk/api.py states the contract with training code).
 
-:class:`InitArgs` is what the script passed to ``init()`` (None: take it from the launcher's
-hand-over, :class:`~traceml_core.runinfo.RunInfo`, or torchrun's variables, :class:`TorchrunVars`,
-read by the project's settings mechanism like Slurm's). A :class:`Session` starts from them
-(:meth:`Session.start`: who and where the rank is, then the client, the recorder and the
-patches), ends with :meth:`Session.shutdown` (flush and ``bye`` within a bound), and is told how
-the process ends by the exit hooks (:func:`install_exit_hooks`): an uncaught exception, a thread's,
-a failing ``sys.exit(n)`` or ``exit(n)``, and the interpreter's exit. See sdk/api.py for the
-contract with training code; nothing here raises into it.
+:class:`InitArgs` is what the script passed to ``init()``; None there means the launcher's hand-over
+(:class:`~traceml_core.runinfo.RunInfo`) or torchrun's variables (sdk/torchrunvars.py) decide. A
+:class:`Session` starts from them, shuts down within a bound, and hears how the process ends
+(:func:`install_exit_hooks`).
 """
 
 from __future__ import annotations
@@ -70,13 +66,6 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def _parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"aggregator address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
-
-
 class Session:
     """Everything ``init`` set up for this process."""
 
@@ -114,7 +103,9 @@ class Session:
 
         a = self.args
         info = RunInfo.from_env(environ)
-        tv = TorchrunVars.from_environ(environ)
+        # arguments shadow their variables, which are then not read at all (even a bad one)
+        given = (a.rank, a.local_rank, a.world_size, a.node_rank)
+        tv = TorchrunVars() if None not in given else TorchrunVars.from_environ(environ)
         self.rank = _first(a.rank, tv.rank, 0)
         self.local_rank = _first(a.local_rank, tv.local_rank, 0)
         self.world = _first(a.world_size, tv.world_size, 1)
@@ -134,7 +125,10 @@ class Session:
             self.reason_off = "disabled by init(enabled=False)"
             return
         if a.aggregator:
-            self.address = _parse_address(a.aggregator)
+            host, sep, port = a.aggregator.rpartition(":")
+            if not sep or not host:
+                raise ValueError(f"aggregator address {a.aggregator!r} is not HOST:PORT")
+            self.address = (host.strip("[]"), int(port))
         elif info is not None:
             self.address = (info.aggregator_host, int(info.aggregator_port))
         else:
@@ -345,12 +339,10 @@ _hooks_installed = False
 
 
 def install_exit_hooks() -> None:
-    """Once per process: the ways it ends, told to the current session. An uncaught exception
-    (its traceback printed first, as always) and a thread's; a failing ``sys.exit(n)`` or builtin
-    ``exit(n)``/``quit(n)``, which never reaches the exception hook, and whose status atexit cannot
-    see (a bare ``raise SystemExit(n)`` stays invisible); then the exit itself: shutdown, and a
-    collection before the interpreter comes apart. SIGTERM is not handled here (a Python-level
-    handler would delay a worker stuck in a C call from dying)."""
+    """Once per process, the ways it ends, told to the current session: an uncaught exception (its
+    traceback printed first, as always) or a thread's; a failing ``sys.exit(n)`` or ``exit(n)``/
+    ``quit(n)``, which reaches neither the exception hook nor atexit (a bare ``raise SystemExit(n)``
+    stays invisible); the exit itself. SIGTERM is not handled (see sdk/api.py)."""
     global _hooks_installed
     if _hooks_installed:
         return

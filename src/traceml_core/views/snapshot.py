@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional
 
-from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSeries, RankSnap, Running
+from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSnap
 
 __all__ = ["PHASES", "LiveState", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
 
@@ -33,28 +33,16 @@ JOIN_GRACE_S = 30.0
 VERDICT_AFTER_STEPS = 25
 
 
-@dataclass
-class RankLive:
-    rank: int
-    node: Optional[int]
-    host: str
-    local_rank: Optional[int]
+@dataclass(frozen=True)
+class RankLive(RankSnap):
+    """A rank as the aggregator described it, judged."""
+
     #: "starting" (connected, no step yet), "ok", "stale" (connected, silent too long),
     #: "gone" (connection closed without bye), "ended" (said bye), "waiting" (never connected)
-    state: str
+    state: str = "waiting"
     #: seconds since this rank's last data (None: never sent any)
-    age_s: Optional[float]
-    note: str
-    last_step: int
-    received: int
-    steps_per_s: Optional[float]
-    ms: dict[str, Optional[float]]
-    mem_peak: Optional[int]
-    spark_ms: list[float]
-    bye: Optional[str] = None
-    error: Optional[str] = None
-    #: the whole run so far per step bucket (dashboard only), None when not asked for
-    series: Optional[RankSeries] = None
+    age_s: Optional[float] = None
+    note: str = ""
     #: steps/s between the last two snapshots, by the rank's own step times (see ``_rate``),
     #: None before two snapshots
     rate: Optional[float] = None
@@ -152,7 +140,7 @@ def _restale(r: RankLive, dt: float) -> RankLive:
         return r
     age = r.age_s + dt
     base = "gone" if r.state == "gone" else "connected"
-    state, note = _judge(base, age, r.ms, r.bye, r.last_step, r.error)
+    state, note = _judge(base, age, r.recent.ms, r.bye, r.last_step, r.error)
     return replace(r, age_s=age, state=state, note=note)
 
 
@@ -166,14 +154,14 @@ def _secs(s: Optional[float]) -> str:
     return f"{s / 60:.0f} min"
 
 
-def _delta_mean(cur: Running, prev: Optional[Running], old: Optional[float]) -> Optional[float]:
-    """Mean of a node's samples since the previous snapshot (the whole-run mean without one);
-    ``old`` (the value shown before) when no sample arrived since."""
-    if prev is None:
-        return cur.sum / cur.n if cur.n else old
-    if cur.n > prev.n:
-        return (cur.sum - prev.sum) / (cur.n - prev.n)
-    return old
+def _means(cur: Any, prev: Any, old: Any, metrics: tuple[str, ...]) -> dict[str, Optional[float]]:
+    """Per metric, the mean of a node's (or GPU's) samples since the previous snapshot ``prev``
+    (the whole-run mean without one); the value shown before (``old``'s) when none arrived since."""
+    out = {}
+    for k in metrics:
+        c, p, o = getattr(cur, k), getattr(prev, k, None), getattr(old, k, None)
+        out[k] = ((c.sum - p.sum) / (c.n - p.n) if c.n > p.n else o) if p is not None else (c.mean if c.n else o)
+    return out
 
 
 def _rate(now: RankSnap, before: RankSnap, poll_s: float) -> Optional[float]:
@@ -204,42 +192,29 @@ def read_snapshot(snap: LiveSnapshot, prev: Optional[LiveSnapshot] = None,
     poll_s = server_time - (prev.server_time or server_time) if prev is not None else 0.0
     ranks: dict[int, RankLive] = {}
     for r in snap.ranks:
-        rec = r.recent
         age = max(0.0, server_time - r.last_seen) if r.last_seen is not None else None
-        state, note = _judge("connected" if r.connected else "gone", age, rec.ms, r.bye, r.last_step, r.error)
+        state, note = _judge("connected" if r.connected else "gone", age, r.recent.ms, r.bye, r.last_step, r.error)
         p = prev_ranks.get(r.rank)
-        ranks[r.rank] = RankLive(
-            rank=r.rank, node=r.node, host=r.host, local_rank=r.local_rank, state=state, age_s=age,
-            note=note, last_step=r.last_step, received=r.received, steps_per_s=rec.steps_per_s,
-            ms=dict(rec.ms), mem_peak=rec.mem_peak, spark_ms=list(rec.spark_ms), bye=r.bye, error=r.error,
-            series=r.series, rate=None if p is None else _rate(r, p, poll_s))
+        ranks[r.rank] = RankLive(**vars(r), state=state, age_s=age, note=note,
+                                 rate=None if p is None else _rate(r, p, poll_s))
     since_start = max(0.0, server_time - (snap.started_at or server_time))
     nproc = snap.nproc_per_node
     for rank in range(snap.world_size):
         if rank not in ranks:
             note = f"not connected after {_secs(since_start)}" if since_start > JOIN_GRACE_S else ""
-            ranks[rank] = RankLive(rank, rank // nproc if nproc else 0, "", None, "waiting",
-                                   since_start, note, -1, 0, None, {}, None, [])
+            ranks[rank] = RankLive(rank, node=rank // nproc if nproc else 0, age_s=since_start, note=note)
     prev_nodes = {n.node: n for n in prev.nodes} if prev is not None else {}
     old_nodes = {n.node: n for n in (prev_state.nodes if prev_state else [])}
     nodes = []
     for n in snap.nodes:
-        p = prev_nodes.get(n.node)
-        old = old_nodes.get(n.node)
+        p, old = prev_nodes.get(n.node), old_nodes.get(n.node)
         prev_gpus = {g.index: g for g in (p.gpus if p else [])}
         old_gpus = {g.index: g for g in (old.gpus if old else [])}
-        gpus = []
-        for g in n.gpus:
-            q, og = prev_gpus.get(g.index), old_gpus.get(g.index)
-            vals = {k: _delta_mean(getattr(g, k), getattr(q, k, None), getattr(og, k, None))
-                    for k in ("util_pct", "mem_used", "temp_c", "power_w")}
-            gpus.append(GpuLive(g.index, vals["util_pct"], vals["mem_used"], g.mem_total.max,
-                                vals["temp_c"], vals["power_w"]))
-        nodes.append(NodeLive(
-            n.node, n.host,
-            _delta_mean(n.cpu_pct, p.cpu_pct if p else None, old.cpu_pct if old else None),
-            _delta_mean(n.ram_used, p.ram_used if p else None, old.ram_used if old else None),
-            n.ram_total.max, gpus, max(0.0, server_time - n.last_ts) if n.last_ts else None))
+        gpus = [GpuLive(g.index, mem_total=g.mem_total.max, **_means(g, prev_gpus.get(g.index), old_gpus.get(
+                    g.index), ("util_pct", "mem_used", "temp_c", "power_w"))) for g in n.gpus]
+        nodes.append(NodeLive(n.node, n.host, ram_total=n.ram_total.max, gpus=gpus,
+                              age_s=max(0.0, server_time - n.last_ts) if n.last_ts else None,
+                              **_means(n, p, old, ("cpu_pct", "ram_used"))))
     return LiveState(
         run_name=snap.run_name, world_size=snap.world_size, nnodes=snap.nnodes, elapsed_s=since_start,
         records=snap.records, ranks=[ranks[k] for k in sorted(ranks)], nodes=nodes,

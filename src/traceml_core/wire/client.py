@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .auth import make_hello
@@ -95,22 +95,23 @@ class RecordSource(Protocol):
     def lost(self) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClientStats:
-    """A snapshot of the client's counters (for tests, the final log line and the summary)."""
+    """The client's counters; :meth:`TelemetryClient.stats` gives a copy (for tests, the final log
+    line and the summary)."""
 
-    kind: str
-    connected: bool
-    connects: int            # successful handshakes (1 + reconnects)
-    connect_failures: int    # attempts that did not end in a welcome
-    refused: Optional[str]   # the server's reason, once refused
-    frames_sent: int         # all frames fully handed to the kernel (steps, system, event, bye)
-    records_sent: int        # step records inside the sent ``steps`` frames
-    frames_dropped: int      # submitted frames dropped (queue full, refused, unencodable, deadline)
-    records_lost: int        # step records known lost (source drops + discards)
-    bytes_sent: int
-    bye_sent: bool
-    last_error: Optional[str]
+    kind: str = "rank"
+    connected: bool = False
+    connects: int = 0                # successful handshakes (1 + reconnects)
+    connect_failures: int = 0        # attempts that did not end in a welcome
+    refused: Optional[str] = None    # the server's reason, once refused
+    frames_sent: int = 0             # all frames fully handed to the kernel (steps, system, event, bye)
+    records_sent: int = 0            # step records inside the sent ``steps`` frames
+    frames_dropped: int = 0          # submitted frames dropped (queue full, refused, unencodable, deadline)
+    records_lost: int = 0            # step records known lost (source drops + discards)
+    bytes_sent: int = 0
+    bye_sent: bool = False
+    last_error: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -225,7 +226,7 @@ class TelemetryClient:
         on_frame: Optional[Callable[[dict[str, Any]], None]] = None,
     ) -> None:
         self.config = config
-        self.host, self.port, self.kind, self.peer = config.host, int(config.port), config.kind, config.peer
+        self.host, self.port, self.peer = config.host, int(config.port), config.peer
         self.source = source
         self.backoff = Backoff(config.backoff_initial, config.backoff_max)
         self._on_refused = on_refused
@@ -247,16 +248,7 @@ class TelemetryClient:
         self._dead = False                       # forked child or finished
         self._ended = False                      # the server said the run is over: no reconnect
 
-        self._connected = False
-        self._connects = 0
-        self._connect_failures = 0
-        self._refused: Optional[str] = None
-        self._frames_sent = 0
-        self._records_sent = 0
-        self._frames_dropped = 0
-        self._bytes_sent = 0
-        self._bye_sent = False
-        self._last_error: Optional[str] = None
+        self._c = ClientStats(kind=config.kind)
         self._warned_lost = False
         _live_clients.add(self)
 
@@ -271,8 +263,8 @@ class TelemetryClient:
     def submit(self, frame: Union[dict[str, Any], bytes]) -> bool:
         """Queue one frame (``system``, ``event``..., or its encoded bytes). False (and counted) if
         it had to be dropped."""
-        if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.config.max_frames:
-            self._frames_dropped += 1
+        if self._dead or self._c.refused is not None or self._closing or len(self._frames) >= self.config.max_frames:
+            self._c.frames_dropped += 1
             return False
         self._frames.append(frame)
         return True
@@ -294,7 +286,7 @@ class TelemetryClient:
         """Wait at most ``timeout`` s for the first welcome; True if connected now."""
         if timeout > 0 and not self._dead:
             self._settled.wait(timeout)
-        return self._connected
+        return self._c.connected
 
     def close(
         self,
@@ -321,28 +313,21 @@ class TelemetryClient:
             return False
         if thread is not threading.current_thread():
             thread.join(max(0.0, timeout) + 0.5)
-        ok = not thread.is_alive() and self._bye_sent == (bye is not None) and not self._frames
+        ok = not thread.is_alive() and self._c.bye_sent == (bye is not None) and not self._frames
         return ok
 
     # ---- counters -----------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
-        return self._connected
+        return self._c.connected
 
     @property
     def refused_reason(self) -> Optional[str]:
-        return self._refused
+        return self._c.refused
 
     def stats(self) -> ClientStats:
-        return ClientStats(
-            kind=self.kind, connected=self._connected, connects=self._connects,
-            connect_failures=self._connect_failures, refused=self._refused,
-            frames_sent=self._frames_sent, records_sent=self._records_sent,
-            frames_dropped=self._frames_dropped,
-            records_lost=self.source.lost if self.source is not None else 0,
-            bytes_sent=self._bytes_sent, bye_sent=self._bye_sent, last_error=self._last_error,
-        )
+        return replace(self._c, records_lost=self.source.lost if self.source is not None else 0)
 
     # ---- the thread ---------------------------------------------------------------------------
 
@@ -353,7 +338,7 @@ class TelemetryClient:
             while True:
                 now = time.monotonic()
                 self._run_periodic(now)
-                if self._refused is not None:
+                if self._c.refused is not None:
                     self._discard_all()
                     if self._closing:
                         return
@@ -399,12 +384,12 @@ class TelemetryClient:
                     continue
                 self._sleep(self.config.poll_interval)
         except Exception as exc:  # the thread must never die noisily inside a user's job
-            self._last_error = f"client thread: {type(exc).__name__}: {exc}"
+            self._c.last_error = f"client thread: {type(exc).__name__}: {exc}"
             log.warning("traceml: telemetry client stopped after an internal error: %s", exc)
         finally:
             self._discard_all()
             self._drop_socket()
-            self._connected = False
+            self._c.connected = False
             self._dead = True
             self._settled.set()
 
@@ -446,14 +431,14 @@ class TelemetryClient:
             if hasattr(select, "poll"):
                 self._poller = select.poll()
                 self._poller.register(sock, select.POLLIN | select.POLLPRI)
-            self._connected = True
-            self._connects += 1
+            self._c.connected = True
+            self._c.connects += 1
             if self._on_connect is not None:
                 try:
                     first = self._on_connect()
                 except Exception as exc:
                     first = []
-                    self._last_error = f"on_connect: {exc}"
+                    self._c.last_error = f"on_connect: {exc}"
                 for frame in reversed(first):
                     self._frames.appendleft(frame)
             self._settled.set()
@@ -463,20 +448,20 @@ class TelemetryClient:
         except LinkRefused as exc:
             self._refuse(exc.reason)
         except (OSError, ProtocolError, LinkError) as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._c.last_error = f"{type(exc).__name__}: {exc}"
         if sock is not None:
             try:
                 sock.close()
             except OSError:
                 pass
-        self._connect_failures += 1
+        self._c.connect_failures += 1
         return False
 
     def _refuse(self, reason: str) -> None:
-        self._refused = reason
+        self._c.refused = reason
         log.warning(
             "traceml: %s at %s:%d refused this %s: %s -- telemetry is off for this "
-            "process (training continues)", self.peer, self.host, self.port, self.kind, reason,
+            "process (training continues)", self.peer, self.host, self.port, self.config.kind, reason,
         )
         if self._on_refused is not None:
             try:
@@ -505,7 +490,7 @@ class TelemetryClient:
             except (BlockingIOError, InterruptedError, socket.timeout):
                 return True
             except OSError as exc:
-                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._c.last_error = f"{type(exc).__name__}: {exc}"
                 return False
             if not data:
                 return False
@@ -523,13 +508,13 @@ class TelemetryClient:
                 if checked is not None and self._on_frame is not None:
                     self._on_frame(checked)
         except ProtocolError as exc:
-            self._last_error = f"bad frame from the server: {exc}"
+            self._c.last_error = f"bad frame from the server: {exc}"
             return False
         return True
 
     def _lost_connection(self, why: str) -> None:
         self._drop_socket()
-        if self._refused is None and not self._warned_lost and not self._closing and not self._ended:
+        if self._c.refused is None and not self._warned_lost and not self._closing and not self._ended:
             self._warned_lost = True
             log.warning(
                 "traceml: lost the connection to %s at %s:%d (%s); reconnecting in the "
@@ -539,7 +524,7 @@ class TelemetryClient:
 
     def _drop_socket(self) -> None:
         sock, self._sock = self._sock, None
-        self._connected = False
+        self._c.connected = False
         self._poller = None
         if sock is not None:
             try:
@@ -571,8 +556,8 @@ class TelemetryClient:
                 try:
                     data = frame if type(frame) is bytes else encode(frame)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._frames_dropped += 1
-                    self._last_error = f"unencodable {frame.get('t')!r} frame: {exc}"  # type: ignore[union-attr]
+                    self._c.frames_dropped += 1
+                    self._c.last_error = f"unencodable {frame.get('t')!r} frame: {exc}"  # type: ignore[union-attr]
                     continue
                 chunks.append(data)
                 size += len(data)
@@ -586,7 +571,7 @@ class TelemetryClient:
                     f = src.frame(batch)
                     data = f if type(f) is bytes else encode(f)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._last_error = f"unencodable steps frame: {exc}"
+                    self._c.last_error = f"unencodable steps frame: {exc}"
                     src.discard(batch)
                     continue
                 chunks.append(data)
@@ -598,9 +583,9 @@ class TelemetryClient:
             requeue: list[tuple[str, Any]] = []
             for kind, obj, nrec, end in items:
                 if end <= sent:
-                    self._frames_sent += 1
+                    self._c.frames_sent += 1
                     if kind == "batch":
-                        self._records_sent += nrec
+                        self._c.records_sent += nrec
                         src.recycle(obj)  # type: ignore[union-attr]
                 else:
                     requeue.append((kind, obj))
@@ -638,10 +623,10 @@ class TelemetryClient:
                 if n <= 0:
                     return sent, "send returned 0"
                 sent += n
-                self._bytes_sent += n
+                self._c.bytes_sent += n
                 stalled_since = time.monotonic()
         except OSError as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._c.last_error = f"{type(exc).__name__}: {exc}"
             return sent, f"{type(exc).__name__}: {exc}"
         return sent, None
 
@@ -653,11 +638,11 @@ class TelemetryClient:
             frame = bye() if callable(bye) else bye
             sent, err = self._send(encode(frame))
         except Exception as exc:
-            self._last_error = f"bye: {exc}"
+            self._c.last_error = f"bye: {exc}"
             return
         if err is None:
-            self._frames_sent += 1
-            self._bye_sent = True
+            self._c.frames_sent += 1
+            self._c.bye_sent = True
 
     def _discard_all(self) -> None:
         while self._frames:
@@ -665,7 +650,7 @@ class TelemetryClient:
                 self._frames.popleft()
             except IndexError:
                 break
-            self._frames_dropped += 1
+            self._c.frames_dropped += 1
         src = self.source
         if src is None:
             return
