@@ -26,6 +26,14 @@ Then the figures:
   jobs (after each job, every host), the share that excluded it;
 * **miss rate**: of the judgements of node3 when it was slow in its last two jobs or more (what
   the rule is there to catch), the share that did not exclude it; plus the jobs it took.
+
+``--rank-following N``: N jobs in which no node is slow but rank 1 is, because of what it does
+(benchmarks/rank_following_train.py: its batches 1.6x the others', or an evaluation only it runs
+between steps, alternately), and the placements change from job to job (2- and 3-node jobs on
+different nodes, so rank 1 lands on node2, node3 ...). Every exclude is a false one. Printed per
+job: where rank 1 ran, what the run's verdict was, which hosts one run found worse, and what the
+rule excludes, beside what it would exclude if it ignored where the ranks ran (the rule before
+issue 31: a slow rank's compute held against its host whatever rank it was).
 """
 
 from __future__ import annotations
@@ -97,6 +105,75 @@ def run_job(cluster: Cluster, work: Path, store: Path, n: int, slow: bool, docto
     return {"job": job, "slow": slow, "nodes": nodes, "lines": (summary.get("next_job") or {}).get("lines", [])}
 
 
+RF_SCRIPT = REPO / "benchmarks" / "rank_following_train.py"
+RF_JOB = f"""#!/bin/bash
+export TRACEML_TOKEN=$(python3 -c 'import secrets; print(secrets.token_hex(16))')
+srun --kill-on-bad-exit=1 traceml run {RF_SCRIPT}
+"""
+#: the allocations of --rank-following, in turn: rank 1 is on the second node of each
+PLACEMENTS = ("node1,node2", "node1,node3", "node2,node3", "node1,node2,node3", "node1,node3", "node2,node3")
+
+
+def run_rank_following(cluster: Cluster, work: Path, store: Path, n: int, nodes: str, cause: str) -> dict:
+    logs = work / f"job{n:02d}"
+    logs.mkdir()
+    env = dict(os.environ, PATH=BIN + os.pathsep + os.environ.get("PATH", ""), OMP_NUM_THREADS="1",
+               TRACEML_LOGS_DIR=str(logs), TRACEML_NODE_STORE=str(store), RF_CAUSE=cause)
+    env.pop("TRACEML_RUN_INFO", None)
+    k = nodes.count(",") + 1
+    job, state, out = cluster.run_job(RF_JOB, f"--nodes={k}", "-w", nodes, "--ntasks-per-node=1", "--gres=gpu:1",
+                                      "--cpus-per-task=1", timeout=300, env=env)
+    if state != "COMPLETED":
+        raise SystemExit(f"job {job} ended {state}:\n{out[-3000:]}")
+    summary = json.loads(next(logs.glob("*/final_summary.json")).read_text())
+    verdicts = [summary["verdict"]] + summary.get("other_verdicts", [])
+    slow = next((v for v in verdicts if (v.get("culprit") or {}).get("rank") == 1), None)
+    got = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json"], env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    return {"job": job, "nodes": nodes, "rank1": nodes.split(",")[1], "cause": cause,
+            "verdict": f"{slow['kind']} ({slow['severity']})" if slow else "-",
+            "excluded": set(json.loads(got.stdout)["exclude"]), "ignoring": excluded_ignoring_placement(store)}
+
+
+def excluded_ignoring_placement(store: Path) -> set[str]:
+    """What the rule excludes when a slow rank's evidence is held against its host whatever rank
+    it was (its ranks dropped: every observation counts)."""
+    from dataclasses import replace
+
+    from traceml_slurm.nodes.health import judge
+    from traceml_slurm.nodes.store import NodeStore
+
+    records, _ = NodeStore(store).records(None)
+    records = [replace(r, observations=tuple(replace(o, ranks=()) for o in r.observations)) for r in records]
+    return {h.host for h in judge(records) if h.exclude}
+
+
+def rank_following(cluster: Cluster, jobs: int) -> None:
+    work = Path(tempfile.mkdtemp(prefix="traceml-rankfollow-", dir="/tmp"))
+    store = work / "nodes.sqlite"
+    print(f"node_health --rank-following: {jobs} jobs, no node slow, rank 1 slow by its own work (batches 1.6x, "
+          f"or an evaluation only it runs), placements changing; store {store}; load {os.getloadavg()[0]:.1f}",
+          flush=True)
+    t0 = time.monotonic()
+    false_new = false_old = checks = 0
+    for n in range(1, jobs + 1):
+        nodes = PLACEMENTS[(n - 1) % len(PLACEMENTS)]
+        cause = "batch" if n % 2 else "eval"
+        res = run_rank_following(cluster, work, store, n, nodes, cause)
+        res["bad"] = bad_in(store, res["job"])
+        hosts = {"node1", "node2", "node3"}
+        checks += len(hosts)
+        false_new += len(res["excluded"])
+        false_old += len(res["ignoring"])
+        print(f"  job {n:2d} ({res['job']}) on {nodes:17s} rank 1 on {res['rank1']} ({cause:5s}): verdict "
+              f"{res['verdict']:22s} one run found worse: {_bad_text(res['bad']) or '-':16s} excluded: "
+              f"{','.join(sorted(res['excluded'])) or '-':6s} (ignoring placement: "
+              f"{','.join(sorted(res['ignoring'])) or '-'})  load {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"false excludes (no host is slow): {false_new} of {checks} judgements with the placement rule; "
+          f"{false_old} of {checks} if a slow rank's evidence were held against its host whatever rank it was")
+    print(f"{jobs} jobs in {time.monotonic() - t0:.0f} s; load {os.getloadavg()[0]:.1f} at the end; work {work}")
+
+
 def bad_in(store: Path, job: str) -> dict[str, set[str]]:
     """Hosts that this one job found worse than their peers, with the kinds (straight from the store)."""
     import sqlite3
@@ -118,10 +195,15 @@ def main() -> None:
                     "micro-benchmarks), not a training run")
     ap.add_argument("--cgroup", action="store_true", help="node3 slow by a CPU quota of a tenth of a core on its "
                     "slurmd's cgroup (v1 cpu), not by its link")
+    ap.add_argument("--rank-following", type=int, default=0, metavar="N",
+                    help="instead: N jobs with no node slow, rank 1 slow by its own work, placements changing")
     args = ap.parse_args()
     cluster, why = Cluster.detect()
     if cluster is None:
         raise SystemExit(f"node_health.py: {why}")
+    if args.rank_following:
+        rank_following(cluster, args.rank_following)
+        return
     work = Path(tempfile.mkdtemp(prefix="traceml-nodehealth-", dir="/tmp"))
     store = work / "nodes.sqlite"
     plan = [False] * args.clean + [True, False, False] + [True] * args.slow

@@ -46,7 +46,8 @@ OTHER_VARIABLES = {
     "TRACEML_NODE_STORE": ("user", "The node evidence store that every run and `traceml slurm doctor` under "
                            "Slurm add to, and `traceml slurm nodes` reads. Default: "
                            "`$XDG_CACHE_HOME/traceml/nodes.sqlite`, else `~/.cache/traceml/nodes.sqlite`. "
-                           "See [Node health](node-health.md)."),
+                           "`off` turns the store off. Used only when it is a regular file of yours, mode "
+                           "0600, in a directory only you can write. See [Node health](node-health.md)."),
     "TRACEML_DOCTOR_ADDR": ("internal", "Set by `traceml slurm doctor` for the agents it starts with srun: the "
                             "addresses of the coordinator they connect back to."),
     "TRACEML_DOCTOR_TOKEN": ("internal", "Set by `traceml slurm doctor` for its agents: a fresh random token their "

@@ -11,6 +11,13 @@ Under Slurm the run name is the same for every requeue of a job (``SLURM_RESTART
 attempt's restart count, not part of the name); a job continuing another (``--dependency=afterany``)
 joins its ledger when it is given the same run name (``--run-name``, or ``TRACEML_RUN_NAME`` in the
 batch script) and logs directory. See docs/goodput.md.
+
+Only this user's attempts count: an ``attempt-<n>`` that is a link or another user's directory, and
+a summary or checkpoint in it that is not a regular file of this user's (a FIFO, a link to
+``/dev/zero``, a forged file planted in a shared logs directory) are left out of the ledger with a
+warning that names them, and never waited on (traceml_core/safeio.py). A file at the top of the
+run directory that must be a regular file and is not (a FIFO at ``aggregate.state``) is moved
+aside when the attempt begins, and the log names it.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 from typing import Optional
 
 from .rundir import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, load_checkpoint, owned_problem
+from .safeio import entry_problem, move_aside, read_file
 
 ATTEMPT_PREFIX = "attempt-"
 _ATTEMPT = re.compile(r"^attempt-(\d{1,6})$")
@@ -30,6 +38,19 @@ _ATTEMPT = re.compile(r"^attempt-(\d{1,6})$")
 #: JSONL_NAME; exporters/hub.py: REPORT_NAME; the live exporters' default directories)
 ATTEMPT_FILES = (SUMMARY_JSON, SUMMARY_TXT, SUMMARY_HTML, CHECKPOINT_NAME, "exports.json", "steps.jsonl",
                  "tensorboard", "prometheus", "mlruns")
+#: of those, the files TraceML reads back: each must be a regular file of this user's
+READ_BACK = (SUMMARY_JSON, CHECKPOINT_NAME)
+#: the largest summary read back for the ledger (tens of MB at thousands of ranks)
+MAX_SUMMARY_BYTES = 1 << 30
+
+
+def read_summary_json(path: Path) -> dict:
+    """An attempt's ``final_summary.json``; ``UnsafeFileError`` (not ours, not regular, a link,
+    too large), ``FileNotFoundError`` or ``ValueError`` (not a JSON object)."""
+    doc = json.loads(read_file(path, MAX_SUMMARY_BYTES))
+    if not isinstance(doc, dict):
+        raise ValueError(f"{path} is not a TraceML summary")
+    return doc
 
 
 def attempt_dirs(run_dir: Path) -> list[tuple[int, Path]]:
@@ -41,7 +62,7 @@ def attempt_dirs(run_dir: Path) -> list[tuple[int, Path]]:
     out = []
     for p in entries:
         m = _ATTEMPT.match(p.name)
-        if m and p.is_dir() and not p.is_symlink():
+        if m and (p.is_dir() or p.is_symlink()):  # a link is listed, and refused where it is read
             out.append((int(m.group(1)), p))
     return sorted(out)
 
@@ -70,12 +91,31 @@ def top_run_id(run_dir: Path) -> tuple[Optional[str], bool]:
             return None, True
     if js.exists():
         try:
-            doc = json.loads(js.read_text())
-            rows = ((doc.get("goodput") or {}).get("attempts") or [])
+            rows = ((read_summary_json(js).get("goodput") or {}).get("attempts") or [])
             return (str(rows[-1].get("run_id") or "") if rows else None), True
         except (OSError, ValueError, AttributeError):
             return None, True
     return None, False
+
+
+def refuse_strays(run_dir: Path) -> list[str]:
+    """Move aside each file at the top of ``run_dir`` that TraceML reads back and that is not a
+    regular file of this user's (a FIFO, a link, a device; the directory is ours, so the entry
+    can be renamed); one note per entry, naming it. Never raises."""
+    notes = []
+    for name in READ_BACK:
+        path = Path(run_dir) / name
+        problem = entry_problem(path)
+        if problem is None or problem == "it does not exist":
+            continue
+        try:
+            aside = move_aside(path)
+            notes.append(f"{path} is not read: {problem}. It was moved to {aside}; TraceML reads back only "
+                         "regular files of yours there (another user's doing, in a shared logs directory?)")
+        except OSError as exc:
+            notes.append(f"{path} is not read: {problem}, and it cannot be moved aside ({exc.strerror or exc}); "
+                         "this attempt's files replace it")
+    return notes
 
 
 def archive_previous(run_dir: Path, run_id: str) -> Optional[str]:
@@ -83,9 +123,12 @@ def archive_previous(run_dir: Path, run_id: str) -> Optional[str]:
     free ``attempt-<n>/``. None when there was none, or they are this run's own (a restarted
     aggregator); else a note saying where they went. Never raises."""
     run_dir = Path(run_dir)
-    theirs, present = top_run_id(run_dir)
-    if not present or (theirs and theirs == run_id) or owned_problem(run_dir) is not None:
+    if owned_problem(run_dir) is not None:
         return None
+    strays = refuse_strays(run_dir)
+    theirs, present = top_run_id(run_dir)
+    if not present or (theirs and theirs == run_id):
+        return "; ".join(strays) or None
     taken = [n for n, _ in attempt_dirs(run_dir)]
     n = (max(taken) + 1) if taken else 0
     dest = run_dir / f"{ATTEMPT_PREFIX}{n}"
@@ -96,6 +139,6 @@ def archive_previous(run_dir: Path, run_id: str) -> Optional[str]:
             if src.exists() or src.is_symlink():
                 os.replace(src, dest / name)
     except OSError as exc:
-        return (f"the files of this run's attempt before could not be moved into {dest} "
-                f"({exc.strerror or exc}); this attempt's files replace them")
-    return f"this run's attempt {n} (the one before this) is in {dest}"
+        return "; ".join(strays + [f"the files of this run's attempt before could not be moved into {dest} "
+                                   f"({exc.strerror or exc}); this attempt's files replace them"])
+    return "; ".join(strays + [f"this run's attempt {n} (the one before this) is in {dest}"])

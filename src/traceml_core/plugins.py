@@ -70,6 +70,13 @@ class NodeObservation:
     strong: bool = False
     #: a few words for the reason line ("sends at 0.012 GB/s against 1.5 GB/s")
     note: str = ""
+    #: the global ranks whose slowness this observation is (kinds that follow where ranks are
+    #: placed: report/nodeevidence.PLACED_KINDS); () for a figure of the node itself (a link, a
+    #: benchmark)
+    ranks: tuple[int, ...] = ()
+    #: ``equal``: the run measured the ranks' work per step and found it equal, so the slowness
+    #: is not the rank's work; "" where not measured
+    work: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +89,9 @@ class RunEvidence:
     source: str
     hosts: tuple[str, ...]
     observations: tuple[NodeObservation, ...] = ()
+    #: who named each host (``(host, "node 1's launcher")``, ``(host, "rank 3")``): a plugin that
+    #: refuses a host says whose claim it was
+    origins: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,10 +149,16 @@ class ClusterEnvironment(ABC):
 
     def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> NextJob | None:
         """Node 0's aggregator hands over what the run measured of each node, once, before the
-        final summary is written; the plugin may keep it (across the user's jobs) and answer
-        with lines for the next job script. Must answer within a few seconds; an exception is
-        noted in the summary, never raised into it."""
+        final summary is written; the plugin answers with lines for the next job script, judged
+        from this run and the user's earlier jobs. It is on the summary's path: it must only read
+        (a fraction of a second at most) and keep nothing yet (:meth:`keep_evidence` does, after
+        the summary is written). An exception is noted in the summary, never raised into it."""
         return None
+
+    def keep_evidence(self, evidence: RunEvidence, environ: Mapping[str, str]) -> list[str]:
+        """After the final summary is written: keep the run's node evidence across the user's
+        jobs (a bounded wait of a few seconds at most); notes for the log (skipped, refused)."""
+        return []
 
     def cpu_request(self, environ: Mapping[str, str]) -> dict[str, Any] | None:
         """What the scheduler gave this task in CPUs, for the input-bound verdict (sent by each

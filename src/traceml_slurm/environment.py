@@ -293,12 +293,24 @@ class SlurmEnvironment(ClusterEnvironment):
         return explain(config, signum, at)
 
     def run_ended(self, evidence: RunEvidence, environ: Mapping[str, str]) -> Optional[NextJob]:
-        """The run's node evidence into the user's node store; the exclude line when a host of this
-        cluster is bad enough (traceml_slurm/nodes)."""
-        from .nodes import next_job, record
+        """The exclude line when a host of this cluster is bad enough, judged from the user's node
+        store and this run's evidence (checked against the job's allocation); reads the store only
+        (traceml_slurm/nodes: the record is kept after the summary, :meth:`keep_evidence`)."""
+        from .nodes import checked, judge_with, next_job
 
         facts = Facts.of(environ)
-        return next_job(*record(facts.node_store, facts.cluster_name, evidence))
+        kept, notes = checked(evidence, facts.job_id, _job_hosts(facts))
+        health, more = judge_with(facts.node_store, facts.cluster_name, kept)
+        return next_job(health, notes + more)
+
+    def keep_evidence(self, evidence: RunEvidence, environ: Mapping[str, str]) -> list[str]:
+        """The run's node evidence (checked as in :meth:`run_ended`) into the user's node store,
+        after the summary is written: a bounded wait, skipped with a note when busy."""
+        from .nodes import checked, keep
+
+        facts = Facts.of(environ)
+        kept, _ = checked(evidence, facts.job_id, _job_hosts(facts))
+        return keep(facts.node_store, facts.cluster_name, kept)
 
     def cpu_request(self, environ: Mapping[str, str]) -> Optional[dict[str, Any]]:
         """What Slurm gave each task in CPUs, and the lines that ask for more (cpus.py)."""
@@ -341,3 +353,11 @@ class SlurmEnvironment(ClusterEnvironment):
                 f"{config.nnodes} nodes (`srun --nodes={config.nnodes} --ntasks-per-node=1 ...`). "
                 f"To override Slurm anyway, pass --cluster=none.", frozenset(), "nnodes"))
         return out
+
+
+def _job_hosts(facts: Facts) -> tuple[str, ...]:
+    """The job's nodes as Slurm gave them (``SLURM_JOB_NODELIST``); () when unknown or malformed."""
+    try:
+        return facts.job_hosts
+    except ConfigError:
+        return ()

@@ -113,3 +113,21 @@ def expand_tasks_per_node(text: str, variable: str) -> list[int]:
 def compress_hosts(hosts: list[str]) -> str:
     """``node[3,7]``: hosts as one Slurm host list (what ``--exclude`` and ``--nodelist`` take)."""
     return hostlist.collect_hostlist(sorted(set(hosts)))
+
+
+#: a Slurm node name as the node store keeps and prints it: letters, digits, ``.``, ``_``, ``-``
+#: (what Slurm's own node names and DNS names use), at most 255 characters. Anything else (a
+#: newline, a comma, a bracket, a space) could forge a line of a log or summary, or break the
+#: ``#SBATCH --exclude`` line it would be pasted into.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,254}")
+
+
+def is_host_name(name: object) -> bool:
+    """Whether ``name`` is a host name the node store may keep and print (:data:`HOST_NAME`)."""
+    return isinstance(name, str) and HOST_NAME.fullmatch(name) is not None
+
+
+def shown(text: object, limit: int = 80) -> str:
+    """``text`` fit to quote in one line of a note: its ``repr``, cut to ``limit`` characters."""
+    r = repr(text)
+    return r if len(r) <= limit else r[:limit - 4] + "...'"

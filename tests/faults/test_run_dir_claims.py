@@ -78,3 +78,48 @@ def test_a_dead_runs_claim_is_taken_over_and_a_restart_takes_its_own_back(aggreg
     again = aggregator(**{**b.settings.model_dump(), "port": 0,
                           "resume_from": str(wanted / "aggregate.state")})
     assert again.run_dir == wanted and again.run_dir_note is None
+
+
+def test_a_requeue_that_restarts_on_other_nodes_at_once_continues_the_same_run(aggregator, tmp_path):
+    """Issue 34, finding 6: node 0 of job 77 is lost (its aggregator SIGKILLed: its claim is never
+    ended and was touched a moment ago), and Slurm requeues the job on other nodes, which start
+    seconds later. The claim says the node it ran on (not this host), so its pid cannot be checked;
+    before the fix the new attempt counted it live for 45 s and split the run into
+    ``<run>.77/`` with a one-attempt ledger. An earlier restart of the very same job has ended
+    wherever it ran: the new attempt takes the directory, and the ledger has both attempts."""
+    import os
+    import time
+
+    wanted = tmp_path / "logs" / RUN
+    a = aggregator(job_id="77", restart_count=0, nproc_per_node=1)
+    peer = NodePeer(a.port, 0, job="77")
+    peer.join(0)
+    peer.steps(0, 40)
+    ckpt = a.run_dir / "aggregate.state"
+    deadline = time.monotonic() + 30
+    while not ckpt.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    a.kill()                                    # node 0 lost: nothing ended the claim
+    claim = wanted / ".traceml-owner"
+    owner = json.loads(claim.read_text())
+    assert owner["ended"] is False and owner["job_id"] == "77"
+    owner["host"] = "node1"                     # where node 0 of restart 0 ran: another host
+    claim.write_text(json.dumps(owner))
+    os.utime(claim)                             # touched a moment ago
+    b = aggregator(job_id="77", restart_count=1, nproc_per_node=1)
+    assert b.run_dir == wanted and b.run_dir_note is None, (b.run_dir, b.run_dir_note)
+    feed(b, "77", 20)
+    s = summary(b.finish(0))
+    rows = s["goodput"]["attempts"]
+    assert [r["job_id"] for r in rows] == ["77", "77"] and [r["restart_count"] for r in rows] == [0, 1], rows
+    assert not (tmp_path / "logs" / f"{RUN}.77").exists()
+
+
+def test_a_live_run_of_the_same_job_at_the_same_restart_is_not_taken_over(aggregator, tmp_path):
+    """The control: two runs with one name inside one job at once (two steps of one allocation)
+    are the same job and restart: the second still gets its own directory."""
+    wanted = tmp_path / "logs" / RUN
+    a = aggregator(job_id="78", restart_count=0, nproc_per_node=1)
+    b = aggregator(job_id="78", restart_count=0, nproc_per_node=1)
+    assert a.run_dir == wanted and b.run_dir == wanted.with_name(f"{RUN}.78"), (a.run_dir, b.run_dir)

@@ -140,7 +140,7 @@ def test_a_checkpoint_planted_by_another_user_cannot_forge_a_summary(shared, pyt
     sys.path.insert(0, str(REPO / "src"))
     from traceml_core.rundir import load_checkpoint, pack_checkpoint
 
-    doc = load_checkpoint(own)
+    doc = load_checkpoint(own, owned=False)   # the victim's: root reads it to forge one
     state = doc["state"]
     state["finish"] = dict(state.get("finish") or {}, reason="FORGED: rank 0 mined bitcoin", exit_code=1)
     forged = shared / "forged.state"

@@ -32,6 +32,7 @@ def test_a_slow_node_is_excluded_after_two_jobs_with_two_concurrent_jobs_and_a_c
         slurm_cluster, tmp_path):
     store = tmp_path / "nodes.sqlite"
     store.write_bytes(b"not a database\n" * 300)
+    store.chmod(0o600)
     logs = [tmp_path / "a", tmp_path / "b"]
     with throttled(slurm_cluster, "node3"):
         jobs = [slurm_cluster.submit(JOB, "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1", "--cpus-per-task=1",

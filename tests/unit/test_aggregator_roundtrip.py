@@ -75,6 +75,8 @@ def test_status_query_reports_joined_nodes_and_ranks(rig):
     silent = st.pop("silent")
     # the run's median step (every step of every rank), for the hang report's automatic threshold
     assert abs(st.pop("median_step_ms") - 10.0) < 0.5
+    # the hang detection's lines for node 0's log: none in a run that steps
+    assert st.pop("notices") == []
     assert st == {"t": "status", "nodes_joined": [0], "ranks_connected": 1, "ranks_seen": 1,
                   "records": 7, "nodes_lost": [], "nodes_failed": {}}
     assert set(hosts) == {"0"}

@@ -134,9 +134,9 @@ def test_one_attempt_each_bucket_matches_the_timeline_and_sums_exactly():
 def _long_after_checkpoint(status: str, reason: str):
     """2 ranks: 5 s of start-up, 300 steps of 100 ms, a checkpoint after step 40, 3 s of tail:
     26 s of training per rank after the checkpoint."""
-    starts = [T0 + 5.0 + 0.1 * i for i in range(300)]
+    starts = [T0 + 5.0 + 0.1 * i + (0.06 if i >= 40 else 0.0) for i in range(300)]
     last_end = starts[-1] + 0.1
-    ck = [(starts[39] + 0.1, 0.05, 40)]
+    ck = [(starts[39] + 0.1 + 0.055, 0.05, 40)]   # in the 60 ms between steps 39 and 40
     end = last_end + 3.0
     data = run_data([rank_data(0, 0, starts, checkpoints=ck), rank_data(1, 1, starts, checkpoints=ck)], end=end)
     return assemble(account(data, ctx(data, end, status=status, reason=reason), attempt=0, previous=[]), [],

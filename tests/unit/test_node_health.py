@@ -101,6 +101,7 @@ def test_evidence_ages_out_and_a_node_that_recovers_is_no_longer_excluded(tmp_pa
 def test_a_corrupt_store_is_moved_aside_with_a_note_and_a_new_one_started(tmp_path):
     path = tmp_path / "nodes.sqlite"
     path.write_bytes(b"this is not a database" * 100)
+    path.chmod(0o600)  # the user's own file (another's, or one others may write, is refused: below)
     health, notes = record(path, "c", run("1", time.time(), slow=("node3",)))
     assert len(notes) == 1 and "is not a TraceML node store" in notes[0] and "moved it to" in notes[0], notes
     aside = [p for p in tmp_path.iterdir() if ".unreadable-" in p.name]
@@ -110,6 +111,7 @@ def test_a_corrupt_store_is_moved_aside_with_a_note_and_a_new_one_started(tmp_pa
     assert nj is not None and nj.lines == () and nj.notes == tuple(notes)
     # reading a corrupt store (traceml slurm nodes) only says so
     path.write_bytes(b"\0" * 4096)
+    path.chmod(0o600)
     recs, notes = NodeStore(path).records("c")
     assert recs == [] and "not a TraceML node store" in notes[0] and "next run moves it aside" in notes[0]
 
@@ -118,7 +120,9 @@ def test_an_unwritable_store_is_a_note(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     health, notes = record(blocker / "sub" / "nodes.sqlite", "c", run("1", time.time()))
-    assert health == [] and "cannot be opened" in notes[0]
+    # judged from this run alone (held in memory), the store named as what could not be used
+    assert [h.jobs for h in health] == [1, 1, 1] and not any(h.exclude for h in health)
+    assert len(notes) == 1 and "is ignored: it cannot be checked (Not a directory)" in notes[0], notes
 
 
 def _writer(path: str, job: int, n: int) -> None:
@@ -324,3 +328,55 @@ def test_the_reason_names_every_kind_seen_bad_the_most_repeated_first(tmp_path):
     assert h.exclude and h.reason.startswith("node3: link sending at 0.012 GB/s against 1.5 GB/s in 2 of 2 job(s) since ")
     assert h.reason.endswith("; also compute (own time per step) at 124 ms against 58 ms in 1 of 2, "
                              "CPU matmul at 10.1 GFLOP/s against 27.1 GFLOP/s in 1 of 2"), h.reason
+
+
+def slow_rank(job: str, at: float, host: str, rank: int, *, work: str = "") -> RunEvidence:
+    """A 3-node run whose straggler, rank ``rank``, ran on ``host`` (compute evidence, placed)."""
+    obs = tuple(NodeObservation(h, "compute", 90.0 if h == host else 40.0, 40.0, "ms", h == host,
+                                ranks=(rank,) if h == host else (), work=work if h == host else "")
+                for h in HOSTS)
+    return RunEvidence(job, f"run-{job}", at, "run", HOSTS, obs)
+
+
+def test_a_slow_rank_that_follows_its_data_excludes_no_host_wherever_it_lands(tmp_path):
+    """Rank 1 has more work (its shard) in every job, and lands on a different node each time:
+    each host is slow once or twice, always with rank 1 on it: none is excluded, and each says why."""
+    path = tmp_path / "nodes.sqlite"
+    t0 = time.time() - 3600
+    for i, host in enumerate(["node2", "node2", "node3", "node3", "node1", "node1"]):
+        health, notes = record(path, "c", slow_rank(str(i), t0 + 60 * i, host, rank=1))
+        assert not notes, notes
+        assert not [h.host for h in health if h.exclude], [h.why for h in health]
+    h = {x.host: x for x in health}
+    assert h["node1"].rank_following_jobs == 2 and h["node1"].rank_following == (1,)
+    assert "not counted: slow in 2 more job(s) (compute (own time per step)) with only rank 1 on it" in h["node1"].why
+    ev = {e.kind: e for e in h["node1"].evidence}
+    assert ev["compute"].ranks == (1,) and ev["compute"].counted is False
+
+
+def test_a_slow_host_is_excluded_when_it_is_slow_with_different_ranks_or_with_work_measured_equal(tmp_path):
+    t0 = time.time() - 3600
+    moved = tmp_path / "a.sqlite"   # node3 slow with rank 2, then rank 0 on it: the host, not a rank
+    record(moved, "c", slow_rank("1", t0, "node3", rank=2))
+    health, _ = record(moved, "c", slow_rank("2", t0 + 60, "node3", rank=0))
+    assert [x.host for x in health if x.exclude] == ["node3"]
+    equal = tmp_path / "b.sqlite"   # the same rank each time, but its work measured equal to the others'
+    record(equal, "c", slow_rank("1", t0, "node3", rank=2, work="equal"))
+    health, _ = record(equal, "c", slow_rank("2", t0 + 60, "node3", rank=2, work="equal"))
+    assert [x.host for x in health if x.exclude] == ["node3"]
+    same = tmp_path / "c.sqlite"    # the same rank each time, work not measured: not excluded
+    record(same, "c", slow_rank("1", t0, "node3", rank=2))
+    health, _ = record(same, "c", slow_rank("2", t0 + 60, "node3", rank=2))
+    assert not [x.host for x in health if x.exclude]
+
+
+def test_a_schema_1_store_is_migrated_in_place(tmp_path):
+    path = tmp_path / "nodes.sqlite"
+    record(path, "c", run("1", time.time() - 60, slow=("node3",)))
+    with sqlite3.connect(path) as conn:   # as TraceML with schema 1 left it
+        conn.execute("CREATE TABLE o1 AS SELECT record, host, kind, value, peers, unit, bad, strong, note FROM observations")
+        conn.execute("DROP TABLE observations")
+        conn.execute("ALTER TABLE o1 RENAME TO observations")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    health, notes = record(path, "c", run("2", time.time(), slow=("node3",)))
+    assert not notes and [x.host for x in health if x.exclude] == ["node3"]   # both jobs kept

@@ -49,7 +49,8 @@ def claim_run_dir(run_dir: Any, settings: Any) -> Any:
     from .server import log
 
     try:
-        return claim(run_dir.path, me(settings.run_id, settings.job_id, settings.run_name))
+        return claim(run_dir.path, me(settings.run_id, settings.job_id, settings.run_name,
+                                        settings.restart_count))
     except OSError as exc:
         log(f"could not claim {run_dir.path} for this run ({exc.strerror or exc}); another run "
             "with the same name and logs directory would not be noticed")
@@ -67,7 +68,7 @@ def main() -> int:
         _say(f"{ERROR} " + json.dumps({"kind": "settings", "message": f"bad aggregator settings: {exc}"}))
         return 3
     try:
-        run_dir = prepare_run_dir(settings.run_dir, settings.run_name)
+        run_dir = prepare_run_dir(settings.run_dir, settings.run_name, settings.job_id)
     except OSError as exc:
         _say(f"{ERROR} " + json.dumps({"kind": "run_dir", "message": (
             f"Neither the run directory {settings.run_dir} nor the fallback "
@@ -77,7 +78,7 @@ def main() -> int:
     claimed = claim_run_dir(run_dir, settings)
     if claimed is not None and claimed.path != run_dir.path:  # another live run owns it: a sibling
         try:
-            run_dir = prepare_run_dir(claimed.path, settings.run_name)
+            run_dir = prepare_run_dir(claimed.path, settings.run_name, settings.job_id)
         except OSError:
             pass  # the claimed sibling is not writable after all: share, as before
     if claimed is not None and claimed.note:
@@ -113,12 +114,15 @@ def main() -> int:
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")
-            if server.exports is not None:  # the live ones: the rest and the files, bounded, once
-                exports = server.exports    # node 0's launcher has the summary (Server.finalize)
-
-                def after_reply() -> None:
-                    for line in exports.finish(out["summary"], out):
-                        log(line)
+            keep, exports = out.get("keep_evidence"), server.exports
+            if keep is not None or exports is not None:
+                def after_reply() -> None:  # node 0's launcher has the summary (Server.finalize)
+                    if keep is not None:     # the node store, bounded (report/nextjob.py)
+                        for line in keep():
+                            log(f"node health: {line}")
+                    if exports is not None:  # the live exports: the rest and the files, bounded, once
+                        for line in exports.finish(out["summary"], out):
+                            log(line)
                 server.after_reply = after_reply
         return {"summary_json": out["summary_json"], "summary_txt": out["summary_txt"]}
 

@@ -14,8 +14,15 @@ on NFS and Lustre alike, unlike ``flock``, which some mounts keep per node). It 
 (run id, job, host, aggregator pid, start) and the owner touches it every :data:`HEARTBEAT_S`
 seconds while it runs and marks it ended when it writes the final summary. A claim counts as live
 unless it is marked ended, its file was not touched for :data:`STALE_S` seconds (the owner died
-without ending it: SIGKILL, a lost node), or its aggregator's pid is gone on this very host. An
+without ending it: SIGKILL, a lost node), its aggregator's pid is gone on this very host, or it is
+an earlier attempt of this very job (the same job id, a lower ``SLURM_RESTART_COUNT``: Slurm starts
+a requeued job's next attempt only once the one before has ended on every node, so a requeue that
+restarts on other nodes seconds after losing node 0 continues the same run directory). An
 aggregator restarted by its launcher has its run's id and takes its own claim back.
+
+The claim is read like every file of the run directory (traceml_core/safeio.py: ours, regular,
+never a link or a FIFO, at most 4 KiB), and the siblings are made like the run directory
+(rundir.own_dir: a link or another user's entry planted there is skipped, never used).
 """
 
 from __future__ import annotations
@@ -28,14 +35,17 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
+from ..rundir import MAX_SIBLINGS, own_dir, siblings
+from ..safeio import read_file
+
 #: the claim file in a run directory
 OWNER_NAME = ".traceml-owner"
 #: how often a running aggregator touches its claim
 HEARTBEAT_S = 10.0
 #: a claim not touched for this long belongs to a run that is gone
 STALE_S = 4 * HEARTBEAT_S + 5.0
-#: siblings tried before giving up (then the run shares the directory, and says so)
-MAX_SIBLINGS = 50
+#: the most a claim file holds
+MAX_CLAIM_BYTES = 4096
 
 
 @dataclass
@@ -49,6 +59,8 @@ class Owner:
     pid: int
     started_at: float
     ended: bool = False
+    #: the attempt of its job (SLURM_RESTART_COUNT; None where there is none)
+    restart: Optional[int] = None
 
     def to_bytes(self) -> bytes:
         return (json.dumps(asdict(self)) + "\n").encode()
@@ -57,11 +69,12 @@ class Owner:
     def read(cls, path: Path) -> Optional["Owner"]:
         """The claim in ``path``; None when it cannot be read as one (then it is taken over)."""
         try:
-            raw = json.loads(path.read_bytes()[:4096])
+            raw = json.loads(read_file(path, MAX_CLAIM_BYTES))
+            restart = raw.get("restart")
             return cls(run_id=str(raw["run_id"]), job_id=None if raw.get("job_id") is None else str(raw["job_id"]),
                        run_name=str(raw.get("run_name", "")), host=str(raw.get("host", "")),
                        pid=int(raw.get("pid", 0)), started_at=float(raw.get("started_at", 0.0)),
-                       ended=bool(raw.get("ended")))
+                       ended=bool(raw.get("ended")), restart=None if restart is None else int(restart))
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -71,9 +84,16 @@ class Owner:
         return f"{job}, whose aggregator (pid {self.pid} on {self.host or '?'}) started at {when}"
 
 
-def me(run_id: str, job_id: Optional[str], run_name: str) -> Owner:
+def me(run_id: str, job_id: Optional[str], run_name: str, restart: Optional[int] = None) -> Owner:
     return Owner(run_id=run_id, job_id=job_id, run_name=run_name, host=socket.gethostname(),
-                 pid=os.getpid(), started_at=time.time())
+                 pid=os.getpid(), started_at=time.time(), restart=restart)
+
+
+def superseded(theirs: Owner, mine: Owner) -> bool:
+    """``theirs`` is an earlier attempt of ``mine``'s own job (requeued): it has ended, wherever
+    it ran, however recently it touched its claim."""
+    return (bool(theirs.job_id) and theirs.job_id == mine.job_id and theirs.restart is not None
+            and mine.restart is not None and theirs.restart < mine.restart)
 
 
 def _pid_gone(pid: int) -> bool:
@@ -116,7 +136,7 @@ def take(run_dir: Path, mine: Owner) -> Optional[Owner]:
         fd = os.open(path, flags, 0o644)
     except FileExistsError:
         cur = Owner.read(path)
-        if cur is not None and cur.run_id != mine.run_id and live(path, cur):
+        if cur is not None and cur.run_id != mine.run_id and not superseded(cur, mine) and live(path, cur):
             return cur
         _write(path, mine)  # ours (a restarted aggregator), ended, stale or unreadable: take it
         # two runs taking over one stale claim at once: the last writer owns it
@@ -125,14 +145,6 @@ def take(run_dir: Path, mine: Owner) -> Optional[Owner]:
     with os.fdopen(fd, "wb") as f:
         f.write(mine.to_bytes())
     return None
-
-
-def siblings(wanted: Path, job_id: Optional[str]):
-    """The directories tried after ``wanted``: ``<name>.<job>``, then ``<name>.2``, ``.3`` ..."""
-    if job_id:
-        yield wanted.with_name(f"{wanted.name}.{job_id}")
-    for i in range(2, MAX_SIBLINGS + 2):
-        yield wanted.with_name(f"{wanted.name}.{i}")
 
 
 @dataclass
@@ -171,13 +183,17 @@ class Claim:
 def claim(wanted: Path, mine: Owner) -> Claim:
     """``wanted`` when no live run owns it, else the first free sibling, with the note that says
     why. Raises OSError when ``wanted`` cannot be written at all (the caller falls back)."""
-    wanted.mkdir(parents=True, exist_ok=True)
+    wanted.parent.mkdir(parents=True, exist_ok=True)
+    own_dir(wanted)  # UnsafeFileError (an OSError) when it is not ours: not claimed
     other = take(wanted, mine)
     if other is None:
         return Claim(wanted, mine)
     for cand in siblings(wanted, mine.job_id):
         try:
-            cand.mkdir(exist_ok=True)
+            try:
+                own_dir(cand)
+            except OSError:  # a link or another user's entry planted there: never used
+                continue
             if take(cand, mine) is None:
                 return Claim(cand, mine, note=(
                     f"{wanted} belongs to another run that is still going ({other.describe()}); this "

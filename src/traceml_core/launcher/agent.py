@@ -20,13 +20,16 @@ SIGKILL from the kernel when this process dies, see :mod:`.ownership`) or ``{"re
 "detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
 descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
 end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
-``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message"}]}``.
+``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message"}]}``, or, when
+torchrun could not start at all because the master port was taken after the pre-flight,
+``{"startup_error": TEXT}`` (one paragraph, :func:`port_taken`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import sys
 import time
@@ -155,6 +158,28 @@ def _failure_reporter(sock: socket.socket) -> None:
     api.launch_agent = launch_agent
 
 
+#: torch's words when its rendezvous store cannot listen (c10d TCPStore: DistNetworkError)
+_PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.I)
+_PORT_OF = re.compile(r"port: (\d+)")
+
+
+def port_taken(exc: BaseException, argv: list[str]) -> Optional[str]:
+    """One paragraph when ``exc`` is torch's rendezvous store failing to listen on the master
+    port because another process holds it (taken after the launcher's pre-flight found it free:
+    preflight.check_master_port); None for anything else."""
+    text = str(exc)
+    if not _PORT_TAKEN.search(text):
+        return None
+    m = _PORT_OF.search(text)
+    port = m.group(1) if m else next((a.split("=", 1)[1] for a in argv if a.startswith(("--master-port=",
+                                                                                        "--master_port="))), "?")
+    return (f"the master port {port} was taken on this node after TraceML's pre-flight found it free, so "
+            "torchrun could not start its rendezvous store there (EADDRINUSE) and no worker started: another "
+            "job or `traceml run` on this machine took it in the seconds between the check and torchrun. Run "
+            "again, or pass another free port with --master-port PORT (or TRACEML_MASTER_PORT; the same on "
+            "every node of the job), or --standalone on a single node to pick free ports.")
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     raw = os.environ.pop(FD_VAR, "")
@@ -208,6 +233,13 @@ def main(argv: Optional[list[str]] = None) -> int:
         # the launcher (_failure_reporter) and the summary names the first failure; torchrun's
         # traceback through its own internals, and its copy of the record, would only bury that.
         # Exit status 1, as the uncaught exception gave.
+        return 1
+    except Exception as exc:  # noqa: BLE001 - only the port race is ours to explain
+        words = port_taken(exc, argv)
+        if words is None:
+            raise
+        # the launcher's words (its log, the run's reason and headline) instead of torch's traceback
+        _send(sock, {"startup_error": words, "at": time.time()})
         return 1
     return 0
 

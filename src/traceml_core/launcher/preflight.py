@@ -194,6 +194,8 @@ class AgentLink:
         self.sock, self.child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         self._buf = b""
         self.failures: Optional[list[dict[str, Any]]] = None
+        #: why torchrun could not start at all (the master port taken after the pre-flight), in words
+        self.startup_error: Optional[str] = None
 
     @property
     def child_fd(self) -> int:
@@ -276,6 +278,9 @@ class AgentLink:
                     break
                 if isinstance(msg.get("failures"), list):
                     self.failures = [f for f in msg["failures"] if isinstance(f, dict)]
+                    break
+                if isinstance(msg.get("startup_error"), str):
+                    self.startup_error = msg["startup_error"][:2000]
                     break
         return self.failures
 

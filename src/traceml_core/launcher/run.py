@@ -252,6 +252,7 @@ class NodeLaunch:
             if wait:   # hung ranks never end by themselves: srun ends them once this task exits
                 self._monitor(self._others_ended, None, time.monotonic() + OTHERS_GRACE_S)
             failure = self.watchdog.failure_reason() if (self.watchdog and status_of(ended) != 0) else None
+            failure = failure or (s.startup_error if status_of(ended) != 0 else None)  # (agent.port_taken)
             cause = None
             if ended.signal is not None and self.speaks:
                 cause = explain_interrupt(c, int(ended.signal), s.interrupted_at or time.time())

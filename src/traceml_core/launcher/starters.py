@@ -178,6 +178,9 @@ class WorkerStarter(ABC):
         if self.sup is not None:
             self.sup.restore()
 
+    #: why no worker could start at all, in one paragraph (set by :meth:`report`; None: they did)
+    startup_error: Optional[str] = None
+
 
 class TorchrunStarter(WorkerStarter):
     """The node layout: one torchrun per node, started through the pre-flight agent."""
@@ -269,6 +272,7 @@ class TorchrunStarter(WorkerStarter):
         step) made it stop torchrun, so a node lost before that is the failure."""
         assert self.agent is not None and self.sup is not None
         rows = self.agent.collect_failures() if code != 0 else []
+        self.startup_error = self.agent.startup_error
         self.agent.close()
         sup = self.sup
         ours = sup.interrupted_by is not None or sup.terminated is not None

@@ -8,18 +8,22 @@ node health, ``traceml_slurm/nodes``). A verdict whose culprit is a node the plu
 in the line, so the advice of a slow-node run ends in something to paste.
 
 :func:`amend` changes the summary dict in place and never raises: a plugin that fails costs a
-note, not the summary.
+note, not the summary. The plugin only reads on the summary's path (``run_ended``); the run's
+evidence is kept by the function :func:`amend` returns, which node 0's aggregator calls once the
+summary is written (``keep_evidence``): a store that is slow or busy never delays the summary.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Any, Callable, Optional
 
 from .document import NextJobSection
 
 J = dict[str, Any]
+#: keeps the run's node evidence after the summary is written; returns notes for the log
+Keep = Callable[[], list[str]]
 
 
 def verdicts_of(summary: J) -> list[J]:
@@ -27,9 +31,12 @@ def verdicts_of(summary: J) -> list[J]:
             if isinstance(v, dict)]
 
 
-def amend(summary: J, cluster: str = "") -> None:
-    """Add ``next_job`` to a final summary: the verdicts' fix lines, then the cluster plugin's."""
+def amend(summary: J, cluster: str = "") -> Optional[Keep]:
+    """Add ``next_job`` to a final summary: the verdicts' fix lines, then the cluster plugin's.
+    Returns what keeps the run's node evidence, to call after the summary is written (None: no
+    plugin)."""
     section = NextJobSection()
+    keep: Optional[Keep] = None
     for v in verdicts_of(summary):
         ev = (v.get("evidence") or {}).get("cpu") or {}  # the input-bound verdict's CPU cause
         for line, why in zip(ev.get("fix_lines") or [], ev.get("fix_why") or []):
@@ -37,12 +44,13 @@ def amend(summary: J, cluster: str = "") -> None:
                 section.lines.append(line)
                 section.why.append(why)
     if cluster and cluster != "none":
-        _from_plugin(summary, cluster, section)
+        keep = _from_plugin(summary, cluster, section)
     if section:
         summary["next_job"] = section.to_json()
+    return keep
 
 
-def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> None:
+def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> Optional[Keep]:
     try:
         from ..plugins import load_cluster_environment
         from .document import Summary
@@ -50,15 +58,28 @@ def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> None:
 
         cls = load_cluster_environment(cluster)
         if cls is None:
-            return
-        answer = cls().run_ended(run_evidence(Summary.from_json(summary)), os.environ)
+            return None
+        plugin, evidence = cls(), run_evidence(Summary.from_json(summary))
+        answer = plugin.run_ended(evidence, os.environ)
     except Exception as exc:  # noqa: BLE001 - the plugin must never cost the summary
         section.notes.append(f"the {cluster} plugin could not judge this run's nodes "
                              f"({type(exc).__name__}: {str(exc)[:200]})")
         _warn(section.notes[-1])
-        return
-    if answer is None:
-        return
+        return None
+
+    def keep() -> list[str]:
+        try:
+            return list(plugin.keep_evidence(evidence, os.environ))
+        except Exception as exc:  # noqa: BLE001 - after the summary: a note in the log, nothing more
+            return [f"the {cluster} plugin could not keep this run's node evidence ({type(exc).__name__}: "
+                    f"{str(exc)[:200]})"]
+    if answer is not None:
+        _use(answer, summary, section)
+    return keep
+
+
+def _use(answer: Any, summary: J, section: NextJobSection) -> None:
+    """The plugin's answer into the section; a verdict naming an excluded host ends in the line."""
     section.notes += list(answer.notes)
     for line, why in zip(answer.lines, answer.why):
         if line not in section.lines:

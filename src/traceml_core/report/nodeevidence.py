@@ -18,6 +18,13 @@ run*, by the rule each kind already has:
 * ``oom``: a node whose ranks the OOM killer took while another node's did not;
 * ``missing``: a node that never joined, or whose ranks never arrived where the others waited
   (the hang report's culprits, all on one node of several).
+
+Slowness can follow the host (a slow GPU, a throttled CPU, a bad link) or the *rank* (its data
+shard, work only it does, its batches): a rank that does more lands on some host, and that host
+looks slow. So the observations whose blame depends on where the ranks were placed
+(:data:`PLACED_KINDS`) carry the ranks they are about, and whether the run measured the ranks' work
+per step equal (``work="equal"``); the cluster plugin's rule excludes a host on them only when it
+was slow with different ranks on it, or with the work measured equal (traceml_slurm/nodes/health.py).
 """
 
 from __future__ import annotations
@@ -31,6 +38,13 @@ from .model import RankSummary
 from .stats import median
 from .thresholds import MIN_STEPS, PROBE_SLOW_FRACTION
 from .verdicts import own_time
+
+#: verdict kinds whose cause stays with the host a rank ran on, whatever rank it was: a rank that
+#: waits in its own work, not one that does more (``work_imbalance``), pauses for periodic work of
+#: its own or waits for input; the only verdicts that may blame a host (:func:`host_evidence`)
+HOST_FOLLOWING_KINDS = frozenset({"straggler"})
+#: observation kinds whose blame depends on where the ranks were placed: they carry their ranks
+PLACED_KINDS = frozenset({"compute", "oom", "missing"})
 
 #: failure causes that are the script's own (report/failure.py: classify), not evidence of a node
 SCRIPT_CAUSES = frozenset({"exception", "exit", "interrupted", "never_joined", "unknown"})
@@ -47,7 +61,8 @@ def run_evidence(summary: Summary, *, source: str = "run", at: Optional[float] =
     obs += missing_observations(summary, hosts)
     return RunEvidence(job_id=summary.run.job_id, run_name=summary.run.name or "", source=source,
                        at=time.time() if at is None else at,
-                       hosts=tuple(h for h in hosts.values() if h), observations=tuple(obs))
+                       hosts=tuple(h for h in hosts.values() if h), observations=tuple(obs),
+                       origins=tuple(host_origins(summary).items()))
 
 
 def node_hosts(summary: Summary) -> dict[int, str]:
@@ -56,6 +71,15 @@ def node_hosts(summary: Summary) -> dict[int, str]:
     for r in summary.ranks:
         if r.node is not None and r.host and not out.get(r.node):
             out[r.node] = r.host
+    return out
+
+
+def host_origins(summary: Summary) -> dict[str, str]:
+    """Who named each host: a node's launcher (as it joined), else the first rank that said it."""
+    out = {n.hostname: f"node {n.node}'s launcher" for n in summary.topology.nodes if n.hostname}
+    for r in summary.ranks:
+        if r.host and r.host not in out:
+            out[r.host] = f"rank {r.rank}"
     return out
 
 
@@ -93,8 +117,30 @@ def slower_than_peers(values: Mapping[str, Optional[float]], kind: str, unit: st
     return out
 
 
-def _straggler(summary: Summary) -> Optional[Verdict]:
-    return next((v for v in summary.verdicts if v.kind == "straggler"), None)
+def host_evidence(v: Verdict) -> bool:
+    """Whether verdict ``v`` is evidence against the host of the rank it names: a host-following
+    kind (:data:`HOST_FOLLOWING_KINDS`), its excess in the rank's work (not between steps: logging,
+    evaluation or checkpointing on one rank is the script's doing) and not on rank 0 (work only
+    rank 0 does is the usual cause there, whichever node holds it)."""
+    culprit = v.culprit or {}
+    return (v.kind in HOST_FOLLOWING_KINDS and v.evidence.get("phase") != "outside"
+            and culprit.get("rank") not in (None, 0) and culprit.get("node") is not None)
+
+
+def work_measured_equal(v: Verdict) -> bool:
+    """The verdict's rank was measured doing the same work per step as the others (the straggler
+    rule compares its training thread's CPU time per step, and calls it a straggler only when
+    more work is not why it is slower): its slowness is then not its work, wherever it runs."""
+    ev = v.evidence
+    return ev.get("cpu_ms") is not None and ev.get("others_cpu_ms") is not None
+
+
+def _slowest(summary: Summary) -> Optional[Verdict]:
+    """The verdict that names the slowest rank: a host-following one where there is one, else
+    the first that names a rank (said in the note, not held against the host)."""
+    named = [v for v in summary.verdicts if (v.culprit or {}).get("rank") is not None
+             and v.kind not in ("run_failed", "did_not_start", "hang")]
+    return next((v for v in named if v.kind in HOST_FOLLOWING_KINDS), named[0] if named else None)
 
 
 def compute_observations(summary: Summary, hosts: dict[int, str]) -> list[NodeObservation]:
@@ -108,25 +154,38 @@ def compute_observations(summary: Summary, hosts: dict[int, str]) -> list[NodeOb
     if len(by_node) < 2:
         return []
     mine = {n: median(v) or 0.0 for n, v in by_node.items()}
-    s = _straggler(summary)
-    culprit = (s.culprit or {}) if s is not None else {}
-    phase = s.evidence.get("phase") if s is not None else None
-    blamed = culprit.get("node") if s is not None and phase != "outside" and culprit.get("rank") != 0 else None
+    v = _slowest(summary)
+    culprit = (v.culprit or {}) if v is not None else {}
+    blamed = culprit.get("node") if v is not None and host_evidence(v) else None
     out = []
     for n, own in sorted(mine.items()):
         host = hosts.get(n)
         if not host:
             continue
-        ref = median([v for m, v in mine.items() if m != n]) or 0.0
+        ref = median([x for m, x in mine.items() if m != n]) or 0.0
         bad = n == blamed
         note = f"own time {own:.1f} ms per step against {ref:.1f} ms on the other nodes"
-        if s is not None and culprit.get("node") == n and not bad:
-            note += (" (the straggler is rank 0: rank-0-only work is the usual cause)" if culprit.get("rank") == 0
-                     else " (the excess is between steps: the script's work, not the node's)")
-        elif bad:
-            note += f", mostly in {phase}"
-        out.append(NodeObservation(host, "compute", round(own, 3), round(ref, 3), "ms", bad, note=note))
+        ranks: tuple[int, ...] = ()
+        work = ""
+        if v is not None and culprit.get("node") == n and not bad:
+            note += f" ({_not_host(v)})"
+        elif bad and v is not None:
+            ranks = (int(culprit["rank"]),)
+            work = "equal" if work_measured_equal(v) else ""
+            note += f", mostly in {v.evidence.get('phase')}, rank {culprit['rank']}" + (
+                " (its work per step measured equal to the others')" if work else "")
+        out.append(NodeObservation(host, "compute", round(own, 3), round(ref, 3), "ms", bad, note=note,
+                                   ranks=ranks, work=work))
     return out
+
+
+def _not_host(v: Verdict) -> str:
+    """Why the slowest rank's verdict is not held against its host, in a few words."""
+    if v.kind not in HOST_FOLLOWING_KINDS:
+        return f"{v.kind.replace('_', ' ')}: a cause that follows the rank, not the host"
+    if (v.culprit or {}).get("rank") == 0:
+        return "the straggler is rank 0: rank-0-only work is the usual cause"
+    return "the excess is between steps: the script's work, not the node's"
 
 
 def failure_observations(summary: Summary, hosts: dict[int, str]) -> list[NodeObservation]:
@@ -148,8 +207,11 @@ def failure_observations(summary: Summary, hosts: dict[int, str]) -> list[NodeOb
     if oom and len(oom) < len(hosts):
         for n, count in sorted(oom.items()):
             if hosts.get(n):
+                ranks = tuple(sorted(r.rank for r in summary.ranks if r.node == n and r.failure
+                                     and r.failure.get("cause") == "oom"))
                 out.append(NodeObservation(hosts[n], "oom", float(count), 0.0, "ranks", True,
-                                           note=f"the OOM killer took {count} rank(s) here and none elsewhere"))
+                                           note=f"the OOM killer took {count} rank(s) here and none elsewhere",
+                                           ranks=ranks))
     return out
 
 
@@ -169,5 +231,6 @@ def missing_observations(summary: Summary, hosts: dict[int, str]) -> list[NodeOb
             n = nodes.pop()
             if n is not None and hosts.get(n):
                 out.append(NodeObservation(hosts[n], "missing", None, None, "", True,
-                                           note="the run hung waiting for its ranks"))
+                                           note="the run hung waiting for its ranks",
+                                           ranks=tuple(sorted(c for c in hang.report.culprits if c in by_rank))))
     return out

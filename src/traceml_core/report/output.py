@@ -20,7 +20,9 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
                   rebuilt: Optional[dict[str, Any]] = None,
                   provisional: bool = False, cluster: str = "") -> dict[str, Any]:
     """Build, render and write the files; returns ``{"summary_json", "summary_txt",
-    "summary_html", "summary"}`` (``summary_html`` None when the page could not be written).
+    "summary_html", "summary", "keep_evidence"}`` (``summary_html`` None when the page could not
+    be written; ``keep_evidence``: what keeps the run's node evidence, to call once the files are
+    written, report/nextjob.py, or None).
 
     Paths are decided before rendering so the summary can name them; when the run directory
     fails mid-write, the files move to the fallback and the note says why. The HTML page can
@@ -35,11 +37,12 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
     except Exception as exc:  # noqa: BLE001 - never lose this attempt's summary over them
         _warn(f"the run's earlier attempts could not be read ({type(exc).__name__}: {exc})")
         previous = []
+    keep = None
     try:
         summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
                                 previous=previous)
         if not provisional:
-            amend(summary, cluster if rebuilt is None else "")
+            keep = amend(summary, cluster if rebuilt is None else "")
         blob = dumps(summary)
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
@@ -59,7 +62,7 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
         jpath = write_file(rd, run_name, SUMMARY_JSON, dumps(summary), sync=not provisional)
     tpath = write_file(rd, run_name, SUMMARY_TXT, render_text(summary).encode(), sync=not provisional)
     return {"summary_json": str(jpath), "summary_txt": str(tpath),
-            "summary_html": None if hpath is None else str(hpath), "summary": summary}
+            "summary_html": None if hpath is None else str(hpath), "summary": summary, "keep_evidence": keep}
 
 
 def rebuild_attempt(checkpoint: Path) -> dict[str, Any]:

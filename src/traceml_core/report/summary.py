@@ -486,6 +486,10 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
         never = did_not_start(ranks, found) if found is not None else None
         if never is not None:  # no rank trained: nothing about steps or performance
             found, alone = never, True
+            if never["evidence"].get("cause") == "never_joined" and finish is not None and finish.reason \
+                    and not finish.interrupted:  # no rank said why; the launcher did (agent.port_taken)
+                found["why"] = f"no rank reached its first step: {finish.reason}"
+                found["next_step"] = "nothing was trained: the reason above says what to do"
         short = found.pop("reason") if found is not None else ""
     if short:
         reason = f"{short}; {reason}" if reason else short

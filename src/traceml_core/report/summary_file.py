@@ -11,13 +11,18 @@ from typing import Any
 
 from ..rundir import SUMMARY_JSON
 from ..errors import TraceMLError
+from ..safeio import read_file
+
+#: the largest summary read back (tens of MB at thousands of ranks)
+MAX_SUMMARY_BYTES = 1 << 30
 
 
 def read_summary(p: Path, who: str, error: type[TraceMLError]) -> dict[str, Any]:
     """The summary in ``p``; ``error`` (prefixed by ``who``: "Run A (path)", or the path) when the
-    file cannot be read, is not JSON or is not a TraceML summary."""
+    file cannot be read (a FIFO, a device: never waited on, never read without bound), is not
+    JSON or is not a TraceML summary. A teammate's summary may be read (not ``owned``)."""
     try:
-        doc = json.loads(p.read_text())
+        doc = json.loads(read_file(p, MAX_SUMMARY_BYTES, owned=False, follow=True))
     except OSError as exc:
         raise error(f"{who}: cannot read it ({exc.strerror or exc}).") from None
     except (ValueError, UnicodeDecodeError) as exc:

@@ -152,15 +152,16 @@ def token_exposure(fd: int = 2, cluster: str = "") -> Optional[str]:
     return None
 
 
-def write_private_url(dash: "Dashboard") -> Optional[str]:
-    """The dashboard's address with its token, in ``$TMPDIR/traceml-<uid>/dashboard-<port>.url``
-    (the directory 0700 and this user's, the file 0600, never through a symlink); its path, or
-    None when it cannot be written."""
-    from ..rundir import fallback_root, private_dir
+def write_private_url(dash: "Dashboard") -> tuple[Optional[str], Optional[str]]:
+    """The dashboard's address with its token in ``dashboard-<port>.url`` of a directory only
+    this user can use (``$TMPDIR/traceml-<uid>``, else a fresh one: rundir.make_private; the
+    file 0600, never through a symlink): (its path, why the usual directory was not used), or
+    (None, why none could be written)."""
+    from ..rundir import make_private
 
     try:
-        private_dir(fallback_root())
-        path = fallback_root() / f"dashboard-{dash.port}.url"
+        where, note = make_private()
+        path = where / f"dashboard-{dash.port}.url"
         try:
             path.unlink()
         except FileNotFoundError:
@@ -168,9 +169,9 @@ def write_private_url(dash: "Dashboard") -> Optional[str]:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(dash.url + "\n")
-        return str(path)
-    except OSError:
-        return None
+        return str(path), note
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
 
 
 class Dashboard:
@@ -209,11 +210,16 @@ class Dashboard:
         secret = f"?token={self.token}"
         lines = [f"dashboard: {self.url}"]
         if exposed is not None:
-            where = write_private_url(self)
-            secret = ""
-            lines = [f"dashboard: {self.url.split('?', 1)[0]} (the address with its access token is in "
-                     + (f"{where}, readable only by you" if where else "no file: TraceML could not write one")
-                     + f"; it is not printed here because {exposed})"]
+            where, note = write_private_url(self)
+            if where is None:  # no private file could be made: the log is the only place left
+                lines = [f"dashboard: {self.url} (warning: this log may be read by others, {exposed}; "
+                         f"the token is printed here because no private file could be written: {note})"]
+            else:
+                secret = ""
+                lines = [f"dashboard: {self.url.split('?', 1)[0]} (the address with its access token is in "
+                         f"{where}, readable only by you; it is not printed here because {exposed})"]
+                if note:
+                    lines.append(f"  note: {note}")
         if self.host in ("127.0.0.1", "::1", "localhost"):
             lines.append(f"  from your laptop: ssh -L {self.port}:127.0.0.1:{self.port} {node}  "
                          f"(add -J <login-node> if {node} is only reachable through it), then open "

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Optional, Union
 
 import msgpack
 
-from .protocol import HELLO_WINDOW_S, PROTOCOL_VERSION
+from .protocol import HELLO_WINDOW_S, PROTOCOL_VERSION, host_name
 
 #: the one refusal for anything that fails before the MAC is verified
 AUTH_FAILED = ("authentication failed: this hello was not signed with this run's token for this run "
@@ -197,7 +197,7 @@ def check_hello(msg: dict[str, Any], ep: Endpoint, nonces: NonceCache,
     local_rank, nproc = msg.get("local_rank"), msg.get("nproc")
     return Identity(
         kind=kind, node=node, rank=rank,
-        host=host[:255] if isinstance(host, str) else "",
+        host=host_name(host),
         pid=pid if type(pid) is int else None,
         local_rank=local_rank if type(local_rank) is int else None,
         nproc=nproc if type(nproc) is int else None,

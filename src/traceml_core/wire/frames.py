@@ -25,7 +25,7 @@ from ..statistics import window as _window
 from ..statistics.window import MAX_VALUE
 from . import fold
 from .protocol import (BYE_STATUSES, DURATION_COLUMNS, GPU_FIELDS, LAUNCH_PHASES, LAUNCHER_SIGNALS, PEAK_COLUMNS, STEP_COLUMNS,
-                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError)
+                       STEP_SOURCES, SUM_COLUMNS, SYSTEM_FIELDS, ProtocolError, host_name)
 
 # MAX_VALUE: larger values are refused as malformed (2**62: what a window of the statistics
 # holds, statistics/window.py); each column has its own, lower, physical bound (COLUMN_LIMITS)
@@ -374,8 +374,7 @@ def check_join(msg: dict[str, Any]) -> dict[str, Any]:
     for key, typ in (("local_rank", int), ("pid", int), ("host", str)):
         if type(msg.get(key)) is not typ:
             msg[key] = None
-    if msg.get("host"):
-        msg["host"] = msg["host"][:255]
+    msg["host"] = host_name(msg.get("host")) or None
     msg["new"] = bool(msg.get("new", True))
     _int(msg, "seq_end", optional=True)
     return msg
@@ -398,7 +397,7 @@ def check_node(msg: dict[str, Any]) -> dict[str, Any]:
     if msg["gone"]:
         return msg
     _str(msg, "host", 255, optional=True)
-    msg["host"] = msg.get("host") or ""
+    msg["host"] = host_name(msg.get("host"))
     if type(msg.get("nproc")) is not int:
         msg["nproc"] = None
     return msg
@@ -412,6 +411,7 @@ def check_system(msg: dict[str, Any]) -> dict[str, Any]:
     (aggregator/system.py) adds the samples up without another check."""
     _int(msg, "node")
     _str(msg, "host", 255, optional=True)
+    msg["host"] = host_name(msg.get("host")) or None
     samples = msg.get("samples")
     if type(samples) is not list or len(samples) > MAX_SAMPLES_PER_FRAME:
         raise ProtocolError("system: samples must be a list")

@@ -182,6 +182,7 @@ Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, Iterator
 
@@ -279,3 +280,14 @@ class FrameBuffer:
     @property
     def pending(self) -> int:
         return len(self._buf)
+
+
+#: a host name as a peer may state it (its own, or a node's): letters, digits, ``_``, ``.``, ``-``,
+#: ``:`` (an address), at most 255 characters. Anything else (a newline, a space, a control
+#: character) is dropped where it enters, so it can never forge a line of a log or a summary.
+HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._:-]{0,254}")
+
+
+def host_name(value: Any) -> str:
+    """``value`` when it is a host name (:data:`HOST_NAME`), else "" (not known)."""
+    return value if isinstance(value, str) and HOST_NAME.fullmatch(value) else ""

@@ -88,8 +88,12 @@ def next_job(report: Report, facts: Facts) -> Optional[NextJob]:
     if not facts.in_job:
         return None
     try:
-        from ..nodes import next_job as answer, record
+        from ..environment import _job_hosts
+        from ..nodes import checked, next_job as answer, record
 
-        return answer(*record(facts.node_store, facts.cluster_name, evidence(report)))
+        # the job's nodes as Slurm gave them: the environment's list, else the one the doctor resolved
+        kept, notes = checked(evidence(report), facts.job_id, _job_hosts(facts) or tuple(report.job.nodes or ()))
+        health, more = record(facts.node_store, facts.cluster_name, kept)
+        return answer(health, notes + more)
     except Exception as exc:  # noqa: BLE001 - node health must never cost the doctor
         return NextJob(notes=(f"node health could not be judged ({type(exc).__name__}: {str(exc)[:200]})",))

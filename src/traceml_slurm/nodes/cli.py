@@ -13,6 +13,7 @@ from typing import Optional
 from ..facts import Facts
 from . import record
 from .health import BAD_SHARE, MIN_BAD_JOBS, RECENT_JOBS, WINDOW_DAYS, NodeHealth, exclude_line
+from .store import OFF
 
 DESCRIPTION = f"""\
 Each host's health from your node store: what your runs (`traceml run` under Slurm) and
@@ -27,7 +28,8 @@ def add_nodes_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                        description=DESCRIPTION)
     p.add_argument("--json", action="store_true", help="print JSON (only JSON on stdout)")
     p.add_argument("--store", metavar="PATH", default=None,
-                   help="the node store [default: $TRACEML_NODE_STORE, else ~/.cache/traceml/nodes.sqlite]")
+                   help="the node store [default: $TRACEML_NODE_STORE, else ~/.cache/traceml/nodes.sqlite; "
+                        "TRACEML_NODE_STORE=off turns it off]")
     p.add_argument("--cluster", metavar="NAME", default=None,
                    help="hosts of this Slurm cluster only [default: $SLURM_CLUSTER_NAME, else every cluster in the store]")
     p.add_argument("--all", action="store_true", help="also hosts with no job in the window")
@@ -37,6 +39,11 @@ def add_nodes_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 def run_nodes(ns: argparse.Namespace) -> int:
     facts = Facts.of(os.environ)
     path = Path(ns.store).expanduser() if ns.store else facts.node_store
+    if path == OFF:
+        text = "the node store is off (TRACEML_NODE_STORE=off): no node health is kept or judged"
+        sys.stdout.write(json.dumps({"store": None, "off": True, "nodes": [], "exclude": [], "line": None,
+                                     "notes": [text]}, indent=2) + "\n" if ns.json else text + "\n")
+        return 0
     cluster = ns.cluster if ns.cluster is not None else (facts.cluster_name or None)
     health, notes = record(path, cluster, None)
     shown = [h for h in health if ns.all or h.jobs]

@@ -11,7 +11,13 @@ are one sample of it), over the host's most recent jobs inside the age window:
   :data:`BAD_SHARE` of them (repeated, and most of the time), or when one observation is
   *strong* (a hardware fault such as an XID or uncorrectable ECC error);
 * the **score** is the share of those jobs that were clean (1.0 healthy, 0.0 bad in every one;
-  None: no job in the window). Older evidence is aged out: counted in the reason, not in the rule.
+  None: no job in the window). Older evidence is aged out: counted in the reason, not in the rule;
+* evidence that depends on where the ranks ran (a slow rank's compute, its OOM kill, its hang:
+  observations that carry their ``ranks``) counts only when the slowness stays with the host, not
+  the rank (:func:`placed`): the host was slow with *different* ranks on it across its recent
+  jobs, or the run measured the ranks' work per step equal. A rank that does more (its data
+  shard, work only it does) is slow wherever it lands; blaming each host it lands on would
+  exclude healthy nodes one after the other. Such a host is not excluded, and its reason says so.
 
 A host that was slow and then clean again recovers by itself: once most of its last jobs are
 clean it is no longer excluded. The false-exclude and miss rates of this rule, measured on the
@@ -23,7 +29,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from traceml_core.plugins import NodeObservation
 
@@ -70,11 +76,17 @@ class Latest:
     job_id: str
     source: str
     at: float
+    #: the ranks it is about (placed evidence), whether their work was measured equal, and
+    #: whether the rule counted it (placed evidence of the same rank only: not counted)
+    ranks: tuple[int, ...] = ()
+    work: str = ""
+    counted: bool = True
 
     def to_json(self) -> dict:
         return {"kind": self.kind, "value": self.value, "peers": self.peers, "unit": self.unit, "bad": self.bad,
                 "strong": self.strong, "note": self.note, "job": self.job_id, "source": self.source,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.at))}
+                "at": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.at)),
+                "ranks": list(self.ranks), "work": self.work or None, "counted": self.counted}
 
 
 @dataclass
@@ -96,11 +108,16 @@ class NodeHealth:
     #: the newest figure of each kind in its recent jobs (link rates, compute, the doctor's
     #: benchmarks, GPU health), kind by kind
     evidence: tuple[Latest, ...] = ()
+    #: recent jobs in which it was slow only by evidence that may follow the rank (:func:`placed`),
+    #: not counted; and the ranks that were on it then
+    rank_following_jobs: int = 0
+    rank_following: tuple[int, ...] = ()
 
     def to_json(self) -> dict:
         return {"host": self.host, "cluster": self.cluster, "score": self.score, "exclude": self.exclude,
                 "jobs": self.jobs, "bad_jobs": self.bad_jobs, "aged_out": self.aged_out, "why": self.why,
-                "reason": self.reason,
+                "reason": self.reason, "rank_following_jobs": self.rank_following_jobs,
+                "rank_following_ranks": list(self.rank_following),
                 "last_seen": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(self.last_seen))
                 if self.last_seen else None,
                 "evidence": [e.to_json() for e in self.evidence]}
@@ -138,10 +155,25 @@ def judge(records: Sequence[Record], now: Optional[float] = None) -> list[NodeHe
     return out
 
 
+def placed(o: NodeObservation) -> bool:
+    """Evidence whose blame depends on where the ranks ran: it names its ranks, and their work
+    was not measured equal (then it could be the rank's doing, wherever it ran)."""
+    return bool(o.ranks) and o.work != "equal"
+
+
 def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, last_seen: Optional[float]) -> NodeHealth:
     recent = sorted(jobs.values(), key=lambda j: -j.at)[:RECENT_JOBS]
-    bad = [j for j in recent if j.bad]
-    strong = [o for j in recent for o in j.strong]
+    # placed evidence counts only when the host was slow with different ranks on it
+    ranks_on = sorted({r for j in recent for o in j.bad if placed(o) for r in o.ranks})
+    follows_host = len(ranks_on) >= 2
+
+    def counts(o: NodeObservation) -> bool:
+        return follows_host or not placed(o)
+    judged = [JobVerdict(j.job_id, j.at, [o for o in j.bad if counts(o)], [o for o in j.strong if counts(o)], j.seen)
+              for j in recent]
+    aside = [j for j, k in zip(recent, judged) if j.bad and not k.bad]
+    bad = [j for j in judged if j.bad]
+    strong = [o for j in judged for o in j.strong]
     n, nb = len(recent), len(bad)
     score = round(1.0 - nb / n, 3) if n else None
     repeated = nb >= MIN_BAD_JOBS and nb >= BAD_SHARE * n
@@ -151,7 +183,7 @@ def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, las
         return NodeHealth(host, cluster, None, False, 0, 0, aged, f"no job in the last {WINDOW_DAYS:.0f} days"
                           + aged_words, "", last_seen)
     reason = _reason(host, bad, n)
-    evidence = _latest(recent)
+    evidence = _latest(recent, counts)
     if strong:
         why = f"a hardware fault: {strong[0].note}" + aged_words
     elif repeated:
@@ -163,16 +195,28 @@ def _health(host: str, cluster: str, jobs: dict[str, JobVerdict], aged: int, las
                                                                 if nb == 1 else "") + aged_words)
     else:
         why = f"clean in its last {n} job(s)" + aged_words
-    return NodeHealth(host, cluster, score, exclude, n, nb, aged, why, reason if nb else "", last_seen, evidence)
+    if aside:
+        why += "; " + _aside_words(aside, ranks_on)
+    return NodeHealth(host, cluster, score, exclude, n, nb, aged, why, reason if nb else "", last_seen, evidence,
+                      len(aside), tuple(ranks_on) if aside else ())
 
 
-def _latest(recent: Sequence[JobVerdict]) -> tuple[Latest, ...]:
+def _aside_words(aside: Sequence[JobVerdict], ranks: Sequence[int]) -> str:
+    """Why the jobs in which the host was slow only with one rank on it are not counted."""
+    kinds = sorted({KIND_WORDS.get(o.kind, o.kind) for j in aside for o in j.bad if placed(o)})
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else "the same ranks"
+    return (f"not counted: slow in {len(aside)} more job(s) ({', '.join(kinds)}) with only {who} on it, so the "
+            "slowness may follow the rank (its data or work), not the host; it counts once the host is slow "
+            "with another rank on it, or with the ranks' work measured equal")
+
+
+def _latest(recent: Sequence[JobVerdict], counts: Callable[[NodeObservation], bool]) -> tuple[Latest, ...]:
     newest: dict[str, Latest] = {}
     for job in recent:
         for o, source, at in job.seen:
             if o.kind not in newest or at > newest[o.kind].at:
                 newest[o.kind] = Latest(o.kind, o.value, o.peers, o.unit, o.bad, o.strong, o.note, job.job_id,
-                                        source, at)
+                                        source, at, o.ranks, o.work, counts(o))
     return tuple(sorted(newest.values(), key=lambda e: e.kind))
 
 

@@ -29,6 +29,7 @@ from ...rundata import HangReport, RankData, RunData
 from .buckets import KEYS
 from .ending import ending_of
 from .ledger import AttemptLedger, NodeLedger, Progress, Split, apportion
+from .spans import confirmed
 
 #: per-node rows kept in an attempt's ledger: a job of 65,536 nodes would otherwise carry 65,536
 #: rows (19 MB of JSON and ~370 MB of objects in node 0's aggregator and launcher, past the 1 GiB
@@ -267,7 +268,7 @@ def account_rank(r: Optional[RankData], rank: int, node: int, w: Window, *, fail
     p["between"] = between
     # --- checkpoints: inside steps from time in no phase, between steps from between-step work,
     # after the last step from the tail (below)
-    ck = r.facts.span("checkpoint")
+    ck = confirmed(r).spans
     ck_tail = sum(min(s.dur_ns / 1e9, max(0.0, s.end - l)) for s in ck.recent if not s.in_step and s.end > l)
     p["checkpoint"] += slot.take(_s(ck.in_step_ns), ("no_phase",))
     p["checkpoint"] += slot.take(max(0.0, _s(ck.sum_ns - ck.in_step_ns) - ck_tail), ("between", "no_phase"))
@@ -341,7 +342,7 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger],
         ends.append(end_pos)
         more = (unsent or {}).get(r.rank, 0)
         ends_max.append(None if more is None else end_pos + more)
-        last = r.facts.span("checkpoint").last
+        last = confirmed(r).spans.last
         if last is not None:
             if given and last.gstep is not None:
                 ck_pos.append(last.gstep + (0 if last.in_step else 1))
@@ -350,7 +351,7 @@ def progress_of(data: RunData, previous: Sequence[AttemptLedger],
         redone[r.rank] = max(0, min(n, (before_end or 0) - first)) if before_end is not None else 0
         if before_end_max is not None:
             redone_max = max(redone_max, max(0, min(n, before_end_max - first)))
-    ck_all = [r.facts.span("checkpoint") for r in stepped]
+    ck_all = [confirmed(r).spans for r in stepped]
     last_ck = max((s.last.end for s in ck_all if s.last is not None), default=None)
     last_step_end = max((r.last_t_end or 0) / 1e9 for r in stepped)
     prog = Progress(
@@ -405,7 +406,8 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     stalls = _stalls(data.hangs, w.end, ctx.ended_hung)
     comm_base = _comm_means(ranks)
     progress, redone = progress_of(data, previous, ctx.unsent)
-    saver_s = max((_s(r.facts.span("checkpoint").sum_ns) for r in ranks), default=0.0)
+    checks = {r.rank: confirmed(r) for r in ranks}
+    saver_s = max((_s(c.spans.sum_ns) for c in checks.values()), default=0.0)
     wall_ms = int(round((w.end - w.start) * 1000))
     not_measured = _not_measured(data, ranks, ctx)
     if progress.source == "unknown":
@@ -460,6 +462,12 @@ def account(data: RunData, ctx: Context, *, attempt: int, previous: Sequence[Att
     notes = {}
     if w.start_note:
         notes["startup"] = w.start_note
+    dropped = {k: c.dropped for k, c in sorted(checks.items()) if c.dropped}
+    if dropped:
+        notes["checkpoint"] = (
+            "not counted: " + ", ".join(f"{n} checkpoint save(s) rank {k} reported" for k, n in dropped.items())
+            + ", for which its own step records have no room (the time between its steps, or in them, where "
+              "each ended is shorter than the save): a rank's report is counted only where its timing confirms it")
     if progress.redone_steps_max is not None:
         notes["redone"] = (f"at least {progress.redone_steps:,} and at most {progress.redone_steps_max:,} step(s) "
                            "were redone: steps an earlier attempt's ranks made before they were killed, "
