@@ -73,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = LocalRun(AggregatorSettings(run_name="bench", token=TOKEN, run_dir=Path(tmp) / "bench",
                                           port=0, nproc_per_node=args.ranks, mode="cli"),
-                       flush_s=0.1)   # the relay's merge window in the live modes
+                       flush_s=0.1, tail=True)   # the live modes' relay: its merge window, the windows' last records
         h = run.handle
         stop = threading.Event()
         senders = [threading.Thread(target=rank_sender, args=(run.port, r, stop), daemon=True)

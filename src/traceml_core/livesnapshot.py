@@ -1,10 +1,8 @@
 """The live snapshot: what node 0's aggregator tells the live views, as one typed record.
 
-Why a record below both: the aggregator builds it (aggregator/snapshot.py, from each rank's
-statistics, inside its loop) and the launcher's views read it (views/snapshot.py), and neither
-reads the other's code. One codec, pydantic's ``TypeAdapter`` over these dataclasses, writes it
-into the ``snapshot`` frame and reads it back on the launcher's side: the fields are declared
-once, here, and a field an older aggregator did not send takes its default.
+Below both, so that neither reads the other's code: the aggregator builds it (aggregator/snapshot.py),
+the launcher's views read it (views/snapshot.py). One codec, pydantic's ``TypeAdapter`` over these
+dataclasses, writes the ``snapshot`` frame and reads it back: the fields are declared once, here.
 """
 
 from __future__ import annotations
@@ -77,11 +75,6 @@ class LiveVerdict:
     why: str = ""
     next_step: str = ""
     culprit: Optional[dict[str, Any]] = None
-
-    @property
-    def label(self) -> str:
-        """``RUN-FAILED``: how the text names its kind."""
-        return self.kind.upper().replace("_", "-")
 
 
 @dataclass(frozen=True)

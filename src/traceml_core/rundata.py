@@ -567,8 +567,7 @@ class Running:
     def add(self, x: Optional[float]) -> None:
         """One more sample (None: not available, skipped)."""
         if x is not None:
-            self.n += 1
-            self.sum += x
+            self.n, self.sum = self.n + 1, self.sum + x
             self.max = x if self.max is None or x > self.max else self.max
 
     @classmethod

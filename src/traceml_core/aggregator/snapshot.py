@@ -1,13 +1,11 @@
-"""The aggregator's side of the live views: the ``snapshot`` frame, a :class:`LiveSnapshot`.
+"""The aggregator's side of the live views: the ``snapshot`` frame, one :class:`LiveSnapshot`.
 
-:func:`snapshot_frame` runs **inside the aggregator's loop** when node 0's launcher sends
-``{"t": "snapshot", "id": N, "series": bool, "verdict": bool}`` on its control connection (see
-wire/protocol.py). It builds the record (traceml_core/livesnapshot.py) from what the aggregator
-keeps: each rank's recent statistics are the window value of its raw tail (kept in ``cli``/
-``dashboard`` modes only; ``WindowStats.of_columns``, the statistics every window gets), its
-whole-run series is the report's. It costs O(ranks x recent records) (plus a provisional summary
-when ``verdict`` is asked for, every few seconds) and never raises: an internal error comes back
-as the record's ``error``, so a bug here cannot close the launcher's control connection.
+:func:`snapshot_frame` runs **inside the aggregator's loop** when node 0's launcher asks on its
+control connection (wire/protocol.py). A rank's recent statistics are the window value
+(``WindowStats.of_columns``) of its last records (kept in the live modes only), its whole-run series
+the report's. It costs O(ranks x recent records), plus a provisional summary when the verdict is
+asked for (every few seconds), and never raises: an internal error comes back as the record's
+``error``, so a bug here cannot close the launcher's control connection.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ from itertools import islice
 from typing import Any
 
 from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSeries, RankSnap, Recent, encode
-from ..rundata import RankData, SystemData
+from ..rundata import RankData
 from ..statistics.columns import DURATION_COLUMNS
 from ..statistics.window import WindowStats
 from .state import RunState
@@ -40,16 +38,13 @@ def snapshot_frame(state: RunState, msg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _recent_stats(rs: Any) -> Recent:
-    if not rs.tail:
+    if not rs.tail or not rs.tail["step"]:
         return Recent()
     n = min(RECENT_RECORDS, len(rs.tail["step"]))
     cols = {c: list(islice(d, len(d) - n, None)) for c, d in rs.tail.items()}
     try:
         w = WindowStats.of_columns(rs.tail_end - n, cols, cap=RECENT_RECORDS)
     except ValueError:  # sums past a window's bound (absurd values): this rank shows none
-        return Recent()
-    n = w.records
-    if not n:
         return Recent()
     span = (w.field("t_last") - w.field("t_first")) / 1e9
     mem = w.field("mem_peak.max")
@@ -95,5 +90,4 @@ def build(st: RunState, series: bool = False, verdict: bool = False) -> LiveSnap
         server_time=time.time(), started_at=s.started_at, run_name=s.run_name, world_size=s.world_size,
         nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, records=st.records, finishing=st.finish is not None,
         ranks=[_rank(st.ranks[r], series) for r in sorted(st.ranks)[:MAX_RANKS]],
-        nodes=[SystemData.from_checkpoint({**st.system[n].to_data(), "over_time": None})  # not shown live
-               for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)
+        nodes=[st.system[n].now() for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)

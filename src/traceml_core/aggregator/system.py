@@ -12,7 +12,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
-from ..rundata import Running
+from ..rundata import GpuData, Running, SystemData
 from ..statistics.series import BUCKETS
 from ..wire.frames import GPU_LIMITS, MAX_GPUS
 
@@ -98,7 +98,7 @@ class NodeSystem:
         self.cpu = Running()
         self.ram_used = Running()
         self.ram_total = Running()
-        self.gpus: dict[int, dict[str, Running]] = {}
+        self.gpus: dict[int, GpuData] = {}
         self.over_time = TimeBuckets()
 
     def ingest(self, host: Any, samples: list[dict[str, Any]]) -> None:
@@ -124,9 +124,9 @@ class NodeSystem:
                 if per is None:
                     if len(self.gpus) >= MAX_GPUS:
                         continue
-                    per = self.gpus[index] = {k: Running() for k in GPU_METRICS}
+                    per = self.gpus[index] = GpuData(index)
                 for k, v in zip(GPU_METRICS, vals):
-                    per[k].add(v)
+                    getattr(per, k).add(v)
                 means[f"gpu{index}.util_pct"] = vals[0]
                 maxes[f"gpu{index}.mem_used"] = vals[1]
             self.over_time.add(ts, means, maxes)
@@ -137,7 +137,11 @@ class NodeSystem:
             "first_ts": self.first_ts, "last_ts": self.last_ts,
             "cpu_pct": self.cpu.to_checkpoint(), "ram_used": self.ram_used.to_checkpoint(),
             "ram_total": self.ram_total.to_checkpoint(),
-            "gpus": [{"index": i, **{k: r.to_checkpoint() for k, r in per.items()}}
-                     for i, per in sorted(self.gpus.items())],
+            "gpus": [g.to_checkpoint() for _, g in sorted(self.gpus.items())],
             "over_time": self.over_time.to_data(),
         }
+
+    def now(self) -> SystemData:
+        """The samples so far as the run data's type, without those over time (the live views')."""
+        return SystemData(self.node, self.host, self.samples, self.first_ts, self.last_ts, self.cpu,
+                          self.ram_used, self.ram_total, [g for _, g in sorted(self.gpus.items())])

@@ -257,14 +257,12 @@ def stats() -> dict[str, Any]:
         "buffered": r.buffered if r is not None else 0,
         "cuda_fallbacks": getattr(TRACER.timing, "fallbacks", 0) if r is not None else 0,
     }
-    if s.client is not None:
-        cs = s.client.stats()
-        out.update(sent=cs.records_sent, connected=cs.connected, connects=cs.connects,
-                   refused=cs.refused, frames_dropped=cs.frames_dropped, bye_sent=cs.bye_sent,
-                   aggregator=f"{s.client.host}:{s.client.port}")
-    else:
-        out.update(sent=0, connected=False, connects=0, refused=None, frames_dropped=0,
-                   bye_sent=False, aggregator=None)
+    from ..wire.client import ClientStats
+
+    cs = s.client.stats() if s.client is not None else ClientStats()
+    out.update(sent=cs.records_sent, connected=cs.connected, connects=cs.connects, refused=cs.refused,
+               frames_dropped=cs.frames_dropped, bye_sent=cs.bye_sent,
+               aggregator=f"{s.client.host}:{s.client.port}" if s.client is not None else None)
     return out
 
 

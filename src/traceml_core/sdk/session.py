@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..runinfo import ENV_VAR, RunInfo
 from .recorder import StepRecorder
+from .torchrunvars import TorchrunVars
 from .tracer import TRACER, Tracer
 
 log = logging.getLogger("traceml")
@@ -66,42 +67,41 @@ def _first(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
+@dataclass(eq=False)
 class Session:
     """Everything ``init`` set up for this process."""
 
-    def __init__(self, args: InitArgs) -> None:
-        self.args = args
-        self.active = False
-        self.closed = False
-        self.rank = 0
-        self.local_rank = 0
-        self.world = 1
-        self.node = 0
-        self.run = ""
-        self.job: Optional[str] = None
-        self.address: Optional[tuple[str, int]] = None
-        self.recorder: Optional[StepRecorder] = None
-        self.tracer: Tracer = TRACER
-        self.client: Any = None
-        self.probe: Any = None
-        #: the CPU probe (sdk/threads.py): threads, cores, the training thread's wait for a core
-        self.cpu: Any = None
-        self.status = "clean"
-        self.error: Optional[str] = None
-        #: the step a fatal error happened in (or, between steps, the next step's index), and
-        #: whether it happened inside that step's ``trace_step`` block
-        self.fail_step: Optional[int] = None
-        self.fail_in_step = False
-        self.flush_timeout = float(args.flush_timeout)
-        self.reason_off: Optional[str] = None
+    args: InitArgs
+    active: bool = False
+    closed: bool = False
+    rank: int = 0
+    local_rank: int = 0
+    world: int = 1
+    node: int = 0
+    run: str = ""
+    job: Optional[str] = None
+    address: Optional[tuple[str, int]] = None
+    recorder: Optional[StepRecorder] = None
+    tracer: Tracer = TRACER
+    client: Any = None
+    probe: Any = None
+    #: the CPU probe (sdk/threads.py): threads, cores, the training thread's wait for a core
+    cpu: Any = None
+    status: str = "clean"
+    error: Optional[str] = None
+    #: the step a fatal error happened in (or, between steps, the next step's index), and
+    #: whether it happened inside that step's ``trace_step`` block
+    fail_step: Optional[int] = None
+    fail_in_step: bool = False
+    flush_timeout: float = DEFAULT_FLUSH_TIMEOUT
+    reason_off: Optional[str] = None
 
     # ---- start ----------------------------------------------------------------------------------
     def start(self, environ: Mapping[str, str]) -> None:
         """Who and where this rank is, then (unless tracing is off, :attr:`reason_off` says why)
         the client, the recorder and the patches; :attr:`active` once steps are recorded."""
-        from .torchrunvars import TorchrunVars
-
         a = self.args
+        self.flush_timeout = float(a.flush_timeout)
         info = RunInfo.from_env(environ)
         # arguments shadow their variables, which are then not read at all (even a bad one)
         given = (a.rank, a.local_rank, a.world_size, a.node_rank)
@@ -310,28 +310,24 @@ class Session:
 current: Optional[Session] = None
 
 
-def _tell(method: str) -> Callable[..., None]:
-    """A hook passing its arguments to the current session's ``method``, quietly."""
-    def hook(*args: Any) -> None:
+def _chain(prev: Callable[..., Any], method: str, *, first: bool = False) -> Callable[..., Any]:
+    """``prev`` exactly as before, its arguments told (quietly) to the current session's
+    ``method`` after it, even when it raises, or ``first``."""
+    def tell(*args: Any) -> None:
         try:
             if current is not None:
                 getattr(current, method)(*args)
         except Exception:
             pass
-    return hook
 
-
-def _chain(prev: Callable[..., Any], *, before: Optional[Callable[..., None]] = None,
-           after: Optional[Callable[..., None]] = None) -> Callable[..., Any]:
-    """``prev`` exactly as before, with ``before`` or ``after`` it (even when it raises)."""
     def hook(*args: Any) -> Any:
-        if before is not None:
-            before(*args)
+        if first:
+            tell(*args)
         try:
             return prev(*args)
         finally:
-            if after is not None:
-                after(*args)
+            if not first:
+                tell(*args)
     return hook
 
 
@@ -347,18 +343,18 @@ def install_exit_hooks() -> None:
     if _hooks_installed:
         return
     _hooks_installed = True
-    sys.excepthook = _chain(sys.excepthook, after=_tell("uncaught"))
-    threading.excepthook = _chain(threading.excepthook, after=_tell("thread_uncaught"))
-    sys.exit = _chain(sys.exit, before=_tell("exit_called"))
+    sys.excepthook = _chain(sys.excepthook, "uncaught")
+    threading.excepthook = _chain(threading.excepthook, "thread_uncaught")
+    sys.exit = _chain(sys.exit, "exit_called", first=True)
     try:
         import _sitebuiltins
 
         quitter = _sitebuiltins.Quitter
-        quitter.__call__ = _chain(quitter.__call__, before=_tell("quit_called"))  # type: ignore[method-assign]
+        quitter.__call__ = _chain(quitter.__call__, "quit_called", first=True)  # type: ignore[method-assign]
     except (ImportError, AttributeError):
         pass
     atexit.register(_collect_at_exit)   # atexit runs the last registered first: after shutdown
-    atexit.register(_tell("shutdown"))
+    atexit.register(lambda: current.shutdown() if current is not None else None)
 
 
 def _collect_at_exit() -> None:

@@ -1,30 +1,44 @@
-"""torchrun's variables for each worker: one settings model (core's EnvSettings), like Slurm's.
+"""torchrun's variables for each worker, read like every other variable TraceML takes: each one
+bounded by :mod:`traceml_core.limits`, read from the mapping given, a bad value one paragraph that
+names the variable, the value and the fix (``init()`` logs it and goes on without telemetry).
 
-Each field is read from its variable (``rank`` -> ``RANK``), typed and bounded (:mod:`traceml_core.limits`)
-from the mapping given; a malformed value is one ConfigError naming the variable, the value and
-the fix (``init()`` then logs it and leaves telemetry off, never raising into training). Its own
-module because pydantic is imported with it: only ``init()`` pays that, not ``import traceml``.
+Read with :meth:`~traceml_core.limits.Limit.parse`, the rule's own reader where no pydantic model
+is needed, not with an EnvSettings model: every rank reads these in ``init()``, and a model would
+import pydantic there (+125 ms of CPU per ``init()``, measured; the SDK imports no pydantic).
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Optional
+from dataclasses import dataclass
+from typing import Mapping, Optional
 
 from .. import limits
-from ..settings import EnvSettings, SettingsConfigDict, bounded
+from ..errors import ConfigError, show
+
+#: (field, variable, bound) of each variable that ``init()`` reads
+VARIABLES = (("rank", "RANK", limits.TASK_RANK), ("local_rank", "LOCAL_RANK", limits.LOCAL_RANK),
+             ("world_size", "WORLD_SIZE", limits.TASKS), ("group_rank", "GROUP_RANK", limits.NODE_RANK))
 
 
-class TorchrunVars(EnvSettings):
-    model_config = SettingsConfigDict(**{**EnvSettings.model_config, "env_prefix": ""})
-    strip_values: ClassVar[bool] = True
-
-    rank: Optional[bounded(limits.TASK_RANK)] = None  # type: ignore[valid-type]
-    local_rank: Optional[bounded(limits.LOCAL_RANK)] = None  # type: ignore[valid-type]
-    world_size: Optional[bounded(limits.TASKS)] = None  # type: ignore[valid-type]
+@dataclass(frozen=True)
+class TorchrunVars:
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
     #: the node's rank in torchrun's rendezvous (when no launcher said it)
-    group_rank: Optional[bounded(limits.NODE_RANK)] = None  # type: ignore[valid-type]
+    group_rank: Optional[int] = None
 
     @classmethod
-    def fix(cls, field: str) -> str:
-        return (f"torchrun sets {cls.variable(field)} for each worker; if your script or shell sets it, "
-                "correct or remove that.")
+    def from_environ(cls, environ: Mapping[str, str]) -> "TorchrunVars":
+        """The variables set in ``environ`` (a blank one counts as unset); ConfigError on a bad one."""
+        values = {}
+        for field, var, limit in VARIABLES:
+            raw = environ.get(var)
+            if raw is not None and raw.strip():
+                try:
+                    values[field] = limit.parse(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{var}={show(raw.strip())} {exc}. torchrun sets {var} for each "
+                                      "worker; if your script or shell sets it, correct or remove that.",
+                                      variable=var) from None
+        return cls(**values)  # type: ignore[arg-type]

@@ -82,14 +82,12 @@ def start_view(config: Any, fetch: Fetch, *, log: Callable[[str], None] = _log) 
         # the view's settings are launch options (--status-interval, TRACEML_STATUS_INTERVAL, ...),
         # validated with every other value before anything started
         if config.mode == "dashboard":
-            from .dashboard import Dashboard
+            from .dashboard import Dashboard, token_exposure
 
             feed = LiveFeed(fetch, interval=1.0, series=True).start()
             dash = Dashboard(feed, host=config.dashboard_host, port=config.dashboard_port,
                              preferred_port=int(config.aggregator_port) + 1)
             dash.start()
-            from .dashboard import token_exposure
-
             for line in dash.announce(token_exposure(2, str(getattr(config, "cluster", "") or ""))):
                 log(line)
             return ViewHandle(feed, dash)

@@ -1,10 +1,7 @@
-"""The live snapshot as the views see it: :class:`~traceml_core.livesnapshot.LiveSnapshot` ->
-:class:`LiveState`.
+"""The live snapshot as the views see it: :class:`~traceml_core.livesnapshot.LiveSnapshot` judged.
 
-The aggregator builds the record (``aggregator/snapshot.py``, inside its loop, when node 0's
-launcher asks on its control connection); the launcher's handle decodes it. :func:`read_snapshot`
-runs **in the launcher** and judges it: each rank's state and how long it has been silent, its rate
-since the previous snapshot, the nodes' means since then (:class:`LiveState`, which the terminal
+:func:`read_snapshot` runs **in the launcher**: each rank's state and how long it has been silent,
+its rate and the nodes' means since the previous snapshot (:class:`LiveState`, which the terminal
 view and the dashboard both render). Staleness is computed from the aggregator's own clock
 (``server_time - last_seen``), so clock skew between processes does not matter, and it keeps
 growing between snapshots (:meth:`LiveState.aged`): a view never freezes on the last good numbers.
@@ -112,35 +109,29 @@ class LiveState:
         return [r for r in self.ranks if r.stale]
 
 
-def _threshold(ms: dict[str, Optional[float]]) -> float:
-    step = ms.get("step")
-    return max(STALE_MIN_S, STALE_STEPS * step / 1000.0) if step else STALE_MIN_S
-
-
-def _judge(state: str, age: Optional[float], ms: dict[str, Optional[float]], bye: Optional[str],
-           last_step: int, error: Optional[str]) -> tuple[str, str]:
-    """(state, note) of a rank from how long it has been silent."""
-    if bye:
-        return "ended", f"ended {bye}" + (f": {error.splitlines()[-1][:80]}" if error else "")
-    if state == "gone":
+def _judge(r: RankSnap, base: str, age: Optional[float]) -> tuple[str, str]:
+    """(state, note) of a rank ``base`` ("connected", "gone" or "waiting") from how long it has
+    been silent."""
+    if base == "waiting":
+        return "waiting", f"not connected after {_secs(age)}" if age is not None and age > JOIN_GRACE_S else ""
+    if r.bye:
+        return "ended", f"ended {r.bye}" + (f": {r.error.splitlines()[-1][:80]}" if r.error else "")
+    if base == "gone":
         return "gone", f"connection lost without a bye, no data for {_secs(age)}"
-    if last_step < 0:
+    if r.last_step < 0:
         return "starting", f"connected, no step yet ({_secs(age)})"
-    if age is not None and age > _threshold(ms):
+    step = r.recent.ms.get("step")
+    if age is not None and age > max(STALE_MIN_S, STALE_STEPS * step / 1000.0 if step else 0.0):
         return "stale", f"no data for {_secs(age)}"
     return "ok", f"ok ({_secs(age)} ago)"
 
 
 def _restale(r: RankLive, dt: float) -> RankLive:
-    if r.state in ("ended", "waiting") or r.age_s is None:
-        if r.state == "waiting" and r.age_s is not None:
-            age = r.age_s + dt
-            note = f"not connected after {_secs(age)}" if age > JOIN_GRACE_S else ""
-            return replace(r, age_s=age, note=note)
+    """``r`` as it looks ``dt`` seconds later without news: its silence grows."""
+    if r.state == "ended" or r.age_s is None:
         return r
     age = r.age_s + dt
-    base = "gone" if r.state == "gone" else "connected"
-    state, note = _judge(base, age, r.recent.ms, r.bye, r.last_step, r.error)
+    state, note = _judge(r, r.state if r.state in ("gone", "waiting") else "connected", age)
     return replace(r, age_s=age, state=state, note=note)
 
 
@@ -164,21 +155,16 @@ def _means(cur: Any, prev: Any, old: Any, metrics: tuple[str, ...]) -> dict[str,
     return out
 
 
-def _rate(now: RankSnap, before: RankSnap, poll_s: float) -> Optional[float]:
+def _rate(now: RankSnap, before: RankSnap) -> Optional[float]:
     """Steps/s of one rank between two snapshots, timed by the rank's own clock: the steps it
     finished since the previous snapshot over the time between the ends of the two latest steps.
     Records arrive in bursts (the relay batches them), so steps over the poll's wall time can
-    exceed what the rank can do (104 steps/s from 10.7 ms steps). With no new step, 0 over the
-    poll; without the rank's times, received records over the poll."""
+    exceed what the rank can do (104 steps/s from 10.7 ms steps). 0 with no new step."""
     t1, t0 = now.recent.last_t_end_ns, before.recent.last_t_end_ns
     steps = now.last_step - before.last_step
     if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
         return round(steps / ((t1 - t0) / 1e9), 3)
-    if poll_s <= 0:
-        return None
-    if steps == 0:
-        return 0.0
-    return round(max(0, now.received - before.received) / poll_s, 3)
+    return 0.0 if steps == 0 else None
 
 
 def read_snapshot(snap: LiveSnapshot, prev: Optional[LiveSnapshot] = None,
@@ -189,20 +175,18 @@ def read_snapshot(snap: LiveSnapshot, prev: Optional[LiveSnapshot] = None,
     now_m = time.monotonic() if now is None else now
     server_time = snap.server_time or time.time()
     prev_ranks = {r.rank: r for r in prev.ranks} if prev is not None else {}
-    poll_s = server_time - (prev.server_time or server_time) if prev is not None else 0.0
     ranks: dict[int, RankLive] = {}
     for r in snap.ranks:
         age = max(0.0, server_time - r.last_seen) if r.last_seen is not None else None
-        state, note = _judge("connected" if r.connected else "gone", age, r.recent.ms, r.bye, r.last_step, r.error)
+        state, note = _judge(r, "connected" if r.connected else "gone", age)
         p = prev_ranks.get(r.rank)
         ranks[r.rank] = RankLive(**vars(r), state=state, age_s=age, note=note,
-                                 rate=None if p is None else _rate(r, p, poll_s))
+                                 rate=None if p is None else _rate(r, p))
     since_start = max(0.0, server_time - (snap.started_at or server_time))
     nproc = snap.nproc_per_node
     for rank in range(snap.world_size):
         if rank not in ranks:
-            note = f"not connected after {_secs(since_start)}" if since_start > JOIN_GRACE_S else ""
-            ranks[rank] = RankLive(rank, node=rank // nproc if nproc else 0, age_s=since_start, note=note)
+            ranks[rank] = _restale(RankLive(rank, node=rank // nproc if nproc else 0, age_s=since_start), 0.0)
     prev_nodes = {n.node: n for n in prev.nodes} if prev is not None else {}
     old_nodes = {n.node: n for n in (prev_state.nodes if prev_state else [])}
     nodes = []

@@ -297,7 +297,7 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     for r in st.stale_ranks[:8]:
         items.append(Text(f"rank {r.rank}: {r.note}", style="bold red"))
     if v:
-        items.append(Text.assemble(("so far: ", "bold"), (v.label,
+        items.append(Text.assemble(("so far: ", "bold"), (v.kind.upper().replace("_", "-"),
                                                           "bold magenta"),
                                    f" ({v.severity}): {v.why}"))
     return Group(*items)

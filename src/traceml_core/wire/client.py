@@ -97,8 +97,7 @@ class RecordSource(Protocol):
 
 @dataclass
 class ClientStats:
-    """The client's counters; :meth:`TelemetryClient.stats` gives a copy (for tests, the final log
-    line and the summary)."""
+    """The client's counters (:meth:`TelemetryClient.stats`: a copy for tests, logs and the summary)."""
 
     kind: str = "rank"
     connected: bool = False
