@@ -106,7 +106,7 @@ def limits() -> str:
     (traceml_core.limits)."""
     from traceml_core import limits as L
     from traceml_core.options import OPTIONS
-    from traceml_core.sdk.torchrunvars import VARIABLES as TORCHRUN_VARIABLES
+    from traceml_core.sdk.session import TORCHRUN_VARIABLES
     from traceml_slurm.settings import SlurmVars
 
     rows: list[tuple[str, object]] = [(f"`{o.flag}`, `{o.env}`", o.limit) for o in OPTIONS if o.limit]

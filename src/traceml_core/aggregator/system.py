@@ -132,14 +132,8 @@ class NodeSystem:
             self.over_time.add(ts, means, maxes)
 
     def to_data(self) -> dict[str, Any]:
-        return {
-            "node": self.node, "host": self.host, "samples": self.samples,
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "cpu_pct": self.cpu.to_checkpoint(), "ram_used": self.ram_used.to_checkpoint(),
-            "ram_total": self.ram_total.to_checkpoint(),
-            "gpus": [g.to_checkpoint() for _, g in sorted(self.gpus.items())],
-            "over_time": self.over_time.to_data(),
-        }
+        """Plain data for checkpoints and the summary: the run data's, with the samples over time."""
+        return {**self.now().to_checkpoint(), "over_time": self.over_time.to_data()}
 
     def now(self) -> SystemData:
         """The samples so far as the run data's type, without those over time (the live views')."""

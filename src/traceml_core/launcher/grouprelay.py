@@ -160,8 +160,7 @@ class GroupRelay(Handler):
         self._run_ended = False
         self._thread: Optional[threading.Thread] = None
         host, port_ = upstream
-        opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
-        opts.update(client_options or {})
+        opts = {"backoff_initial": 0.1, "poll_interval": 0.05, **(client_options or {})}
         self.client = TelemetryClient(
             ClientConfig(host, port_, token, aud=AGGREGATOR, run=run_name, job=job_id, node=self.head, rank=-1,
                          kind="group", hostname=hostname or socket.gethostname(),

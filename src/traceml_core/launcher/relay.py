@@ -224,8 +224,7 @@ class Relay(Handler):
         self._peak = 0
 
         host, port = upstream
-        opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
-        opts.update(client_options or {})
+        opts = {"backoff_initial": 0.1, "poll_interval": 0.05, **(client_options or {})}
         self.client = TelemetryClient(
             ClientConfig(host, port, token, aud=upstream_aud, run=run_name, job=job_id, node=node, rank=-1,
                          kind="node", hostname=hostname or socket.gethostname(), extra={"nproc": nproc_per_node},

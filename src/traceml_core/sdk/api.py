@@ -87,7 +87,6 @@ def init(
             warn_once("init-failed", "traceml: init failed (%s: %s); telemetry is off for this "
                       "process, training continues", type(exc).__name__, exc)
             s.teardown_quietly()
-            s.active = False
         finally:
             _init_thread = None
         deferred = list(_after_init)

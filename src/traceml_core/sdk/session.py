@@ -1,7 +1,7 @@
 """One process's telemetry session (sdk/api.py states the contract with training code).
 
 :class:`InitArgs` is what the script passed to ``init()``; None there means the launcher's hand-over
-(:class:`~traceml_core.runinfo.RunInfo`) or torchrun's variables (sdk/torchrunvars.py) decide. A
+(:class:`~traceml_core.runinfo.RunInfo`) or torchrun's variables (:class:`TorchrunVars`) decide. A
 :class:`Session` starts from them, shuts down within a bound, and hears how the process ends
 (:func:`install_exit_hooks`).
 """
@@ -20,9 +20,10 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
+from .. import limits
+from ..errors import ConfigError, show
 from ..runinfo import ENV_VAR, RunInfo
 from .recorder import StepRecorder
-from .torchrunvars import TorchrunVars
 from .tracer import TRACER, Tracer
 
 log = logging.getLogger("traceml")
@@ -60,6 +61,40 @@ class InitArgs:
     batch_size: int = 1024
     max_buffered_steps: int = 65_536
     enabled: bool = True
+
+
+#: (field, variable, bound) of each variable torchrun sets that ``init()`` reads
+TORCHRUN_VARIABLES = (("rank", "RANK", limits.TASK_RANK), ("local_rank", "LOCAL_RANK", limits.LOCAL_RANK),
+                      ("world_size", "WORLD_SIZE", limits.TASKS), ("group_rank", "GROUP_RANK", limits.NODE_RANK))
+
+
+@dataclass(frozen=True)
+class TorchrunVars:
+    """torchrun's variables for each worker, read like every variable TraceML takes: bounded
+    (:mod:`traceml_core.limits`), from the mapping given, a bad one a paragraph naming it, its value
+    and the fix. With :meth:`~traceml_core.limits.Limit.parse`, not an EnvSettings model: every rank
+    reads them in ``init()``, and pydantic would cost it +160 ms of CPU (the SDK imports none)."""
+
+    rank: Optional[int] = None
+    local_rank: Optional[int] = None
+    world_size: Optional[int] = None
+    #: the node's rank in torchrun's rendezvous (when no launcher said it)
+    group_rank: Optional[int] = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> "TorchrunVars":
+        """The variables set in ``environ`` (a blank one counts as unset); ConfigError on a bad one."""
+        values = {}
+        for field, var, limit in TORCHRUN_VARIABLES:
+            raw = environ.get(var)
+            if raw is not None and raw.strip():
+                try:
+                    values[field] = limit.parse(raw)
+                except ValueError as exc:
+                    raise ConfigError(f"{var}={show(raw.strip())} {exc}. torchrun sets {var} for each "
+                                      "worker; if your script or shell sets it, correct or remove that.",
+                                      variable=var) from None
+        return cls(**values)  # type: ignore[arg-type]
 
 
 def _first(*values: Any) -> Any:
@@ -250,6 +285,7 @@ class Session:
 
     def teardown_quietly(self) -> None:
         """After a failed start: no patches, no client."""
+        self.active = False
         TRACER.stop()
         try:
             if self.client is not None:
@@ -335,10 +371,8 @@ _hooks_installed = False
 
 
 def install_exit_hooks() -> None:
-    """Once per process, the ways it ends, told to the current session: an uncaught exception (its
-    traceback printed first, as always) or a thread's; a failing ``sys.exit(n)`` or ``exit(n)``/
-    ``quit(n)``, which reaches neither the exception hook nor atexit (a bare ``raise SystemExit(n)``
-    stays invisible); the exit itself. SIGTERM is not handled (see sdk/api.py)."""
+    """Once per process, the ways it ends (sdk/api.py's contract), told to the current session: an
+    uncaught exception or a thread's, a failing ``sys.exit(n)``/``exit(n)``/``quit(n)``, the exit."""
     global _hooks_installed
     if _hooks_installed:
         return

@@ -66,7 +66,7 @@ def test_without_run_info_only_rank_zero_speaks(sdk, traceml_log, monkeypatch):
 
 
 def test_a_malformed_torchrun_variable_is_named_and_tracing_stays_off(sdk, sink, traceml_log, monkeypatch):
-    # RANK is read like every other variable (sdk/torchrunvars.py): a bad value is one line that
+    # RANK is read like every other variable (sdk/session.TorchrunVars): a bad value is one line that
     # names it, the value and the fix; training goes on without telemetry (never posing as rank 0)
     monkeypatch.setenv("RANK", "one")
     assert sdk.init(aggregator=f"127.0.0.1:{sink.port}", token="test-token", run_name="test-run") is False
