@@ -5,7 +5,11 @@ Generated regions sit between ``<!-- BEGIN GENERATED: NAME -->`` and ``<!-- END 
 in hand-written pages; everything else in those pages is prose. Sources:
 
 - ``configuration``: ``traceml_core.options.OPTIONS`` (every flag and ``TRACEML_*`` variable, the
-  same table the CLI is built from) plus :data:`OTHER_VARIABLES` for variables that are not options;
+  same table the CLI is built from, with the outputs' rows) plus :data:`OTHER_VARIABLES` for
+  variables that are not options;
+- ``template-signal``: the time-limit recipe the template writes (``traceml_slurm.timelimit``);
+- ``exports-table``: the output registry (``traceml_core.exporters.output``: the ``traceml.outputs``
+  entry points);
 - ``limits``: ``traceml_core.limits`` as applied by the option table and the Slurm plugin's variables;
 - ``template-options`` and ``presets``: ``traceml_slurm.template.options.TEMPLATE_OPTIONS`` and the
   shipped preset files;
@@ -40,9 +44,6 @@ OTHER_VARIABLES = {
                       "before `srun` in multi-node jobs: every node's launcher then shares it through the step's "
                       "environment. Generated jobs do this. Without it, multi-node runs derive one from a per-user secret in "
                       "`~/.traceml/secret` (needs a home directory shared by the nodes). See [Security](security.md)."),
-    "TRACEML_PROMETHEUS_DIR": ("user", "`--export prometheus`: the directory of node_exporter's textfile "
-                               "collector where node 0 writes one file per node (`{host}` in it becomes the "
-                               "node's host name). Default: `<run-dir>/prometheus`. See [Exports](exports.md)."),
     "TRACEML_NODE_STORE": ("user", "The node evidence store that every run and `traceml slurm doctor` under "
                            "Slurm add to, and `traceml slurm nodes` reads. Default: "
                            "`$XDG_CACHE_HOME/traceml/nodes.sqlite`, else `~/.cache/traceml/nodes.sqlite`. "
@@ -93,12 +94,35 @@ def configuration() -> str:
     for o in OPTIONS:
         default = o.default_doc or ("" if o.default is None else o.default)
         meta = f" {o.metavar}" if o.metavar else ""
-        lines.append(f"| `{o.flag}{meta}` | `{o.env}` | {_cell(default)} | {_cell(o.help)} |")
+        env = f"`{o.env}`" + (f", then `{o.also_env}`" if o.also_env else "")
+        lines.append(f"| `{o.flag}{meta}` | {env} | {_cell(default)} | {_cell(o.help)} |")
     lines += ["", "Variables that are not launch options:", "", "| Variable | Who sets it | Meaning |",
               "| --- | --- | --- |"]
     for name, (who, text) in sorted(OTHER_VARIABLES.items()):
         lines.append(f"| `{name}` | {who} | {_cell(text)} |")
     return "\n".join(lines) + "\n"
+
+
+def template_signal() -> str:
+    """docs/template.md's line on the time-limit signal: the one recipe the template writes
+    (traceml_slurm.timelimit), so the prose cannot describe another way than the job does."""
+    from traceml_slurm.template.options import TEMPLATE_OPTIONS
+    from traceml_slurm.timelimit import MARGIN_S, SIGNAL
+
+    flag = next(o.flag for o in TEMPLATE_OPTIONS if o.key == "signal_margin")
+    return (f"- **A signal before the time limit** (`#SBATCH --signal={SIGNAL}@<margin>`, {MARGIN_S} s "
+            f"unless `{flag}` says otherwise): Slurm sends SIG{SIGNAL} to every task of the job's steps "
+            f"and to nothing else (no `B:`, no trap in the batch shell: signalled, `srun` would turn "
+            f"it into SIGKILL for its tasks). Each node's `traceml run` stops its workers and node 0 "
+            f"writes the summary, marked interrupted, before Slurm's SIGKILL. How and why: "
+            f"[Time limits and signals](slurm.md#time-limits-and-signals).\n")
+
+
+def exports_table() -> str:
+    """docs/exports.md's table of kinds: the output registry (traceml.outputs entry points)."""
+    from traceml_core.exporters.output import docs_table
+
+    return docs_table()
 
 
 def limits() -> str:
@@ -281,6 +305,8 @@ GENERATORS = {
     "explicit-launch": explicit_launch,
     "torchrun-flags": torchrun_flags,
     "configuration": configuration,
+    "exports-table": exports_table,
+    "template-signal": template_signal,
     "limits": limits,
     "template-options": template_options,
     "presets": presets,

@@ -34,11 +34,19 @@ from .safeio import entry_problem, move_aside, read_file
 ATTEMPT_PREFIX = "attempt-"
 _ATTEMPT = re.compile(r"^attempt-(\d{1,6})$")
 #: what an attempt leaves at the top of the run directory (moved whole when the next one begins):
-#: the summary files, the aggregator's checkpoint, and the exports (report/export.py: TB_DIR,
-#: JSONL_NAME; exporters/hub.py: REPORT_NAME; the live exporters' default directories)
-ATTEMPT_FILES = (SUMMARY_JSON, SUMMARY_TXT, SUMMARY_HTML, CHECKPOINT_NAME, "exports.json", "steps.jsonl",
-                 "tensorboard", "prometheus", "mlruns")
-#: of those, the files TraceML reads back: each must be a regular file of this user's
+#: the summary files, the aggregator's checkpoint and the exports' report (exporters/hub.py:
+#: REPORT_NAME); each output's own files are said by the output (:func:`attempt_files`)
+CORE_ATTEMPT_FILES = (SUMMARY_JSON, SUMMARY_TXT, SUMMARY_HTML, CHECKPOINT_NAME, "exports.json")
+
+
+def attempt_files() -> tuple[str, ...]:
+    """Everything an attempt leaves at the top: core's files, and what each registered output
+    says it leaves (exporters/output.py; an MLflow file store or W&B's offline runs are the run's,
+    not an attempt's, and stay)."""
+    from .exporters.output import registry
+
+    return CORE_ATTEMPT_FILES + tuple(f for f in registry().leaves() if f not in CORE_ATTEMPT_FILES)
+#: of the attempt's files, the ones TraceML reads back: each must be a regular file of this user's
 READ_BACK = (SUMMARY_JSON, CHECKPOINT_NAME)
 #: the largest summary read back for the ledger (tens of MB at thousands of ranks)
 MAX_SUMMARY_BYTES = 1 << 30
@@ -134,7 +142,7 @@ def archive_previous(run_dir: Path, run_id: str) -> Optional[str]:
     dest = run_dir / f"{ATTEMPT_PREFIX}{n}"
     try:
         os.mkdir(dest, 0o755)
-        for name in ATTEMPT_FILES:
+        for name in attempt_files():
             src = run_dir / name
             if src.exists() or src.is_symlink():
                 os.replace(src, dest / name)

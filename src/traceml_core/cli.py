@@ -16,11 +16,8 @@ from typing import Optional, Sequence
 from . import __version__
 from .errors import TraceMLError
 from .helpformat import ParagraphFormatter
-from .exporters import LIVE_KINDS
-from .options import EXPORT_KINDS, OPTIONS
-
-#: what `traceml report --export` writes from a finished run (the live ones go out during it)
-END_EXPORTS = tuple(k for k in EXPORT_KINDS if k not in LIVE_KINDS)
+from .exporters import end_kinds
+from .options import OPTIONS
 
 RUN_EPILOG = """\
 The grammar is torchrun's: flags, then SCRIPT, then the script's arguments.
@@ -85,8 +82,9 @@ def build_parser() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     r.add_argument("run_dir", help="the run directory <logs-dir>/<run-name>, or its final_summary.json")
     r.add_argument("--output", "-o", metavar="PATH", default=None,
                    help="where to write the page (default: final_summary.html beside the JSON)")
-    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=END_EXPORTS,
-                   help="also write the run's series for another tool: tensorboard or jsonl (repeatable)")
+    ends = end_kinds()  # what a finished run can still write (the live ones go out during it)
+    r.add_argument("--export", action="append", default=[], metavar="KIND", choices=ends,
+                   help=f"also write the run's series for another tool: {' or '.join(ends)} (repeatable)")
     c = sub.add_parser("compare", help="compare two runs (run directories or final_summary.json files)")
     c.add_argument("a")
     c.add_argument("b")
@@ -211,7 +209,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if ns.command == "report":
             from .report.rebuild import report_cli
 
-            return report_cli(ns.run_dir, ns.output, ns.export)
+            from .exporters.atend import export_summary
+
+            return report_cli(ns.run_dir, ns.output, ns.export, export_summary)
         if ns.command == "compare":
             from .report.compare import compare_cli
 

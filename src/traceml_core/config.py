@@ -22,13 +22,13 @@ from typing import Any, Callable, Collection, Mapping, Optional, Sequence
 
 from .errors import ConfigError
 from .limits import WORLD_SIZE
-from .options import OPTIONS, read_given
+from .options import OPTIONS, OUTPUT_KEYS, read_given
 from .plugins import ClusterEnvironment, Contribution, Refusal, Setting
 
 SCHEMA_VERSION = 1
 #: keys that are not options but context a cluster may provide (job identity)
 CONTEXT_KEYS = ("job_id", "node_name", "job_start_time", "job_end_time", "restart_count", "task_rank",
-                "local_rank")
+                "local_rank", "task_cpus", "omp_threads")
 #: the launch layouts (the ``layout`` option's resolved values); see LaunchConfig.layout
 NODE_LAYOUT, TASK_LAYOUT = "node", "task"
 
@@ -75,9 +75,17 @@ class LaunchConfig:
     job_end_time: Optional[float] = None
     #: how often the cluster requeued the job before this run (0: never), if the cluster says
     restart_count: Optional[int] = None
+    #: the CPUs the cluster gave this launcher's task (Slurm: SLURM_CPUS_PER_TASK, else the job's
+    #: CPUs on the node), None when it does not say
+    task_cpus: Optional[int] = None
+    #: OMP_NUM_THREADS for the workers (:func:`omp_threads`): the user's own value, else the task's
+    #: CPUs over the workers it starts; None: neither is known (torchrun then sets 1)
+    omp_threads: Optional[str] = None
     #: every node's hostname by node rank, when the cluster plugin knows them (Slurm: the step's
     #: node list); lets node 0 name a node that never joined. Not printed with the other values.
     hostnames: tuple[str, ...] = ()
+    #: the outputs' settings by option key (exporters/output.py: ``wandb_project``, ...)
+    outputs: Mapping[str, Any] = field(default_factory=dict)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     warnings: tuple[str, ...] = ()
 
@@ -109,7 +117,7 @@ class LaunchConfig:
 
     def items(self) -> list[tuple[str, Any, str]]:
         keys = [o.key for o in OPTIONS] + list(CONTEXT_KEYS)
-        return [(k, getattr(self, k), self.source(k)) for k in keys]
+        return [(k, self.outputs.get(k) if k in OUTPUT_KEYS else getattr(self, k), self.source(k)) for k in keys]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -223,9 +231,17 @@ def resolve(
         multi = chosen["nnodes"].value > 1
         chosen["aggregator_bind_host"] = Setting("0.0.0.0" if multi else "127.0.0.1", "derived:nnodes")
 
-    values = {k: s.value for k, s in chosen.items()}
+    omp = omp_threads(chosen, environ)
+    if omp is not None:
+        chosen["omp_threads"] = omp
+
+    values = {k: s.value for k, s in chosen.items() if k not in OUTPUT_KEYS}
+    values["outputs"] = {k: s.value for k, s in chosen.items() if k in OUTPUT_KEYS}
     sources = {k: s.source for k, s in chosen.items()}
     config = LaunchConfig(**values, sources=sources)
+
+    explicit = {k for k, src in sources.items() if src == "cli" or src.startswith("env:TRACEML_")}
+    warnings += [a.message for a in contribution.advice if not a.keys <= explicit]
 
     refusals = list(contribution.refusals)
     if plugin is not None:
@@ -241,6 +257,24 @@ def resolve(
     if gpus:
         warnings.append(gpus)
     return LaunchConfig(**values, sources=sources, warnings=tuple(warnings))
+
+
+def omp_threads(chosen: Mapping[str, Setting], environ: Mapping[str, str]) -> Optional[Setting]:
+    """The workers' ``OMP_NUM_THREADS``: the user's own value always wins; else, where the cluster
+    says how many CPUs this task has, those CPUs over the workers this process starts (the node
+    layout's ``nproc_per_node``; one in the task layout, where each task is one rank), at least 1.
+    Set, it also silences torchrun's four-line "Setting OMP_NUM_THREADS ... to 1" banner, which
+    picks 1 whatever the task has."""
+    own = (environ.get("OMP_NUM_THREADS") or "").strip()
+    if own:
+        return Setting(own, "env:OMP_NUM_THREADS")
+    cpus = chosen.get("task_cpus")
+    if cpus is None or not isinstance(cpus.value, int):
+        return None
+    task = chosen["layout"].value == TASK_LAYOUT
+    workers = 1 if task else max(1, int(chosen["nproc_per_node"].value))
+    return Setting(str(max(1, cpus.value // workers)),
+                   "derived:task_cpus" if task else "derived:task_cpus/nproc_per_node")
 
 
 def _task_gpu_warning(c: LaunchConfig, environ: Mapping[str, str]) -> Optional[str]:

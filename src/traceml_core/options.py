@@ -2,7 +2,9 @@
 
 The CLI flags, the ``TRACEML_*`` environment variables, ``--print-config``, the reading and
 checking of both (:func:`read_given`: each option's pydantic type, :meth:`Option.annotation`) and
-the documentation are all generated from :data:`OPTIONS`, so they cannot drift apart. Flags use
+the documentation are all generated from :data:`OPTIONS`, so they cannot drift apart: core's rows
+(:data:`CORE_OPTIONS`), then the rows each registered output brings for its settings
+(exporters/output.py: ``--wandb-project``, ``--mlflow-tracking-uri``, ...). Flags use
 torchrun's spelling. Numbers are bounded by :mod:`.limits`; strings by a check function.
 
 Nothing here imports pydantic at import time: ``traceml --help`` builds its parser from this
@@ -13,26 +15,14 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping
 
 from . import limits
 from .errors import ConfigError, show
-from .limits import Limit
-from .valuetypes import Kind
+from .optionrow import Option, nonempty as _nonempty, path as _path
 
 MODES = ("summary", "cli", "dashboard")
-#: what --export can write besides the summary: at the end (traceml_core/report/export.py), and
-#: during the run (traceml_core/exporters, exporters.LIVE_KINDS)
-EXPORT_KINDS = ("tensorboard", "jsonl", "wandb", "mlflow", "prometheus")
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-
-
-def _nonempty(text: str) -> str:
-    value = str(text).strip()
-    if not value:
-        raise ValueError("is empty")
-    return value
 
 
 def _host(text: str) -> str:
@@ -62,15 +52,6 @@ def _run_name(text: str) -> str:
     return value
 
 
-def _path(text: str) -> str:
-    value = _nonempty(text)
-    if "\0" in value:
-        raise ValueError("contains a NUL character")
-    if len(value) > limits.PATH_CHARS.hi:
-        raise ValueError(f"is longer than {limits.PATH_CHARS.hi} characters ({limits.PATH_CHARS.why})")
-    return value
-
-
 def _ip(text: str) -> str:
     value = _nonempty(text)
     try:
@@ -97,15 +78,26 @@ def _layout(text: str) -> str:
     return value
 
 
+def export_choices() -> tuple[str, ...]:
+    """What --export can write besides the summary: the registered outputs (exporters/output.py)."""
+    from .exporters.output import registry
+
+    return registry().kinds
+
+
 def _exports(text: str) -> str:
     value = _nonempty(text).lower()
     kinds = [k.strip() for k in value.split(",") if k.strip()]
     if kinds == ["none"]:
         return "none"
-    bad = [k for k in kinds if k not in EXPORT_KINDS]
+    known = export_choices()
+    bad = [k for k in kinds if k not in known]
     if bad or not kinds:
-        raise ValueError(f"must be none or a comma-separated list of {', '.join(EXPORT_KINDS)} "
-                         f"(got {bad[0] if bad else value!r})")
+        from .exporters.output import missing_note
+
+        why = missing_note()
+        raise ValueError(f"must be none or a comma-separated list of {', '.join(known)} "
+                         f"(got {bad[0] if bad else value!r})" + (f"; {why}" if why else ""))
     return ",".join(dict.fromkeys(kinds))
 
 
@@ -175,42 +167,7 @@ def _cluster(text: str) -> str:
 
 
 
-@dataclass(frozen=True)
-class Option:
-    """One launch option: its key, its kind of value, its default and its help."""
-
-    key: str
-    kind: Kind
-    default: Any
-    help: str
-    metavar: str = ""
-    #: shown in docs/--help when the default is computed rather than fixed
-    default_doc: str = ""
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.key.replace("_", "-")
-
-    @property
-    def env(self) -> str:
-        return "TRACEML_" + self.key.upper()
-
-    @property
-    def limit(self) -> Optional[Limit]:
-        return self.kind if isinstance(self.kind, Limit) else None
-
-    def describe_default(self) -> str:
-        return str(self.default_doc or self.default)
-
-    def parse(self, text: str) -> Any:
-        """Validate one raw value (a flag's or a variable's); ValueError says what is wrong.
-        The rule is the kind's (:mod:`.valuetypes`); it needs pydantic-core, not pydantic."""
-        from .valuetypes import validate
-
-        return validate(self.kind, text)
-
-
-OPTIONS: tuple[Option, ...] = (
+CORE_OPTIONS: tuple[Option, ...] = (
     Option("nnodes", limits.NODES, 1, "Number of nodes; one `traceml run` per node.", "N"),
     Option("node_rank", limits.NODE_RANK, 0, "Rank of this node, 0..nnodes-1. Node 0 hosts the aggregator.", "R"),
     Option("nproc_per_node", limits.PROCS_PER_NODE, 1, "Workers (one per GPU) that this node starts.", "N"),
@@ -250,8 +207,9 @@ OPTIONS: tuple[Option, ...] = (
            "Also send the run's per-step series to other tools, from node 0's aggregator; "
            "comma-separated. During the run (every --export-interval): wandb, mlflow, prometheus "
            "(node_exporter textfiles); at the end: tensorboard (<run-dir>/tensorboard), jsonl "
-           "(<run-dir>/steps.jsonl). Each needs its extra (pip install traceml-slurm[wandb]); a "
-           "slow or failing one never slows training or costs the summary (docs/exports.md).",
+           "(<run-dir>/steps.jsonl); or an output another package registers. Each needs its "
+           "extra (the wandb, mlflow, prometheus or tensorboard extra of traceml-slurm); a slow, "
+           "failing or hung one never slows training or costs the summary (docs/exports.md).",
            "KINDS"),
     Option("export_interval", limits.EXPORT_INTERVAL_S, 10.0,
            "Seconds between live exports (wandb, mlflow, prometheus); longer on large runs, where "
@@ -291,6 +249,17 @@ OPTIONS: tuple[Option, ...] = (
            "launcher prints the URL).", "PORT", default_doc="0 (automatic)"),
 )
 
+def _output_rows() -> tuple[Option, ...]:
+    from .exporters.output import option_rows
+
+    return option_rows()
+
+
+#: the outputs' settings (each output's option rows: exporters/output.py), after core's
+OUTPUT_OPTIONS: tuple[Option, ...] = _output_rows()
+#: every launch option: the one table the flags, variables, --print-config and docs come from
+OPTIONS: tuple[Option, ...] = CORE_OPTIONS + OUTPUT_OPTIONS
+OUTPUT_KEYS = frozenset(o.key for o in OUTPUT_OPTIONS)
 BY_KEY: dict[str, Option] = {o.key: o for o in OPTIONS}
 
 
@@ -308,10 +277,12 @@ def read_given(given: Mapping[str, Any], environ: Mapping[str, str]) -> dict[str
         if given.get(o.key) is not None:
             raw, name, source = given[o.key], o.flag, "cli"
         else:
-            raw = environ.get(o.env)
+            raw, name = environ.get(o.env), o.env
+            if (not isinstance(raw, str) or raw == "") and o.also_env:  # the library's own variable
+                raw, name = environ.get(o.also_env), o.also_env
             if not isinstance(raw, str) or raw == "":
                 continue
-            name, source = o.env, f"env:{o.env}"
+            source = f"env:{name}"
         try:
             value = o.parse(raw)
         except ValueError as exc:

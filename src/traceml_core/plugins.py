@@ -9,6 +9,7 @@ it is used, so ``traceml --help`` stays fast.
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -16,6 +17,8 @@ from typing import Any, Callable, ClassVar, Mapping, Optional, Sequence
 
 CLUSTER_GROUP = "traceml.clusters"
 COMMAND_GROUP = "traceml.commands"
+#: outputs (``--export KIND``): exporters/output.py
+OUTPUT_GROUP = "traceml.outputs"
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,16 @@ class Refusal:
     variable: str | None = None
 
 
+@dataclass(frozen=True)
+class Advice:
+    """A warning about values the plugin guessed: shown only when one of ``keys`` ends up taken
+    from the plugin. "No GPU here, so 1 worker per node" is noise in a job that passes
+    ``--nproc-per-node`` itself (every node of a generated CPU job printed it)."""
+
+    message: str
+    keys: frozenset[str]
+
+
 @dataclass
 class Contribution:
     """What a cluster environment says about this process's launch."""
@@ -47,6 +60,7 @@ class Contribution:
     values: dict[str, Setting] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     refusals: list[Refusal] = field(default_factory=list)
+    advice: list[Advice] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -168,11 +182,30 @@ class ClusterEnvironment(ABC):
         return None
 
 
+@functools.lru_cache(maxsize=1)
+def _all_entry_points() -> tuple[metadata.EntryPoint, ...]:
+    """Every installed entry point, read once per process (one scan of the installed
+    distributions' metadata: tens of ms, paid once however many groups are asked for)."""
+    seen: set[str] = set()
+    out: list[metadata.EntryPoint] = []
+    for dist in metadata.distributions():  # the first of each name on sys.path, as entry_points() does
+        # the name from the distribution's directory where the Python gives it (as its own
+        # entry_points() does): reading every METADATA file would cost tens of ms per command
+        name = getattr(dist, "_normalized_name", None) or (dist.metadata["Name"] or "").lower().replace("_", "-")
+        if name in seen:
+            continue
+        seen.add(name)
+        out.extend(dist.entry_points)
+    return tuple(out)
+
+
 def _entry_points(group: str) -> Sequence[metadata.EntryPoint]:
-    try:
-        return list(metadata.entry_points(group=group))
-    except TypeError:  # Python < 3.10
-        return list(metadata.entry_points().get(group, []))  # type: ignore[attr-defined]
+    return [ep for ep in _all_entry_points() if ep.group == group]
+
+
+def output_entry_points() -> Sequence[metadata.EntryPoint]:
+    """The installed outputs, in name order (loaded by exporters/output.py)."""
+    return sorted(_entry_points(OUTPUT_GROUP), key=lambda e: e.name)
 
 
 def cluster_environments() -> list[type[ClusterEnvironment]]:

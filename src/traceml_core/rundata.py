@@ -357,16 +357,18 @@ class WorkerExit:
     #: Python's error of the worker (its last line) and traceback, from torchrun's error file
     message: Optional[str] = None
     traceback: Optional[str] = None
+    #: the end of its stderr (launcher/stderrtee.py), None when it was not kept
+    stderr: Optional[str] = None
 
     @classmethod
     def from_checkpoint(cls, d: dict[str, Any]) -> "WorkerExit":
         return cls(d["rank"], d.get("exitcode"), d.get("signal"), d.get("local_rank"),
-                   d.get("pid"), d.get("ts"), d.get("message"), d.get("traceback"))
+                   d.get("pid"), d.get("ts"), d.get("message"), d.get("traceback"), d.get("stderr"))
 
     def to_checkpoint(self) -> dict[str, Any]:
         return {"rank": self.rank, "local_rank": self.local_rank, "pid": self.pid,
                 "exitcode": self.exitcode, "signal": self.signal, "ts": self.ts,
-                "message": self.message, "traceback": self.traceback}
+                "message": self.message, "traceback": self.traceback, "stderr": self.stderr}
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Mapping, Optional
 
 from traceml_core.errors import ConfigError
 from traceml_core.limits import JOB_ID
-from traceml_core.plugins import ClusterEnvironment, Contribution, NextJob, Refusal, RunEvidence, Setting
+from traceml_core.plugins import Advice, ClusterEnvironment, Contribution, NextJob, Refusal, RunEvidence, Setting
 
 from .context import Context
 from .facts import LAUNCH_KEYS, Facts, launcher_srun_line
@@ -125,6 +125,7 @@ class SlurmEnvironment(ClusterEnvironment):
             self._shell_values(facts, out)
 
         self._gpu_values(facts, out)
+        self._cpu_values(facts, out)
         self._master_addr_env(facts, out)
         self._master_port_env(facts, out)
         if v.het_size and v.het_size > 1 and in_step and facts.het_components_touched > 1:
@@ -240,16 +241,31 @@ class SlurmEnvironment(ClusterEnvironment):
             # Only the batch shell still has the job's value: inside the launcher step
             # (`srun --ntasks-per-node=1`) Slurm replaces SLURM_NTASKS_PER_NODE with the step's 1.
             values["nproc_per_node"] = Setting(v.ntasks_per_node, v.source("ntasks_per_node"))
-            out.warnings.append(
+            out.advice.append(Advice(
                 f"no GPU is allocated to this job; starting {v.ntasks_per_node} CPU workers per node "
-                f"(SLURM_NTASKS_PER_NODE). Request GPUs with --gres=gpu:N or --gpus-per-node=N.")
+                f"(SLURM_NTASKS_PER_NODE). Request GPUs with --gres=gpu:N or --gpus-per-node=N.",
+                frozenset({"nproc_per_node"})))
             return
         values["nproc_per_node"] = Setting(1, "slurm:no-gpu")
-        out.warnings.append(
+        out.advice.append(Advice(
             "no GPU is allocated to this job (no SLURM_GPUS_ON_NODE); starting 1 worker per node. For a "
-            "CPU job with N workers per node, export TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE in the "
-            "sbatch script before srun (inside the launcher step Slurm sets SLURM_NTASKS_PER_NODE to the "
-            "step's 1), or request GPUs with --gres=gpu:N.")
+            "CPU job with N workers per node, pass --nproc-per-node=N (or export TRACEML_NPROC_PER_NODE=N "
+            "in the sbatch script before srun), or request GPUs with --gres=gpu:N.",
+            frozenset({"nproc_per_node"})))
+
+    def _cpu_values(self, facts: Facts, out: Contribution) -> None:
+        """``task_cpus``: the CPUs of this launcher's task, from which core derives the workers'
+        ``OMP_NUM_THREADS`` (config.omp_threads): ``SLURM_CPUS_PER_TASK`` when the job asked for
+        them, else the job's CPUs on this node (``SLURM_CPUS_ON_NODE``) shared by the node's tasks
+        (one in the node layout; one per rank in the task layout)."""
+        grant = facts.cpus
+        if grant.cpus_per_task is not None:
+            out.values["task_cpus"] = Setting(grant.cpus_per_task, "slurm:SLURM_CPUS_PER_TASK")
+        elif grant.cpus_on_node is not None:
+            layout = out.values.get("layout")
+            tasks = facts.layout.per_node if layout is not None and layout.value == "task" and facts.layout else 1
+            src = "slurm:SLURM_CPUS_ON_NODE" + (f"/{tasks} tasks" if tasks > 1 else "")
+            out.values["task_cpus"] = Setting(max(1, grant.cpus_on_node // max(1, tasks)), src)
 
     def _master_addr_env(self, facts: Facts, out: Contribution) -> None:
         stale = facts.env.launcher_vars.get("MASTER_ADDR", "").strip()

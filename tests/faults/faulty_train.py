@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import traceml_core as traceml
 
 FAULTS = ("none", "kill", "raise", "hang", "exit", "abort-at-exit", "oom", "hang-in-collective",
-          "hang-in-loader", "hold-gil", "long-save")
+          "hang-in-loader", "hold-gil", "long-save", "leave", "mismatch")
 
 
 class StuckDataset(torch.utils.data.Dataset):
@@ -143,6 +143,17 @@ def main() -> int:
                 # with another one): it waits there for good, and the others wait for it in the
                 # next step's gradient all-reduce -- the classic mismatched-collective hang
                 dist.all_reduce(torch.ones(1), group=side)
+            if args.fault == "leave":
+                # this rank's data ran out first: it leaves the loop and ends cleanly, and the
+                # others lose their peer in the next gradient all-reduce
+                del model, opt
+                gc.collect()
+                out.close()
+                return 0
+            if args.fault == "mismatch":
+                # a collective only this rank calls (a metric reduced on rank 0 alone): gloo pairs
+                # it with the others' next gradient all-reduce, sees the sizes differ and aborts
+                dist.all_reduce(torch.ones(3))
             if args.fault == "hold-gil":
                 # C code that keeps the GIL while it waits (ctypes.PyDLL does not release it):
                 # no other thread of the rank runs Python, not even TraceML's client

@@ -51,9 +51,30 @@ def _last_steps_agree(summary: dict, progress: Progress) -> None:
         assert mine["last_step"] == truth, (rank, mine["last_step"], truth)
 
 
+def _live_verdict(launch: Launch, bound_s: float = 30.0) -> dict:
+    """The verdict node 0's Prometheus textfile shows now (--export prometheus), once it is a hang."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    end = time.monotonic() + bound_s
+    labels: dict = {}
+    while time.monotonic() < end:
+        for path in (launch.logs / launch.run_name / "prometheus").glob("traceml_*.prom"):
+            fams = {f.name: f for f in text_string_to_metric_families(path.read_text())}
+            if "traceml_verdict_info" in fams:
+                labels = fams["traceml_verdict_info"].samples[0].labels
+                if labels.get("kind") == "hang":
+                    return labels
+        time.sleep(0.2)
+    raise AssertionError(f"no live hang verdict within {bound_s} s of the log's report: {labels}")
+
+
 def test_a_rank_blocked_in_its_own_code_is_named_by_its_state(tmp_path):
-    launch = Launch(tmp_path, STEADY + ("--fault", "hang"), run_name="blocked")
+    launch = Launch(tmp_path, STEADY + ("--fault", "hang"), run_name="blocked",
+                    flags=["--export=prometheus", "--export-interval=30"])
     logged = _logged_at(launch)
+    # live where users look: the exports get the hang at once, not at the next interval
+    live = _live_verdict(launch)
+    assert live["rank"] == "1" and live["node"] == "0" and live["severity"] == "critical", live
     launch.proc.send_signal(signal.SIGTERM)
     r = launch.wait(120)
     took = logged - r.progress.fault_at[1]

@@ -21,6 +21,7 @@ workers report no saves: tests/unit/test_goodput_ledger.py.)
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +76,10 @@ def jobs(slurm_cluster, tmp_path_factory):
     for name, (args, sbatch) in JOBS.items():
         d = tmp_path_factory.mktemp(f"goodput-{name}")
         (d / "truth").mkdir()
-        env = job_env(d / "logs", GOODPUT_TRUTH=str(d / "truth"))
+        # the requeued job also exports to MLflow (its file store in the run directory): its
+        # two attempts must be ONE MLflow run, read back with MLflow's own client
+        extra = {"TRACEML_EXPORT": "mlflow"} if name == "requeue" else {}
+        env = job_env(d / "logs", GOODPUT_TRUTH=str(d / "truth"), **extra)
         out[name] = Job(name, slurm_cluster.submit(_script(args), f"--job-name=gp-{name}", *sbatch, env=env), d)
     yield out
     for job in out.values():
@@ -267,6 +271,17 @@ def test_requeued_two_node_job_is_one_run_with_one_ledger(slurm_cluster, jobs, t
         assert first["goodput"]["attempts"][-1]["run_id"] == a0["run_id"]
     assert text.startswith("Goodput of run over 2 attempts (1 requeue(s))"), text[:400]
     assert "attempt 1 (job" in text and "redone after a requeue" in text
+    # the charts and exports of attempt 1 are drawn at the global steps the ledger uses
+    assert data["timeline"]["step_offset"] == p1["first_position"] == resumed_at, data["timeline"]["step_offset"]
+    # one MLflow run across the requeue, read back with MLflow's client from the run's file store
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    (mrun,) = client.search_runs([client.get_experiment_by_name("traceml").experiment_id])
+    assert mrun.data.tags["traceml.attempt"] == "1" and mrun.data.tags["traceml.attempt.0.job_id"] == job.id
+    steps = sorted(m.step for m in client.get_metric_history(mrun.info.run_id, "rank_0000/step_ms"))
+    assert steps and steps[0] < resumed_at and steps[-1] >= 89, steps   # both attempts, global steps
     print(text[:3000])
     _html(run_dir / "final_summary.html", tmp_path, attempts=2, nodes=4)
 

@@ -86,3 +86,8 @@ def test_comm_benchmark_runs_side_by_side():
 def test_step_overhead_variants_run():
     out = _run("step_overhead.py", "--steps", "10", "--reps", "2", "--variants", "traced,closures,comm-off,bare")
     assert "closures - traced" in out and "comm-off - traced" in out and "bare - traced" in out, out
+
+
+def test_stderr_tee_benchmark_runs_side_by_side():
+    out = _run("stderr_tee.py", "--mb", "0.2", "--pairs", "1")
+    assert "direct pipe" in out and "through tee" in out and "ratio tee/direct" in out, out

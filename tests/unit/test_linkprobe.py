@@ -208,7 +208,6 @@ def test_a_probe_that_cannot_measure_says_so_in_the_summary_and_never_fails_the_
     finally:
         if link.probe is not None:
             link.probe.close()
-        link.close_stacks()
         done = keeper.handle.finish(0)
     s = json.loads(done.summary_json.read_text())
     probe = s["communication"]["probe"]

@@ -141,7 +141,7 @@ def test_without_the_writer_library_the_export_says_how_to_get_it(runs, tmp_path
     """No tensorboardX in this Python: one line saying what to install, nothing raised, the
     summary untouched (as at the end of a run whose environment lacks the extra)."""
     code = ("import sys, json; sys.modules['tensorboardX'] = None\n"
-            "from traceml_core.report.export import export_summary\n"
+            "from traceml_core.exporters.atend import export_summary\n"
             f"s = json.load(open({str(runs['strag'] / 'final_summary.json')!r}))\n"
             f"print(export_summary(s, {str(tmp_path)!r}, 'tensorboard')[0])")
     p = subprocess.run([PYTHON, "-c", code], env=env_for(), text=True, capture_output=True, timeout=60)
@@ -328,7 +328,7 @@ def test_a_long_large_run_keeps_the_series_bounded(large):
     util = {g["index"]: g["util_pct"] for g in node["gpus"]}
     assert set(util[0]) - {None} == {95.0} and set(util[1]) - {None} == {5.0}  # None: no sample then
     # exported per node too, read back with TensorBoard's reader
-    from traceml_core.report.export import export_summary
+    from traceml_core.exporters.atend import export_summary
 
     ea_mod = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     export_summary(out["summary"], tmp_path / "big", "tensorboard")

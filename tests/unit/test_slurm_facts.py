@@ -101,11 +101,12 @@ def test_only_the_facts_read_the_environment():
 
 
 #: what the plugin may use of core: the launch config, the plugin interface, the self-test entry
-#: point, the transport, and the shared basics (errors, limits, settings, the option table, the CLI)
+#: point, the transport, and the shared basics (errors, limits, settings, the option table, the CLI,
+#: safe reads of files others can write: safeio)
 CORE_ALLOWED = {"traceml_core", "traceml_core.config", "traceml_core.plugins", "traceml_core.selftest",
                 "traceml_core.errors", "traceml_core.limits", "traceml_core.settings", "traceml_core.options",
                 "traceml_core.cli", "traceml_core.helpformat", "traceml_core.wire.auth", "traceml_core.wire.client",
-                "traceml_core.wire.server"}
+                "traceml_core.wire.server", "traceml_core.safeio"}
 
 
 def test_the_plugin_uses_only_cores_interfaces():

@@ -127,9 +127,20 @@ def test_no_gpu_batch_shell_uses_tasks_per_node_step_uses_one_with_fix():
     c = r(env)
     assert c.nproc_per_node == 4 and any("no GPU" in w for w in c.warnings)
     c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="1"))
-    assert c.nproc_per_node == 1 and any("TRACEML_NPROC_PER_NODE=$SLURM_NTASKS_PER_NODE" in w for w in c.warnings)
+    assert c.nproc_per_node == 1 and any("--nproc-per-node=N" in w for w in c.warnings)
     c = r(step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None), nproc_per_node="4")
     assert c.nproc_per_node == 4
+
+
+@pytest.mark.parametrize("given", [{"cli": {"nproc_per_node": "1"}}, {"env": {"TRACEML_NPROC_PER_NODE": "2"}}])
+def test_no_gpu_warning_when_the_worker_count_is_given(given):
+    """A generated CPU job passes --nproc-per-node: nothing was guessed, so nothing to warn about
+    (every node printed six lines of it). Batch shell and step alike."""
+    shell = dict(JOB, SLURM_JOB_NUM_NODES="1", SLURM_NNODES="1", SLURM_JOB_NODELIST="gpu07", SLURM_NODEID="0",
+                 SLURMD_NODENAME="gpu07", SLURM_NTASKS_PER_NODE="4")
+    for env in (shell, step(SLURM_GPUS_ON_NODE=None, SLURM_JOB_GPUS=None, SLURM_NTASKS_PER_NODE="1")):
+        c = resolve(given.get("cli", {}), {**env, **given.get("env", {})}, SLURM)
+        assert not [w for w in c.warnings if "GPU" in w], c.warnings
 
 
 @pytest.mark.parametrize("nodelist,first,count", [
@@ -270,3 +281,33 @@ def test_non_numeric_job_id_is_refused_naming_it():
     with pytest.raises(ConfigError) as err:
         r(step(SLURM_JOB_ID="abc"))
     assert "SLURM_JOB_ID='abc'" in str(err.value) and "\n" not in str(err.value)
+
+
+# --- OMP_NUM_THREADS: the task's CPUs over its workers ---------------------------------------------
+def test_omp_threads_are_the_task_cpus_over_the_workers_with_their_source():
+    c = r(step(SLURM_CPUS_PER_TASK="16"))       # 4 GPUs: 4 workers
+    assert (c.task_cpus, c.source("task_cpus")) == (16, "slurm:SLURM_CPUS_PER_TASK")
+    assert (c.omp_threads, c.source("omp_threads")) == ("4", "derived:task_cpus/nproc_per_node")
+    # no --cpus-per-task: the job's CPUs on the node, shared by its one launcher task
+    c = r(step(SLURM_CPUS_ON_NODE="6"), nproc_per_node="4")
+    assert (c.task_cpus, c.omp_threads) == (6, "1")
+    # never below 1
+    c = r(step(SLURM_CPUS_PER_TASK="2"))
+    assert c.omp_threads == "1"
+
+
+def test_the_users_omp_num_threads_always_wins():
+    c = r(step(SLURM_CPUS_PER_TASK="16", OMP_NUM_THREADS="7"))
+    assert (c.omp_threads, c.source("omp_threads")) == ("7", "env:OMP_NUM_THREADS")
+
+
+def test_task_layout_gives_each_task_its_own_cpus():
+    env = step(SLURM_STEP_TASKS_PER_NODE="4(x2)", SLURM_NTASKS="8", SLURM_PROCID="5", SLURM_LOCALID="1",
+               SLURM_NODEID="1", SLURMD_NODENAME="gpu08", SLURM_CPUS_PER_TASK="8")
+    c = r(env)
+    assert c.layout == "task" and (c.omp_threads, c.source("omp_threads")) == ("8", "derived:task_cpus")
+
+
+def test_outside_slurm_nothing_is_set():
+    c = resolve({}, {}, SLURM)
+    assert c.omp_threads is None and c.task_cpus is None

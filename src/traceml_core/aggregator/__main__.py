@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import Any
 
-from ..exporters import LIVE_KINDS
+from ..exporters import live_kinds
 from ..rundata import RunData
 from .settings import ERROR, READY
 
@@ -105,12 +105,13 @@ def main() -> int:
                             cluster=settings.cluster)
         if not provisional:
             log(f"summary written to {out['summary_json']}")
-            at_end = [k for k in settings.export if k not in LIVE_KINDS]
+            at_end = [k for k in settings.export if k not in live_kinds()]
             if at_end:
                 try:
-                    from ..report.export import export_all
+                    from ..exporters.atend import export_all
 
-                    for line in export_all(out["summary"], server.run_dir.path, at_end):
+                    for line in export_all(out["summary"], server.run_dir.path, at_end,
+                                           settings.export_settings):
                         log(line)
                 except Exception as exc:  # never: export_all catches; belt and braces
                     log(f"export failed: {exc}")

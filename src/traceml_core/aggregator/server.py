@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from ..exporters import LIVE_KINDS
+from ..exporters import live_kinds
 from ..options import BY_KEY
 from ..rundata import RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
@@ -184,15 +184,18 @@ class Server(Handler):
         self.checkpoint_seconds = 0.0
         #: --export wandb|mlflow|prometheus: batches of the run so far, paced (exporters/live.py)
         self.exports: Optional[Any] = None
-        if any(k in LIVE_KINDS for k in settings.export):
+        if any(k in live_kinds() for k in settings.export):
+            from ..attempts import attempt_dirs
             from ..exporters.batch import RunIdentity
             from ..exporters.live import live_exports
 
             identity = RunIdentity(
                 run_name=settings.run_name, job_id=settings.job_id, started_at=settings.started_at,
                 nnodes=settings.nnodes, nproc_per_node=settings.nproc_per_node,
-                hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir.path))
-            self.exports = live_exports(identity, run_dir.path, settings.export, settings.export_interval_s)
+                hostnames=tuple(settings.hostnames), script=settings.script, run_dir=str(run_dir.path),
+                attempt=len(attempt_dirs(run_dir.path)))
+            self.exports = live_exports(identity, run_dir.path, settings.export, settings.export_interval_s,
+                                        settings.export_settings)
         #: run once the launcher has the final summary and the connections are closed (the live
         #: exports' last batch and files: bounded, and the launcher waits for no one but the reply)
         self.after_reply: Optional[Callable[[], None]] = None

@@ -68,6 +68,9 @@ class AggregatorSettings(BaseModel):
     export: list[str] = Field(default_factory=list)
     #: seconds between live exports (traceml_core/exporters)
     export_interval_s: float = Field(10.0, ge=limits.EXPORT_INTERVAL_S.lo, le=limits.EXPORT_INTERVAL_S.hi)
+    #: the outputs' settings, by option key (exporters/output.py: each output's option rows, as
+    #: the launch resolved them); an output reads its own, never the environment
+    export_settings: dict[str, Any] = Field(default_factory=dict, max_length=256)
     #: ``--hang-report-after``: "auto", "off", or seconds (aggregator/hangwatch.py: the backstop;
     #: "off" turns hang detection off)
     hang_report_after: str = Field("auto", max_length=32)

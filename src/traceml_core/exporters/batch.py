@@ -12,6 +12,7 @@ doubles its width as the run grows) is skipped rather than counted twice.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -34,10 +35,24 @@ class RunIdentity:
     hostnames: tuple[str, ...]
     script: str
     run_dir: str
+    #: which attempt of the run this is: 0, then 1, 2, ... for each requeue (or job continuing the
+    #: run under the same run name), as attempts.py numbers the run directory's attempt-<n>/
+    attempt: int = 0
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
+
+    @property
+    def key(self) -> str:
+        """The run's identity across its attempts, for a destination's own run id: the same for
+        every attempt that writes into the same run directory (a requeued job keeps its run name
+        and logs directory; docs/goodput.md), so a W&B run and an MLflow run continue across
+        requeues instead of starting one per attempt. 24 hex digits (W&B ids: [a-z0-9], <= 64)."""
+        import hashlib
+
+        where = os.path.abspath(self.run_dir)
+        return hashlib.sha256(f"traceml\0{self.run_name}\0{where}".encode()).hexdigest()[:24]
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,10 @@ class VerdictNow:
     severity: str
     why: str
     next_step: str
+    #: the rank it names, with its node and host (a hang's or a straggler's), where it names one
+    rank: Optional[int] = None
+    node: Optional[int] = None
+    host: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -121,8 +140,10 @@ class BatchBuilder:
                 continue  # (part of) these steps went out already
             self.last[p.series] = p.x
             points.append(p)
+        who = doc.verdict.culprit if isinstance(doc.verdict.culprit, dict) else {}
         verdict = VerdictNow(doc.verdict.kind, doc.verdict.severity, doc.verdict.why,
-                             doc.verdict.next_step) if doc.verdict.kind else None
+                             doc.verdict.next_step, who.get("rank"), who.get("node"),
+                             who.get("host")) if doc.verdict.kind else None
         changed = verdict is not None and verdict != self._verdict
         self._verdict = verdict or self._verdict
         status = (doc.run.status or "completed") if final else "running"

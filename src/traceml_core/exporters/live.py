@@ -12,39 +12,26 @@ then ``exports.json`` and one log line per destination.
 
 from __future__ import annotations
 
+import functools
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from ..report.document import Summary
-from . import LIVE_KINDS
 from .batch import BatchBuilder, FinalFiles, RunIdentity
 from .hub import Exporter, ExportHub, ExportStats
+from .output import registry
 
 #: the largest share of the wall clock spent building batches (the interval stretches): node 0's
 #: aggregator shares the node's cores with training
 SHARE = 0.05
 
 
-def _wandb() -> Exporter:
-    from .to_wandb import WandbExporter
-
-    return WandbExporter()
-
-
-def _mlflow() -> Exporter:
-    from .to_mlflow import MlflowExporter
-
-    return MlflowExporter()
-
-
-def _prometheus() -> Exporter:
-    from .to_prometheus import PrometheusExporter
-
-    return PrometheusExporter()
-
-
-MAKERS: dict[str, Callable[[], Exporter]] = {"wandb": _wandb, "mlflow": _mlflow, "prometheus": _prometheus}
+def makers(kinds: Sequence[str], given: Mapping[str, Any]) -> dict[str, Callable[[], Exporter]]:
+    """kind -> a function that builds its exporter (in the destination's own thread) with its
+    settings: its option rows' values from ``given`` (the launch's), else their defaults."""
+    reg = registry()
+    return {k: functools.partial(reg.outputs[k].start, reg.settings(k, given)) for k in kinds}
 
 
 class LiveExports:
@@ -53,10 +40,11 @@ class LiveExports:
     exporters depend on the summary's types, never on the aggregator's state: the aggregator
     produces, an exporter ships."""
 
-    def __init__(self, identity: RunIdentity, run_dir: Path, kinds: Sequence[str], interval_s: float) -> None:
+    def __init__(self, identity: RunIdentity, run_dir: Path, kinds: Sequence[str], interval_s: float,
+                 settings: Optional[Mapping[str, Any]] = None) -> None:
         self.identity = identity
         self.run_dir = Path(run_dir)
-        self.hub = ExportHub({k: MAKERS[k] for k in kinds}, self.identity)
+        self.hub = ExportHub(makers(kinds, settings or {}), self.identity)
         self.builder = BatchBuilder()
         self.interval = interval_s
         self.next_at = time.monotonic() + self.interval
@@ -93,14 +81,19 @@ class LiveExports:
             return [f"live exports: the final batch could not be built ({type(exc).__name__}: {exc})"]
         stats = self.hub.finish(batch)
         path = self.hub.write_report(self.run_dir)
-        return [s.line() for s in stats] + ([f"export report: {path}"] if path else [])
+        helpers = self.hub.helpers_stopped
+        return ([s.line() for s in stats]
+                + ([f"stopped what the destinations' libraries left running: {', '.join(helpers)}"] if helpers else [])
+                + ([f"export report: {path}"] if path else []))
 
     def report(self) -> list[ExportStats]:
         return self.hub.report()
 
 
-def live_exports(identity: RunIdentity, run_dir: Path, export: Sequence[str],
-                 interval_s: float) -> Optional[LiveExports]:
-    """The run's live exports, or None when none was asked for."""
-    kinds = [k for k in export if k in LIVE_KINDS]
-    return LiveExports(identity, run_dir, kinds, interval_s) if kinds else None
+def live_exports(identity: RunIdentity, run_dir: Path, export: Sequence[str], interval_s: float,
+                 settings: Optional[Mapping[str, Any]] = None) -> Optional[LiveExports]:
+    """The run's live exports, or None when none was asked for. ``settings``: the outputs'
+    option values by key (AggregatorSettings.export_settings)."""
+    live = registry().live_kinds()
+    kinds = [k for k in export if k in live]
+    return LiveExports(identity, run_dir, kinds, interval_s, settings) if kinds else None

@@ -1,7 +1,7 @@
 """``--export prometheus``: node_exporter textfile-collector files, one per node, replaced atomically.
 
-Written with ``prometheus_client`` (the ``prometheus`` extra) into ``TRACEML_PROMETHEUS_DIR``
-(default ``<run-dir>/prometheus``); ``{host}`` in it becomes each node's host name, so with a shared
+Written with ``prometheus_client`` (the ``prometheus`` extra) into ``--prometheus-dir``
+(``TRACEML_PROMETHEUS_DIR``; default ``<run-dir>/prometheus``); ``{host}`` in it becomes each node's host name, so with a shared
 file system every node's node_exporter (``--collector.textfile.directory``) reads only its own
 node's file. One file per node, ``traceml_<run>_<host>.prom``, written whole and renamed into
 place (``write_to_textfile``), so a scrape never sees half a file. Gauges, the latest complete
@@ -12,30 +12,64 @@ bucket of each series (a scrape wants now, not history):
 * per node: ``traceml_cpu_percent``, ``traceml_ram_used_bytes``, ``traceml_gpu_util_percent{gpu}``,
   ``traceml_gpu_memory_used_bytes{gpu}``;
 * the run (node 0's file only, so one directory holding every node's file has no duplicates):
-  ``traceml_run_info{status}``, ``traceml_verdict_info{kind,severity}``, the minimum, median and
+  ``traceml_run_info{status}``, ``traceml_verdict_info{kind,severity,rank,node,host}``, the minimum, median and
   maximum step time over all ranks (``traceml_all_ranks_step_seconds{stat}``, large runs), and
   ``traceml_last_update_timestamp_seconds``.
 
-Every series has the labels ``run``, ``job_id``, and where it applies ``rank``, ``node``, ``host``.
+Every series has the labels ``run``, ``job_id`` (the Slurm job id), and where it applies ``rank``,
+``node``, ``host`` and ``Hostname`` (the same host, under dcgm-exporter's name for it, so a query
+joins our series with its GPU series: ``... * on(Hostname, gpu) group_left DCGM_FI_DEV_GPU_UTIL``),
+``gpu`` (the GPU's index on its node, as dcgm-exporter's ``gpu``). The GPUs' UUIDs are not in the
+summary, so there is no ``UUID`` label: join on ``Hostname`` and ``gpu``.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import socket
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
-from .batch import Batch, Point, RunIdentity, VerdictNow
+from ..optionrow import Option, path
 
-ENV_DIR = "TRACEML_PROMETHEUS_DIR"
+if TYPE_CHECKING:
+    from ..report.document import Summary
+    from .batch import Batch, Point, RunIdentity, VerdictNow
+    from .hub import Exporter
+
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+DIRECTORY = Option("prometheus_dir", path, None,
+                   "--export prometheus: the directory of node_exporter's textfile collector where node 0 "
+                   "writes one file per node ({host} in it becomes the node's host name).", "DIR",
+                   default_doc="<run-dir>/prometheus")
+
+
+class PrometheusOutput:
+    """The output (exporters/output.py): plain class attributes, no dataclass: the registry
+    is read by every `traceml` command, and each dataclass costs its generated methods."""
+
+    kind: str = "prometheus"
+    live: bool = True
+    where: str = "node_exporter textfiles, one per node"
+    extra: str = "prometheus"
+    leaves: tuple[str, ...] = ("prometheus",)
+    options: tuple[Option, ...] = (DIRECTORY,)
+
+    def start(self, settings: Mapping[str, Any]) -> "Exporter":
+        return PrometheusExporter(settings.get(DIRECTORY.key))
+
+    def write(self, summary: "Summary", run_dir: Path, settings: Mapping[str, Any]) -> str:
+        raise NotImplementedError("prometheus is written during the run")
+
+
+OUTPUT = PrometheusOutput()
 
 
 class PrometheusExporter:
-    def __init__(self) -> None:
+    def __init__(self, directory: Optional[str] = None) -> None:
+        self.directory = directory
         self.target = ""
         self._run: Optional[RunIdentity] = None
         self._latest: dict[str, Point] = {}
@@ -48,7 +82,7 @@ class PrometheusExporter:
         import prometheus_client  # noqa: F401 - the extra; fail here, in this thread, if missing
 
         self._run = run
-        self.target = os.environ.get(ENV_DIR) or str(Path(run.run_dir) / "prometheus")
+        self.target = self.directory or str(Path(run.run_dir) / "prometheus")
 
     def write(self, batch: Batch) -> None:
         for p in batch.points:
@@ -119,7 +153,7 @@ class _Collector:
 
         for p in sorted(o._latest.values(), key=lambda p: p.series):
             if p.kind == "rank" and p.node == self.node:
-                who = {"rank": str(p.rank), "node": str(p.node), "host": p.host}
+                who = {"rank": str(p.rank), "node": str(p.node), "host": p.host, "Hostname": p.host}
                 for key, v in p.values.items():
                     if key in ("step_ms", "own_ms"):
                         gauge(f"traceml_{key[:-3]}_seconds", f"{key[:-3]} time of the rank's latest "
@@ -131,7 +165,7 @@ class _Collector:
                               "complete bucket)", {**who, "phase": key[:-3]}, v / 1e3)
                 gauge("traceml_last_step", "the last step of the rank's latest complete bucket", who, p.x)
             elif p.kind == "node" and p.node == self.node:
-                who = {"node": str(p.node), "host": p.host}
+                who = {"node": str(p.node), "host": p.host, "Hostname": p.host}
                 for key, v in p.values.items():
                     m = re.fullmatch(r"gpu(\d+)_(util_pct|mem_used_bytes)", key)
                     if key == "cpu_pct":
@@ -152,7 +186,10 @@ class _Collector:
             gauge("traceml_run_info", "the run (status: running, completed, failed, interrupted)",
                   {"status": o._status}, 1)
             if o._verdict is not None:
-                gauge("traceml_verdict_info", "the verdict so far",
-                      {"kind": o._verdict.kind, "severity": o._verdict.severity}, 1)
+                v = o._verdict
+                gauge("traceml_verdict_info", "the verdict so far (rank, node, host: the rank it names)",
+                      {"kind": v.kind, "severity": v.severity,
+                       "rank": "" if v.rank is None else str(v.rank),
+                       "node": "" if v.node is None else str(v.node), "host": v.host or ""}, 1)
             gauge("traceml_last_update_timestamp_seconds", "when TraceML last wrote this file", {}, time.time())
         return list(fams.values())

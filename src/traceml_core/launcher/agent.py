@@ -20,7 +20,8 @@ SIGKILL from the kernel when this process dies, see :mod:`.ownership`) or ``{"re
 "detail": TEXT, "python": PATH}``; launcher -> agent ``{"go": true, "env": {...}}`` (with the file
 descriptors to use as stdout/stderr attached, when a live view wants them) or ``{"go": false}`` /
 end of file (exit 0 without starting anything); agent -> launcher, at the end of a failed run,
-``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message"}]}``, or, when
+``{"failures": [{"rank", "local_rank", "pid", "exitcode", "signal", "ts", "message", "traceback",
+"stderr"}]}`` (``stderr``: the end of the worker's stderr, kept by :mod:`.stderrtee`), or, when
 torchrun could not start at all because the master port was taken after the pre-flight,
 ``{"startup_error": TEXT}`` (one paragraph, :func:`port_taken`).
 """
@@ -36,6 +37,7 @@ import time
 from typing import Any, Optional
 
 from .ownership import kill_workers_with_torchrun
+from .stderrtee import SEND_MAX, StderrTees
 
 FD_VAR = "TRACEML_AGENT_FD"
 BOOTSTRAP_MODULE = "traceml_core.bootstrap"   # (launcher/torchrun.py; this module stays light)
@@ -127,9 +129,10 @@ def _error_of(message: Any) -> tuple[str, str]:
     return text, ""
 
 
-def _failure_reporter(sock: socket.socket) -> None:
+def _failure_reporter(sock: socket.socket, tees: Optional[StderrTees] = None) -> None:
     """Send torchrun's per-worker outcome of a failed run back to the launcher (best effort: on
-    a torch without these internals the run is simply not annotated)."""
+    a torch without these internals the run is simply not annotated), with the end of each
+    failed worker's stderr where ``tees`` kept it (stderrtee.py)."""
     try:
         import torch.distributed.launcher.api as api
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -142,14 +145,20 @@ def _failure_reporter(sock: socket.socket) -> None:
             return original(*args, **kwargs)
         except ChildFailedError as exc:
             rows = []
-            for rank, f in sorted((getattr(exc, "failures", None) or {}).items()):
+            failures = sorted((getattr(exc, "failures", None) or {}).items())
+            try:
+                stderr = tees.texts([int(f.local_rank) for _, f in failures]) if tees is not None else {}
+            except Exception:
+                stderr = {}
+            for rank, f in failures:
                 try:
                     code = int(f.exitcode)
                     message, tb = _error_of(f.message)
                     rows.append({"rank": int(rank), "local_rank": int(f.local_rank), "pid": int(f.pid),
                                  "exitcode": code, "signal": f.signal_name() if code < 0 else None,
                                  "ts": float(f.timestamp), "message": message[:2000],
-                                 "traceback": tb[-4000:]})
+                                 "traceback": tb[-4000:],
+                                 "stderr": (stderr.get(int(f.local_rank)) or "")[-SEND_MAX:] or None})
                 except Exception:
                     continue
             _send(sock, {"failures": rows, "at": time.time()})
@@ -216,7 +225,12 @@ def main(argv: Optional[list[str]] = None) -> int:
         os.dup2(fds[1], 2)
     for fd in fds:
         os.close(fd)
-    _failure_reporter(sock)
+    # each worker's stderr through here, its last lines kept for the record of a failed worker;
+    # only where no worker can outlive this process (the reader of its stderr)
+    tees = StderrTees() if result.get("owns_workers") else None
+    if tees is not None and not tees.install():
+        tees = None
+    _failure_reporter(sock, tees)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main

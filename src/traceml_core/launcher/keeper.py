@@ -55,7 +55,7 @@ class AggregatorKeeper:
             master_addr=c.master_addr, port_source=c.flag_source("aggregator_port"),
             hostnames=list(c.hosts_by_node), relay_fan_in=tree_fan_in(c),
             script=script, script_args=list(script_args), export=export_kinds(c.export),
-            export_interval_s=c.export_interval, cluster=c.cluster or "",
+            export_interval_s=c.export_interval, export_settings=dict(c.outputs), cluster=c.cluster or "",
             hang_report_after=str(c.hang_report_after))
         self.handle = start_aggregator(settings)
         self.link = self.handle.control

@@ -209,6 +209,8 @@ class TorchrunStarter(WorkerStarter):
         env = dict(self.environ)
         env[AGENT_FD_VAR] = str(agent.child_fd)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        if c.omp_threads:  # the task's CPUs over its workers (config.omp_threads); the user's own wins
+            env.setdefault("OMP_NUM_THREADS", c.omp_threads)
         sup = self.sup = Supervisor(cmd, env, grace=STOP_GRACE_S, pass_fds=(agent.child_fd,))
         try:
             sup.start()
@@ -301,6 +303,8 @@ def worker_env(config: LaunchConfig, environ: Mapping[str, str], run_env: Mappin
         **run_env,
     })
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if config.omp_threads:  # the task's CPUs (config.omp_threads); the user's own value wins
+        env.setdefault("OMP_NUM_THREADS", config.omp_threads)
     return env
 
 

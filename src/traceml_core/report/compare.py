@@ -18,7 +18,11 @@ needs, so CPU-only runs get a verdict like GPU runs.
 Verdict (the step's row): ``faster``, ``slower``, ``negligible``, ``within_noise``, or
 ``not_comparable`` with the reasons (different world size, different script, GPUs on one side
 only, the step not measured, too few steps). Differences in topology and configuration are listed
-either way. Exit status: 0, or 1 with ``--fail-on-regression PCT`` when B is significantly slower
+either way, and what the runs ran on beside them (the summary's ``context``: CPU wait per step,
+load from other processes, hosts, threads, torch, GPUs): when the training thread's wait for a
+core, beyond what its work accounts for, makes at least half the step's change, in its
+direction, the verdict says the change is explained by that, not by the code
+(:func:`explained_by_context`). Exit status: 0, or 1 with ``--fail-on-regression PCT`` when B is significantly slower
 by at least PCT percent, or 2 for unusable input (the message names the path).
 """
 
@@ -250,6 +254,103 @@ class Difference:
     effect: str = "info"
 
 
+#: a context difference explains a step change when it accounts for at least this share of it
+EXPLAINS_SHARE = 0.5
+#: other processes' load that differs by at least this many points of the node's cores is named
+OTHER_LOAD_POINTS = 10.0
+
+
+@dataclass
+class ContextRow:
+    """One line of what the runs ran on (``context``, report/runcontext.py), A beside B."""
+
+    what: str
+    a: Any
+    b: Any
+    #: "explains" (it accounts for the step's change), "may_explain" (it differs and could cause
+    #: a change), "same", or "not_measured"
+    effect: str = "same"
+
+
+def _ms_or_none(v: Optional[float]) -> str:
+    return "not measured" if v is None else f"{v:.3f} ms"
+
+
+def node_wait_change(ca: Any, cb: Any) -> Optional[float]:
+    """How much longer (ms per step) B's training thread waited for a core than its work accounts
+    for at A's share of waiting: ``wb - rb * fa / (1 - fa)``, ``fa = wa / (wa + ra)``. On a node
+    busy all along, a step that does half the work also waits half as long (the same share), so
+    the wait's own difference would credit the node for a code change; this is the whole wait
+    difference when the work is the same, and nothing when only the work changed. None: not
+    measured."""
+    vals = (ca.cpu_wait_ms, cb.cpu_wait_ms, ca.cpu_run_ms, cb.cpu_run_ms)
+    if any(v is None for v in vals):
+        return None
+    wa, wb, ra, rb = (float(v) for v in vals)
+    if wa + ra <= 0:
+        return None
+    fa = min(0.99, wa / (wa + ra))
+    return wb - rb * fa / (1.0 - fa)
+
+
+def context_rows(a: Run, b: Run, floor_ms: float) -> list[ContextRow]:
+    """What the two runs ran on, side by side; a row differs when it could move the step."""
+    ca, cb = a.doc.context, b.doc.context
+    if ca is None or cb is None:
+        return []
+    rows: list[ContextRow] = []
+    wa, wb = ca.cpu_wait_ms, cb.cpu_wait_ms
+    by_node = node_wait_change(ca, cb)
+    rows.append(ContextRow("CPU wait per step (training thread runnable, no core free)", _ms_or_none(wa),
+                           _ms_or_none(wb), "not_measured" if by_node is None
+                           else "may_explain" if abs(by_node) >= floor_ms else "same"))
+    oa, ob = ca.other_load_pct, cb.other_load_pct
+    ra, rb = ca.cpu_run_ms, cb.cpu_run_ms
+    rows.append(ContextRow("CPU time per step (training thread on a core: the work)", _ms_or_none(ra),
+                           _ms_or_none(rb), "not_measured" if ra is None or rb is None else "same"))
+    rows.append(ContextRow("load from other processes (% of the node's cores, busiest node)",
+                           "not measured" if oa is None else f"{oa:.0f}%", "not measured" if ob is None else f"{ob:.0f}%",
+                           "not_measured" if oa is None or ob is None
+                           else "may_explain" if abs(ob - oa) >= OTHER_LOAD_POINTS else "same"))
+    for what, va, vb in (("hosts", ", ".join(ca.hosts), ", ".join(cb.hosts)),
+                         ("torch threads per rank", ca.threads, cb.threads),
+                         ("OMP_NUM_THREADS", ", ".join(ca.omp), ", ".join(cb.omp)),
+                         ("torch version", ", ".join(ca.torch), ", ".join(cb.torch)),
+                         ("GPUs", ca.gpus, cb.gpus)):
+        unknown = va in (None, "") or vb in (None, "")
+        rows.append(ContextRow(what, va if va not in (None, "") else "not measured",
+                               vb if vb not in (None, "") else "not measured",
+                               "not_measured" if unknown else "same" if va == vb else "may_explain"))
+    return rows
+
+
+def explained_by_context(step: Optional[PhaseChange], a: Run, b: Run,
+                         rows: list[ContextRow]) -> Optional[str]:
+    """When the step's change comes from what the runs ran on rather than the code: the waiting
+    for a core that the work does not account for (:func:`node_wait_change`) makes at least half
+    the step's change, in its direction. Marks the CPU wait row ``explains``."""
+    ca, cb = a.doc.context, b.doc.context
+    if step is None or step.verdict not in ("faster", "slower", "negligible") or step.diff_ms is None \
+            or ca is None or cb is None:
+        return None
+    by_node = node_wait_change(ca, cb)
+    if by_node is None:
+        return None
+    wa, wb, ra, rb = ca.cpu_wait_ms, cb.cpu_wait_ms, ca.cpu_run_ms, cb.cpu_run_ms
+    d = step.diff_ms
+    if d == 0 or by_node * d <= 0 or abs(by_node) < EXPLAINS_SHARE * abs(d):
+        return None
+    for r in rows:
+        if r.what.startswith("CPU wait"):
+            r.effect = "explains"
+    busy = "A" if by_node < 0 else "B"
+    return (f"explained by what the runs ran on, not by the code: the training thread waited for a "
+            f"core {wa:.3f} ms per step in A and {wb:.3f} ms in B, on {ra:.3f} and {rb:.3f} ms of "
+            f"work; the waiting that the work does not account for is {by_node:+.3f} ms of the "
+            f"{d:+.3f} ms change: other processes kept {busy}'s node busy. Compare runs on equally "
+            "quiet nodes (or the same node) before crediting the code")
+
+
 @dataclass
 class Comparison:
     a: dict[str, Any]
@@ -262,12 +363,15 @@ class Comparison:
     gate: Optional[dict[str, Any]] = None
     #: the two runs' goodput ledgers side by side (report/goodput/compare.py); None: one has none
     goodput: Optional[dict[str, Any]] = None
+    #: what the runs ran on, side by side (empty: a summary without its context section)
+    context: list[ContextRow] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"compare_schema": COMPARE_SCHEMA, "a": self.a, "b": self.b, "verdict": self.verdict,
                 "phases": [asdict(p) for p in self.phases], "extra": [asdict(p) for p in self.extra],
                 "differences": [asdict(d) for d in self.differences], "notes": self.notes,
-                "gate": self.gate, "rule": RULE, "goodput": self.goodput}
+                "gate": self.gate, "rule": RULE, "goodput": self.goodput,
+                "context": [asdict(r) for r in self.context]}
 
 
 def _gpu_count(s: Summary) -> int:
@@ -368,8 +472,23 @@ def compare(a: Run, b: Run) -> Comparison:
     if step is None or step.a_ms is None or step.b_ms is None:
         reasons.append("the step time is not measured in both runs")
     verdict = _verdict(step, phases, reasons)
+    # what the runs ran on differs when it could move the step by the base floor (a run's own
+    # drift, which raises the verdict's floor, comes from the very contention these rows name)
+    ctx = context_rows(a, b, max(COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT / 100.0 * (step_a or 0.0)))
+    explained = None if reasons else explained_by_context(step, a, b, ctx)
+    verdict["explained_by_context"] = explained
+    if explained:
+        verdict["why"] += "; " + explained
+    elif verdict["kind"] in ("faster", "slower") and step is not None and step.diff_ms:
+        # the node's waiting counts only in the step's direction (B waiting more cannot make it faster)
+        by_node = node_wait_change(sa.context, sb.context) if sa.context and sb.context else None
+        against = by_node is not None and by_node * step.diff_ms <= 0
+        others = [r.what for r in ctx if r.effect == "may_explain" and not (against and r.what.startswith("CPU wait"))]
+        if others:
+            verdict["why"] += (f"; the runs also differ in what they ran on ({', '.join(others)}), which "
+                               "may explain the change rather than the code")
     return Comparison(_side(a), _side(b), verdict, phases, extra, diffs, notes,
-                      goodput=compare_ledgers(sa.goodput, sb.goodput))
+                      goodput=compare_ledgers(sa.goodput, sb.goodput), context=ctx)
 
 
 def _verdict(step: Optional[PhaseChange], phases: list[PhaseChange], reasons: list[str]) -> dict[str, Any]:
@@ -436,6 +555,11 @@ def render(c: Comparison) -> str:
             lines.append(f"  {d.what}: {d.a} | {d.b}{tag}")
     else:
         lines += ["", "Differences: none in topology, script, GPUs or hosts."]
+    if c.context:
+        lines += ["", "Ran on (A | B):"]
+        for r in c.context:
+            tag = {"explains": "  <- explains the change", "may_explain": "  <- may explain a change"}.get(r.effect, "")
+            lines.append(f"  {r.what}: {r.a} | {r.b}{tag}")
     lines += [""] + render_compare(c.goodput)
     for n in c.notes:
         lines.append(f"Note: {n}")

@@ -19,6 +19,7 @@ from typing import Any, Optional
 from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
+from .runcontext import RunContext, context_from_json, context_to_json
 
 J = dict[str, Any]
 
@@ -444,11 +445,15 @@ class Timeline:
     ranks: list[RankSeries] = field(default_factory=list)
     envelope: Optional[Envelope] = None
     nodes: list[NodeSeries] = field(default_factory=list)
+    #: the run's global step of this attempt's first step (the goodput ledger's first position of
+    #: the current attempt; 0 for a first attempt): a resumed attempt's charts and exports are
+    #: drawn against the steps the ledger uses, not from 0 again
+    step_offset: int = 0
 
     def step_range(self, bucket: int) -> tuple[int, int]:
-        """The first and last step (record index) of a bucket."""
+        """The first and last step of a bucket, as the run's global steps."""
         w = max(1, self.steps_per_bucket)
-        return bucket * w, (bucket + 1) * w - 1
+        return self.step_offset + bucket * w, self.step_offset + (bucket + 1) * w - 1
 
     @classmethod
     def from_json(cls, t: Any) -> "Timeline":
@@ -456,7 +461,8 @@ class Timeline:
         return cls(t.get("steps_per_bucket") or 1, t.get("buckets") or 0, t.get("bucket_limit") or 0,
                    t.get("rank_limit") or 0, t.get("ranks_total") or 0, t.get("ranks_shown") or "all",
                    list(t.get("phases") or []), [RankSeries.from_json(r) for r in t.get("ranks") or []],
-                   Envelope.from_json(t.get("envelope")), [NodeSeries.from_json(n) for n in t.get("nodes") or []])
+                   Envelope.from_json(t.get("envelope")), [NodeSeries.from_json(n) for n in t.get("nodes") or []],
+                   int(t.get("step_offset") or 0))
 
     def to_json(self) -> J:
         return {"steps_per_bucket": self.steps_per_bucket, "buckets": self.buckets,
@@ -464,7 +470,7 @@ class Timeline:
                 "ranks_total": self.ranks_total, "ranks_shown": self.ranks_shown, "phases": self.phases,
                 "ranks": [r.to_json() for r in self.ranks],
                 "envelope": self.envelope.to_json() if self.envelope else None,
-                "nodes": [n.to_json() for n in self.nodes]}
+                "nodes": [n.to_json() for n in self.nodes], "step_offset": self.step_offset}
 
 
 @dataclass(slots=True)
@@ -544,6 +550,8 @@ class Summary:
     goodput: Optional[Ledger] = None
     #: lines for the next job script (report/nextjob.py); None when there are none
     next_job: Optional[NextJobSection] = None
+    #: what the run ran on (report/runcontext.py); None in older summaries
+    context: Optional[RunContext] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -581,7 +589,8 @@ class Summary:
             hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
             notes=list(doc.get("notes") or []), partial=doc.get("partial"),
             goodput=Ledger.from_json(doc.get("goodput")),
-            next_job=NextJobSection.from_json(doc.get("next_job")))
+            next_job=NextJobSection.from_json(doc.get("next_job")),
+            context=context_from_json(doc.get("context")))
 
     def to_json(self) -> J:
         out: J = {
@@ -607,4 +616,6 @@ class Summary:
             out["partial"] = self.partial
         if self.next_job is not None:
             out["next_job"] = self.next_job.to_json()
+        if self.context is not None:
+            out["context"] = context_to_json(self.context)
         return out

@@ -18,6 +18,19 @@ How each rank's failure is read (strongest evidence first):
   could not be checked;
 * otherwise the rank only disappeared (no goodbye): crashed, cause unknown.
 
+A collective library's own message on the rank's stderr (``ranks[].exit.stderr``, kept by the
+torchrun process: launcher/stderrtee.py; read by report/stderr.py) is quoted: gloo's, NCCL's or
+MPI's sentence is often all there is of a rank that native code aborted. A **collective
+mismatch** (the ranks called different collectives, or the same one with different sizes) is a
+cause of its own (``collective_mismatch``), named with the library's words, never "a segfault";
+a lost connection or a timeout in it is a consequence. A script that exits (``sys.exit(2)`` from
+``argparse``) is named with its own last words from the same stderr.
+
+A rank that **finished cleanly while the others still trained** (it ran out of data first, or
+left its loop early) is named first when the failures after it are only what its leaving causes
+(lost peers, signals, exits; not an exception of a rank's own): its goodbye came before the
+first failure, at a step the failed ranks went on from.
+
 A failure is a **consequence** when it is what a rank sees after a peer died: a collective
 backend reporting a lost connection, a reset, a broken pipe or a timeout (gloo, NCCL, the TCP
 store), DDP or the process group aborting, SIGTERM/SIGINT (torchrun stops the other workers once
@@ -35,11 +48,32 @@ from ..rundata import OomReport
 from .model import RankSummary
 from .ranklist import ranks_phrase
 from .status import FAILED_ENDINGS, INTERRUPT_SIGNALS, NodeFailure
+from .stderr import KIND_WORDS, LibraryMessage, clean, library_message, script_message
 from .tracebacks import (consequence_of, exit_call, last_line, peer_loss, raised_an_exception, raised_where,
                          recorded_error, split_exception, traceback_of)
 
 __all__ = ["classify", "describe", "diagnose", "did_not_start", "consequence_of", "raised_where",
-           "split_exception"]
+           "split_exception", "left_early", "failure_began"]
+
+#: what the user does about a collective mismatch
+MISMATCH_ADVICE = ("make every rank call the same collectives in the same order and with the same sizes: "
+                   "look for a collective only some ranks reach (under `if rank == 0:`, in a branch on the "
+                   "data, after a loop whose length differs per rank); TORCH_DISTRIBUTED_DEBUG=DETAIL makes "
+                   "torch check every collective and name the first one that differs")
+#: what the user does when a rank ran out of data (or left its loop) before the others
+LEFT_EARLY_ADVICE = ("give every rank the same number of steps: with a DistributedSampler every rank gets "
+                     "the same number of batches (drop_last=True, one dataset length for all ranks); where "
+                     "the inputs really differ per rank, train inside DDP's `with model.join():`, or stop "
+                     "all ranks together (all_reduce a 'done' flag each step)")
+
+
+def _library(rank: RankSummary) -> Optional[LibraryMessage]:
+    """The collective library's message in the rank's stderr (report/stderr.py), if any."""
+    return library_message(rank.exit.stderr if rank.exit else None)
+
+
+def _quote(lib: LibraryMessage) -> str:
+    return f'{lib.library} reported {KIND_WORDS[lib.kind]}: "{lib.text}"'
 
 
 def _step_words(rank: RankSummary) -> tuple[Optional[int], str]:
@@ -57,7 +91,9 @@ def _step_words(rank: RankSummary) -> tuple[Optional[int], str]:
 
 def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     """The cause of one failed rank: ``{"cause", "type", "message", "where", "signal",
-    "oom_killed", "consequence", "step", "step_words", "at"}``."""
+    "oom_killed", "consequence", "step", "step_words", "at", "library", "said"}`` (``library``: the
+    collective library's message on its stderr; ``said``: the script's last words there, for a
+    rank that exited)."""
     status = rank.status
     signal = rank.exit.signal if rank.exit else None
     exitcode = rank.exit.exitcode if rank.exit else None
@@ -66,7 +102,10 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     out: dict[str, Any] = {"cause": "unknown", "type": None, "message": None, "where": None,
                            "signal": signal, "exitcode": exitcode, "oom_killed": None,
                            "consequence": None, "step": step, "step_words": words, "step_short": short,
-                           "at": rank.failed_at}
+                           "at": rank.failed_at, "library": None, "said": None}
+    lib = _library(rank)
+    if lib is not None:
+        out["library"] = lib.to_json()
     record = recorded_error(rank)
     if status != "error" and record is not None:
         # the worker never told TraceML (it failed before init(), or its connection was gone),
@@ -82,16 +121,23 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
         out.update(cause="exception", type=etype, message=msg, where=raised_where(traceback_of(rank)),
                    consequence=peer_loss(rank))
     elif status == "error" and exit_call(last_line(rank)):
-        out.update(cause="exit", message=exit_call(last_line(rank)))
+        out.update(cause="exit", message=exit_call(last_line(rank)),
+                   said=script_message(rank.exit.stderr if rank.exit else None))
     elif status == "interrupted":
         # its own goodbye (steps_produced) says KeyboardInterrupt; without one, the run was
         # interrupted and its launcher stopped it (srun, scancel, the time limit, Ctrl-C)
         out.update(cause="interrupted", consequence=(
             "it was interrupted (KeyboardInterrupt)" if rank.steps_produced is not None
             else "it was stopped when the run was interrupted"))
+    elif signal and lib is not None and signal not in INTERRUPT_SIGNALS and lib.kind == "mismatch":
+        # the library aborted the process on finding the ranks' collectives differ
+        out["cause"] = "collective_mismatch"
     elif signal:
         out["cause"] = "signal"
-        if signal in INTERRUPT_SIGNALS:
+        if lib is not None and lib.is_consequence and signal not in INTERRUPT_SIGNALS:
+            # the library aborted it after losing a peer (gloo's uncaught "Connection closed")
+            out["consequence"] = consequence_of(lib.text) or f"{lib.library} reported {KIND_WORDS[lib.kind]}"
+        elif signal in INTERRUPT_SIGNALS:
             out["consequence"] = f"it was stopped with {signal}"
         elif signal == "SIGKILL" and oom is not None:
             out["oom_killed"] = oom.kills > 0
@@ -100,6 +146,7 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
     elif out["exitcode"] not in (None, 0):
         out["cause"] = "exit"
         out["message"] = f"exit code {out['exitcode']}"
+        out["said"] = script_message(rank.exit.stderr if rank.exit else None)
     elif status == "never_joined":
         out["cause"] = "never_joined"
     return out
@@ -139,6 +186,11 @@ def _align_silent_steps(ranks: Sequence[RankSummary], causes: dict[int, dict[str
             c["step_at_least"] = True
 
 
+def _sp(words: str) -> str:
+    """`` words`` (a leading space), or nothing when there are none (a run that did not start)."""
+    return f" {words}" if words else ""
+
+
 def _mib(n: Optional[int]) -> str:
     if not n:
         return "?"
@@ -147,40 +199,55 @@ def _mib(n: Optional[int]) -> str:
 
 def describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) -> tuple[str, str]:
     """(what happened, one-line reason) for the first failure."""
+    text, reason = _describe(rank, c, oom)
+    lib = LibraryMessage(**c["library"]) if c.get("library") else None
+    if lib is not None and c["cause"] != "collective_mismatch" and lib.text not in (c.get("message") or ""):
+        # the library's own words where the rest does not already hold them
+        text += f"; {_quote(lib)}"
+    return text, reason
+
+
+def _describe(rank: RankSummary, c: dict[str, Any], oom: Optional[OomReport]) -> tuple[str, str]:
     who = rank.name
     r = rank.rank
     if c["cause"] == "exception":
         where = f", at {c['where']}" if c["where"] else ""
-        msg = f": {c['message']}" if c["message"] else ""
-        return (f"{who} raised {c['type'] or 'an exception'} {c['step_words']}{where}{msg}",
-                f"rank {r} raised {c['type'] or 'an exception'} {c['step_short']}"
-                + (f": {c['message']}" if c["message"] else ""))
+        # a collective library's message without its build paths and sign-off (report/stderr.py)
+        msg = f": {clean(c['message']) if library_message(c['message']) else c['message']}" if c["message"] else ""
+        return (f"{who} raised {c['type'] or 'an exception'}{_sp(c['step_words'])}{where}{msg}",
+                f"rank {r} raised {c['type'] or 'an exception'}{_sp(c['step_short'])}{msg}")
+    if c["cause"] == "collective_mismatch":
+        lib = LibraryMessage(**c["library"])
+        how = f"was killed by {c['signal']}" if c["signal"] else "was aborted"
+        return (f"{who} {how}{_sp(c['step_words'])}: {_quote(lib)}",
+                f'rank {r} {how}{_sp(c["step_short"])}: {lib.library} reported a collective mismatch ("{lib.text}")')
     if c["cause"] == "oom":
         kills = oom.kills if oom else 0
         limit = f", limit {_mib(oom.limit_bytes)}" if oom and oom.limit_bytes else ""
-        text = (f"{who} was killed by the kernel's OOM killer {c['step_words']} (SIGKILL, and the "
+        text = (f"{who} was killed by the kernel's OOM killer{_sp(c['step_words'])} (SIGKILL, and the "
                 f"workers' memory cgroup counted {kills} OOM kill{'s' if kills != 1 else ''} during "
                 f"the run{limit})")
-        return text, f"rank {r} was killed by the OOM killer {c['step_short']}"
+        return text, f"rank {r} was killed by the OOM killer{_sp(c['step_short'])}"
     if c["cause"] == "signal":
         extra = ""
         if c["signal"] == "SIGKILL":
             extra = (" (no OOM kill counted in its memory cgroup: something else killed it, e.g. a "
                      "user, the scheduler or a health check)" if c["oom_killed"] is False else
                      " (its memory cgroup was not readable, so an OOM kill could not be checked)")
-        return (f"{who} was killed by {c['signal']} {c['step_words']}{extra}",
-                f"rank {r} was killed by {c['signal']} {c['step_short']}")
+        return (f"{who} was killed by {c['signal']}{_sp(c['step_words'])}{extra}",
+                f"rank {r} was killed by {c['signal']}{_sp(c['step_short'])}")
     if c["cause"] == "exit":
-        return (f"{who} exited with {c['message']} {c['step_words']}",
-                f"rank {r} exited with {c['message']} {c['step_short']}")
+        said = f' after printing "{c["said"]}"' if c.get("said") else ""
+        return (f"{who} exited with {c['message']}{_sp(c['step_words'])}{said}",
+                f"rank {r} exited with {c['message']}{_sp(c['step_short'])}{said}")
     if c["cause"] == "interrupted":
-        return (f"{who} was interrupted {c['step_words']}", f"rank {r} was interrupted")
+        return (f"{who} was interrupted{_sp(c['step_words'])}", f"rank {r} was interrupted")
     if c["cause"] == "never_joined":
         return (f"{who} never connected to TraceML (it failed before traceml.init(), or its node "
                 "never started)", f"rank {r} never connected")
-    return (f"{who} ended without a goodbye {c['step_words']} (killed, or died inside native code; "
+    return (f"{who} ended without a goodbye{_sp(c['step_words'])} (killed, or died inside native code; "
             "torchrun's output above has its exit code)",
-            f"rank {r} ended without a goodbye {c['step_short']}")
+            f"rank {r} ended without a goodbye{_sp(c['step_short'])}")
 
 
 def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomReport]],
@@ -209,6 +276,10 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
                                 else "its node's launcher vanished")
     real = [r for r in failed if not causes[r.rank]["consequence"]
             and causes[r.rank]["cause"] not in ("unknown", "never_joined")]
+    if not node_fail and run_status == "failed" and not any(causes[r.rank]["cause"] in OWN_ERRORS for r in real):
+        leaver = left_early(ranks, failed, causes)
+        if leaver is not None:
+            return _left_early_verdict(leaver, ranks, failed, causes, oom_by_node)
     if node_fail:
         nf = min(node_fail.values(), key=lambda x: (x.at is None, x.at or 0.0, x.node))
         if not real or (nf.at is not None and all(causes[r.rank]["at"] is not None and nf.at <= causes[r.rank]["at"]
@@ -253,12 +324,87 @@ def diagnose(ranks: Sequence[RankSummary], oom_by_node: dict[int, Optional[OomRe
     evidence = {"first_rank": first.rank, "node": first.node, "host": first.host or None,
                 "step": c["step"], "step_at_least": bool(c.get("step_at_least")), "cause": c["cause"], "exception_type": c["type"],
                 "message": c["message"], "where": c["where"], "signal": c["signal"],
-                "oom_killed": c["oom_killed"], "exitcode": c["exitcode"],
+                "oom_killed": c["oom_killed"], "exitcode": c["exitcode"], "library": c.get("library"),
+                "said": c.get("said"),
                 "consequence_ranks": [r.rank for r in consequences],
                 "independent_ranks": [r.rank for r in independent]}
     return {"kind": "run_failed", "severity": "critical", "why": "; ".join(parts), "next_step": nxt,
             "culprit": first.culprit(),
             "evidence": evidence, "reason": reason}
+
+
+#: failures a rank makes by itself whatever its peers did: a rank that left early does not explain them
+OWN_ERRORS = ("exception", "oom", "collective_mismatch")
+
+
+def left_early(ranks: Sequence[RankSummary], failed: Sequence[RankSummary],
+               causes: dict[int, dict[str, Any]]) -> Optional[RankSummary]:
+    """The rank that finished cleanly while the failed ranks still trained, or None: it said a
+    clean goodbye before the first failure (when the times are known), after no more steps than
+    the failed ranks reached, and either a failed rank was still in its loop beyond that step
+    (it failed in or before a later step, or got further) or every failure is what a rank sees
+    when its peer is gone (a lost connection, a timeout, a stop). Of several, the first to end."""
+    reach = [(causes[r.rank]["step"], type(r.fail_step) is int) for r in failed if causes[r.rank]["step"] is not None]
+    if not reach:
+        return None
+    t_first = min((causes[r.rank]["at"] for r in failed if causes[r.rank]["at"] is not None), default=None)
+    lost_peer = all(causes[r.rank]["consequence"] or causes[r.rank]["cause"] == "unknown" for r in failed)
+
+    def went_on(n: int) -> bool:
+        return any(step > n or (step == n and in_loop) for step, in_loop in reach) or (
+            lost_peer and any(step >= n for step, _ in reach))
+
+    out = [r for r in ranks if r.status == "clean" and r.steps_produced is not None and went_on(r.steps_produced)
+           and (t_first is None or r.ended_at is None or r.ended_at <= t_first)]
+    return min(out, key=lambda r: (r.ended_at is None, r.ended_at or 0.0, r.steps_produced or 0, r.rank), default=None)
+
+
+def _left_early_verdict(leaver: RankSummary, ranks: Sequence[RankSummary], failed: Sequence[RankSummary],
+                        causes: dict[int, dict[str, Any]],
+                        oom_by_node: dict[int, Optional[OomReport]]) -> dict[str, Any]:
+    """The failure verdict when a rank finished cleanly while the others still trained: that rank
+    first, then the first error that followed, every failed rank a consequence."""
+    n = int(leaver.steps_produced or 0)
+    follower = min(failed, key=lambda r: (causes[r.rank]["at"] is None, causes[r.rank]["at"] or 0.0, r.rank))
+    c = causes[follower.rank]
+    text, _ = describe(follower, c, oom_by_node.get(follower.node) if follower.node is not None else None)
+    others = [r for r in ranks if r.status == "clean" and r is not leaver and r.steps_produced is not None
+              and r.steps_produced <= n and r.ended_at is not None and (c["at"] is None or r.ended_at <= c["at"])]
+    still = ranks_phrase([r.rank for r in failed])
+    steps = f"{n} step{'s' if n != 1 else ''}"
+    why = (f"{leaver.name} finished cleanly after {steps} while {still} {'was' if len(failed) == 1 else 'were'} "
+           f"still training; {'its' if len(failed) == 1 else 'their'} error{'s' if len(failed) > 1 else ''} "
+           f"followed: {text}" + (f" ({c['consequence']})" if c["consequence"] else ""))
+    rest = [r for r in failed if r is not follower]
+    if rest:
+        why += f"; {ranks_phrase([r.rank for r in rest])} failed after it too"
+    if others:
+        why += f"; {ranks_phrase([r.rank for r in others])} also finished early, cleanly"
+    for r in failed:
+        r.failure = {"role": "consequence", **{k: v for k, v in causes[r.rank].items()
+                                               if k not in ("step_words", "step_short", "step_at_least")}}
+    leaver.failure = {"role": "first", "cause": "left_early", "step": n, "at": leaver.ended_at}
+    evidence = {"first_rank": leaver.rank, "node": leaver.node, "host": leaver.host or None, "step": n,
+                "step_at_least": False, "cause": "left_early", "exception_type": c["type"],
+                "message": c["message"], "where": c["where"], "signal": c["signal"], "oom_killed": None,
+                "exitcode": c["exitcode"], "library": c.get("library"), "followed_by": follower.rank,
+                "left_early_ranks": sorted([leaver.rank] + [r.rank for r in others]),
+                "consequence_ranks": sorted(r.rank for r in failed), "independent_ranks": []}
+    return {"kind": "run_failed", "severity": "critical", "why": why,
+            "next_step": f"rank {leaver.rank} ran out of data (or left its training loop) first: " + LEFT_EARLY_ADVICE,
+            "culprit": leaver.culprit(), "evidence": evidence,
+            "reason": (f"rank {leaver.rank} finished after {steps} while {still} "
+                       f"{'was' if len(failed) == 1 else 'were'} still training; "
+                       f"rank {follower.rank}'s error followed")}
+
+
+def failure_began(ranks: Sequence[RankSummary]) -> Optional[float]:
+    """When the run's first failure was seen (epoch seconds), None when no rank failed. What was
+    measured over a span reaching past it covers the failure's own stall (a rank waiting for a
+    dead peer, its DataLoader shut down, the process exiting): the performance verdicts must not
+    read that as the run's behaviour (summary.cpu_threads_of keeps only what came before)."""
+    return min((r.failed_at for r in ranks if r.status in FAILED_ENDINGS and r.status != "never_joined"
+                and r.failed_at is not None), default=None)
 
 
 def _node_verdict(nf: NodeFailure, failed: Sequence[RankSummary], causes: dict[int, dict[str, Any]],
@@ -334,11 +480,12 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
                 "called traceml.init()), without an error TraceML could read")
         short = f"rank {first.rank} ended before TraceML started in it"
     else:
-        text, short = describe(first, c, None)
-        what = text.replace(" before its first traced step", "")
-        short = short.replace(" before its first traced step", "")
+        # (the words of where it failed are not kept in the summary: classify it again)
+        # (the words of where it failed are not kept in the summary, and no rank had a step)
+        what, short = describe(first, {**classify(first, None), **c, "step_words": "", "step_short": ""}, None)
     same = [r for r in failed if r is not first and (r.failure or {}).get("type") == ev.get("exception_type")
-            and (r.failure or {}).get("message") == ev.get("message") and ev["cause"] == "exception"]
+            and (r.failure or {}).get("message") == ev.get("message")
+            and (r.failure or {}).get("said") == ev.get("said") and ev["cause"] in ("exception", "exit")]
     others = [r for r in failed if r is not first and r not in same]
     why = f"no rank reached its first step: {what}"
     if same and not others:
@@ -353,6 +500,9 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
     elif ev["cause"] == "exception":
         nxt = (f"fix the {etype or 'error'}" + (f" at {ev['where']}" if ev.get("where") else "")
                + f": Python's traceback is in rank {first.rank}'s output above; nothing was trained")
+    elif ev.get("said"):
+        nxt = (f"fix what rank {first.rank}'s script said before its first step (its output above; run it "
+               "with plain python to see it alone); nothing was trained")
     else:
         nxt = (f"rank {first.rank}'s output above says why it stopped before its first step "
                "(run the script with plain python to see it alone); nothing was trained")
@@ -363,6 +513,9 @@ def did_not_start(ranks: Sequence[RankSummary], failure: dict[str, Any]) -> Opti
 
 def _next_step(first: RankSummary, c: dict[str, Any]) -> str:
     r = first.rank
+    lib = c.get("library") or {}
+    if c["cause"] == "collective_mismatch" or lib.get("kind") == "mismatch":
+        return MISMATCH_ADVICE
     if c["cause"] == "exception":
         return (f"fix the error on rank {r}: its traceback is in its output above and in "
                 f"final_summary.json (ranks[{r}].last_events); the other ranks' errors followed from it")
@@ -378,5 +531,8 @@ def _next_step(first: RankSummary, c: dict[str, Any]) -> str:
     if c["cause"] == "never_joined":
         return (f"see rank {r}'s output above for why it never started; a script without "
                 "traceml.init() cannot report")
+    if lib:
+        return (f"{lib['library']}'s message above (in rank {r}'s output) says what failed; rank {r} "
+                "died in native code, so there is no Python traceback")
     return (f"torchrun's output above shows rank {r}'s exit code or signal; a crash inside native "
             "code (a segfault in an extension) leaves no Python traceback")

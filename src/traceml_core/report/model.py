@@ -183,16 +183,18 @@ class ExitRecord:
     signal: Optional[str] = None
     message: Optional[str] = None
     traceback: Optional[str] = None
+    #: the end of the worker's stderr (launcher/stderrtee.py; read by report/stderr.py)
+    stderr: Optional[str] = None
 
     def to_json(self) -> dict[str, Any]:
         return {"exitcode": self.exitcode, "signal": self.signal, "message": self.message,
-                "traceback": self.traceback}
+                "traceback": self.traceback, "stderr": self.stderr}
 
     @classmethod
     def from_json(cls, e: Any) -> Optional["ExitRecord"]:
         if not isinstance(e, dict):
             return None
-        return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"))
+        return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"), e.get("stderr"))
 
 
 @dataclass(slots=True)
@@ -214,6 +216,10 @@ class RankSummary:
     fail_step: Optional[int] = None
     fail_in_step: bool = False
     failed_at: Optional[float] = None
+    #: when it ended, however it ended (epoch seconds): its goodbye's arrival, else when its
+    #: connection closed; None while it runs. A rank that finished cleanly while others still
+    #: trained is named by the failure headline (report/failure.py)
+    ended_at: Optional[float] = None
     exit: Optional[ExitRecord] = None
     #: by phase name (``step``, ``forward``, ...); None where not measured
     phases: dict[str, Optional[PhaseSummary]] = field(default_factory=dict)
@@ -251,7 +257,7 @@ class RankSummary:
             "status": self.status, "error": self.error, "steps": self.steps,
             "steady_steps": self.steady_steps, "last_step": self.last_step,
             "steps_produced": self.steps_produced, "fail_step": self.fail_step,
-            "fail_in_step": self.fail_in_step, "failed_at": self.failed_at,
+            "fail_in_step": self.fail_in_step, "failed_at": self.failed_at, "ended_at": self.ended_at,
             "exit": self.exit.to_json() if self.exit else None,
             "phases": {k: v.to_json() if v else None for k, v in self.phases.items()},
             "outside_ms": self.outside_ms, "between": self.between.to_json() if self.between else None,
@@ -274,7 +280,7 @@ class RankSummary:
             steps=r.get("steps") or r.get("received") or 0, steady_steps=r.get("steady_steps") or 0,
             last_step=r.get("last_step", -1), steps_produced=r.get("steps_produced"),
             fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
-            failed_at=r.get("failed_at"), exit=ExitRecord.from_json(r.get("exit")),
+            failed_at=r.get("failed_at"), ended_at=r.get("ended_at"), exit=ExitRecord.from_json(r.get("exit")),
             phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
             outside_ms=r.get("outside_ms"), between=BetweenSteps.from_json(r.get("between")),
             comm=CommSummary.from_json(r.get("comm")),
@@ -431,6 +437,8 @@ class CpuThreads:
     omp: Optional[str] = None
     request: Optional[CpuRequest] = None
     throttled_ms: Optional[float] = None
+    #: the rank's torch version (None: not said)
+    torch: Optional[str] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -462,12 +470,14 @@ class CpuThreads:
             omp = raw.get("omp")
             omp = omp[:32] if isinstance(omp, str) else None
             request = CpuRequest.from_json(raw.get("request"))
+            torch_v = raw.get("torch")
+            torch_v = torch_v[:40] if isinstance(torch_v, str) else None
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if not 0 < threads < 1 << 16:
             return None
         return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
-                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms)
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms, torch_v)
 
 
 def _delta(raw: dict[str, Any], key: str) -> Optional[int]:

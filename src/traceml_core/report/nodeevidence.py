@@ -46,8 +46,11 @@ HOST_FOLLOWING_KINDS = frozenset({"straggler"})
 #: observation kinds whose blame depends on where the ranks were placed: they carry their ranks
 PLACED_KINDS = frozenset({"compute", "oom", "missing"})
 
-#: failure causes that are the script's own (report/failure.py: classify), not evidence of a node
-SCRIPT_CAUSES = frozenset({"exception", "exit", "interrupted", "never_joined", "unknown"})
+#: failure causes that are the script's own (report/failure.py: classify), not evidence of a node: a
+#: collective mismatch (the ranks' calls differ) and a rank that finished early (its data ran out)
+#: follow the script wherever it runs
+SCRIPT_CAUSES = frozenset({"exception", "exit", "interrupted", "never_joined", "unknown",
+                           "collective_mismatch", "left_early"})
 #: signals a user or the scheduler sends to stop a run
 STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2"})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from ..rundir import CHECKPOINT_NAME, SUMMARY_HTML, SUMMARY_JSON, atomic_write
 from ..errors import TraceMLError
@@ -45,7 +45,10 @@ def load_summary(arg: str) -> tuple[Path, dict[str, Any]]:
     return p, doc
 
 
-def report_cli(run_dir: str, output: Optional[str] = None, exports: Sequence[str] = ()) -> int:
+def report_cli(run_dir: str, output: Optional[str] = None, exports: Sequence[str] = (),
+               export: Optional[Callable[[dict[str, Any], Path, str], list[str]]] = None) -> int:
+    """``traceml report``; ``export``: writes one at-the-end kind from the summary (the caller's:
+    exporters/atend.py, which the report package does not import)."""
     from .render_html import render_html
 
     path, summary = load_summary(run_dir)
@@ -65,9 +68,9 @@ def report_cli(run_dir: str, output: Optional[str] = None, exports: Sequence[str
         sys.stdout.write("traceml: this summary has no per-step series (written by an older "
                          "traceml): the page shows the verdict and tables, no charts over time\n")
     for kind in exports:
-        from .export import export_summary
-
-        for line in export_summary(summary, path.parent, kind):
+        if export is None:
+            raise ReportError(f"--export {kind}: no exporter was given to write it")
+        for line in export(summary, path.parent, kind):
             sys.stdout.write(f"traceml: {line}\n")
     sys.stdout.flush()
     return 0

@@ -30,11 +30,12 @@ from .goodput.ledger import AttemptLedger, Ledger
 from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
-from .failure import diagnose, did_not_start
+from .failure import diagnose, did_not_start, failure_began
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
-                       SystemNode, Telemetry, TopoNode, Topology, Verdict)
+                       SystemNode, Telemetry, Timeline, TopoNode, Topology, Verdict)
 from .pauses import between_steps
+from .runcontext import build_context
 from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
                     RankSummary, RankTelemetry, Spread, VerdictContext)
 from .stats import merge_sketches, merged_series, median, ms, phase_quantiles, step_time
@@ -76,6 +77,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
     communication = communication_of(rows.ranks, s.world_size, data.probe)
     end = ending(data, rows, provisional)
     steps = steps_block(data.ranks, rows.ranks)
+    # what a rank measured across the run's failure covers the stall it caused (report/failure.py)
+    threads_by_rank = cpu_threads_of(data.ranks, before=failure_began(rows.ranks))
     verdicts = verdicts_of(rows.ranks, end, VerdictContext(
         gpus=timing.gpus, gpu_util_pct=timing.gpu_util_pct,
         median_step_ms=timing.step_time.median_ms, step_source=steps.source,
@@ -84,12 +87,16 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
-        cpu_threads=cpu_threads_of(data.ranks)))
+        cpu_threads=threads_by_rank))
     try:
         ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
         ledger_note = ""
     except Exception as exc:  # noqa: BLE001 - the ledger must never cost the run's summary
         ledger, ledger_note = None, f"the goodput ledger could not be built ({type(exc).__name__}: {exc})"
+    topology = topology_of(data, rows.ranks)
+    context = build_context([n.hostname for n in topology.nodes], sum(len(n.gpus) for n in timing.system_nodes),
+                            threads_by_rank, {r.rank: r.node for r in rows.ranks},
+                            {n.node: n.cpu_pct_mean for n in timing.system_nodes})
     return Summary(
         schema_version=SCHEMA_VERSION, provisional=provisional, rebuilt=rebuilt,
         run=RunSection(
@@ -98,7 +105,7 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
             duration_s=round(max(0.0, ended - s.started_at), 3), status=end.status,
             exit_code=finish.exit_code if finish else None, reason=end.reason,
             finish_reported_by=finish.source if finish else None),
-        topology=topology_of(data, rows.ranks), steps=steps,
+        topology=topology, steps=steps, context=context,
         verdict=verdicts[0], other_verdicts=verdicts[1:],
         phases=[phase_name(c) for c in DURATION_COLUMNS] + ["nophase", "outside"], warmup_steps=WARMUP_STEPS,
         step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
@@ -106,11 +113,22 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
         telemetry=telemetry_of(data, rows.ranks, rebuilt),
         compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
-        timeline=build_timeline(data, rows.ranks, verdicts[0]),
+        timeline=_global_steps(build_timeline(data, rows.ranks, verdicts[0]), ledger),
         files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
                            _restart_note(data), _refused_note(data), ledger_note) if n],
     ).to_json()
+
+
+def _global_steps(timeline: Optional[Timeline], ledger: Optional[Ledger]) -> Optional[Timeline]:
+    """The timeline against the run's global steps: a resumed attempt begins where the ledger
+    says (its current attempt's first position), so its charts and exports continue the run's
+    steps instead of starting from 0 again."""
+    current = ledger.current if ledger is not None else None
+    first = current.progress.first_position if current is not None else None
+    if timeline is not None and first:
+        timeline.step_offset = int(first)
+    return timeline
 
 
 # --- ranks ---------------------------------------------------------------------------------------
@@ -168,7 +186,8 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
         for w in rep.workers:
             # Python's error of a worker that failed comes with torchrun's record of it
             workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
-                                         message=w.message or None, traceback=w.traceback or None)
+                                         message=w.message or None, traceback=w.traceback or None,
+                                         stderr=w.stderr or None)
         if rep.has_oom:
             oom[node] = rep.oom
     return workers, oom
@@ -256,7 +275,8 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         steps=r.received, steady_steps=r.phase("step_ns").steady_count, last_step=r.last_step,
         steps_produced=bye.steps if bye else None, fail_step=bye.fail_step if bye else None,
         fail_in_step=bool(bye and bye.fail_in_step),
-        failed_at=_failed_at(r, status), exit=exit_,
+        failed_at=_failed_at(r, status),
+        ended_at=(r.bye.at if r.bye is not None and r.bye.at is not None else r.closed_at), exit=exit_,
         phases=phases,
         outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
         comm=_comm(r, phases),
@@ -279,12 +299,16 @@ def _mem_peak(r: RankData) -> MemPeak:
                    trend_why=why)
 
 
-def cpu_threads_of(ranks: Sequence[RankData]) -> dict[int, CpuThreads]:
+def cpu_threads_of(ranks: Sequence[RankData], before: Optional[float] = None) -> dict[int, CpuThreads]:
     """Each rank's last ``cpu_threads`` event (sdk/threads.py): its threads, its cores and its
-    wait for a core."""
+    wait for a core; with ``before``, its last event taken before then (one taken at the rank's
+    shutdown after the run failed spans the failure: the figures per step and per second then
+    include the time the failure stalled, so only the earlier event's threads and cores count)."""
     out: dict[int, CpuThreads] = {}
     for r in ranks:
         for e in reversed(r.events):
+            if before is not None and isinstance(e.ts, (int, float)) and e.ts >= before:
+                continue
             if e.kind == THREADS_EVENT:
                 fact = CpuThreads.from_event_text(e.text)
                 if fact is not None:

@@ -12,6 +12,7 @@ import re
 from typing import Optional
 
 from .model import RankSummary
+from .stderr import library_message
 
 #: what a surviving rank's error looks like when a peer died or a link broke: the backend's own
 #: words (gloo, NCCL, the c10d TCP store, DDP). Each entry: (pattern, what it means for the user)
@@ -31,14 +32,22 @@ CONSEQUENCE_PATTERNS: tuple[tuple[str, str], ...] = (
 )
 _CONSEQUENCE_RE = [(re.compile(p), what) for p, what in CONSEQUENCE_PATTERNS]
 _FRAME_RE = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+)$')
-_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ", "/traceml_core/")
+_LIB_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+#: TraceML's own frames: its package's files, and the timing wrappers it generates around
+#: forward, backward and the optimizer step (sdk/codegen.py names them ``<traceml wrapper of X>``).
+#: They sit between the user's call and the library that raised, and are never where it failed
+_TRACEML_FRAME = re.compile(r"^<traceml\b|[/\\]traceml_(core|slurm)[/\\]")
 _SYS_EXIT_RE = re.compile(r"^(sys\.exit|exit|quit)\((?P<code>.*)\)$")
 #: torchrun's own words for a worker with no error file that a signal ended
 _SIGNAL_RECORD_RE = re.compile(r"Signal \d+ \(")
 
 
 def consequence_of(text: str) -> Optional[str]:
-    """What a surviving rank's error text says happened to its peers, or None."""
+    """What a surviving rank's error text says happened to its peers, or None. A collective
+    mismatch is never a consequence (the ranks' own calls differ), whatever error type carries it."""
+    lib = library_message(text)
+    if lib is not None and lib.kind == "mismatch":
+        return None
     for rx, what in _CONSEQUENCE_RE:
         if rx.search(text):
             return what
@@ -53,10 +62,17 @@ def traceback_of(rank: RankSummary) -> str:
     return ""
 
 
+def is_traceml_frame(filename: str) -> bool:
+    """Whether a traceback's frame is TraceML's own (never named as where an error was raised)."""
+    return bool(_TRACEML_FRAME.search(filename))
+
+
 def raised_where(traceback_text: str) -> Optional[str]:
     """``file.py:LINE in func`` of the innermost frame in the user's own code (not Python's, a
-    library's or TraceML's), else of the innermost frame at all."""
-    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines()) if m]
+    library's or TraceML's), else of the innermost frame that is not TraceML's; None when there
+    is none."""
+    frames = [m for m in (_FRAME_RE.match(ln) for ln in traceback_text.splitlines())
+              if m and not is_traceml_frame(m.group("file"))]
     if not frames:
         return None
     own = [m for m in frames if not any(p in m.group("file") for p in _LIB_PARTS)]

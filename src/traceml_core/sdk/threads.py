@@ -24,7 +24,7 @@ with the counters at that point; the last one at shutdown (before the ``bye``) w
 then and the settled ones again, so the last event alone gives the wait per steady step. Between
 them, an event only when the threads change. Text: ``{"threads", "cpus", "cpuset": [[lo, hi],
 ...], "steps", "run_ns", "wait_ns", "steps0", "run0_ns", "wait0_ns", "wall_ns", "wall0_ns",
-"wrun_ns", "wrun0_ns", "wwait_ns", "wwait0_ns", "pcpu_ns", "pcpu0_ns", "thr_ns", "thr0_ns", "workers", "omp", "request"}``
+"wrun_ns", "wrun0_ns", "wwait_ns", "wwait0_ns", "pcpu_ns", "pcpu0_ns", "thr_ns", "thr0_ns", "workers", "omp", "torch", "request"}``
 (a counter null where the kernel does not keep it; ``*0_ns`` at the settled step).
 """
 
@@ -43,6 +43,14 @@ from ..wire.protocol import CPU_THREADS_EVENT as EVENT_KIND
 MAX_TEXT = 2000
 #: steps after which a script has set its threads (the verdicts' warm-up)
 SETTLED_STEPS = 5
+
+
+def _torch_version() -> Optional[str]:
+    """The torch this rank trains with (``traceml compare`` says when two runs differ in it)."""
+    import sys
+
+    v = getattr(sys.modules.get("torch"), "__version__", None)
+    return str(v)[:40] if v else None
 
 
 def usable_cpus() -> list[int]:
@@ -228,7 +236,7 @@ class ThreadsProbe:
             "steps0": s0[0], "run0_ns": s0[1][0] if s0[1] else None, "wait0_ns": s0[1][1] if s0[1] else None,
             **feed, **{k.replace("_ns", "0_ns"): v for k, v in f0.items()},
             "workers": self.feeders.most_workers, "omp": os.environ.get("OMP_NUM_THREADS"),
-            "request": self.request,
+            "torch": _torch_version(), "request": self.request,
         }, separators=(",", ":"))
         if len(text) > MAX_TEXT:  # the wire refuses a longer event text: the request goes first
             text = json.dumps({**json.loads(text), "request": None, "cpuset": []}, separators=(",", ":"))

@@ -265,6 +265,8 @@ MAX_WORKER_ROWS = 1024
 #: characters kept of a failed worker's error line and of its traceback (the innermost part)
 MAX_WORKER_MESSAGE = 500
 MAX_WORKER_TRACEBACK = 2000
+#: characters kept of the end of a failed worker's stderr (launcher/stderrtee.py sends as many)
+MAX_WORKER_STDERR = 2000
 
 
 def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
@@ -283,14 +285,16 @@ def worker_report(msg: dict[str, Any]) -> dict[str, Any]:
         sig = w.get("signal")
         ts = w.get("ts")
         ts = measured(msg, ts, limits.EPOCH_S, "workers ts") if type(ts) in _NUM else None
-        message, tb = w.get("message"), w.get("traceback")
+        message, tb, err = w.get("message"), w.get("traceback"), w.get("stderr")
         workers.append({"rank": rank, "local_rank": w.get("local_rank") if type(w.get("local_rank")) is int else None,
                         "pid": w.get("pid") if type(w.get("pid")) is int else None, "exitcode": code,
                         "signal": sig[:32] if isinstance(sig, str) else None,
                         "ts": None if ts is None else float(ts),
                         # Python's error of the worker, from torchrun's record (launcher/agent.py)
                         "message": message[:MAX_WORKER_MESSAGE] if isinstance(message, str) else None,
-                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None})
+                        "traceback": tb[-MAX_WORKER_TRACEBACK:] if isinstance(tb, str) else None,
+                        # the end of its stderr (what a native library or the script said last)
+                        "stderr": err[-MAX_WORKER_STDERR:] if isinstance(err, str) else None})
     oom = msg.get("oom")
     if oom is not None:
         if type(oom) is not dict or type(oom.get("kills")) is not int or oom["kills"] < 0:

@@ -103,8 +103,10 @@ received, plus:
 ``bye``      ``{"t","status","exit_code","workers","oom","torchrun"}`` (no ``rank``): the node's launcher
              ended, with its exit code and the node's **worker report**
              (:func:`traceml_core.wire.frames.worker_report`): ``workers`` is torchrun's outcome for
-             each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts"}``,
-             ``signal`` a name such as ``"SIGKILL"`` or null), ``oom`` the OOM kills the node's
+             each worker that failed (``{"rank","local_rank","pid","exitcode","signal","ts",
+             "message","traceback","stderr"}``, ``signal`` a name such as ``"SIGKILL"`` or null;
+             ``message``/``traceback`` Python's error from torchrun's error file, ``stderr`` the end
+             of the worker's stderr, at most 2,000 characters: launcher/stderrtee.py), ``oom`` the OOM kills the node's
              memory cgroup counted during the run (``{"kills","limit_bytes","source"}``) or null
              where unreadable, ``torchrun`` how the node's torchrun ended (``{"exitcode","signal",
              "at","stopped_at"}``: ``signal`` only when a signal the launcher did not send killed
