@@ -57,6 +57,8 @@ VARIANTS = {
               "communication timing on",
     "closures": "the same hook bodies compiled over *args/**kwargs (what codegen.py saves)",
     "comm-off": "as traced, without communication timing (no torch.distributed patches)",
+    "no-sampler": "as traced, with the work sampler never armed (sdk/worksample.py: what measuring "
+                  "the batch and the CPU per phase on sampled steps costs, traced minus this)",
     "bare": "the floor: the same calls wrapped (the same generated wrappers) with nothing but "
             "two clock reads each, trace_step one read at entry and one at exit; nothing recorded",
 }
@@ -111,8 +113,28 @@ class Bare:
 BARE = Bare()
 
 
+def _sampler(on: bool) -> None:
+    """The work sampler armed as it ships (``on``), or held off (``armed`` stays set, so its
+    periodic tick never puts it in the hooks' slot)."""
+    from traceml_core.sdk import api
+
+    s = api._session
+    sampler = getattr(getattr(s, "cpu", None), "sampler", None)
+    if sampler is None:
+        return
+    if on:
+        if sampler.armed and TRACER.events is not sampler:
+            sampler.armed = False
+    else:
+        if TRACER.events is sampler:
+            TRACER.events = None
+            sampler.recording = False
+        sampler.armed = True
+
+
 def _install(variant: str, model: "torch.nn.Module | None" = None) -> None:
     """Install the torch patches the way ``variant`` wants them, and time ``model``'s forward."""
+    _sampler(variant != "no-sampler")
     p = TRACER.patches
     p.uninstall()
     p.specialise = variant != "closures"

@@ -1,6 +1,6 @@
 """Why an input-bound run waits for data, as far as the CPU says: the cause the input-bound verdict uses.
 
-Input-bound (report/verdicts.py) says *that* every rank waits for its next batch. This module says
+Input-bound (report/rules/input_bound.py) says *that* every rank waits for its next batch. This module says
 whether the CPU is why, from what each rank measured of itself (sdk/threads.py, the
 ``cpu_threads`` event: :class:`~.model.CpuThreads`): the CPUs its affinity mask allows, its
 DataLoader worker processes and the CPU they used, its own CPU use, the cgroup's CPU throttling,

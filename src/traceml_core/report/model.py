@@ -411,6 +411,55 @@ class CpuRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class StepWork:
+    """What a rank's steps consumed, measured on sampled steps (sdk/worksample.py): per sampled
+    step, the training thread's CPU time and wall time from the step's start to the next one's,
+    the same in forward, backward and the optimizer, and the batch its model was given: samples,
+    elements, and tokens where the batch is integer ids (None: not measured)."""
+
+    sampled: int
+    cpu_ms: Optional[float] = None
+    wall_ms: Optional[float] = None
+    phase_cpu_ms: tuple[tuple[str, float], ...] = ()
+    phase_wall_ms: tuple[tuple[str, float], ...] = ()
+    samples: Optional[float] = None
+    elements: Optional[float] = None
+    tokens: Optional[float] = None
+
+    #: at least this many sampled steps before a figure is read (a few steps are one-off hiccups)
+    MIN_SAMPLED = 5
+
+    def phase_cpu(self, phase: str) -> Optional[float]:
+        return dict(self.phase_cpu_ms).get(phase)
+
+    @classmethod
+    def from_json(cls, raw: Any) -> Optional["StepWork"]:
+        """Bounded reading of the ``work`` part of a ``cpu_threads`` event (it crossed the wire)."""
+        if not isinstance(raw, dict):
+            return None
+
+        def count(key: str, d: Any = raw) -> Optional[int]:
+            v = d.get(key) if isinstance(d, dict) else None
+            return v if type(v) is int and 0 <= v < 1 << 62 else None
+
+        n = count("n")
+        if not n or n < cls.MIN_SAMPLED:
+            return None
+        cpu, wall = count("cpu_ns"), count("wall_ns")
+        phases = ("forward", "backward", "optimizer")
+        pc = [(p, round(v / n / 1e6, 4)) for p in phases for v in [count(p, raw.get("phase_cpu_ns"))] if v is not None]
+        pw = [(p, round(v / n / 1e6, 4)) for p in phases for v in [count(p, raw.get("phase_wall_ns"))] if v is not None]
+        measured = count("measured") or 0
+        per = (lambda key: None if measured < cls.MIN_SAMPLED or count(key) is None
+               else round((count(key) or 0) / measured, 2))
+        tokens = per("tokens")
+        return cls(sampled=n, cpu_ms=None if cpu is None else round(cpu / n / 1e6, 4),
+                   wall_ms=None if wall is None else round(wall / n / 1e6, 4), phase_cpu_ms=tuple(pc),
+                   phase_wall_ms=tuple(pw), samples=per("samples"), elements=per("elements"),
+                   tokens=tokens or None)
+
+
+@dataclass(frozen=True, slots=True)
 class CpuThreads:
     """What a rank said about its CPU (sdk/threads.py): torch's intra-op threads, the cores it may
     run on, and how long per steady step its training thread waited for a core (the run queue;
@@ -439,6 +488,8 @@ class CpuThreads:
     throttled_ms: Optional[float] = None
     #: the rank's torch version (None: not said)
     torch: Optional[str] = None
+    #: what its steps consumed (sampled steps), or None where not measured
+    work: Optional[StepWork] = None
 
     @classmethod
     def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
@@ -472,12 +523,13 @@ class CpuThreads:
             request = CpuRequest.from_json(raw.get("request"))
             torch_v = raw.get("torch")
             torch_v = torch_v[:40] if isinstance(torch_v, str) else None
+            work = StepWork.from_json(raw.get("work"))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if not 0 < threads < 1 << 16:
             return None
         return cls(threads, frozenset(cpus), wait, run, workers, per_wall[0], per_wall[1], per_wall[2],
-                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms, torch_v)
+                   None if per_wall[3] is None else min(1.0, per_wall[3]), omp, request, thr_ms, torch_v, work)
 
 
 def _delta(raw: dict[str, Any], key: str) -> Optional[int]:
@@ -490,7 +542,7 @@ def _delta(raw: dict[str, Any], key: str) -> Optional[int]:
 
 @dataclass(slots=True)
 class VerdictContext:
-    """What the verdicts know about the run besides its ranks (report/verdicts.py)."""
+    """What the verdicts know about the run besides its ranks (report/rules/)."""
 
     #: ``cuda``, ``cpu`` or ``unknown`` (what the ranks computed on, as far as was measured)
     device: str = "unknown"
@@ -520,3 +572,6 @@ class VerdictContext:
     #: what a detector found and left out, and why (the straggler: an excess that waiting for a
     #: core explains), for the detectors after it
     excused: dict[str, Any] = field(default_factory=dict)
+    #: what one step of each rank is worth as its script declared it (``traceml.declare_work``:
+    #: ``rankfacts.Work``), by rank; declared work overrides the measured batch
+    declared: dict[int, Any] = field(default_factory=dict)

@@ -10,8 +10,13 @@ systematic sample of them, each standing for its stride) sees each gap on its ow
 batching.
 
 A *pause* is a gap longer than :data:`~.thresholds.PERIODIC_BURST_RATIO` times the typical gap
-(the median) and longer than it by :data:`~.thresholds.PERIODIC_BURST_FLOOR_MS`. Counts are
-estimates where the gaps were sampled (a few records per window on a fast run)."""
+(the median), longer than it by :data:`~.thresholds.PERIODIC_BURST_FLOOR_MS`, and longer than it
+by more than the rank's own scheduling jitter (:data:`~.thresholds.PERIODIC_JITTER_SPREADS` times
+the spread of its steps): on a loaded machine a thread loses its core for milliseconds at random,
+between steps as in them. Of those, the pauses that hold the time are kept: at least
+:data:`~.thresholds.PERIODIC_OF_MEAN_PAUSE` of the mean pause (jitter that passed the cut is
+short beside an evaluation). Counts are estimates where the gaps were sampled (a few records per
+window on a fast run)."""
 
 from __future__ import annotations
 
@@ -39,31 +44,42 @@ class BetweenSteps:
     uniform_ms: float
     #: the pauses' excess as a share of all the time between steps
     pause_share: float
+    #: how long a gap had to be to be a pause (ms; None in an older summary)
+    cut_ms: Optional[float] = None
+
+    _KEYS = ("gaps", "typical_ms", "p90_ms", "max_ms", "pauses", "pause_excess_ms", "uniform_ms", "pause_share")
 
     def to_json(self) -> dict[str, Any]:
         return {"gaps": self.gaps, "typical_ms": self.typical_ms, "p90_ms": self.p90_ms,
                 "max_ms": self.max_ms, "pauses": self.pauses, "pause_excess_ms": self.pause_excess_ms,
-                "uniform_ms": self.uniform_ms, "pause_share": self.pause_share}
+                "uniform_ms": self.uniform_ms, "pause_share": self.pause_share, "cut_ms": self.cut_ms}
 
     @classmethod
     def from_json(cls, d: Any) -> Optional["BetweenSteps"]:
         if not isinstance(d, dict):
             return None
         try:
-            return cls(**{k: d[k] for k in ("gaps", "typical_ms", "p90_ms", "max_ms", "pauses",
-                                            "pause_excess_ms", "uniform_ms", "pause_share")})
+            return cls(**{k: d[k] for k in cls._KEYS}, cut_ms=d.get("cut_ms"))
         except (KeyError, TypeError):
             return None
 
+    @property
+    def pause_ms(self) -> float:
+        """A pause's mean length above the typical gap."""
+        return self.pause_excess_ms / self.pauses if self.pauses else 0.0
 
-def pause_cut_ms(typical_ms: float) -> float:
-    """How long a gap must be to be a pause, given the typical gap."""
-    return max(T.PERIODIC_BURST_RATIO * typical_ms, typical_ms + T.PERIODIC_BURST_FLOOR_MS)
+
+def pause_cut_ms(typical_ms: float, jitter_ms: float = 0.0) -> float:
+    """How long a gap must be to be a pause, given the typical gap and the spread of the rank's
+    steps (its scheduling jitter)."""
+    return max(T.PERIODIC_BURST_RATIO * typical_ms, typical_ms + T.PERIODIC_BURST_FLOOR_MS,
+               typical_ms + T.PERIODIC_JITTER_SPREADS * max(0.0, jitter_ms))
 
 
-def between_steps(outside: OutsideData) -> Optional[BetweenSteps]:
-    """The distribution of a rank's steady gaps; None without a sketch of them (an older
-    checkpoint, or fewer than two steady steps)."""
+def between_steps(outside: OutsideData, jitter_ms: float = 0.0) -> Optional[BetweenSteps]:
+    """The distribution of a rank's steady gaps and its pauses; ``jitter_ms``: the spread of its
+    steps (p90 - p50 of its step time). None without a sketch of the gaps (an older checkpoint, or
+    fewer than two steady steps)."""
     if not outside.sketch:
         return None
     sk = QuantileSketch.from_data(outside.sketch)
@@ -71,7 +87,16 @@ def between_steps(outside: OutsideData) -> Optional[BetweenSteps]:
     if p50 is None:
         return None
     typical = p50 / 1e6
-    n_lo, s_lo, n_hi, s_hi = sk.split(pause_cut_ms(typical) * 1e6)
+    cut = pause_cut_ms(typical, jitter_ms)
+    n_lo, s_lo, n_hi, s_hi = sk.split(cut * 1e6)
+    for _ in range(2):  # the pauses that hold the time: at least a share of the mean pause
+        if not n_hi:
+            break
+        longer = T.PERIODIC_OF_MEAN_PAUSE * (s_hi / 1e6 / n_hi)
+        if longer <= cut:
+            break
+        cut = longer
+        n_lo, s_lo, n_hi, s_hi = sk.split(cut * 1e6)
     total = (s_lo + s_hi) / 1e6
     excess = max(0.0, s_hi / 1e6 - n_hi * typical)
     return BetweenSteps(
@@ -80,4 +105,4 @@ def between_steps(outside: OutsideData) -> Optional[BetweenSteps]:
         max_ms=None if top is None else round(top / 1e6, 4),
         pauses=n_hi, pause_excess_ms=round(excess, 3),
         uniform_ms=round(s_lo / 1e6 / n_lo, 4) if n_lo else 0.0,
-        pause_share=round(excess / total, 4) if total > 0 else 0.0)
+        pause_share=round(excess / total, 4) if total > 0 else 0.0, cut_ms=round(cut, 4))

@@ -11,7 +11,7 @@ a pure function of the run data and what the steps before it made:
 ``topology`` (nodes, who joined when), ``timing`` (phases across ranks, the merged step-time
 histogram, the device, the nodes' system evidence), ``communication`` (the ranks' collectives
 side by side), ``status`` (how the run ended and why: ``report/status.py``, the failure headline,
-a hang), ``verdicts`` (why it was slow: ``report/verdicts.py``, after the ending's headline),
+a hang), ``verdicts`` (why it was slow: ``report/rules/``, after the ending's headline),
 ``telemetry`` (every record accounted for). A new section (the goodput ledger, say) is one more
 step reading :class:`RunData` and, where it needs them, the steps' results. Cost is proportional
 to ranks x (phases x sketch buckets + series buckets), never to steps.
@@ -43,6 +43,7 @@ from .steps import no_steps_reason, steps_block
 from .thresholds import WARMUP_STEPS
 from .timeline import build_timeline
 from .trend import memory_trend
+from .rules.graph import beside_failure
 from .verdicts import judge, no_phase
 from .windows import memory_points, run_windows
 
@@ -87,7 +88,8 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         run_status=end.status,
         device=timing.device, communication=communication, world=s.world_size, nnodes=s.nnodes,
         cpu_busy_pct=timing.cpu_busy_pct, windows=run_windows(data.ranks),
-        cpu_threads=threads_by_rank))
+        cpu_threads=threads_by_rank,
+        declared={r.rank: r.facts.work for r in data.ranks if r.facts.work is not None}))
     try:
         ledger: Optional[Ledger] = goodput_of(data, rows.ranks, end, ended, timing.device, previous or (), rebuilt)
         ledger_note = ""
@@ -278,7 +280,7 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         failed_at=_failed_at(r, status),
         ended_at=(r.bye.at if r.bye is not None and r.bye.at is not None else r.closed_at), exit=exit_,
         phases=phases,
-        outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside),
+        outside_ms=ms(r.outside.mean_ns), between=between_steps(r.outside, _jitter(phases.get("step"))),
         comm=_comm(r, phases),
         mem_peak=(_mem_peak(r) if mem.count else None),
         telemetry=RankTelemetry(
@@ -290,6 +292,14 @@ def _rank(r: RankData, status: str, exit_: Optional[ExitRecord], ended: float) -
         events=r.event_count,
         last_events=r.events[-3:],
     )
+
+
+def _jitter(step: Optional[PhaseSummary]) -> float:
+    """The spread of a rank's steps (p90 - p50, ms): the scheduling jitter its gaps between steps
+    see too (report/pauses.py)."""
+    if step is None or step.p90_ms is None or step.p50_ms is None:
+        return 0.0
+    return max(0.0, step.p90_ms - step.p50_ms)
 
 
 def _mem_peak(r: RankData) -> MemPeak:
@@ -555,10 +565,12 @@ def _restart_note(data: RunData) -> str:
 # --- verdicts --------------------------------------------------------------------------------------
 def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[Verdict]:
     """The verdicts step: the ending's headline first (failures first), then why the run was
-    slow (``report/verdicts.py``), a resolved stall right after the primary verdict."""
+    slow (``report/rules/``), a resolved stall right after the primary verdict."""
     found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
     if end.headline is not None:
         perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
+        for v in perf:  # the failure is what to fix: the steps before it are information
+            v.severity = beside_failure(v.kind, v.severity)
         found = [end.headline] + ([] if end.alone else perf)
     if end.stall is not None:
         found = found[:1] + [end.stall] + found[1:]

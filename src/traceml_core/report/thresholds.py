@@ -63,7 +63,9 @@ STRAGGLER_CONFIDENCE_SE = 2.0
 #: A stretch is at least this many steps (whole windows of the run's series).
 STRAGGLER_STRETCH_STEPS = 8
 #: ...judged on at least this many stretches of steady steps; with fewer, the mean excess is
-#: used and the verdict says that persistence was not checked (and how many it needs).
+#: used, the verdict says that persistence was not checked (and how many it needs), and it is
+#: information only: on a loaded machine 24 steady steps of two ranks differ by 27 % of a step
+#: by chance (a hang scenario's first 30 steps at load 13 read as a critical straggler).
 STRAGGLER_MIN_WINDOWS = 4
 #: "mostly in <phase>" only when that phase holds at least half of the rank's excess; otherwise
 #: the excess is "spread over" every phase holding at least a fifth of it.
@@ -75,6 +77,24 @@ ATTRIBUTION_LIST = 0.2
 #: straggler's own longest step rarely exceeds a few of its slow steps, while the pauses this is
 #: for last seconds to minutes.
 PAUSE_MIN_STEPS = 50.0
+
+# --- work imbalance -----------------------------------------------------------------------------
+#: The slowest rank does more work when its batches (samples, elements or tokens per step,
+#: measured on sampled steps, or declared with ``traceml.declare_work``) are at least 5 % more than
+#: the other ranks' median: a batch's size is an exact count, so below that only variable-length
+#: batches differ, by chance (the mean of ~50 sampled steps of lengths that vary +-30 % moves by
+#: about 4 %).
+WORK_RATIO_MIN = 1.05
+#: ...and that extra work accounts for at least half of its judged excess (its own time scaled by
+#: the ratio): a rank whose batches are 5 % bigger but that is 40 % slower has another cause.
+#: Half, as for a wait for a core (CAUSE_SHARE): then the work is most of what makes it slower.
+WORK_EXPLAINS = 0.5
+#: Without a difference in batches, a rank does more work *for the same code* when its training
+#: thread's CPU time per step exceeds the other ranks' median by at least half its judged excess
+#: (CAUSE_SHARE) and by 10 %: on one node every rank's core is the same, so more CPU time for the
+#: same batch is work only that rank does (metrics, logging, an extra loss). CPU runs only: on a
+#: GPU the training thread's CPU time is kernel launches and waiting, not the work.
+WORK_CPU_RATIO_MIN = 1.10
 
 # --- memory creep --------------------------------------------------------------------------------
 #: The early window starts after this fraction of the run (allocator caches and optimizer state
@@ -110,6 +130,24 @@ PERIODIC_BURST_SHARE = 0.6
 PERIODIC_MIN_BURSTS = 2
 #: ...needs this many steady gaps to see a pattern at all.
 PERIODIC_MIN_GAPS = 20
+#: A pause is also longer than the scheduler's jitter *for that rank*: its typical gap plus the
+#: spread of its own steps (p90 - p50 of its step time). On a loaded machine a thread loses its
+#: core for milliseconds at random, in a step or between two; the same jitter that widens its steps
+#: lengthens its gaps, so a gap is a pause only beyond it (a 0.18 ms typical gap made 1.2 ms of
+#: jitter a "pause" at load 3-9: "every ~8 steps" for an evaluation every 20). Once, not twice: a
+#: loaded machine's steps are heavy-tailed (p90 twice the median), and twice the spread cut off
+#: an evaluation of two steps' compute every 10 steps (0 of its 9 pauses seen on one rank).
+PERIODIC_JITTER_SPREADS = 1.0
+#: ...and holds its part of the pauses' time: at least a quarter of the mean pause. Periodic work is
+#: long pauses (an evaluation, a save); jitter that passes the cut is short ones, which a mean
+#: pause length then leaves out (twice: the mean without them is longer), so neither the count nor
+#: the period ("every N steps") counts them. A quarter keeps an evaluation every 20 steps beside a
+#: checkpoint 10 times as long every 100.
+PERIODIC_OF_MEAN_PAUSE = 0.25
+#: Periodic work is one rank's when fewer than half of the ranks pause (an evaluation or logging on
+#: rank 0 only: the others wait for it in the next step's all-reduce, not between steps); else the
+#: run's.
+PERIODIC_RANKS_SHARE = 0.5
 #: Severity, as for input: the share of the wall clock per step the bursts take, and an absolute
 #: floor in ms per step on average.
 PERIODIC_FRACTION_WARN = 0.10
@@ -129,6 +167,30 @@ CPU_OVERSUBSCRIBED_CRIT = 2.0
 #: comes from outside the job's work (other processes, or the job's own threads, which the
 #: oversubscription verdict judges), and a rank's excess it explains is not a straggler.
 CPU_CONTENTION_NOTE = 0.10
+#: A rank's wait for a core is a cause of its excess only where its wait *per CPU second* exceeds
+#: the other ranks' median (rules/slowest.py: the wait beyond what its own CPU time costs at their
+#: rate): every rank on a busy CPU waits in proportion to the CPU time it asks for, so a rank that
+#: computes 1.3x the others' waits 1.3x as long, at the same rate: that wait is part of its work.
+#: Likewise a core that runs slower (another process on its physical core, a lower clock) makes the
+#: same work take more CPU time in *every* phase alike, where more work of its own adds CPU time
+#: where that work is: a rank's extra CPU time is its core's, not its work, when the phase it grew
+#: least in grew at least half as much as the whole (CPU_UNIFORM).
+CPU_UNIFORM = 0.5
+#: Whose processes held the cores: the job's own when its ranks (their threads and DataLoader
+#: workers) used at least 90 % of the cores they may run on, others' when the ranks left at least
+#: a quarter of them (the node's CPUs busy beside them); otherwise not said.
+CONTENTION_OWN_SHARE = 0.9
+CONTENTION_OTHERS_SHARE = 0.25
+#: A straggler comes from its node's oversubscription when at least this share of its excess was
+#: its extra wait for a core (measured: sdk/threads.py); half, because then the wait is most of
+#: what makes it slower.
+CAUSE_SHARE = 0.5
+#: ...or, where each rank computes with more than one torch thread, when its excess is in the
+#: phases torch runs on those threads: only the training thread's wait for a core is measured,
+#: and an operator split over threads that wait for a core takes longer on the training thread
+#: without it waiting at all (2 ranks x 4 threads on 2 cores: a rank falls behind in forward, its
+#: training thread waiting no more than the others').
+INTRA_OP_PHASES = ("forward", "backward", "optimizer")
 
 # --- GPU utilisation -----------------------------------------------------------------------------
 #: NVML utilisation is the fraction of time any kernel ran; under 50 % on average the GPUs are idle

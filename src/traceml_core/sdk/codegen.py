@@ -71,7 +71,8 @@ def build(
     method: bool = False,
     specialise: bool = True,
 ) -> Callable[..., Any]:
-    """Compile ``template`` (with ``{params}``, ``{call}`` and ``{self}`` holes) around ``orig``.
+    """Compile ``template`` (with ``{params}``, ``{call}``, ``{self}`` and ``{first}`` holes)
+    around ``orig``.
 
     The wrapper's globals are ``names``; ``_tm_orig`` (the wrapped function) and ``_tm_t``
     (``state``) are its closure. ``method``: the template needs the first parameter (``self``)
@@ -82,20 +83,36 @@ def build(
     fw = _forwarding(orig) if specialise else None
     if fw is not None:
         params, call, defaults = fw
-        names_in = [x.split("=")[0].lstrip("*") for x in params.split(", ") if x and x != "*"]
+        names_in = [x.split("=")[0] for x in params.split(", ") if x and x != "*"]
         if method and (not names_in or params.startswith("*")):
             fw = None
         else:
             self_name = names_in[0] if method else ""
+            first = _first(names_in[1:] if method else names_in)
     if fw is None:
         params = call = "_tm_self, *_tm_args, **_tm_kwargs" if method else "*_tm_args, **_tm_kwargs"
         defaults, self_name = {}, "_tm_self"
+        first = "(_tm_args[0] if _tm_args else next(iter(_tm_kwargs.values()), None))"
     try:
-        wrapper = _compile(orig, template.format(params=params, call=call, self=self_name),
+        wrapper = _compile(orig, template.format(params=params, call=call, self=self_name, first=first),
                            names, state, defaults)
     except SyntaxError:
         return build(orig, template, names, state, method=method, specialise=False)
     return functools.wraps(orig)(wrapper)
+
+
+def _first(names: list[str]) -> str:
+    """The template's ``{first}``: an expression for the call's first argument after ``self``
+    (the batch a model's forward is given: worksample.py), from the wrapper's parameter names
+    (``*args`` as written, ``**kwargs`` as written)."""
+    if not names:
+        return "None"
+    n = names[0]
+    if n.startswith("**"):
+        return f"next(iter({n[2:]}.values()), None)"
+    if n.startswith("*"):
+        return f"({n[1:]}[0] if {n[1:]} else None)"
+    return n
 
 
 def _compile(orig: Callable[..., Any], body: str, names: dict[str, Any], state: Any,

@@ -197,7 +197,7 @@ class Comm:
                 bus = nbytes * bus_factor(op, n)
                 is_async = bool(_arg(args, kwargs, ai, "async_op"))
                 cuda = tensor is not None and _is_cuda(tensor)
-                gpu = t.events if (t.active and cuda) else None
+                gpu = t.timing.events if (t.active and cuda) else None
             except Exception:
                 return orig(*args, **kwargs)
             seq = inflight.launch(op, nbytes, n)
@@ -269,7 +269,7 @@ class Comm:
                 return orig(self, *args, **kwargs)
             span = entry[1]
             if span is None:        # a CUDA collective: the wait is the current stream's, in events
-                gpu = t.events
+                gpu = t.timing.events
                 ev0 = gpu.start()
                 out = orig(self, *args, **kwargs)
                 gpu.comm_wait(ev0, phase_of(t))
@@ -320,7 +320,7 @@ class Comm:
             self.polling = ReducerPolling()
         if not self.polling.watch(model):
             return False
-        if self.t.events is None:   # (CUDA timing times CUDA models' communication with events)
+        if self.t.timing.events is None:   # (CUDA timing times CUDA models' communication with events)
             self.t.use_timing(self.polling)
         return True
 
@@ -500,7 +500,7 @@ def ddp_hook(state, bucket):  # type: ignore[no-untyped-def]
     comm = state.comm
     t = comm.t
     user = state.user_hook is not None or state.builtin is not None
-    if t.on and t.active and t.events is None and t.cdef >= 0 and bucket.buffer().is_cuda:
+    if t.on and t.active and t.timing.events is None and t.cdef >= 0 and bucket.buffer().is_cuda:
         comm.no_device_timing()
     if not t.on or not t.active or t.cdef < 0:
         if user:
@@ -513,7 +513,7 @@ def ddp_hook(state, bucket):  # type: ignore[no-untyped-def]
     inflight = t.inflight
     seq = inflight.launch("ddp_bucket", nbytes, state.size)
     t.cn += 1
-    gpu = t.events if buf.is_cuda else None
+    gpu = t.timing.events if buf.is_cuda else None
     comm.depth += 1
     try:
         if gpu is not None:

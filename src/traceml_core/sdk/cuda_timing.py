@@ -107,6 +107,11 @@ class CudaPhaseTimer(HostClock):
         step's spans stood."""
         return self.start(), len(self._spans)
 
+    def forward_start(self, x: Any) -> tuple[Any, int]:
+        """:meth:`phase_start` of a forward (hooks.py passes the forward's first argument, which
+        the CPU's work sampler measures; the events need only the start)."""
+        return self.start(), len(self._spans)
+
     def phase_stop(self, col: int, token: tuple[Any, int]) -> None:
         ev, mark = token
         if col == C_OPT and any(c in (C_FWD, C_BWD) for c, _, _ in self._spans[mark:]):

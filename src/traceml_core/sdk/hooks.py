@@ -39,7 +39,8 @@ def _columns(template: str) -> str:
 
 # Forward: only instances passed to trace_step are timed. A forward between steps (evaluation)
 # clears the fetches pending for the next step; a traced model inside another traced model is
-# counted once, by the outer.
+# counted once, by the outer. The device-event part sees the forward's first argument (the
+# batch: worksample.py measures it on sampled steps).
 FORWARD = """
     def _tm_wrapper({params}):
         _tm_r = _tm_t
@@ -52,7 +53,7 @@ FORWARD = """
             return _tm_orig({call})
         _tm_r.in_fwd = True
         _tm_ev = _tm_r.events
-        _tm_k = _tm_ev.phase_start() if _tm_ev is not None else None
+        _tm_k = _tm_ev.forward_start({first}) if _tm_ev is not None else None
         try:
             _tm_t0 = _tm_pc()
             _tm_out = _tm_orig({call})

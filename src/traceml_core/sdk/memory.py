@@ -81,7 +81,7 @@ class MemoryProbe:
             pass
 
     def __call__(self) -> None:
-        ev = self.state.events
+        ev = self.state.timing.events   # (state.events may hold the CPU work sampler)
         if ev is not None and not self._cuda:   # phases are timed on a GPU: sample its memory
             self._cuda = True
             self.use_cuda(ev.device)

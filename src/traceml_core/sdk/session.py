@@ -189,7 +189,7 @@ class Session:
 
         from ..wire.auth import relay_aud
         from ..wire.client import ClientConfig, TelemetryClient
-        from . import spans, work
+        from . import spans, work, worksample
         from .memory import MEMORY_INTERVAL_S, MemoryProbe
         from .responders import answer
         from .threads import ThreadsProbe
@@ -211,10 +211,13 @@ class Session:
         client.add_periodic(recorder.refresh_wall_offset, 5.0)
         # a blocked training thread's last records still travel (sdk/recorder.py)
         client.add_periodic(lambda: recorder.seal_stalled() and client.wake(), 0.1)
-        # threads against cores, and the wait for a core of the thread that trains (the one in init)
+        # threads against cores, and the wait for a core of the thread that trains (the one in init);
+        # what its steps consume (batches, CPU per phase), on sampled steps
+        sampler = worksample.WorkSampler(TRACER)
         self.cpu = ThreadsProbe(recorder, threading.current_thread().native_id, request=cpu_request,
-                                notify=self.notify)
+                                notify=self.notify, sampler=sampler)
         client.add_periodic(self.cpu, 0.5)
+        client.add_periodic(sampler.tick, worksample.INTERVAL_S)
         install_exit_hooks()
         TRACER.start(recorder, notify=self.notify)   # the patches; DDP models built before init()
         spans.install(spans.event_sender(self.notify))   # checkpoint saves timed, progress marks

@@ -10,6 +10,13 @@ long its training thread waited for a core. Told to the aggregator in ``cpu_thre
   its node (or by its own threads), not by its own work: the straggler verdict takes that wait
   out of a rank's own time. Sleeping, waiting for I/O or for a collective is not run-queue wait.
 
+* **What a step consumed** (the work-imbalance verdict): the batch the model was given and the
+  training thread's CPU time per phase, on sampled steps (sdk/worksample.py: the client thread
+  arms the sampler ten times a second), sent as ``work``: the sums of the samples (``n``, ``cpu_ns``,
+  ``wall_ns`` of the whole iteration, ``phase_cpu_ns`` and ``phase_wall_ns`` of forward,
+  backward and the optimizer, ``forwards``, ``measured`` samples whose batch was measured, and
+  their ``samples``, ``elements`` and ``tokens``).
+
 * **What feeds the input** (the input-bound verdict's CPU cause, report/cpubinding.py): the
   rank's DataLoader worker processes (the training thread's live child processes that are forks
   or spawns of it; the most seen), their time on a CPU and runnable waiting for one (their
@@ -24,7 +31,7 @@ with the counters at that point; the last one at shutdown (before the ``bye``) w
 then and the settled ones again, so the last event alone gives the wait per steady step. Between
 them, an event only when the threads change. Text: ``{"threads", "cpus", "cpuset": [[lo, hi],
 ...], "steps", "run_ns", "wait_ns", "steps0", "run0_ns", "wait0_ns", "wall_ns", "wall0_ns",
-"wrun_ns", "wrun0_ns", "wwait_ns", "wwait0_ns", "pcpu_ns", "pcpu0_ns", "thr_ns", "thr0_ns", "workers", "omp", "torch", "request"}``
+"wrun_ns", "wrun0_ns", "wwait_ns", "wwait0_ns", "pcpu_ns", "pcpu0_ns", "thr_ns", "thr0_ns", "workers", "omp", "torch", "request", "work"}``
 (a counter null where the kernel does not keep it; ``*0_ns`` at the settled step).
 """
 
@@ -210,8 +217,10 @@ class ThreadsProbe:
 
     def __init__(self, recorder: Any, tid: Optional[int] = None,
                  request: Optional[dict[str, Any]] = None, *,
-                 notify: Callable[[dict[str, Any]], bool]) -> None:
+                 notify: Callable[[dict[str, Any]], bool], sampler: Any = None) -> None:
         self.recorder = recorder
+        #: what a step consumed, on sampled steps (sdk/worksample.py), sent with the counters
+        self.sampler = sampler
         self.notify = notify
         tid = tid if tid is not None else threading.main_thread().native_id
         self.sched = SchedStat(tid)
@@ -237,9 +246,12 @@ class ThreadsProbe:
             **feed, **{k.replace("_ns", "0_ns"): v for k, v in f0.items()},
             "workers": self.feeders.most_workers, "omp": os.environ.get("OMP_NUM_THREADS"),
             "torch": _torch_version(), "request": self.request,
+            "work": self.sampler.figures() if self.sampler is not None else None,
         }, separators=(",", ":"))
         if len(text) > MAX_TEXT:  # the wire refuses a longer event text: the request goes first
             text = json.dumps({**json.loads(text), "request": None, "cpuset": []}, separators=(",", ":"))
+        if len(text) > MAX_TEXT:
+            text = json.dumps({**json.loads(text), "work": None}, separators=(",", ":"))
         return self.notify({"t": "event", "kind": EVENT_KIND, "ts": time.time(), "text": text})
 
     def __call__(self) -> None:

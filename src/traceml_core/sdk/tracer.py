@@ -161,7 +161,7 @@ class Tracer(StepState):
 
     def use_cuda(self, device: Any) -> None:
         """Time phases with CUDA events from now on (once: the first CUDA model or module seen)."""
-        if self.events is not None or not self.on:
+        if self.timing.events is not None or not self.on:
             return
         from .cuda_timing import CudaPhaseTimer
 
