@@ -72,7 +72,7 @@ class LocalRun:
     """A real aggregator process and node 0's real relay, wired as ``traceml run`` wires them on
     one node: ranks connect to ``port`` (the relay); :meth:`finish` drains the relay first."""
 
-    def __init__(self, settings: Any, flush_s: float = 0.1) -> None:
+    def __init__(self, settings: Any, flush_s: float = 0.1, tail: bool = False) -> None:
         sys.path.insert(0, str(REPO / "src"))
         from traceml_core.aggregator.process import start_aggregator
         from traceml_core.launcher.relay import Relay
@@ -81,7 +81,8 @@ class LocalRun:
         s = settings
         self.relay = Relay(token=s.token, run_name=s.run_name, job_id=s.job_id, node=0, nnodes=s.nnodes,
                            nproc_per_node=s.nproc_per_node,
-                           upstream=(self.handle.connect_host, self.handle.port), flush_s=flush_s).start()
+                           upstream=(self.handle.connect_host, self.handle.port), flush_s=flush_s,
+                           tail=tail).start()
         if not self.relay.wait_connected(30.0):
             raise RuntimeError(f"the relay did not join the aggregator: {self.relay.client.stats()}")
         self.port = self.relay.port

@@ -27,6 +27,7 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import LocalRun  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings
+from traceml_core.livesnapshot import encode as encode_snapshot
 from traceml_core.wire.auth import make_hello, relay_aud
 from traceml_core.wire.protocol import STEP_COLUMNS, FrameBuffer, encode
 
@@ -72,7 +73,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         run = LocalRun(AggregatorSettings(run_name="bench", token=TOKEN, run_dir=Path(tmp) / "bench",
                                           port=0, nproc_per_node=args.ranks, mode="cli"),
-                       flush_s=0.1)   # the relay's merge window in the live modes
+                       flush_s=0.1, tail=True)   # the live modes' relay: its merge window, the windows' last records
         h = run.handle
         stop = threading.Event()
         senders = [threading.Thread(target=rank_sender, args=(run.port, r, stop), daemon=True)
@@ -94,7 +95,7 @@ def main() -> None:
                 a = time.perf_counter()
                 frame = h.snapshot(req, timeout=5.0)
                 times.append((time.perf_counter() - a) * 1000)
-                size = len(msgpack.packb(frame, use_bin_type=True))
+                size = len(msgpack.packb(encode_snapshot(frame), use_bin_type=True))
             wall = time.monotonic() - t0
             cpu = (proc_cpu(h.pid) - c0 - idle_cpu_per_s * wall) / args.requests * 1000
             times.sort()

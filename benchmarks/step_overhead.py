@@ -373,7 +373,7 @@ def breakdown(args: argparse.Namespace) -> int:
     (per ``--variants`` loop, all in one run)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    from traceml_core.sdk import api
+    from traceml_core.sdk import session as sdk_session
 
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1))
@@ -382,7 +382,7 @@ def breakdown(args: argparse.Namespace) -> int:
     loader = DataLoader(TensorDataset(torch.randn(n * args.batch, 32), torch.randn(n * args.batch, 1)),
                         batch_size=args.batch)
     rec = StepRecorder(max_batches=1 << 30)         # no client: the hot path alone
-    api._session = api._Session()
+    sdk_session.current = sdk_session.Session(sdk_session.InitArgs())
     TRACER.start(rec, patch=False)
     pc = time.perf_counter_ns
     samples: dict[tuple[str, str], list[int]] = {}

@@ -128,15 +128,18 @@ def exports_table() -> str:
 
 
 def limits() -> str:
-    """Every number read from a flag, TRACEML_* or SLURM_*, with its range and why (traceml_core.limits)."""
+    """Every number read from a flag, TRACEML_*, SLURM_* or torchrun's variables, with its range and why
+    (traceml_core.limits)."""
     from traceml_core import limits as L
     from traceml_core.options import OPTIONS
+    from traceml_core.sdk.session import TORCHRUN_VARIABLES
     from traceml_slurm.settings import SlurmVars
 
     rows: list[tuple[str, object]] = [(f"`{o.flag}`, `{o.env}`", o.limit) for o in OPTIONS if o.limit]
     rows.append(("`--nnodes` x `--nproc-per-node` (from any source)", L.WORLD_SIZE))
     rows += [(f"`{SlurmVars.variable(f)}`", SlurmVars.limit(f)) for f in SlurmVars.model_fields
              if SlurmVars.limit(f) is not None]
+    rows += [(f"`{var}`", lim) for _, var, lim in TORCHRUN_VARIABLES]
     rows += [("`SLURM_JOB_ID`", L.JOB_ID), ("`SLURM_JOB_NODELIST`, `SLURM_STEP_NODELIST` (characters)", L.NODELIST_CHARS),
              ("hosts in a node list; nodes in `SLURM_STEP_TASKS_PER_NODE`", L.NODES),
              ("`--master-addr`, `--aggregator-host` (characters)", L.HOST_CHARS),

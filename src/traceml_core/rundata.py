@@ -566,6 +566,12 @@ class Running:
     def mean(self) -> Optional[float]:
         return self.sum / self.n if self.n else None
 
+    def add(self, x: Optional[float]) -> None:
+        """One more sample (None: not available, skipped)."""
+        if x is not None:
+            self.n, self.sum = self.n + 1, self.sum + x
+            self.max = x if self.max is None or x > self.max else self.max
+
     @classmethod
     def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "Running":
         d = d or {}

@@ -20,7 +20,7 @@ from aggpeers import RUN, TOKEN, make_settings, node
 from harness import Launch, Progress, assert_no_leftovers
 from traceml_core.aggregator.process import start_aggregator
 from traceml_core.wire.auth import AGGREGATOR, make_hello, relay_aud
-from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.client import ClientConfig, TelemetryClient
 from traceml_core.wire.protocol import FrameBuffer, encode
 
 
@@ -126,8 +126,8 @@ def test_a_captured_hello_replayed_is_refused_at_both_endpoints_and_logged(tmp_p
     relay = node(h, 0, warn=lambda msg: print(f"[traceml] warning: {msg}", file=__import__("sys").stderr))
     try:
         proxy = RecordingProxy(relay.port)
-        real = TelemetryClient("127.0.0.1", proxy.port, TOKEN, aud=relay_aud(0), run=RUN, job="42",
-                               node=0, rank=0, kind="rank", world=2)
+        real = TelemetryClient(ClientConfig("127.0.0.1", proxy.port, TOKEN, aud=relay_aud(0), run=RUN, job="42",
+                                            node=0, rank=0, kind="rank", world=2))
         real.start()
         assert real.wait_connected(5.0)
         hello = proxy.first_frame()

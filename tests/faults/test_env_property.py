@@ -156,7 +156,8 @@ def test_any_flag_or_traceml_value_is_valid_or_named(data):
             return
         opt.parse(value)  # must not raise: the value is valid, a cross-check refused the whole
         return
-    got = getattr(c, opt.key)
+    # an output's settings are the launch config's ``outputs`` (exporters/output.py)
+    got = c.outputs.get(opt.key) if opt.key in c.outputs else getattr(c, opt.key, None)
     if value.strip():
         assert got == opt.parse(value) or opt.key == "cluster", (opt.key, value, got)
 
@@ -171,6 +172,8 @@ MALFORMED_OPTION = {
     "status_interval": ["0", "soon", "inf"], "live_refresh": ["0", "-1"],
     "dashboard_host": ["my laptop", "node1"], "dashboard_port": ["65536", "-1"], "export": ["csv", ",", "wandb,csv"], "export_interval": ["0", "soon", "nan", "7200"], "hang_report_after": ["soon", "0", "nan"], "link_probe": ["fast", "5000", "-1"],
     "auto_steps": ["maybe", "2"], "layout": ["gpu", "per-task"], "relay_fan_in": ["1", "many", "-2"],
+    # the outputs' settings (exporters/: option rows of their own)
+    "wandb_project": [" "], "mlflow_tracking_uri": [" "], "mlflow_experiment": [" "], "prometheus_dir": [" "],
 }
 
 

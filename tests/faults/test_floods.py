@@ -31,7 +31,7 @@ from aggpeers import NodePeer
 from traceml_core.sdk.recorder import StepRecorder
 from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
-from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.client import ClientConfig, TelemetryClient
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
@@ -98,8 +98,8 @@ def _start_flood(port: int, n: int, payload: bytes, hold: bool):
 
 def _rank(port: int, rank: int = 0) -> tuple[TelemetryClient, StepRecorder]:
     rec = StepRecorder(rank=rank, batch_size=64, seal_interval_s=0.02, max_batches=10000)
-    c = TelemetryClient("127.0.0.1", port, TOKEN, aud=relay_aud(0), run=RUN, node=0, rank=rank,
-                        kind="rank", world=2, source=rec)
+    c = TelemetryClient(ClientConfig("127.0.0.1", port, TOKEN, aud=relay_aud(0), run=RUN, node=0, rank=rank,
+                                     kind="rank", world=2), source=rec)
     c.start()
     assert c.wait_connected(10.0)
     return c, rec

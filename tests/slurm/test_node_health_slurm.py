@@ -42,17 +42,23 @@ def test_a_slow_node_is_excluded_after_two_jobs_with_two_concurrent_jobs_and_a_c
     outs = [slurm_cluster.output(j) for j in jobs]
     assert states == ["COMPLETED", "COMPLETED"], outs
     docs = [json.loads(next(d.glob("*/final_summary.json")).read_text()) for d in logs]
+    # each summary reads the store before it is written and records its evidence after (the store
+    # is never on the summary's path): a summary that read the corrupt file says so, and the
+    # file is moved aside once, by the first job to record
     notes = [n for doc in docs for n in (doc.get("next_job") or {}).get("notes", [])]
-    assert len(notes) == 1 and "is not a TraceML node store" in notes[0] and "moved it to" in notes[0], notes
+    assert 1 <= len(notes) <= 2 and all("is not a TraceML node store" in n and "moved aside" in n for n in notes), notes
     assert len(list(tmp_path.glob("nodes.sqlite.unreadable-*"))) == 1
+    # a job whose summary was read after the other job recorded excludes node3 at once; two jobs
+    # that end together both read before either recorded, and the next job excludes it (below)
     lines = [(doc.get("next_job") or {}).get("lines", []) for doc in docs]
-    assert sorted(lines, key=len) == [[], ["#SBATCH --exclude=node3"]], lines
-    second, out = next((doc, out) for doc, out in zip(docs, outs) if doc.get("next_job", {}).get("lines"))
-    assert "node3: link sending at" in second["next_job"]["why"][0] and "in 2 of 2 job(s)" in second["next_job"]["why"][0]
-    comm = next(v for v in [second["verdict"]] + second["other_verdicts"] if v["kind"] == "communication_bound")
-    assert comm["next_step"].endswith("in the next job script: #SBATCH --exclude=node3"), comm["next_step"]
-    text = out[out.index("TraceML summary"):]
-    assert "Next job script (paste into your sbatch script):\n  #SBATCH --exclude=node3    # node3: " in text
+    assert all(ln in ([], ["#SBATCH --exclude=node3"]) for ln in lines), lines
+    for doc, out in zip(docs, outs):
+        if (doc.get("next_job") or {}).get("lines"):
+            assert "node3: link sending at" in doc["next_job"]["why"][0] and "in 2 of 2 job(s)" in doc["next_job"]["why"][0]
+            comm = next(v for v in [doc["verdict"]] + doc["other_verdicts"] if v["kind"] == "communication_bound")
+            assert comm["next_step"].endswith("in the next job script: #SBATCH --exclude=node3"), comm["next_step"]
+            text = out[out.index("TraceML summary"):]
+            assert "Next job script (paste into your sbatch script):\n  #SBATCH --exclude=node3    # node3: " in text
     # the user's view of the store: both jobs, node3 out, the others clean
     env = job_env(tmp_path, TRACEML_NODE_STORE=str(store))
     got = subprocess.run([sys.executable, "-m", "traceml_core", "slurm", "nodes", "--json"], env=env,

@@ -14,16 +14,16 @@ import time
 from traceml_core.sdk.recorder import StepRecorder
 from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
-from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.client import ClientConfig, TelemetryClient
 
 
 def main() -> None:
     port, rank, node, steps = (int(a) for a in sys.argv[1:5])
     token, run, job = (sys.argv[5:8] + ["test-token-0123456789", "test-run", "42"][len(sys.argv[5:8]):])
     rec = StepRecorder(rank=rank, batch_size=64, seal_interval_s=0.05)
-    client = TelemetryClient("127.0.0.1", port, token, aud=relay_aud(node), run=run, job=job, node=node, rank=rank,
-                             kind="rank", world=0, extra={"local_rank": rank % 2}, source=rec,
-                             backoff_initial=0.02, backoff_max=0.2)
+    client = TelemetryClient(ClientConfig("127.0.0.1", port, token, aud=relay_aud(node), run=run, job=job, node=node,
+                                          rank=rank, kind="rank", world=0, extra={"local_rank": rank % 2},
+                                          backoff_initial=0.02, backoff_max=0.2), source=rec)
     client.start()
     if not client.wait_connected(5.0):
         print("not connected", flush=True)

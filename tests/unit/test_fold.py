@@ -160,7 +160,7 @@ def test_windows_merged_on_the_way_or_not_give_the_same_summary(tmp_path, cut):
     alone = replay(tmp_path / "alone", per_rank)
     merged = replay(tmp_path / "merged", per_rank, group=random.Random(3))
     a, b = plain.to_data(), merged.to_data()
-    assert plain.ranks[0].tail_n > 0 and merged.ranks[0].tail_n == 0  # the live views' tail
+    assert plain.ranks[0].tail_end > 0 and merged.ranks[0].tail_end == 0  # the live views' tail
     for rank, ra, rb in zip(sorted(frames), a["ranks"], b["ranks"]):
         assert ra["received"] == rb["received"] == 600
         for key in ("phases", "sums", "mem", "outside", "next_seq", "last_step", "first_t_end",

@@ -12,6 +12,8 @@ import time
 import pytest
 
 from aggpeers import RankPeer
+from traceml_core.livesnapshot import LiveSnapshot
+from traceml_core.rundata import GpuData, Running, SystemData
 from traceml_core.views.feed import LiveFeed
 from traceml_core.views.snapshot import STALE_MIN_S, read_snapshot
 from traceml_core.views.terminal import render, status_line
@@ -36,15 +38,15 @@ def test_snapshot_describes_each_rank_from_its_recent_steps(rig):
     fast, slow = RankPeer(h.port, 0), RankPeer(h.port, 1)
     fast.steps(40, step_ms=10, forward_ms=3, mem=200 << 20)
     slow.steps(40, step_ms=40, forward_ms=30, mem=300 << 20)
-    frame = wait_for(lambda: (f := snap(h, series=True)) and len(f["ranks"]) == 2 and all(r["received"] == 40 for r in f["ranks"]) and f)
-    by = {r["rank"]: r for r in frame["ranks"]}
-    assert by[0]["recent"]["ms"]["forward"] == pytest.approx(3.0, rel=0.01)
-    assert by[1]["recent"]["ms"]["forward"] == pytest.approx(30.0, rel=0.01)
-    assert by[1]["recent"]["steps_per_s"] == pytest.approx(25.0, rel=0.05)  # from t_end spacing
-    assert by[1]["recent"]["mem_peak"] == 300 << 20
-    series = by[0]["series"]  # the whole run so far, in buckets of `width` steps
-    assert (len(series["step_ms"]) - 1) * series["width"] < 40 <= len(series["step_ms"]) * series["width"]
-    assert series["step_ms"] == [pytest.approx(10.0)] * len(series["step_ms"])
+    frame = wait_for(lambda: (f := snap(h, series=True)) and len(f.ranks) == 2 and all(r.received == 40 for r in f.ranks) and f)
+    by = {r.rank: r for r in frame.ranks}
+    assert by[0].recent.ms["forward"] == pytest.approx(3.0, rel=0.01)
+    assert by[1].recent.ms["forward"] == pytest.approx(30.0, rel=0.01)
+    assert by[1].recent.steps_per_s == pytest.approx(25.0, rel=0.05)  # from t_end spacing
+    assert by[1].recent.mem_peak == 300 << 20
+    series = by[0].series  # the whole run so far, in buckets of `width` steps
+    assert (len(series.step_ms) - 1) * series.width < 40 <= len(series.step_ms) * series.width
+    assert series.step_ms == [pytest.approx(10.0)] * len(series.step_ms)
 
     st = read_snapshot(frame)
     assert [r.state for r in st.ranks] == ["ok", "ok", "waiting"]  # rank 2 never connected
@@ -79,9 +81,9 @@ def test_rate_per_rank_is_timed_by_the_ranks_steps_not_by_their_arrival(rig):
     peer = RankPeer(h.port, 0)
     t0 = time.time_ns()
     peer.steps(20, step_ms=10, t0_ns=t0)
-    first = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["received"] == 20 and f)
+    first = wait_for(lambda: (f := snap(h)) and f.ranks and f.ranks[0].received == 20 and f)
     peer.steps(40, step_ms=10, t0_ns=t0)
-    second = wait_for(lambda: (f := snap(h)) and f["ranks"][0]["received"] == 60 and f)
+    second = wait_for(lambda: (f := snap(h)) and f.ranks[0].received == 60 and f)
     st = read_snapshot(second, prev=first)
     assert st.ranks[0].rate == pytest.approx(100.0, rel=0.01)
     line = status_line(st, (True, 0.0, None))
@@ -105,9 +107,9 @@ def test_a_rank_whose_connection_drops_is_shown_gone_and_the_age_keeps_growing(r
     a, b = RankPeer(h.port, 0), RankPeer(h.port, 1)
     a.steps(10)
     b.steps(10)
-    wait_for(lambda: snap(h)["records"] == 20)
+    wait_for(lambda: snap(h).records == 20)
     b.close()  # killed: no bye
-    frame = wait_for(lambda: (f := snap(h)) and not {r["rank"]: r for r in f["ranks"]}[1]["connected"] and f)
+    frame = wait_for(lambda: (f := snap(h)) and not {r.rank: r for r in f.ranks}[1].connected and f)
     st = read_snapshot(frame)
     r1 = st.ranks[1]
     assert r1.state == "gone" and r1.stale
@@ -127,7 +129,7 @@ def test_a_rank_that_said_bye_has_ended_not_stale(rig):
     a = RankPeer(h.port, 0)
     a.steps(5)
     a.bye("error", error="Traceback...\nRuntimeError: CUDA out of memory")
-    frame = wait_for(lambda: (f := snap(h)) and f["ranks"] and f["ranks"][0]["bye"] and f)
+    frame = wait_for(lambda: (f := snap(h)) and f.ranks and f.ranks[0].bye and f)
     r0 = read_snapshot(frame).aged(time.monotonic() + 60).ranks[0]
     assert r0.state == "ended" and not r0.stale
     assert r0.note == "ended error: RuntimeError: CUDA out of memory"
@@ -138,8 +140,8 @@ def test_snapshot_requests_leave_the_control_link_working_for_finish(rig):
     h = rig(mode="cli")  # the raw tail for live views is kept in cli/dashboard modes
     a = RankPeer(h.port, 0)
     a.steps(30)
-    frame = wait_for(lambda: (f := snap(h, verdict=True)) and f["records"] == 30 and f)
-    assert frame["verdict"]["kind"]  # the verdict so far, from a provisional summary
+    frame = wait_for(lambda: (f := snap(h, verdict=True)) and f.records == 30 and f)
+    assert frame.verdict.kind  # the verdict so far, from a provisional summary
     assert h.status()["records"] == 30  # the old query still answers on the same link
     a.bye()
     result = h.finish(0)
@@ -168,3 +170,22 @@ def test_the_feed_names_a_silent_aggregator_instead_of_freezing(rig):
     con.print(render(feed.state(), feed.contact()))
     assert "aggregator not answering" in con.export_text()
     a.close()
+
+
+def test_node_use_is_the_mean_since_the_previous_snapshot_and_stays_when_no_sample_came():
+    # in-process: the records as the aggregator's handle decodes them, read as the feed reads them
+    def snap(t, cpu, gpus):
+        return LiveSnapshot(server_time=t, started_at=0.0, world_size=1, nodes=[SystemData(
+            0, "h", last_ts=t, cpu_pct=Running(*cpu), ram_total=Running(1, 8.0, 8.0),
+            gpus=[GpuData(i, util_pct=Running(*u), mem_total=Running(1, 4.0, 4.0)) for i, u in gpus])])
+
+    a = snap(10.0, (2, 100.0, 60.0), [(0, (2, 180.0, 95.0))])
+    first = read_snapshot(a)
+    assert first.nodes[0].cpu_pct == 50.0 and first.nodes[0].gpus[0].util_pct == 90.0  # the run so far
+    assert first.nodes[0].ram_total == 8.0 and first.nodes[0].gpus[0].mem_total == 4.0
+    b = snap(11.0, (4, 180.0, 60.0), [(0, (3, 200.0, 95.0)), (1, (2, 30.0, 20.0))])
+    second = read_snapshot(b, prev=a, prev_state=first)
+    assert second.nodes[0].cpu_pct == 40.0 and second.nodes[0].gpus[0].util_pct == 20.0  # since a
+    assert second.nodes[0].gpus[1].util_pct == 15.0  # a GPU new since a: its run so far
+    third = read_snapshot(b, prev=b, prev_state=second)  # no sample since: what was shown stays
+    assert third.nodes[0].cpu_pct == 40.0 and [g.util_pct for g in third.nodes[0].gpus] == [20.0, 15.0]

@@ -19,7 +19,7 @@ from traceml_core.launcher.relay import Relay
 from traceml_core.sdk.recorder import StepRecorder
 from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import relay_aud
-from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.client import ClientConfig, TelemetryClient
 
 HERE = Path(__file__).resolve().parent
 SRC = HERE.parents[1] / "src"
@@ -39,10 +39,10 @@ def make_relay(port, node, *, nnodes=2, nproc=2, sndbuf=None, **kw):
 
 
 def rank_client(port, rank, node, rec, **kw):
-    return TelemetryClient("127.0.0.1", port, TOKEN, aud=relay_aud(node), run=RUN, job="42", node=node, rank=rank,
-                           kind="rank", world=4, hostname=f"host{node}",
-                           extra={"local_rank": rank % 2}, source=rec, backoff_initial=0.02,
-                           backoff_max=0.2, **kw)
+    return TelemetryClient(ClientConfig("127.0.0.1", port, TOKEN, aud=relay_aud(node), run=RUN, job="42", node=node,
+                                        rank=rank, kind="rank", world=4, hostname=f"host{node}",
+                                        extra={"local_rank": rank % 2}, backoff_initial=0.02, backoff_max=0.2),
+                           source=rec, **kw)
 
 
 def bye(rank, rec, status="clean"):

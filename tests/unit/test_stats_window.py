@@ -429,3 +429,25 @@ def test_the_gaps_between_steps_are_sketched_after_the_warm_up():
             n_lo, _, n_hi, _ = run.sketch("outside").split(10_000_000)
             assert n_hi == pauses, (sizes, n_hi, pauses)
             assert abs(n_lo - (n - WARMUP_STEPS - pauses)) <= 0.1 * n, (sizes, n_lo)
+
+
+def test_median_of_a_window_is_its_sketchs_within_the_exact_extremes():
+    """The live views' recent medians (aggregator/snapshot.py): read off a window's own keys, the
+    same answer as its counted sketch, and steps of one length give exactly that length."""
+    rnd = random.Random(5)
+    for _ in range(200):
+        n = rnd.randint(1, 64)
+        cols = {c: [rnd.choice((-1, 0, rnd.randint(1, 10**9))) for _ in range(n)] for c in STEP_COLUMNS}
+        cols["step"], cols["t_end_ns"] = list(range(n)), [10**18 + i * 10**6 for i in range(n)]
+        keys, counted = WindowStats.of_columns(0, cols, cap=64), WindowStats.of_columns(0, cols, cap=64)
+        counted.count_sketches()
+        for c in DURATION_COLUMNS:
+            measured = sorted(v for v in cols[c] if v >= 0)
+            m = keys.median(c)
+            assert m == counted.median(c)
+            assert (m is None) == (not measured)
+            if measured:
+                assert measured[0] <= m <= measured[-1] and abs(m - measured[(len(measured) - 1) // 2]) <= 0.008 * m
+    const = {c: [40_000_000] * 64 for c in STEP_COLUMNS}
+    const["step"], const["t_end_ns"] = list(range(64)), [10**18 + i * 10**6 for i in range(64)]
+    assert WindowStats.of_columns(0, const, cap=64).median("step_ns") == 40_000_000  # the sketch alone: 40.1 ms

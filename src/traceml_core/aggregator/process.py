@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
+from ..livesnapshot import LiveSnapshot, decode
 from ..wire.auth import AGGREGATOR, make_hello
 from ..wire.client import Link, LinkError
 from .settings import ERROR, READY, AggregatorSettings
@@ -115,11 +116,12 @@ class AggregatorHandle:
             return None
         return reply.get("report")
 
-    def snapshot(self, request: dict[str, Any], timeout: float = 2.0) -> dict[str, Any]:
-        """Live views: one ``snapshot`` frame (raises LinkError)."""
+    def snapshot(self, request: dict[str, Any], timeout: float = 2.0) -> LiveSnapshot:
+        """Live views: one snapshot (raises LinkError, and pydantic's ValidationError on a
+        malformed frame)."""
         if self.control is None:
             raise LinkError("no control connection")
-        return self.control.request({**request, "t": "snapshot"}, "snapshot", timeout)
+        return decode(LiveSnapshot, self.control.request({**request, "t": "snapshot"}, "snapshot", timeout))
 
     def finish(self, exit_code: Optional[int], *, interrupted: bool = False, reason: str = "",
                failed_nodes: Sequence[int] = (), timeout: Optional[float] = None,

@@ -13,12 +13,12 @@ from collections import deque
 from typing import Any, Optional
 
 from ..rankfacts import RankFacts
+from ..statistics.columns import STEP_COLUMNS
 from ..statistics.series import BUCKETS, Series
 from ..statistics.window import WindowStats
 
 #: records kept per rank for live views (modes cli and dashboard; none in summary mode)
 TAIL_RECORDS = 256
-_NO_TAIL: deque = deque(maxlen=0)
 
 
 class RankState:
@@ -27,7 +27,7 @@ class RankState:
     __slots__ = (
         "rank", "node", "host", "local_rank", "pid", "joined_at", "last_seen", "connected",
         "closed_at", "connections", "bye", "received", "gaps", "duplicates", "client_dropped",
-        "next_seq", "stats", "tail", "tail_n", "tail_keep", "events", "event_count",
+        "next_seq", "stats", "tail", "tail_end", "events", "event_count",
         "relay_dropped", "relay_seq_end", "open_bound", "last_open", "counts", "step_source", "facts",
     )
 
@@ -59,10 +59,11 @@ class RankState:
         self.next_seq = 0
         #: the statistics of every record received (the windows merged, in order)
         self.stats = WindowStats.running(buckets)
-        #: (live modes only; summary mode keeps none, and no deque per rank: memory at scale)
-        self.tail: deque = deque() if tail_records else _NO_TAIL
-        self.tail_n = 0
-        self.tail_keep = max(0, tail_records)
+        #: (live modes only; summary mode keeps none: memory at scale) each column of its last
+        #: records, and the seq after the last one
+        self.tail: Optional[dict[str, deque]] = (
+            {c: deque(maxlen=tail_records) for c in STEP_COLUMNS} if tail_records > 0 else None)
+        self.tail_end = 0
         self.events: Optional[deque] = None  # the last 8, made at the first (most ranks have none)
         self.event_count = 0
         #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
@@ -111,19 +112,10 @@ class RankState:
     def note_tail(self, msg: dict[str, Any]) -> None:
         """A checked ``tail`` frame: a window's last records, kept for the live views (summary
         mode keeps none: they are never read there, and cost memory per rank)."""
-        keep = self.tail_keep
-        if not keep:
-            return
-        seq, n, cols = msg["seq"], msg["n"], msg["cols"]
-        if n > keep:
-            cols = {k: v[-keep:] for k, v in cols.items()}
-            seq += n - keep
-            n = keep
-        tail = self.tail
-        tail.append((seq, n, cols))
-        self.tail_n += n
-        while self.tail_n - tail[0][1] >= keep:
-            self.tail_n -= tail.popleft()[1]
+        if self.tail is not None:
+            for c, d in self.tail.items():
+                d.extend(msg["cols"][c])
+            self.tail_end = msg["seq"] + msg["n"]
 
     # --- other frames -----------------------------------------------------------------------
     def note_event(self, kind: str, text: str, ts: float) -> None:

@@ -12,30 +12,9 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
+from ..rundata import GpuData, Running, SystemData
 from ..statistics.series import BUCKETS
 from ..wire.frames import GPU_LIMITS, MAX_GPUS
-
-
-class Running:
-    """count / sum / max of a stream of numbers."""
-
-    __slots__ = ("n", "sum", "max")
-
-    def __init__(self) -> None:
-        self.n = 0
-        self.sum = 0.0
-        self.max: Optional[float] = None
-
-    def add(self, x: Any) -> None:
-        if x is None:
-            return
-        self.n += 1
-        self.sum += x
-        if self.max is None or x > self.max:
-            self.max = x
-
-    def to_data(self) -> dict[str, Any]:
-        return {"n": self.n, "sum": self.sum, "max": self.max}
 
 
 GPU_METRICS = tuple(GPU_LIMITS)
@@ -119,7 +98,7 @@ class NodeSystem:
         self.cpu = Running()
         self.ram_used = Running()
         self.ram_total = Running()
-        self.gpus: dict[int, dict[str, Running]] = {}
+        self.gpus: dict[int, GpuData] = {}
         self.over_time = TimeBuckets()
 
     def ingest(self, host: Any, samples: list[dict[str, Any]]) -> None:
@@ -145,20 +124,18 @@ class NodeSystem:
                 if per is None:
                     if len(self.gpus) >= MAX_GPUS:
                         continue
-                    per = self.gpus[index] = {k: Running() for k in GPU_METRICS}
+                    per = self.gpus[index] = GpuData(index)
                 for k, v in zip(GPU_METRICS, vals):
-                    per[k].add(v)
+                    getattr(per, k).add(v)
                 means[f"gpu{index}.util_pct"] = vals[0]
                 maxes[f"gpu{index}.mem_used"] = vals[1]
             self.over_time.add(ts, means, maxes)
 
     def to_data(self) -> dict[str, Any]:
-        return {
-            "node": self.node, "host": self.host, "samples": self.samples,
-            "first_ts": self.first_ts, "last_ts": self.last_ts,
-            "cpu_pct": self.cpu.to_data(), "ram_used": self.ram_used.to_data(),
-            "ram_total": self.ram_total.to_data(),
-            "gpus": [{"index": i, **{k: r.to_data() for k, r in per.items()}}
-                     for i, per in sorted(self.gpus.items())],
-            "over_time": self.over_time.to_data(),
-        }
+        """Plain data for checkpoints and the summary: the run data's, with the samples over time."""
+        return {**self.now().to_checkpoint(), "over_time": self.over_time.to_data()}
+
+    def now(self) -> SystemData:
+        """The samples so far as the run data's type, without those over time (the live views')."""
+        return SystemData(self.node, self.host, self.samples, self.first_ts, self.last_ts, self.cpu,
+                          self.ram_used, self.ram_total, [g for _, g in sorted(self.gpus.items())])

@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..statistics.window import MAX_RECORDS, WindowStats
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello, group_aud
-from ..wire.client import TelemetryClient
+from ..wire.client import ClientConfig, TelemetryClient
 from ..wire.fold import fold_frame
 from ..wire.frames import validate
 from ..wire.protocol import ProtocolError, encode
@@ -160,14 +160,13 @@ class GroupRelay(Handler):
         self._run_ended = False
         self._thread: Optional[threading.Thread] = None
         host, port_ = upstream
-        opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
-        opts.update(client_options or {})
+        opts = {"backoff_initial": 0.1, "poll_interval": 0.05, **(client_options or {})}
         self.client = TelemetryClient(
-            host, port_, token, aud=AGGREGATOR, run=run_name, job=job_id, node=self.head, rank=-1,
-            kind="group", hostname=hostname or socket.gethostname(),
-            extra={"nodes": len(self.members)}, source=self.out, on_connect=self._reannounce,
-            on_frame=self._from_upstream, peer="node 0's aggregator",
-            name=f"traceml-group-up-{group}", **opts)
+            ClientConfig(host, port_, token, aud=AGGREGATOR, run=run_name, job=job_id, node=self.head, rank=-1,
+                         kind="group", hostname=hostname or socket.gethostname(),
+                         extra={"nodes": len(self.members)}, peer="node 0's aggregator",
+                         name=f"traceml-group-up-{group}", **opts),
+            source=self.out, on_connect=self._reannounce, on_frame=self._from_upstream)
 
     # ---- other threads ----------------------------------------------------------------------
     def start(self) -> "GroupRelay":

@@ -20,6 +20,7 @@ from .grouprelay import tree_fan_in
 from ..aggregator.process import AggregatorHandle, start_aggregator
 from ..aggregator.settings import AggregatorSettings
 from ..config import LaunchConfig
+from ..livesnapshot import LiveSnapshot
 from ..options import export_kinds
 from ..wire.client import Link, LinkError
 from .supervise import log
@@ -110,8 +111,8 @@ class AggregatorKeeper:
         finally:
             self._lock.release()
 
-    def snapshot(self, request: dict[str, Any], timeout: float = 1.0) -> Optional[dict[str, Any]]:
-        """Live views (views/): one ``snapshot`` frame from the aggregator, or None."""
+    def snapshot(self, request: dict[str, Any], timeout: float = 1.0) -> Optional[LiveSnapshot]:
+        """Live views (views/): one snapshot from the aggregator, or None."""
         with self._lock:
             if self.handle is None or self.link is None or not self.handle.alive():
                 return None

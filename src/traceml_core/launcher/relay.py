@@ -45,7 +45,7 @@ from typing import Any, Callable, Optional, Union
 
 from ..statistics.window import WindowStats
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello, relay_aud
-from ..wire.client import TelemetryClient
+from ..wire.client import ClientConfig, TelemetryClient
 from ..wire.fold import fold_frame, tail_frame
 from ..wire.frames import bind_rank, validate
 from ..wire.protocol import ProtocolError, encode
@@ -224,13 +224,12 @@ class Relay(Handler):
         self._peak = 0
 
         host, port = upstream
-        opts = dict(backoff_initial=0.1, backoff_max=5.0, poll_interval=0.05, max_frames=1024)
-        opts.update(client_options or {})
+        opts = {"backoff_initial": 0.1, "poll_interval": 0.05, **(client_options or {})}
         self.client = TelemetryClient(
-            host, port, token, aud=upstream_aud, run=run_name, job=job_id, node=node, rank=-1,
-            kind="node", hostname=hostname or socket.gethostname(), extra={"nproc": nproc_per_node},
-            source=self.out, on_connect=self._reannounce, on_frame=self._from_upstream,
-            peer="node 0's aggregator", name=f"traceml-relay-up-{node}", **opts)
+            ClientConfig(host, port, token, aud=upstream_aud, run=run_name, job=job_id, node=node, rank=-1,
+                         kind="node", hostname=hostname or socket.gethostname(), extra={"nproc": nproc_per_node},
+                         peer="node 0's aggregator", name=f"traceml-relay-up-{node}", **opts),
+            source=self.out, on_connect=self._reannounce, on_frame=self._from_upstream)
 
     # ---- other threads ----------------------------------------------------------------------
     def start(self) -> "Relay":

@@ -26,71 +26,16 @@ torch). The contract with training code:
 
 from __future__ import annotations
 
-import atexit
-import logging
-import multiprocessing
 import os
-import socket
-import sys
 import threading
-import time
-import traceback
-from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
-from ..runinfo import ENV_VAR, RunInfo
 from . import hooks
-from .recorder import StepRecorder
+from . import session as sessions
+from .session import DEFAULT_FLUSH_TIMEOUT, InitArgs, Session, warn_once
 from .step import NULL_CONTEXT
-from .tracer import TRACER, Tracer
+from .tracer import TRACER
 
-log = logging.getLogger("traceml")
-
-#: default seconds ``init`` waits for the aggregator when neither RunInfo nor the caller says
-DEFAULT_CONNECT_WAIT = 3.0
-#: default bound on the flush at exit
-DEFAULT_FLUSH_TIMEOUT = 2.0
-_EVENT_TEXT_MAX = 16_000
-
-_warned: set[str] = set()
-
-
-def _warn_once(key: str, msg: str, *args: Any) -> None:
-    if key in _warned:
-        return
-    _warned.add(key)
-    log.warning(msg, *args)
-
-
-class _Session:
-    """Everything ``init`` set up for this process."""
-
-    def __init__(self) -> None:
-        self.active = False
-        self.closed = False
-        self.rank = 0
-        self.local_rank = 0
-        self.world = 1
-        self.node = 0
-        self.run = ""
-        self.job: Optional[str] = None
-        self.address: Optional[tuple[str, int]] = None
-        self.recorder: Optional[StepRecorder] = None
-        self.tracer: Tracer = TRACER
-        self.client: Any = None
-        self.probe: Any = None
-        #: the CPU probe (sdk/threads.py): threads, cores, the training thread's wait for a core
-        self.cpu: Any = None
-        self.status = "clean"
-        self.error: Optional[str] = None
-        #: the step a fatal error happened in (or, between steps, the next step's index), and
-        #: whether it happened inside that step's ``trace_step`` block
-        self.fail_step: Optional[int] = None
-        self.fail_in_step = False
-        self.flush_timeout = DEFAULT_FLUSH_TIMEOUT
-        self.reason_off: Optional[str] = None
-
-
-_session: Optional[_Session] = None
 #: re-entrant: ``init()`` imports torch, and the worker bootstrap's hook on that import calls
 #: ``init()`` again in the same thread (a script that calls ``init()`` before ``import torch``);
 #: with a plain lock that call waited for itself for ever
@@ -100,22 +45,6 @@ _init_thread: Optional[int] = None
 #: what :func:`after_init` deferred while ``init()`` was running in its own thread
 _after_init: list[Callable[[bool], None]] = []
 # ---- init ---------------------------------------------------------------------------------------
-
-def _env_int(environ: Mapping[str, str], name: str) -> Optional[int]:
-    raw = environ.get(name)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        return None
-
-
-def _parse_address(address: str) -> tuple[str, int]:
-    host, sep, port = address.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"aggregator address {address!r} is not HOST:PORT")
-    return host.strip("[]"), int(port)
 
 
 def init(
@@ -141,28 +70,23 @@ def init(
     the process at an aggregator directly. ``connect_wait`` bounds how long this call may wait
     for the aggregator's welcome (default: the launcher's value, else 3 s).
     """
-    global _session, _init_thread
+    global _init_thread
     with _init_lock:
-        if _session is not None:
+        if sessions.current is not None:
             # set up already, or being set up by this very thread (a call from an import hook
             # that init's own import fired): the caller gets the state as it is now, and
             # after_init() is how such a caller acts once init has finished
-            return _session.active
-        s = _Session()
-        _session = s
+            return sessions.current.active
+        s = sessions.current = Session(InitArgs(
+            aggregator, token, run_name, job_id, rank, local_rank, world_size, node_rank, connect_wait,
+            flush_timeout, batch_size, max_buffered_steps, enabled))
         _init_thread = threading.get_ident()
         try:
-            _start(s, dict(
-                aggregator=aggregator, token=token, run_name=run_name, job_id=job_id, rank=rank,
-                local_rank=local_rank, world_size=world_size, node_rank=node_rank,
-                connect_wait=connect_wait, flush_timeout=flush_timeout, batch_size=batch_size,
-                max_buffered_steps=max_buffered_steps, enabled=enabled,
-            ))
+            s.start(os.environ)
         except Exception as exc:   # never into training
-            _warn_once("init-failed", "traceml: init failed (%s: %s); telemetry is off for this "
-                       "process, training continues", type(exc).__name__, exc)
-            _teardown_quietly(s)
-            s.active = False
+            warn_once("init-failed", "traceml: init failed (%s: %s); telemetry is off for this "
+                      "process, training continues", type(exc).__name__, exc)
+            s.teardown_quietly()
         finally:
             _init_thread = None
         deferred = list(_after_init)
@@ -184,7 +108,7 @@ def after_init(fn: Callable[[bool], None]) -> None:
     if init_running_here():
         _after_init.append(fn)
         return
-    s = _session
+    s = sessions.current
     _call_quietly(fn, bool(s is not None and s.active))
 
 
@@ -192,130 +116,8 @@ def _call_quietly(fn: Callable[[bool], None], active: bool) -> None:
     try:
         fn(active)
     except Exception as exc:   # never into training
-        _warn_once("after-init-failed", "traceml: a step after init failed (%s: %s); training "
-                   "continues", type(exc).__name__, exc)
-
-
-def _start(s: _Session, a: dict[str, Any]) -> None:
-    environ = os.environ
-    info = RunInfo.from_env(environ)
-    env_rank = _env_int(environ, "RANK")
-    s.rank = a["rank"] if a["rank"] is not None else (env_rank if env_rank is not None else 0)
-    lr = _env_int(environ, "LOCAL_RANK")
-    s.local_rank = a["local_rank"] if a["local_rank"] is not None else (lr if lr is not None else 0)
-    ws = _env_int(environ, "WORLD_SIZE")
-    s.world = a["world_size"] if a["world_size"] is not None else (ws if ws is not None else 1)
-    s.node = (a["node_rank"] if a["node_rank"] is not None
-              else info.node_rank if info is not None else (_env_int(environ, "GROUP_RANK") or 0))
-    s.run = a["run_name"] or (info.run_name if info is not None else "local")
-    s.job = a["job_id"] if a["job_id"] is not None else (info.job_id if info is not None else None)
-    if info is not None and not a["aggregator"]:
-        # under `traceml run` the launcher named the run and the job, and the run's token is
-        # bound to both: another name from init() would only get this rank refused
-        for arg, given, launcher in (("run_name", a["run_name"], info.run_name),
-                                     ("job_id", a["job_id"], info.job_id)):
-            if given is not None and str(given) != str(launcher):
-                _warn_once(f"init-{arg}", "traceml: init(%s=%r) is ignored under `traceml run`, "
-                           "which set it to %r (the launcher names the run: `traceml run "
-                           "--run-name NAME`)", arg, given, launcher)
-        s.run, s.job = info.run_name, info.job_id
-    s.flush_timeout = float(a["flush_timeout"])
-    token = a["token"] if a["token"] is not None else (info.token if info is not None else "")
-
-    if not a["enabled"]:
-        s.reason_off = "disabled by init(enabled=False)"
-        return
-    if a["aggregator"]:
-        s.address = _parse_address(a["aggregator"])
-    elif info is not None:
-        s.address = (info.aggregator_host, int(info.aggregator_port))
-    else:
-        bad = bool(environ.get(ENV_VAR))
-        s.reason_off = (f"{ENV_VAR} is set but unreadable" if bad
-                        else f"no run info ({ENV_VAR} is not set)")
-        if s.rank == 0 or bad:
-            _warn_once(
-                "no-run-info",
-                "traceml: %s -- telemetry is off for this process. Start the script with "
-                "`traceml run script.py ...` to collect it (or pass init(aggregator=, token=)).",
-                s.reason_off,
-            )
-        return
-    if multiprocessing.parent_process() is not None and not a["aggregator"]:
-        # a DataLoader worker (or other multiprocessing child) importing the training script:
-        # it inherits the rank's environment and must not pose as that rank
-        s.reason_off = "multiprocessing child process"
-        return
-
-    wait = a["connect_wait"]
-    if wait is None:
-        wait = info.connect_wait if info is not None else DEFAULT_CONNECT_WAIT
-    wait = max(0.0, float(wait))
-
-    import torch  # noqa: F401  (the SDK instruments torch; fail here, not in the hot path)
-
-    from ..wire.auth import relay_aud
-    from ..wire.client import TelemetryClient
-    from .memory import MEMORY_INTERVAL_S, MemoryProbe
-    from .responders import answer
-
-    batch = max(1, int(a["batch_size"]))
-    recorder = StepRecorder(rank=s.rank, batch_size=batch,
-                            max_batches=max(2, int(a["max_buffered_steps"]) // batch))
-    s.recorder = recorder
-    s.probe = MemoryProbe(TRACER)
-    host, port = s.address
-    s.client = TelemetryClient(
-        host, port, token, aud=relay_aud(s.node), run=s.run, job=s.job, node=s.node, rank=s.rank,
-        kind="rank", peer="this node's relay",
-        world=s.world, hostname=socket.gethostname(), extra={"local_rank": s.local_rank},
-        source=recorder, on_refused=_on_refused, name=f"traceml-rank{s.rank}",
-        on_frame=lambda req: answer(s, req),
-    )
-    recorder.on_backlog = s.client.wake
-    s.client.add_periodic(s.probe, MEMORY_INTERVAL_S)
-    s.client.add_periodic(recorder.refresh_wall_offset, 5.0)
-    # a blocked training thread's last records still travel (sdk/recorder.py)
-    s.client.add_periodic(lambda: recorder.seal_stalled() and s.client.wake(), 0.1)
-    from .threads import ThreadsProbe
-    from . import worksample
-
-    # threads against cores, and the wait for a core of the thread that trains (the one in init);
-    # what its steps consume (batches, CPU per phase), on sampled steps
-    sampler = worksample.WorkSampler(TRACER)
-    s.cpu = ThreadsProbe(recorder, threading.current_thread().native_id,
-                         request=info.cpu_request if info is not None else None, notify=notify,
-                         sampler=sampler)
-    s.client.add_periodic(s.cpu, 0.5)
-    s.client.add_periodic(sampler.tick, worksample.INTERVAL_S)
-    _install_exit_hooks()
-
-    TRACER.start(recorder, notify=notify)   # the patches; DDP models built before init()
-    from . import spans
-
-    spans.install(spans.event_sender(notify))   # checkpoint saves timed, progress marks
-    from . import work
-
-    work.install(spans.event_sender(notify))    # what a step is worth, if the script declared it
-    s.active = True
-    s.client.start()
-    connected = s.client.wait_connected(wait)
-    recorder.seal_at = time.perf_counter_ns() + recorder.seal_ns   # the first batch starts now
-    if not connected and s.client.refused_reason is None:
-        _warn_once(
-            "no-aggregator",
-            "traceml: no answer from the aggregator at %s:%d within %.1fs (rank %d); training "
-            "continues and telemetry keeps retrying in the background -- steps are buffered, and "
-            "counted as lost if the buffer fills", host, port, wait, s.rank,
-        )
-
-
-def _on_refused(reason: str) -> None:
-    # client thread: stop recording; the client discards and counts what was pending
-    s = _session
-    if s is not None:
-        s.reason_off = f"refused by the aggregator: {reason}"
-    TRACER.stop()
+        warn_once("after-init-failed", "traceml: a step after init failed (%s: %s); training "
+                  "continues", type(exc).__name__, exc)
 
 
 # ---- trace_step ---------------------------------------------------------------------------------
@@ -331,7 +133,7 @@ def trace_step(model: Any = None, step: Optional[int] = None) -> Any:
     """
     t = TRACER
     if not t.on:
-        if _session is not None:
+        if sessions.current is not None:
             return NULL_CONTEXT
         init()
         if not t.on:
@@ -353,202 +155,14 @@ def _progress(step: Any) -> None:
             pass
 
 
-def notify(frame: dict[str, Any]) -> bool:
-    """Queue a frame for the aggregator (events such as the step source); False when off."""
-    s = _session
-    if s is None or not s.active or s.closed or s.client is None:
-        return False
-    frame.setdefault("rank", s.rank)
-    return bool(s.client.submit(frame))
-
-
-# ---- shutdown, exceptions, fork ------------------------------------------------------------------
-
 def shutdown(timeout: Optional[float] = None) -> None:
     """Flush, send ``bye`` and stop, within ``timeout`` (default: init's ``flush_timeout``).
 
     Runs automatically at interpreter exit; calling it earlier is fine (later steps are not
     recorded). Idempotent.
     """
-    s = _session
-    if s is None or s.closed:
-        return
-    TRACER.owners.before_shutdown()   # the final step-source notice goes out before the bye
-    try:
-        from .spans import PROGRESS
-
-        PROGRESS.final()               # where the rank's steps ended, before the bye too
-    except Exception:  # noqa: BLE001
-        pass
-    if s.cpu is not None:
-        s.cpu.final()              # the run's wait for a core, before the bye too
-    s.closed = True
-    TRACER.stop()
-    r = s.recorder
-    client = s.client
-    if r is None or client is None:
-        return
-    try:
-        TRACER.timing.drain(TRACER, final=True)
-        r.flush_partial()
-
-        def bye() -> dict[str, Any]:
-            return {"t": "bye", "rank": s.rank, "status": s.status, "steps": r.count,
-                    "dropped": r.lost, "error": s.error, "fail_step": s.fail_step,
-                    "fail_in_step": s.fail_in_step}
-
-        told = client.close(s.flush_timeout if timeout is None else timeout, bye=bye)
-        if s.probe is not None:
-            s.probe.close()
-        if r.lost and client.refused_reason is None:
-            # the count reaches the summary only in the bye; without it the rank is "incomplete"
-            where = ("the loss is counted in the summary" if told or client.stats().bye_sent else
-                     "the aggregator could not be told either, so the summary marks this rank's "
-                     "telemetry incomplete")
-            log.warning("traceml: rank %d could not deliver %d of %d step records to the "
-                        "aggregator; %s", s.rank, r.lost, r.count, where)
-    except Exception:
-        pass
-
-
-def _teardown_quietly(s: _Session) -> None:
-    TRACER.stop()
-    try:
-        if s.client is not None:
-            s.client.close(0.1)
-    except Exception:
-        pass
-
-
-def _record_exception(etype: Any, value: Any, tb: Any, *, fatal: bool, thread: str = "") -> None:
-    s = _session
-    if s is None or not s.active or s.closed:
-        return
-    text = "".join(traceback.format_exception(etype, value, tb))
-    if len(text) > _EVENT_TEXT_MAX:
-        text = "...\n" + text[-_EVENT_TEXT_MAX:]
-    summary = "".join(traceback.format_exception_only(etype, value)).strip()[-2000:]
-    if fatal:
-        s.status = "interrupted" if issubclass(etype, KeyboardInterrupt) else "error"
-        s.error = summary
-        if s.fail_step is None and s.recorder is not None:
-            s.fail_step, s.fail_in_step = _failing_step(TRACER)
-    kind = "exception" if fatal else "thread_exception"
-    if thread:
-        text = f"in thread {thread}:\n{text}"
-    s.client.submit({"t": "event", "rank": s.rank, "kind": kind, "text": text, "ts": time.time()})
-
-
-_hooks_installed = False
-
-
-def _install_exit_hooks() -> None:
-    global _hooks_installed
-    if _hooks_installed:
-        return
-    _hooks_installed = True
-    prev_hook = sys.excepthook
-
-    def excepthook(etype: Any, value: Any, tb: Any) -> None:
-        try:
-            prev_hook(etype, value, tb)
-        finally:
-            try:
-                _record_exception(etype, value, tb, fatal=True)
-            except Exception:
-                pass
-
-    sys.excepthook = excepthook
-
-    prev_thread_hook = threading.excepthook
-
-    def thread_excepthook(args: Any) -> None:
-        try:
-            prev_thread_hook(args)
-        finally:
-            try:
-                if args.exc_type is not SystemExit:
-                    name = getattr(args.thread, "name", "") or "?"
-                    _record_exception(args.exc_type, args.exc_value, args.exc_traceback,
-                                      fatal=False, thread=name)
-            except Exception:
-                pass
-
-    threading.excepthook = thread_excepthook
-
-    # SystemExit never reaches sys.excepthook, and atexit cannot see the exit status: note a
-    # failing `sys.exit(n)`, or the builtin `exit(n)` / `quit(n)`, here so the rank's `bye` says
-    # "error" rather than "clean". (A bare `raise SystemExit(n)` stays invisible.)
-    prev_exit = sys.exit
-
-    def exit_hook(code: Any = None) -> None:
-        _note_failing_exit("sys.exit", code)
-        prev_exit(code)
-
-    sys.exit = exit_hook
-    try:
-        import _sitebuiltins
-
-        quitter = _sitebuiltins.Quitter
-        prev_call = quitter.__call__
-
-        def quitter_call(self: Any, code: Any = None) -> None:
-            _note_failing_exit(getattr(self, "name", "exit"), code)
-            prev_call(self, code)
-
-        quitter.__call__ = quitter_call  # type: ignore[method-assign]
-    except (ImportError, AttributeError):
-        pass
-    atexit.register(_collect_at_exit)   # atexit runs the last registered first: after shutdown
-    atexit.register(shutdown)
-
-
-def _collect_at_exit() -> None:
-    """Free unreachable objects while the interpreter is still whole. A DDP model sits in reference
-    cycles, so without this it is destroyed during interpreter finalization, where torch's gloo
-    backend aborts the process now and then ("terminate called without an active exception")
-    after training succeeded: 3 of 30 plain torchrun runs of a 2-rank script, 0 of 30 with a
-    gc.collect() before exit."""
-    try:
-        import gc
-
-        gc.collect()
-    except Exception:
-        pass
-
-
-def _note_failing_exit(how: str, code: Any) -> None:
-    try:
-        s = _session
-        if s is not None and s.active and not s.closed and code not in (None, 0):
-            s.status = "error"
-            s.error = f"{how}({code!r})"
-            if s.recorder is not None:  # called before SystemExit is raised: an open step is this one
-                s.fail_step = TRACER.produced()
-                s.fail_in_step = TRACER.active > 0
-    except Exception:
-        pass
-
-
-def _failing_step(t: Tracer) -> tuple[int, bool]:
-    """(step, inside) for a fatal exception: the index of the step whose ``trace_step`` block it
-    left (that step is not recorded, so it is the next index), or, raised between steps, the
-    index of the step that would have come next."""
-    produced = t.produced()
-    return produced, t.raised_at == produced
-
-
-def _after_fork_in_child() -> None:
-    # a forked child (DataLoader worker) must neither record nor send as the parent's rank
-    s = _session
-    if s is not None:
-        s.closed = True
-        s.active = False
-    TRACER.stop()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    if sessions.current is not None:
+        sessions.current.shutdown(timeout)
 
 
 # ---- data loaders and stats ---------------------------------------------------------------------
@@ -629,7 +243,7 @@ def stats() -> dict[str, Any]:
     could not be delivered: buffer full, refused, flush timed out), ``buffered`` (waiting),
     ``connected``, ``refused`` (the server's reason), ``reason_off`` (why tracing is off).
     """
-    s = _session
+    s = sessions.current
     if s is None:
         return {"enabled": False, "initialized": False, "reason_off": "init() not called"}
     r = s.recorder
@@ -642,25 +256,22 @@ def stats() -> dict[str, Any]:
         "buffered": r.buffered if r is not None else 0,
         "cuda_fallbacks": getattr(TRACER.timing, "fallbacks", 0) if r is not None else 0,
     }
-    if s.client is not None:
-        cs = s.client.stats()
-        out.update(sent=cs.records_sent, connected=cs.connected, connects=cs.connects,
-                   refused=cs.refused, frames_dropped=cs.frames_dropped, bye_sent=cs.bye_sent,
-                   aggregator=f"{s.client.host}:{s.client.port}")
-    else:
-        out.update(sent=0, connected=False, connects=0, refused=None, frames_dropped=0,
-                   bye_sent=False, aggregator=None)
+    from ..wire.client import ClientStats
+
+    cs = s.client.stats() if s.client is not None else ClientStats()
+    out.update(sent=cs.records_sent, connected=cs.connected, connects=cs.connects, refused=cs.refused,
+               frames_dropped=cs.frames_dropped, bye_sent=cs.bye_sent,
+               aggregator=f"{s.client.host}:{s.client.port}" if s.client is not None else None)
     return out
 
 
 def _reset_for_tests() -> None:
     """Forget the session (tests run several inits in one process). Not public API."""
-    global _session
-    s = _session
+    s = sessions.current
     if s is not None and not s.closed:
         shutdown(0.5)
-    _session = None
-    _warned.clear()
+    sessions.current = None
+    sessions._warned.clear()
     TRACER.reset()
     from . import work
 

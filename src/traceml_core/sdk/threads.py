@@ -212,7 +212,7 @@ class SchedStat:
 
 class ThreadsProbe:
     """Called periodically by the client thread, and once more at shutdown (:meth:`final`);
-    ``notify`` queues an event for the aggregator (the session's ``api.notify``: passed in, so
+    ``notify`` queues an event for the aggregator (the session's ``Session.notify``: passed in, so
     this module never imports the session)."""
 
     def __init__(self, recorder: Any, tid: Optional[int] = None,

@@ -22,23 +22,12 @@ start, and every view thread catches its own errors.
 from __future__ import annotations
 
 import sys
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Optional
 
 from .feed import Fetch, LiveFeed
 
 
-class ViewHandle(Protocol):
-    def popen_kwargs(self) -> dict[str, Any]:
-        """Extra ``subprocess.Popen`` arguments for the training command (stdout/stderr)."""
-
-    def attach(self) -> None:
-        """Call right after the training command started."""
-
-    def stop(self) -> None:
-        """Call when training ended, before the final summary is printed; never raises."""
-
-
-class _Handle:
+class ViewHandle:
     """A feed plus one view (terminal, status lines or dashboard)."""
 
     def __init__(self, feed: LiveFeed, view: Any) -> None:
@@ -46,15 +35,18 @@ class _Handle:
         self.view = view
 
     def popen_kwargs(self) -> dict[str, Any]:
+        """Extra ``subprocess.Popen`` arguments for the training command (stdout/stderr)."""
         return self.view.popen_kwargs()
 
     def attach(self) -> None:
+        """Call right after the training command started."""
         try:
             self.view.attach()
         except Exception as exc:
             _log(f"warning: live view: {exc}")
 
     def stop(self) -> None:
+        """Call when training ended, before the final summary is printed; never raises."""
         try:
             self.feed.stop(final_poll=True)
         except Exception:
@@ -90,17 +82,15 @@ def start_view(config: Any, fetch: Fetch, *, log: Callable[[str], None] = _log) 
         # the view's settings are launch options (--status-interval, TRACEML_STATUS_INTERVAL, ...),
         # validated with every other value before anything started
         if config.mode == "dashboard":
-            from .dashboard import Dashboard
+            from .dashboard import Dashboard, token_exposure
 
             feed = LiveFeed(fetch, interval=1.0, series=True).start()
             dash = Dashboard(feed, host=config.dashboard_host, port=config.dashboard_port,
                              preferred_port=int(config.aggregator_port) + 1)
             dash.start()
-            from .dashboard import token_exposure
-
             for line in dash.announce(token_exposure(2, str(getattr(config, "cluster", "") or ""))):
                 log(line)
-            return _Handle(feed, dash)
+            return ViewHandle(feed, dash)
         if is_terminal(sys.stdout):
             from .terminal import TerminalView
 
@@ -114,7 +104,7 @@ def start_view(config: Any, fetch: Fetch, *, log: Callable[[str], None] = _log) 
             log(f"live status every {config.status_interval:g} s (stdout is not a terminal; "
                 "--status-interval or TRACEML_STATUS_INTERVAL sets it)")
         view.start()
-        return _Handle(feed, view)
+        return ViewHandle(feed, view)
     except Exception as exc:
         log(f"warning: the live view could not start ({type(exc).__name__}: {exc}); training goes "
             "on and the summary is printed at the end")

@@ -26,7 +26,7 @@ import secrets
 import socket
 import stat
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Optional
 from urllib.parse import parse_qs, urlsplit
@@ -52,13 +52,9 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
     if st is None:
         return out
     ranks = []
-    for r in st.ranks:
-        d = asdict(r)
-        d.pop("series", None)
-        d["stale"] = r.stale
-        d["short"] = r.short
-        d["rate_now"] = rate(r)
-        ranks.append(d)
+    for r in st.ranks:  # the page reads the recent numbers (ms, mem_peak) as the rank's
+        ranks.append({**asdict(replace(r, series=None)), **asdict(r.recent), "stale": r.stale, "short": r.short,
+                      "rate_now": rate(r)})
         s = r.series
         if s:
             w = s.width
@@ -67,10 +63,8 @@ def live_json(feed: LiveFeed) -> dict[str, Any]:
                 "x": [i * w + (w - 1) / 2 for i in range(len(s.step_ms))],
                 "step_ms": s.step_ms, "own_ms": s.own_ms, "phases_ms": s.phases_ms,
                 "mem_mib": [None if m is None else round(m / 1048576, 1) for m in s.mem_max]})
-    out["state"] = {"run_name": st.run_name, "world_size": st.world_size, "nnodes": st.nnodes,
-                    "elapsed_s": st.elapsed_s, "records": st.records, "finishing": st.finishing,
-                    "verdict": v.to_json() if (v := verdict_so_far(st)) else None, "ranks": ranks,
-                    "nodes": [asdict(n) for n in st.nodes]}
+    out["state"] = {**asdict(replace(st, ranks=[])), "ranks": ranks,
+                    "verdict": asdict(v) if (v := verdict_so_far(st)) else None}
     return out
 
 

@@ -14,13 +14,14 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from ..livesnapshot import LiveSnapshot
 from .snapshot import VERDICT_AFTER_STEPS, LiveState, read_snapshot
 
 #: seconds between two verdict computations in the aggregator (a provisional summary)
 VERDICT_EVERY_S = 5.0
 HISTORY_POINTS = 1200
 
-Fetch = Callable[[dict[str, Any]], Optional[dict[str, Any]]]
+Fetch = Callable[[dict[str, Any]], Optional[LiveSnapshot]]
 
 
 class LiveFeed:
@@ -31,10 +32,9 @@ class LiveFeed:
         self.series = series
         self.timeout = timeout
         self._lock = threading.Lock()
-        self._cond = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
-        self._frame: Optional[dict[str, Any]] = None
+        self._frame: Optional[LiveSnapshot] = None
         self._state: Optional[LiveState] = None
         self._next_verdict = 0.0
         self.updates = 0
@@ -75,13 +75,12 @@ class LiveFeed:
             frame, err = None, f"{type(exc).__name__}: {exc}"
         else:
             err = None if frame is not None else "the aggregator did not answer"
-        if frame is not None and frame.get("error"):
-            frame, err = None, f"the aggregator could not build a snapshot: {frame['error']}"
-        with self._cond:
+        if frame is not None and frame.error:
+            frame, err = None, f"the aggregator could not build a snapshot: {frame.error}"
+        with self._lock:
             if frame is None:
                 self.failures += 1
                 self.last_error = err
-                self._cond.notify_all()
                 return None
             if want_verdict:
                 self._next_verdict = now + VERDICT_EVERY_S
@@ -90,14 +89,12 @@ class LiveFeed:
             except Exception as exc:  # a malformed frame: keep the old state, say why
                 self.failures += 1
                 self.last_error = f"unreadable snapshot: {type(exc).__name__}: {exc}"
-                self._cond.notify_all()
                 return None
             self._frame, self._state = frame, state
             self._last_ok = now
             self.last_error = None
             self.updates += 1
             self._record(state)
-            self._cond.notify_all()
             return state
 
     # --- readers ---------------------------------------------------------------------------------
@@ -113,11 +110,6 @@ class LiveFeed:
             age = None if self._last_ok is None else time.monotonic() - self._last_ok
             ok = self.last_error is None and self._last_ok is not None
             return ok, age, self.last_error
-
-    def wait_update(self, after: int, timeout: float) -> int:
-        with self._cond:
-            self._cond.wait_for(lambda: self.updates > after or self._stop.is_set(), timeout)
-            return self.updates
 
     def history(self) -> dict[str, Any]:
         with self._lock:

@@ -1,23 +1,21 @@
-"""The live snapshot as the views read it: ``snapshot`` frames -> :class:`LiveState`.
+"""The live snapshot as the views see it: :class:`~traceml_core.livesnapshot.LiveSnapshot` judged.
 
-The aggregator builds the frames (``aggregator/snapshot.py``, inside its loop, when node 0's
-launcher asks on its control connection). :func:`read_snapshot` runs **in the launcher** and turns
-frames into :class:`LiveState` (dataclasses the terminal view and the dashboard both render).
-Staleness is computed from the aggregator's own clock (``server_time - last_seen``), so clock skew
-between processes does not matter, and it keeps growing between snapshots
-(:meth:`LiveState.aged`): a view never freezes on the last good numbers.
+:func:`read_snapshot` runs **in the launcher**: each rank's state and how long it has been silent,
+its rate and the nodes' means since the previous snapshot (:class:`LiveState`, which the terminal
+view and the dashboard both render). Staleness is computed from the aggregator's own clock
+(``server_time - last_seen``), so clock skew between processes does not matter, and it keeps
+growing between snapshots (:meth:`LiveState.aged`): a view never freezes on the last good numbers.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
-from ..aggregator.snapshot import PHASES
-from ..report.document import Verdict
+from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSnap
 
-__all__ = ["PHASES", "LiveState", "LiveSeries", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
+__all__ = ["PHASES", "LiveState", "RankLive", "NodeLive", "GpuLive", "read_snapshot"]
 
 #: a connected rank is stale after max(STALE_MIN_S, STALE_STEPS x its recent step time) without
 #: data: clients ship every 50 ms, so 3 s of silence is never batching, and a 10 s step may
@@ -32,28 +30,16 @@ JOIN_GRACE_S = 30.0
 VERDICT_AFTER_STEPS = 25
 
 
-@dataclass
-class RankLive:
-    rank: int
-    node: Optional[int]
-    host: str
-    local_rank: Optional[int]
+@dataclass(frozen=True)
+class RankLive(RankSnap):
+    """A rank as the aggregator described it, judged."""
+
     #: "starting" (connected, no step yet), "ok", "stale" (connected, silent too long),
     #: "gone" (connection closed without bye), "ended" (said bye), "waiting" (never connected)
-    state: str
+    state: str = "waiting"
     #: seconds since this rank's last data (None: never sent any)
-    age_s: Optional[float]
-    note: str
-    last_step: int
-    received: int
-    steps_per_s: Optional[float]
-    ms: dict[str, Optional[float]]
-    mem_peak: Optional[int]
-    spark_ms: list[float]
-    bye: Optional[str] = None
-    error: Optional[str] = None
-    #: the whole run so far per step bucket (dashboard only), None when not asked for
-    series: Optional["LiveSeries"] = None
+    age_s: Optional[float] = None
+    note: str = ""
     #: steps/s between the last two snapshots, by the rank's own step times (see ``_rate``),
     #: None before two snapshots
     rate: Optional[float] = None
@@ -69,24 +55,6 @@ class RankLive:
     @property
     def stale(self) -> bool:
         return self.state in ("stale", "gone") or (self.state == "waiting" and bool(self.note))
-
-
-@dataclass
-class LiveSeries:
-    """A rank's run so far, per bucket of ``width`` steps (the report's series, up to now)."""
-
-    width: int
-    step_ms: list[Optional[float]]
-    own_ms: list[Optional[float]]
-    phases_ms: dict[str, list[Optional[float]]]
-    mem_max: list[Optional[int]]
-
-    @classmethod
-    def from_frame(cls, s: Any) -> Optional["LiveSeries"]:
-        if not isinstance(s, dict):
-            return None
-        return cls(int(s.get("width") or 1), list(s.get("step_ms") or []), list(s.get("own_ms") or []),
-                   dict(s.get("phases_ms") or {}), list(s.get("mem_max") or []))
 
 
 @dataclass
@@ -120,7 +88,7 @@ class LiveState:
     ranks: list[RankLive]
     nodes: list[NodeLive]
     #: the verdict so far (the aggregator's provisional summary), None before one was asked for
-    verdict: Optional[Verdict]
+    verdict: Optional[LiveVerdict]
     finishing: bool
     #: monotonic time this state was read (for :meth:`aged`)
     read_at: float = field(default_factory=time.monotonic)
@@ -133,52 +101,38 @@ class LiveState:
         dt = max(0.0, (time.monotonic() if now is None else now) - self.read_at)
         if dt <= 0:
             return self
-        ranks = [_restale(r, dt) for r in self.ranks]
-        return LiveState(self.run_name, self.world_size, self.nnodes, self.elapsed_s + dt,
-                         self.records, ranks, self.nodes, self.verdict, self.finishing,
-                         self.read_at + dt, self.error)
+        return replace(self, elapsed_s=self.elapsed_s + dt, ranks=[_restale(r, dt) for r in self.ranks],
+                       read_at=self.read_at + dt)
 
     @property
     def stale_ranks(self) -> list[RankLive]:
         return [r for r in self.ranks if r.stale]
 
 
-def _threshold(ms: dict[str, Optional[float]]) -> float:
-    step = ms.get("step")
-    return max(STALE_MIN_S, STALE_STEPS * step / 1000.0) if step else STALE_MIN_S
-
-
-def _judge(state: str, age: Optional[float], ms: dict[str, Optional[float]], bye: Optional[str],
-           last_step: int, error: Optional[str]) -> tuple[str, str]:
-    """(state, note) of a rank from how long it has been silent."""
-    if bye:
-        return "ended", f"ended {bye}" + (f": {error.splitlines()[-1][:80]}" if error else "")
-    if state == "gone":
+def _judge(r: RankSnap, base: str, age: Optional[float]) -> tuple[str, str]:
+    """(state, note) of a rank ``base`` ("connected", "gone" or "waiting") from how long it has
+    been silent."""
+    if base == "waiting":
+        return "waiting", f"not connected after {_secs(age)}" if age is not None and age > JOIN_GRACE_S else ""
+    if r.bye:
+        return "ended", f"ended {r.bye}" + (f": {r.error.splitlines()[-1][:80]}" if r.error else "")
+    if base == "gone":
         return "gone", f"connection lost without a bye, no data for {_secs(age)}"
-    if last_step < 0:
+    if r.last_step < 0:
         return "starting", f"connected, no step yet ({_secs(age)})"
-    if age is not None and age > _threshold(ms):
+    step = r.recent.ms.get("step")
+    if age is not None and age > max(STALE_MIN_S, STALE_STEPS * step / 1000.0 if step else 0.0):
         return "stale", f"no data for {_secs(age)}"
     return "ok", f"ok ({_secs(age)} ago)"
 
 
 def _restale(r: RankLive, dt: float) -> RankLive:
-    if r.state in ("ended", "waiting") or r.age_s is None:
-        if r.state == "waiting" and r.age_s is not None:
-            age = r.age_s + dt
-            note = f"not connected after {_secs(age)}" if age > JOIN_GRACE_S else ""
-            return _replace(r, age_s=age, note=note)
+    """``r`` as it looks ``dt`` seconds later without news: its silence grows."""
+    if r.state == "ended" or r.age_s is None:
         return r
     age = r.age_s + dt
-    base = "gone" if r.state == "gone" else "connected"
-    state, note = _judge(base, age, r.ms, r.bye, r.last_step, r.error)
-    return _replace(r, age_s=age, state=state, note=note)
-
-
-def _replace(r: RankLive, **kw: Any) -> RankLive:
-    d = dict(r.__dict__)
-    d.update(kw)
-    return RankLive(**d)
+    state, note = _judge(r, r.state if r.state in ("gone", "waiting") else "connected", age)
+    return replace(r, age_s=age, state=state, note=note)
 
 
 def _secs(s: Optional[float]) -> str:
@@ -191,107 +145,62 @@ def _secs(s: Optional[float]) -> str:
     return f"{s / 60:.0f} min"
 
 
-def _delta_mean(cur: dict[str, Any], prev: Optional[dict[str, Any]]) -> Optional[float]:
-    """Mean of a running ``{n, sum, max}`` over the samples since the previous snapshot (the
-    whole-run mean without one); None when no sample arrived since."""
-    n, s = cur.get("n") or 0, cur.get("sum") or 0.0
-    if prev is None:
-        return s / n if n else None
-    pn = prev.get("n") or 0
-    if n > pn:
-        return (s - (prev.get("sum") or 0.0)) / (n - pn)
-    return None
+def _means(cur: Any, prev: Any, old: Any, metrics: tuple[str, ...]) -> dict[str, Optional[float]]:
+    """Per metric, the mean of a node's (or GPU's) samples since the previous snapshot ``prev``
+    (the whole-run mean without one); the value shown before (``old``'s) when none arrived since."""
+    out = {}
+    for k in metrics:
+        c, p, o = getattr(cur, k), getattr(prev, k, None), getattr(old, k, None)
+        out[k] = ((c.sum - p.sum) / (c.n - p.n) if c.n > p.n else o) if p is not None else (c.mean if c.n else o)
+    return out
 
 
-def _keep(new: Optional[float], old: Optional[float]) -> Optional[float]:
-    return old if new is None else new
-
-
-def _rate(now: dict[str, Any], before: dict[str, Any], poll_s: float) -> Optional[float]:
+def _rate(now: RankSnap, before: RankSnap) -> Optional[float]:
     """Steps/s of one rank between two snapshots, timed by the rank's own clock: the steps it
     finished since the previous snapshot over the time between the ends of the two latest steps.
     Records arrive in bursts (the relay batches them), so steps over the poll's wall time can
-    exceed what the rank can do (104 steps/s from 10.7 ms steps). With no new step, 0 over the
-    poll; without the rank's times (an older aggregator), received records over the poll."""
-    t1 = (now.get("recent") or {}).get("last_t_end_ns")
-    t0 = (before.get("recent") or {}).get("last_t_end_ns")
-    steps = int(now.get("last_step", -1)) - int(before.get("last_step", -1))
+    exceed what the rank can do (104 steps/s from 10.7 ms steps). 0 with no new step."""
+    t1, t0 = now.recent.last_t_end_ns, before.recent.last_t_end_ns
+    steps = now.last_step - before.last_step
     if steps > 0 and t1 is not None and t0 is not None and t1 > t0:
         return round(steps / ((t1 - t0) / 1e9), 3)
-    if poll_s <= 0:
-        return None
-    if steps == 0:
-        return 0.0
-    return round(max(0, now.get("received", 0) - before.get("received", 0)) / poll_s, 3)
+    return 0.0 if steps == 0 else None
 
 
-def read_snapshot(frame: dict[str, Any], prev: Optional[dict[str, Any]] = None,
+def read_snapshot(snap: LiveSnapshot, prev: Optional[LiveSnapshot] = None,
                   prev_state: Optional[LiveState] = None, now: Optional[float] = None) -> LiveState:
-    """Turn a ``snapshot`` frame into a :class:`LiveState`. ``prev`` (the previous frame) gives
-    rates and system means since then; ``prev_state`` supplies values (system samples, the
-    verdict) that this frame did not refresh."""
+    """Judge a snapshot: a :class:`LiveState`. ``prev`` (the previous snapshot) gives rates and
+    system means since then; ``prev_state`` supplies values (system samples, the verdict) that
+    this snapshot did not refresh."""
     now_m = time.monotonic() if now is None else now
-    server_time = float(frame.get("server_time") or time.time())
-    world = int(frame.get("world_size") or 0)
-    nproc = int(frame.get("nproc_per_node") or 1)
-    prev_ranks = {r["rank"]: r for r in (prev or {}).get("ranks", [])}
+    server_time = snap.server_time or time.time()
+    prev_ranks = {r.rank: r for r in prev.ranks} if prev is not None else {}
     ranks: dict[int, RankLive] = {}
-    for r in frame.get("ranks", []):
-        rec = r.get("recent") or {}
-        ms = dict(rec.get("ms") or {})
-        last = r.get("last_seen")
-        age = max(0.0, server_time - last) if last is not None else None
-        base = "connected" if r.get("connected") else "gone"
-        if not r.get("connected") and r.get("closed_at") is not None and last is not None:
-            age = max(0.0, server_time - last)
-        state, note = _judge(base, age, ms, r.get("bye"), int(r.get("last_step", -1)), r.get("error"))
-        p = prev_ranks.get(r["rank"])
-        rate = None if p is None or prev is None else _rate(r, p, server_time - float(prev.get("server_time") or server_time))
-        ranks[r["rank"]] = RankLive(
-            rank=r["rank"], node=r.get("node"), host=r.get("host") or "", local_rank=r.get("local_rank"),
-            state=state, age_s=age, note=note, last_step=int(r.get("last_step", -1)),
-            received=int(r.get("received", 0)), steps_per_s=rec.get("steps_per_s"), ms=ms,
-            mem_peak=rec.get("mem_peak"), spark_ms=list(rec.get("spark_ms") or []),
-            bye=r.get("bye"), error=r.get("error"), series=LiveSeries.from_frame(r.get("series")),
-            rate=rate)
-    started = float(frame.get("started_at") or server_time)
-    since_start = max(0.0, server_time - started)
-    for rank in range(world):
+    for r in snap.ranks:
+        age = max(0.0, server_time - r.last_seen) if r.last_seen is not None else None
+        state, note = _judge(r, "connected" if r.connected else "gone", age)
+        p = prev_ranks.get(r.rank)
+        ranks[r.rank] = RankLive(**vars(r), state=state, age_s=age, note=note,
+                                 rate=None if p is None else _rate(r, p))
+    since_start = max(0.0, server_time - (snap.started_at or server_time))
+    nproc = snap.nproc_per_node
+    for rank in range(snap.world_size):
         if rank not in ranks:
-            note = f"not connected after {_secs(since_start)}" if since_start > JOIN_GRACE_S else ""
-            ranks[rank] = RankLive(rank, rank // nproc if nproc else 0, "", None, "waiting",
-                                   since_start, note, -1, 0, None, {}, None, [])
-    prev_sys = {n["node"]: n for n in (prev or {}).get("system", [])}
+            ranks[rank] = _restale(RankLive(rank, node=rank // nproc if nproc else 0, age_s=since_start), 0.0)
+    prev_nodes = {n.node: n for n in prev.nodes} if prev is not None else {}
     old_nodes = {n.node: n for n in (prev_state.nodes if prev_state else [])}
     nodes = []
-    for n in frame.get("system", []):
-        p = prev_sys.get(n["node"])
-        old = old_nodes.get(n["node"])
+    for n in snap.nodes:
+        p, old = prev_nodes.get(n.node), old_nodes.get(n.node)
+        prev_gpus = {g.index: g for g in (p.gpus if p else [])}
         old_gpus = {g.index: g for g in (old.gpus if old else [])}
-        pg = {g["index"]: g for g in (p or {}).get("gpus", [])}
-        gpus = []
-        for g in n.get("gpus", []):
-            q = pg.get(g["index"]) if p is not None else None
-            og = old_gpus.get(g["index"])
-            vals = {k: _keep(_delta_mean(g.get(k) or {}, (q or {}).get(k) if p is not None else None),
-                             getattr(og, k, None))
-                    for k in ("util_pct", "mem_used", "temp_c", "power_w")}
-            gpus.append(GpuLive(g["index"], vals["util_pct"], vals["mem_used"],
-                                (g.get("mem_total") or {}).get("max"), vals["temp_c"], vals["power_w"]))
-        last_ts = n.get("last_ts")
-        nodes.append(NodeLive(
-            n["node"], n.get("host") or "",
-            _keep(_delta_mean(n.get("cpu_pct") or {}, (p or {}).get("cpu_pct") if p else None),
-                  old.cpu_pct if old else None),
-            _keep(_delta_mean(n.get("ram_used") or {}, (p or {}).get("ram_used") if p else None),
-                  old.ram_used if old else None),
-            (n.get("ram_total") or {}).get("max"), gpus,
-            max(0.0, server_time - last_ts) if last_ts else None))
-    verdict = (Verdict.from_json(frame["verdict"]) if isinstance(frame.get("verdict"), dict)
-               else prev_state.verdict if prev_state else None)
+        gpus = [GpuLive(g.index, mem_total=g.mem_total.max, **_means(g, prev_gpus.get(g.index), old_gpus.get(
+                    g.index), ("util_pct", "mem_used", "temp_c", "power_w"))) for g in n.gpus]
+        nodes.append(NodeLive(n.node, n.host, ram_total=n.ram_total.max, gpus=gpus,
+                              age_s=max(0.0, server_time - n.last_ts) if n.last_ts else None,
+                              **_means(n, p, old, ("cpu_pct", "ram_used"))))
     return LiveState(
-        run_name=str(frame.get("run_name") or ""), world_size=world,
-        nnodes=int(frame.get("nnodes") or 1), elapsed_s=since_start,
-        records=int(frame.get("records") or 0), ranks=[ranks[k] for k in sorted(ranks)],
-        nodes=nodes, verdict=verdict, finishing=bool(frame.get("finishing")),
-        read_at=now_m, error=frame.get("error"))
+        run_name=snap.run_name, world_size=snap.world_size, nnodes=snap.nnodes, elapsed_s=since_start,
+        records=snap.records, ranks=[ranks[k] for k in sorted(ranks)], nodes=nodes,
+        verdict=snap.verdict or (prev_state.verdict if prev_state else None), finishing=snap.finishing,
+        read_at=now_m, error=snap.error)

@@ -17,9 +17,10 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from statistics import median
 from typing import Any, Callable, Optional, TextIO
 
-from ..report.document import Verdict
+from ..livesnapshot import LiveVerdict
 from .feed import LiveFeed
 from .snapshot import PHASES, VERDICT_AFTER_STEPS, LiveState, RankLive
 
@@ -68,21 +69,13 @@ def rate(r: RankLive) -> Optional[float]:
         return 0.0
     if r.last_step < 0:
         return None
-    return r.rate if r.rate is not None else r.steps_per_s
+    return r.rate if r.rate is not None else r.recent.steps_per_s
 
 
-def verdict_so_far(st: LiveState) -> Optional[Verdict]:
+def verdict_so_far(st: LiveState) -> Optional[LiveVerdict]:
     if st.verdict and max((r.received for r in st.ranks), default=0) >= VERDICT_AFTER_STEPS:
         return st.verdict
     return None
-
-
-def _median(xs: list[float]) -> Optional[float]:
-    s = sorted(xs)
-    if not s:
-        return None
-    m = len(s) // 2
-    return s[m] if len(s) % 2 else (s[m - 1] + s[m]) / 2
 
 
 def ranks_phrase(st: LiveState) -> str:
@@ -117,7 +110,7 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
     if st is None:
         return f"[traceml] live: waiting for the aggregator{'' if err is None else f' ({err})'}"
     active = [r for r in st.ranks if r.state in ("ok", "starting")]
-    timed = [r for r in active if r.ms.get("step") is not None]
+    timed = [r for r in active if r.recent.ms.get("step") is not None]
     last = max((r.last_step for r in st.ranks), default=-1)
     if last < 0:
         progress = "no step yet"
@@ -127,20 +120,20 @@ def status_line(st: Optional[LiveState], contact: tuple[bool, Optional[float], O
         progress = f"step {last + 1}"
     parts = [f"[traceml] {fmt_elapsed(st.elapsed_s)}", progress, ranks_phrase(st)]
     if timed:
-        worst = max(timed, key=lambda r: r.ms["step"])
+        worst = max(timed, key=lambda r: r.recent.ms["step"])
         # the median step as the summary defines it (every step of every rank), over the recent
         # steps each rank reported; a rank's own recent median only when none came with them
-        pooled = [v for r in timed for v in (r.spark_ms or [])]
-        med = _median(pooled) if pooled else _median([r.ms["step"] for r in timed])
+        pooled = [v for r in timed for v in (r.recent.spark_ms or [])]
+        med = median(pooled) if pooled else median([r.recent.ms["step"] for r in timed])
         parts.append(f"{fmt_ms(med)} ms/step "
-                     f"(worst rank {worst.rank} {fmt_ms(worst.ms['step'])})")
+                     f"(worst rank {worst.rank} {fmt_ms(worst.recent.ms['step'])})")
     rates = [x for x in (rate(r) for r in active) if x is not None]
     if rates and last >= 0:
-        parts.append(f"{_median(rates):.1f} steps/s per rank")
-    inputs = [r.ms.get("input") for r in active if r.ms.get("input") is not None]
+        parts.append(f"{median(rates):.1f} steps/s per rank")
+    inputs = [r.recent.ms.get("input") for r in active if r.recent.ms.get("input") is not None]
     if inputs and timed:
-        parts.append(f"input {fmt_ms(_median(inputs))} ms")
-    mems = [r.mem_peak for r in st.ranks if r.mem_peak]
+        parts.append(f"input {fmt_ms(median(inputs))} ms")
+    mems = [r.recent.mem_peak for r in st.ranks if r.recent.mem_peak]
     if mems:
         parts.append(f"mem {fmt_bytes(max(mems))}")
     for n in st.nodes:
@@ -193,12 +186,12 @@ def _age_short(s: Optional[float]) -> str:
 
 
 def own_ms(r: RankLive) -> Optional[float]:
-    step = r.ms.get("step")
+    step = r.recent.ms.get("step")
     if step is None:
         return None
-    wait = r.ms.get("comm")
+    wait = r.recent.ms.get("comm")
     if wait is None:
-        wait = r.ms.get("backward")
+        wait = r.recent.ms.get("backward")
     return max(0.0, step - (wait or 0.0))
 
 
@@ -211,12 +204,12 @@ def _cells(st: LiveState, phases: list[str], compact: bool) -> dict[str, list[st
         cells["status"].append(compact_state(r) if compact else r.short)
         cells["step"].append(str(r.last_step + 1 if r.last_step >= 0 else "-"))
         cells["steps/s"].append("-" if rt is None else f"{rt:.1f}")
-        cells["step ms"].append(fmt_ms(r.ms.get("step")))
+        cells["step ms"].append(fmt_ms(r.recent.ms.get("step")))
         cells["own"].append(fmt_ms(own_ms(r)))
         for p in ("input", "forward", "backward", "optimizer", "h2d", "comm"):
-            cells[_SHORT.get(p, p)].append(fmt_ms(r.ms.get(p)) if p in phases else "")
-        cells["mem"].append(fmt_bytes(r.mem_peak))
-        cells["recent steps"].append(sparkline(r.spark_ms))
+            cells[_SHORT.get(p, p)].append(fmt_ms(r.recent.ms.get(p)) if p in phases else "")
+        cells["mem"].append(fmt_bytes(r.recent.mem_peak))
+        cells["recent steps"].append(sparkline(r.recent.spark_ms))
     return cells
 
 
@@ -256,7 +249,7 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
         items.append(Text(f"aggregator not answering for {age:.0f} s ({err}); the numbers below are "
                           f"{age:.0f} s old", style="bold red"))
     # optional columns appear once some rank measures them (h2d: CUDA; comm: a process group)
-    shown = {p for p in ("h2d", "comm") if any(r.ms.get(p) is not None for r in st.ranks)}
+    shown = {p for p in ("h2d", "comm") if any(r.recent.ms.get(p) is not None for r in st.ranks)}
     phases = [p for p in PHASES if p != "step" and (p not in ("h2d", "comm") or p in shown)]
     compact = width < 120
     cells = _cells(st, phases, compact)
@@ -304,7 +297,7 @@ def render(st: Optional[LiveState], contact: tuple[bool, Optional[float], Option
     for r in st.stale_ranks[:8]:
         items.append(Text(f"rank {r.rank}: {r.note}", style="bold red"))
     if v:
-        items.append(Text.assemble(("so far: ", "bold"), (v.label,
+        items.append(Text.assemble(("so far: ", "bold"), (v.kind.upper().replace("_", "-"),
                                                           "bold magenta"),
                                    f" ({v.severity}): {v.why}"))
     return Group(*items)

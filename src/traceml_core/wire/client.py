@@ -28,7 +28,7 @@ process that uses it:
   as gaps in the per-rank ``seq`` numbers.
 
 :class:`Link` is the blocking request/response connection of node 0's launcher (kind
-``control``) and of the doctor's agents.
+``control``) and of the doctor's agents. Both open a connection with :func:`handshake`.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Protocol, Union
 
 from .auth import make_hello
@@ -95,22 +95,92 @@ class RecordSource(Protocol):
     def lost(self) -> int: ...
 
 
-@dataclass(frozen=True)
+@dataclass
 class ClientStats:
-    """A snapshot of the client's counters (for tests, the final log line and the summary)."""
+    """The client's counters (:meth:`TelemetryClient.stats`: a copy for tests, logs and the summary)."""
 
-    kind: str
-    connected: bool
-    connects: int            # successful handshakes (1 + reconnects)
-    connect_failures: int    # attempts that did not end in a welcome
-    refused: Optional[str]   # the server's reason, once refused
-    frames_sent: int         # all frames fully handed to the kernel (steps, system, event, bye)
-    records_sent: int        # step records inside the sent ``steps`` frames
-    frames_dropped: int      # submitted frames dropped (queue full, refused, unencodable, deadline)
-    records_lost: int        # step records known lost (source drops + discards)
-    bytes_sent: int
-    bye_sent: bool
-    last_error: Optional[str]
+    kind: str = "rank"
+    connected: bool = False
+    connects: int = 0                # successful handshakes (1 + reconnects)
+    connect_failures: int = 0        # attempts that did not end in a welcome
+    refused: Optional[str] = None    # the server's reason, once refused
+    frames_sent: int = 0             # all frames fully handed to the kernel (steps, system, event, bye)
+    records_sent: int = 0            # step records inside the sent ``steps`` frames
+    frames_dropped: int = 0          # submitted frames dropped (queue full, refused, unencodable, deadline)
+    records_lost: int = 0            # step records known lost (source drops + discards)
+    bytes_sent: int = 0
+    bye_sent: bool = False
+    last_error: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """Where a :class:`TelemetryClient` connects, who it says it is (its hello), and its pace."""
+
+    host: str
+    port: int
+    token: str
+    #: the hello: the endpoint it is for (``wire.auth.relay_aud``...), the run and who this is
+    aud: str
+    run: str
+    job: Optional[str] = None
+    node: int = 0
+    rank: int = -1
+    kind: str = "rank"
+    world: int = 0
+    #: this machine's name in the hello (None: socket.gethostname())
+    hostname: Optional[str] = None
+    extra: Optional[dict[str, Any]] = None
+    #: submitted frames that may wait; beyond, they are dropped and counted
+    max_frames: int = 1024
+    poll_interval: float = 0.1
+    connect_timeout: float = 2.0
+    handshake_timeout: float = 5.0
+    #: a server that accepts nothing this long is treated as gone
+    send_timeout: float = 10.0
+    backoff_initial: float = 0.05
+    backoff_max: float = 5.0
+    #: the thread's name, and how log lines name the server
+    name: str = "traceml-client"
+    peer: str = "the aggregator"
+    #: a fixed send buffer (tests: make a stalled server felt sooner)
+    sndbuf: Optional[int] = None
+
+    def hello(self) -> dict[str, Any]:
+        """A fresh hello (fresh nonce: no endpoint's replay check ever refuses a reconnect)."""
+        return make_hello(self.token, aud=self.aud, run=self.run, job=self.job, node=self.node,
+                          rank=self.rank, kind=self.kind, world=self.world, extra=self.extra,
+                          host=self.hostname if self.hostname is not None else socket.gethostname())
+
+
+class LinkError(Exception):
+    """The server could not be reached or answered wrongly; ``str()`` says what happened."""
+
+
+class LinkRefused(LinkError):
+    """The server refused our hello; ``reason`` is its reason."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the connection was refused: {reason}")
+        self.reason = reason
+
+
+def handshake(sock: socket.socket, hello: dict[str, Any], frames: FrameBuffer) -> None:
+    """Send ``hello`` on a connected socket and read the answer (the socket's timeout bounds the
+    wait); returns once welcomed, what came after the welcome left in ``frames``. Raises
+    :class:`LinkRefused` with the server's reason, :class:`LinkError` for any other answer, OSError
+    or ProtocolError from the connection."""
+    sock.sendall(encode(hello))
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise LinkError("the server closed the connection during the handshake")
+        for reply in frames.feed(data):
+            if reply.get("t") == "welcome":
+                return
+            if reply.get("t") == "refused":
+                raise LinkRefused(str(reply.get("reason", "no reason given")))
+            raise LinkError(f"unexpected answer to hello: {reply.get('t')!r}")
 
 
 _live_clients: "weakref.WeakSet[TelemetryClient]" = weakref.WeakSet()
@@ -132,66 +202,36 @@ class TelemetryClient:
 
     Typical use (rank)::
 
-        c = TelemetryClient(relay_host, relay_port, token, aud=relay_aud(node), run=run,
-                            job=job, node=node, rank=rank, kind="rank", world=world,
-                            extra={"local_rank": lr}, source=recorder, on_frame=answer)
+        c = TelemetryClient(ClientConfig(relay_host, relay_port, token, aud=relay_aud(node),
+                                         run=run, job=job, node=node, rank=rank, world=world,
+                                         extra={"local_rank": lr}),
+                            source=recorder, on_frame=answer)
         c.start(); c.wait_connected(2.0)
         ...
         c.close(timeout=2.0, bye=lambda: {...})
+
+    ``source`` gives the step batches; ``on_refused`` (the server's reason), ``on_connect`` (the
+    frames that go first on each connection) and ``on_frame`` (a checked ``req``) run on the
+    client thread.
     """
 
     def __init__(
         self,
-        host: str,
-        port: int,
-        token: str,
+        config: ClientConfig,
         *,
-        aud: str,
-        run: str,
-        job: Optional[str] = None,
-        node: int = 0,
-        rank: int = -1,
-        kind: str = "rank",
-        world: int = 0,
-        hostname: Optional[str] = None,
-        extra: Optional[dict[str, Any]] = None,
         source: Optional[RecordSource] = None,
-        max_frames: int = 1024,
-        poll_interval: float = 0.1,
-        connect_timeout: float = 2.0,
-        handshake_timeout: float = 5.0,
-        send_timeout: float = 10.0,
-        backoff_initial: float = 0.05,
-        backoff_max: float = 5.0,
         on_refused: Optional[Callable[[str], None]] = None,
         on_connect: Optional[Callable[[], list[Union[dict[str, Any], bytes]]]] = None,
         on_frame: Optional[Callable[[dict[str, Any]], None]] = None,
-        name: str = "traceml-client",
-        peer: str = "the aggregator",
-        sndbuf: Optional[int] = None,
     ) -> None:
-        self.host = host
-        self.peer = peer
-        self._sndbuf = sndbuf
-        self.port = int(port)
-        self._token = token
-        self.kind = kind
-        self._hello_args = dict(
-            aud=aud, run=run, job=job, node=node, rank=rank, kind=kind, world=world,
-            host=hostname if hostname is not None else socket.gethostname(), extra=extra,
-        )
+        self.config = config
+        self.host, self.port, self.peer = config.host, int(config.port), config.peer
         self.source = source
-        self.max_frames = max_frames
-        self.poll_interval = poll_interval
-        self.connect_timeout = connect_timeout
-        self.handshake_timeout = handshake_timeout
-        self.send_timeout = send_timeout
-        self.backoff = Backoff(backoff_initial, backoff_max)
+        self.backoff = Backoff(config.backoff_initial, config.backoff_max)
         self._on_refused = on_refused
         self._on_connect = on_connect
         self._on_frame = on_frame
         self._down = FrameBuffer(MAX_FRAME)
-        self._name = name
 
         self._frames: deque[Union[dict[str, Any], bytes]] = deque()
         self._periodic: list[list[Any]] = []     # [fn, interval_s, next_due]
@@ -207,16 +247,7 @@ class TelemetryClient:
         self._dead = False                       # forked child or finished
         self._ended = False                      # the server said the run is over: no reconnect
 
-        self._connected = False
-        self._connects = 0
-        self._connect_failures = 0
-        self._refused: Optional[str] = None
-        self._frames_sent = 0
-        self._records_sent = 0
-        self._frames_dropped = 0
-        self._bytes_sent = 0
-        self._bye_sent = False
-        self._last_error: Optional[str] = None
+        self._c = ClientStats(kind=config.kind)
         self._warned_lost = False
         _live_clients.add(self)
 
@@ -225,14 +256,14 @@ class TelemetryClient:
     def start(self) -> None:
         if self._thread is not None or self._dead:
             return
-        self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.config.name, daemon=True)
         self._thread.start()
 
     def submit(self, frame: Union[dict[str, Any], bytes]) -> bool:
         """Queue one frame (``system``, ``event``..., or its encoded bytes). False (and counted) if
         it had to be dropped."""
-        if self._dead or self._refused is not None or self._closing or len(self._frames) >= self.max_frames:
-            self._frames_dropped += 1
+        if self._dead or self._c.refused is not None or self._closing or len(self._frames) >= self.config.max_frames:
+            self._c.frames_dropped += 1
             return False
         self._frames.append(frame)
         return True
@@ -254,7 +285,7 @@ class TelemetryClient:
         """Wait at most ``timeout`` s for the first welcome; True if connected now."""
         if timeout > 0 and not self._dead:
             self._settled.wait(timeout)
-        return self._connected
+        return self._c.connected
 
     def close(
         self,
@@ -281,28 +312,21 @@ class TelemetryClient:
             return False
         if thread is not threading.current_thread():
             thread.join(max(0.0, timeout) + 0.5)
-        ok = not thread.is_alive() and self._bye_sent == (bye is not None) and not self._frames
+        ok = not thread.is_alive() and self._c.bye_sent == (bye is not None) and not self._frames
         return ok
 
     # ---- counters -----------------------------------------------------------------------------
 
     @property
     def connected(self) -> bool:
-        return self._connected
+        return self._c.connected
 
     @property
     def refused_reason(self) -> Optional[str]:
-        return self._refused
+        return self._c.refused
 
     def stats(self) -> ClientStats:
-        return ClientStats(
-            kind=self.kind, connected=self._connected, connects=self._connects,
-            connect_failures=self._connect_failures, refused=self._refused,
-            frames_sent=self._frames_sent, records_sent=self._records_sent,
-            frames_dropped=self._frames_dropped,
-            records_lost=self.source.lost if self.source is not None else 0,
-            bytes_sent=self._bytes_sent, bye_sent=self._bye_sent, last_error=self._last_error,
-        )
+        return replace(self._c, records_lost=self.source.lost if self.source is not None else 0)
 
     # ---- the thread ---------------------------------------------------------------------------
 
@@ -313,7 +337,7 @@ class TelemetryClient:
             while True:
                 now = time.monotonic()
                 self._run_periodic(now)
-                if self._refused is not None:
+                if self._c.refused is not None:
                     self._discard_all()
                     if self._closing:
                         return
@@ -334,16 +358,16 @@ class TelemetryClient:
                                 not self._has_pending() and self._bye is None):
                             return
                         close_attempted = True
-                        self._connect(min(self.connect_timeout, left))
+                        self._connect(min(self.config.connect_timeout, left))
                         if self._sock is None:
                             return
                     elif now >= next_attempt:
-                        if self._connect(self.connect_timeout):
+                        if self._connect(self.config.connect_timeout):
                             self.backoff.reset()
                         else:
                             next_attempt = time.monotonic() + self.backoff.delay()
                     if self._sock is None:
-                        self._sleep(max(0.0, min(self.poll_interval, next_attempt - time.monotonic())))
+                        self._sleep(max(0.0, min(self.config.poll_interval, next_attempt - time.monotonic())))
                         continue
                 if not self._peer_alive():
                     self._lost_connection(f"{self.peer} closed the connection")
@@ -357,14 +381,14 @@ class TelemetryClient:
                         self._send_bye()
                         return
                     continue
-                self._sleep(self.poll_interval)
+                self._sleep(self.config.poll_interval)
         except Exception as exc:  # the thread must never die noisily inside a user's job
-            self._last_error = f"client thread: {type(exc).__name__}: {exc}"
+            self._c.last_error = f"client thread: {type(exc).__name__}: {exc}"
             log.warning("traceml: telemetry client stopped after an internal error: %s", exc)
         finally:
             self._discard_all()
             self._drop_socket()
-            self._connected = False
+            self._c.connected = False
             self._dead = True
             self._settled.set()
 
@@ -393,65 +417,50 @@ class TelemetryClient:
         try:
             sock = socket.create_connection((self.host, self.port), timeout=max(0.01, timeout))
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._sndbuf:  # a fixed send buffer (tests: make a stalled server felt sooner)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self._sndbuf)
-            hs_timeout = self.handshake_timeout
+            if self.config.sndbuf:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, self.config.sndbuf)
+            hs_timeout = self.config.handshake_timeout
             if self._closing:
                 hs_timeout = min(hs_timeout, max(0.01, self._deadline - time.monotonic()))
             sock.settimeout(hs_timeout)
-            sock.sendall(encode(make_hello(self._token, **self._hello_args)))
             self._down = FrameBuffer(MAX_FRAME)
-            reply = self._read_one(sock, self._down)
-            kind = reply.get("t")
-            if kind == "welcome":
-                sock.settimeout(_SEND_SLICE)
-                self._sock = sock
-                if hasattr(select, "poll"):
-                    self._poller = select.poll()
-                    self._poller.register(sock, select.POLLIN | select.POLLPRI)
-                self._connected = True
-                self._connects += 1
-                if self._on_connect is not None:
-                    try:
-                        first = self._on_connect()
-                    except Exception as exc:
-                        first = []
-                        self._last_error = f"on_connect: {exc}"
-                    for frame in reversed(first):
-                        self._frames.appendleft(frame)
-                self._settled.set()
-                if self._down.pending:
-                    self._handle_down(b"")   # a bad frame shows again at the next read
-                return True
-            if kind == "refused":
-                self._refuse(str(reply.get("reason", "no reason given")))
-            else:
-                self._last_error = f"unexpected answer to hello: {kind!r}"
-        except (OSError, ProtocolError) as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            handshake(sock, self.config.hello(), self._down)
+            sock.settimeout(_SEND_SLICE)
+            self._sock = sock
+            if hasattr(select, "poll"):
+                self._poller = select.poll()
+                self._poller.register(sock, select.POLLIN | select.POLLPRI)
+            self._c.connected = True
+            self._c.connects += 1
+            if self._on_connect is not None:
+                try:
+                    first = self._on_connect()
+                except Exception as exc:
+                    first = []
+                    self._c.last_error = f"on_connect: {exc}"
+                for frame in reversed(first):
+                    self._frames.appendleft(frame)
+            self._settled.set()
+            if self._down.pending:
+                self._handle_down(b"")   # a bad frame shows again at the next read
+            return True
+        except LinkRefused as exc:
+            self._refuse(exc.reason)
+        except (OSError, ProtocolError, LinkError) as exc:
+            self._c.last_error = f"{type(exc).__name__}: {exc}"
         if sock is not None:
             try:
                 sock.close()
             except OSError:
                 pass
-        self._connect_failures += 1
+        self._c.connect_failures += 1
         return False
 
-    @staticmethod
-    def _read_one(sock: socket.socket, fb: FrameBuffer) -> dict[str, Any]:
-        """The first frame; bytes after it stay in ``fb`` (a ``req`` right after ``welcome``)."""
-        while True:
-            data = sock.recv(65536)
-            if not data:
-                raise ConnectionError("closed by the server during the handshake")
-            for msg in fb.feed(data):
-                return msg
-
     def _refuse(self, reason: str) -> None:
-        self._refused = reason
+        self._c.refused = reason
         log.warning(
             "traceml: %s at %s:%d refused this %s: %s -- telemetry is off for this "
-            "process (training continues)", self.peer, self.host, self.port, self.kind, reason,
+            "process (training continues)", self.peer, self.host, self.port, self.config.kind, reason,
         )
         if self._on_refused is not None:
             try:
@@ -480,7 +489,7 @@ class TelemetryClient:
             except (BlockingIOError, InterruptedError, socket.timeout):
                 return True
             except OSError as exc:
-                self._last_error = f"{type(exc).__name__}: {exc}"
+                self._c.last_error = f"{type(exc).__name__}: {exc}"
                 return False
             if not data:
                 return False
@@ -498,13 +507,13 @@ class TelemetryClient:
                 if checked is not None and self._on_frame is not None:
                     self._on_frame(checked)
         except ProtocolError as exc:
-            self._last_error = f"bad frame from the server: {exc}"
+            self._c.last_error = f"bad frame from the server: {exc}"
             return False
         return True
 
     def _lost_connection(self, why: str) -> None:
         self._drop_socket()
-        if self._refused is None and not self._warned_lost and not self._closing and not self._ended:
+        if self._c.refused is None and not self._warned_lost and not self._closing and not self._ended:
             self._warned_lost = True
             log.warning(
                 "traceml: lost the connection to %s at %s:%d (%s); reconnecting in the "
@@ -514,7 +523,7 @@ class TelemetryClient:
 
     def _drop_socket(self) -> None:
         sock, self._sock = self._sock, None
-        self._connected = False
+        self._c.connected = False
         self._poller = None
         if sock is not None:
             try:
@@ -546,8 +555,8 @@ class TelemetryClient:
                 try:
                     data = frame if type(frame) is bytes else encode(frame)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._frames_dropped += 1
-                    self._last_error = f"unencodable {frame.get('t')!r} frame: {exc}"  # type: ignore[union-attr]
+                    self._c.frames_dropped += 1
+                    self._c.last_error = f"unencodable {frame.get('t')!r} frame: {exc}"  # type: ignore[union-attr]
                     continue
                 chunks.append(data)
                 size += len(data)
@@ -561,7 +570,7 @@ class TelemetryClient:
                     f = src.frame(batch)
                     data = f if type(f) is bytes else encode(f)  # type: ignore[arg-type]
                 except Exception as exc:
-                    self._last_error = f"unencodable steps frame: {exc}"
+                    self._c.last_error = f"unencodable steps frame: {exc}"
                     src.discard(batch)
                     continue
                 chunks.append(data)
@@ -573,9 +582,9 @@ class TelemetryClient:
             requeue: list[tuple[str, Any]] = []
             for kind, obj, nrec, end in items:
                 if end <= sent:
-                    self._frames_sent += 1
+                    self._c.frames_sent += 1
                     if kind == "batch":
-                        self._records_sent += nrec
+                        self._c.records_sent += nrec
                         src.recycle(obj)  # type: ignore[union-attr]
                 else:
                     requeue.append((kind, obj))
@@ -607,16 +616,16 @@ class TelemetryClient:
                     now = time.monotonic()
                     if self._closing and now >= self._deadline:
                         return sent, f"close deadline reached while {self.peer} was not reading"
-                    if now - stalled_since >= self.send_timeout:
-                        return sent, f"{self.peer} accepted nothing for {self.send_timeout:.0f}s"
+                    if now - stalled_since >= self.config.send_timeout:
+                        return sent, f"{self.peer} accepted nothing for {self.config.send_timeout:.0f}s"
                     continue
                 if n <= 0:
                     return sent, "send returned 0"
                 sent += n
-                self._bytes_sent += n
+                self._c.bytes_sent += n
                 stalled_since = time.monotonic()
         except OSError as exc:
-            self._last_error = f"{type(exc).__name__}: {exc}"
+            self._c.last_error = f"{type(exc).__name__}: {exc}"
             return sent, f"{type(exc).__name__}: {exc}"
         return sent, None
 
@@ -628,11 +637,11 @@ class TelemetryClient:
             frame = bye() if callable(bye) else bye
             sent, err = self._send(encode(frame))
         except Exception as exc:
-            self._last_error = f"bye: {exc}"
+            self._c.last_error = f"bye: {exc}"
             return
         if err is None:
-            self._frames_sent += 1
-            self._bye_sent = True
+            self._c.frames_sent += 1
+            self._c.bye_sent = True
 
     def _discard_all(self) -> None:
         while self._frames:
@@ -640,7 +649,7 @@ class TelemetryClient:
                 self._frames.popleft()
             except IndexError:
                 break
-            self._frames_dropped += 1
+            self._c.frames_dropped += 1
         src = self.source
         if src is None:
             return
@@ -652,18 +661,6 @@ class TelemetryClient:
 
 
 # --- the blocking link ------------------------------------------------------------------------------
-class LinkError(Exception):
-    """The server could not be reached or answered wrongly; ``str()`` says what happened."""
-
-
-class LinkRefused(LinkError):
-    """The server refused our hello; ``reason`` is its reason."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(f"the connection was refused: {reason}")
-        self.reason = reason
-
-
 class Link:
     """A blocking framed connection for request/response outside any hot path: node 0's launcher
     (kind ``control``: ``finish``/``query``/``snapshot``) and the doctor's agents."""
@@ -697,14 +694,15 @@ class Link:
         except OSError:
             pass
         link = cls(sock, name)
-        link.send(hello())
-        reply = link.recv(timeout)
-        if reply.get("t") == "refused":
+        try:
+            sock.settimeout(timeout)
+            handshake(sock, hello(), link._frames)
+        except (OSError, ProtocolError, LinkError) as exc:
             link.close()
-            raise LinkRefused(str(reply.get("reason")))
-        if reply.get("t") != "welcome":
-            link.close()
-            raise LinkError(f"unexpected answer to hello: {reply.get('t')!r}")
+            if isinstance(exc, LinkError):
+                raise
+            raise LinkError(f"no welcome from {host}:{port}: {exc}") from None
+        link.ready.extend(link._frames.feed(b""))
         return link
 
     def fileno(self) -> int:

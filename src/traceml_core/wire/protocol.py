@@ -175,8 +175,9 @@ answer, so an answer to a timed-out request is never taken for the next one's):
             every relay, gathers the answers (at most 6 s), keeps the report for the summary and
             answers ``autopsy`` ``{"t","id","report"}`` (see report/hang.py).
 ``snapshot``  ``{"t","id","series","verdict"}``: for the live views (``--mode cli|dashboard``),
-            answered with ``snapshot`` (built by :func:`traceml_core.aggregator.snapshot.snapshot_frame`
-            from the aggregator's :class:`traceml_core.aggregator.state.RunState` alone).
+            answered with ``snapshot``: a :class:`traceml_core.livesnapshot.LiveSnapshot`'s fields
+            (built by :func:`traceml_core.aggregator.snapshot.snapshot_frame` from the
+            aggregator's :class:`traceml_core.aggregator.state.RunState` alone).
 
 Server → client: ``welcome`` ``{"t","v","server_time"}``, ``refused`` ``{"t","reason"}``.
 """

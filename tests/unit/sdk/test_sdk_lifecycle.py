@@ -65,6 +65,27 @@ def test_without_run_info_only_rank_zero_speaks(sdk, traceml_log, monkeypatch):
     assert not [r for r in traceml_log.records if r.levelname == "WARNING"]
 
 
+def test_a_malformed_torchrun_variable_is_named_and_tracing_stays_off(sdk, sink, traceml_log, monkeypatch):
+    # RANK is read like every other variable (sdk/session.TorchrunVars): a bad value is one line that
+    # names it, the value and the fix; training goes on without telemetry (never posing as rank 0)
+    monkeypatch.setenv("RANK", "one")
+    assert sdk.init(aggregator=f"127.0.0.1:{sink.port}", token="test-token", run_name="test-run") is False
+    with sdk.trace_step():
+        pass
+    warnings = [r.getMessage() for r in traceml_log.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1, warnings
+    assert "RANK='one' is not a whole number" in warnings[0] and "torchrun sets RANK" in warnings[0]
+    assert "Traceback" not in warnings[0] and sdk.stats()["steps"] == 0
+
+
+def test_given_arguments_shadow_the_torchrun_variables(sdk, sink, monkeypatch):
+    monkeypatch.setenv("RANK", "-1")
+    assert sdk.init(aggregator=f"127.0.0.1:{sink.port}", token="test-token", run_name="test-run",
+                    rank=3, local_rank=1, world_size=4, node_rank=0, connect_wait=5.0)
+    st = sdk.stats()
+    assert (st["rank"], st["local_rank"], st["world_size"], st["node_rank"]) == (3, 1, 4, 0)
+
+
 def test_refusal_turns_tracing_off_with_one_line(sdk, traceml_log):
     server = SinkServer("right", "test-run").start()
     try:

@@ -11,18 +11,18 @@ import time
 from traceml_core.sdk.recorder import StepRecorder
 from traceml_core.sdk.tracer import Tracer
 from traceml_core.wire.auth import AUTH_FAILED, relay_aud
-from traceml_core.wire.client import TelemetryClient
+from traceml_core.wire.client import ClientConfig, TelemetryClient
 from traceml_core.wire.protocol import FrameBuffer, encode
 from traceml_core.wire.sink import SinkServer
 
 from sdk_helpers import PYTHON, subprocess_env
 
 
-def make_client(port, *, token="test-token", run="test-run", source=None, **kw):
+def make_client(port, *, token="test-token", run="test-run", source=None, on_refused=None, on_frame=None, **kw):
     kw.setdefault("backoff_initial", 0.02)
     kw.setdefault("backoff_max", 0.2)
-    return TelemetryClient("127.0.0.1", port, token, aud=relay_aud(0), run=run, rank=0, kind="rank",
-                           world=1, source=source, **kw)
+    return TelemetryClient(ClientConfig("127.0.0.1", port, token, aud=relay_aud(0), run=run, rank=0, kind="rank",
+                                        world=1, **kw), source=source, on_refused=on_refused, on_frame=on_frame)
 
 
 def record_steps(recorder, n):
