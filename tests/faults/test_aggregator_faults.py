@@ -19,7 +19,10 @@ from traceml_core.rundir import CHECKPOINT_NAME, load_checkpoint
 from harness import (PY, Launch, aggregator_pid, assert_counted, assert_no_leftovers, base_env,
                      run)
 
-STEPS = 300
+#: 60 steps of 100 ms (a steady, mostly sleeping rate): the same training as
+#: test_worker_faults.py's control, so the two share one plain-torchrun baseline (conftest.py)
+STEPS = 60
+STEP_MS = 100
 
 
 def _rate(times: list[float]) -> float:
@@ -28,12 +31,12 @@ def _rate(times: list[float]) -> float:
 
 
 def test_aggregator_sigkilled_mid_run(tmp_path, baseline):
-    launch = Launch(tmp_path, ("--steps", str(STEPS), "--step-ms", "15"), run_name="aggkill",
+    launch = Launch(tmp_path, ("--steps", str(STEPS), "--step-ms", str(STEP_MS)), run_name="aggkill",
                     flags=["--hang-timeout=2"])  # a dead aggregator must not look like a hang
     agg = aggregator_pid(launch.pid)
     deadline = time.monotonic() + 150
     checkpointed = 0
-    while checkpointed < 40:  # kill once a checkpoint holds some steps of both ranks
+    while checkpointed < 20:  # kill once a checkpoint holds some steps of both ranks (>= 1 s in)
         assert time.monotonic() < deadline and launch.proc.poll() is None, launch.stderr_now()
         time.sleep(0.05)
         try:

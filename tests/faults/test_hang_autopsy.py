@@ -13,6 +13,8 @@ import re
 import signal
 import time
 
+import pytest
+
 from harness import Launch, assert_no_leftovers, run
 
 REPORT_AFTER = 4
@@ -38,15 +40,25 @@ def _report_logged_at(err_path, deadline_s: float = 90.0) -> float:
     raise AssertionError("no hang report in the log:\n" + err_path.read_text()[-3000:])
 
 
-def test_a_rank_stuck_in_its_own_code_is_named_with_its_stack(tmp_path):
-    launch = Launch(tmp_path, HANG + ("--fault", "hang"), run_name="hung",
-                    flags=[f"--hang-report-after={REPORT_AFTER}", "--hang-timeout=20"])
+@pytest.fixture(scope="module")
+def hung(tmp_path_factory):
+    """One run whose rank 1 deadlocks in its own code; once the hang report is in the log the run
+    is ended by SIGTERM (scancel or the time limit after the report). Returns (seconds from the
+    hang to the report's first line in the log, the run). The two tests below read different
+    facts of it; the watchdog's own end of a hung run (--hang-timeout, exit 124) is
+    test_worker_faults.py's test_worker_hangs_and_the_watchdog_gives_up."""
+    launch = Launch(tmp_path_factory.mktemp("hung"), HANG + ("--fault", "hang"), run_name="hung",
+                    flags=[f"--hang-report-after={REPORT_AFTER}"])
     logged = _report_logged_at(launch.err_path)
-    r = launch.wait(120)
-    took = logged - _hung_at(r)
+    launch.proc.send_signal(signal.SIGTERM)
+    r = launch.wait(90)
+    return logged - _hung_at(r), r
+
+
+def test_a_rank_stuck_in_its_own_code_is_named_with_its_stack(hung):
+    took, r = hung
     print(f"hang -> report in the log: {took:.1f} s (--hang-report-after={REPORT_AFTER})")
     assert 0 < took < BOUND_S, took
-    assert r.code == 124
     s = r.summary()
     h = s["hang"]
     assert h["culprits"] == [1] and not h["resumed"]
@@ -62,17 +74,12 @@ def test_a_rank_stuck_in_its_own_code_is_named_with_its_stack(tmp_path):
     assert_no_leftovers(r)
 
 
-def test_a_run_ended_by_sigterm_while_hung_keeps_the_report(tmp_path):
+def test_a_run_ended_by_sigterm_while_hung_keeps_the_report(hung):
     """scancel or the time limit after the report: the summary still leads with the hang."""
-    launch = Launch(tmp_path, HANG + ("--fault", "hang"), run_name="term",
-                    flags=[f"--hang-report-after={REPORT_AFTER}"])
-    _report_logged_at(launch.err_path)
-    launch.proc.send_signal(signal.SIGTERM)
-    r = launch.wait(90)
+    _, r = hung
     s = r.summary()
     assert s["run"]["status"] == "interrupted"
     assert s["verdict"]["kind"] == "hang" and s["hang"]["culprits"] == [1]
-    assert_no_leftovers(r)
 
 
 def test_controls_a_short_pause_gets_nothing_and_a_stall_that_ends_is_a_warning(tmp_path):

@@ -6,10 +6,19 @@ exists and says what happened, and every step that reached the aggregator is cou
 
 from __future__ import annotations
 
+import pytest
+
 from harness import assert_counted, assert_no_leftovers, run
 
 FAULT_STEP = 40
 FAULT = ("--steps", "200", "--step-ms", "10", "--fault-rank", "1", "--fault-step", str(FAULT_STEP))
+
+
+@pytest.fixture(scope="module")
+def plain_runs(baseline):
+    """The plain-torchrun references of the failure tests below, made side by side at once."""
+    baseline.prefetch(*(FAULT + ("--fault", f) for f in ("kill", "raise", "exit")))
+    return baseline
 
 
 def _fault_time(r, rank=1):
@@ -24,9 +33,9 @@ def _bounded(r, what: str, bound: float = 10.0) -> None:
     assert 0 < after < bound, after
 
 
-def test_worker_sigkilled_mid_run(tmp_path, baseline):
+def test_worker_sigkilled_mid_run(tmp_path, plain_runs):
     r = run(tmp_path, FAULT + ("--fault", "kill"), run_name="killed")
-    plain = baseline(*FAULT, "--fault", "kill")
+    plain = plain_runs(*FAULT, "--fault", "kill")
     assert r.code == plain.code != 0, (r.code, plain.code)
     assert r.progress.done(1) == FAULT_STEP
     s = r.summary()
@@ -56,9 +65,9 @@ def test_worker_sigkilled_mid_run(tmp_path, baseline):
     assert_no_leftovers(r)
 
 
-def test_worker_raises(tmp_path, baseline):
+def test_worker_raises(tmp_path, plain_runs):
     r = run(tmp_path, FAULT + ("--fault", "raise"), run_name="raised")
-    plain = baseline(*FAULT, "--fault", "raise")
+    plain = plain_runs(*FAULT, "--fault", "raise")
     assert r.code == plain.code != 0
     s = r.summary()
     rank1 = s["ranks"][1]
@@ -121,9 +130,9 @@ def test_worker_hangs_and_the_watchdog_gives_up(tmp_path):
     assert_no_leftovers(r)
 
 
-def test_worker_exits_with_a_failing_status(tmp_path, baseline):
+def test_worker_exits_with_a_failing_status(tmp_path, plain_runs):
     r = run(tmp_path, FAULT + ("--fault", "exit"), run_name="exited")
-    plain = baseline(*FAULT, "--fault", "exit")
+    plain = plain_runs(*FAULT, "--fault", "exit")
     assert r.code == plain.code != 0
     s = r.summary()
     v = s["verdict"]

@@ -1,10 +1,11 @@
 """The finished run, looked at without rerunning it: final_summary.html, `traceml report`,
 `traceml compare --html`, and the TensorBoard / JSONL exports, all from real runs.
 
-Two real `traceml run` jobs (gloo DDP on CPU): examples/straggler.py with 3 ranks and rank 2
+Three real `traceml run` jobs (gloo DDP on CPU): examples/straggler.py with 3 ranks and rank 2
 30 ms slower per step (run with ``--export tensorboard,jsonl``), and examples/input_bound.py with
 2 ranks (its run directory holds a *file* named ``tensorboard``, so that export must fail - and
-the run must not). Headless Chromium opens the HTML pages from file URLs with every request
+the run must not); and a tiny run whose rank 1 SIGKILLs itself (the failed run's page). The
+three run side by side (one module fixture). Headless Chromium opens the HTML pages from file URLs with every request
 routed to a proxy that does not exist; screenshots go to ``artifacts/``.
 """
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from chromium import Chromium, chromium_path
-from tinyrun import PYTHON, REPO, env_for, traceml_cmd
+from tinyrun import PYTHON, REPO, TINY, env_for, traceml_cmd
 from traceml_core.wire.protocol import COMM_COLUMNS
 
 ARTIFACTS = REPO / "artifacts"
@@ -27,26 +28,44 @@ needs_chromium = pytest.mark.skipif(chromium_path() is None,
                                     reason="needs chromium (apt-get install chromium)")
 
 
-def _run(logs: Path, name: str, script: Path, nproc: int, args: list[str], flags: list[str],
-         **env: str) -> subprocess.CompletedProcess:
+def _start(logs: Path, name: str, script: Path, nproc: int, args: list[str], flags: list[str],
+           **env: str) -> subprocess.Popen:
     cmd = traceml_cmd(logs, name, nproc=nproc, script=script, args=args)
     i = cmd.index(str(script))
     cmd[i:i] = flags
-    return subprocess.run(cmd, env=env_for(**env), text=True, capture_output=True, timeout=300,
-                          cwd=str(REPO))
+    return subprocess.Popen(cmd, env=env_for(**env), text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=str(REPO))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
+    """The module's real runs, side by side (each is mostly sleep: the straggler's 30 ms, the
+    input-bound loader's ~32 ms, the tiny model's 3 ms), so the module waits for one start-up
+    instead of three; "dies" is the failed run of test_html_of_a_failed_run_leads_with_the_failure."""
     logs = tmp_path_factory.mktemp("report-logs")
     (logs / "inp").mkdir()
     (logs / "inp" / "tensorboard").write_text("not a directory: the tensorboard export must fail")
-    strag = _run(logs, "strag", STRAGGLER, 3, ["--steps", "160"], ["--export", "tensorboard,jsonl"],
-                 STRAGGLER_RANK="2", STRAGGLER_DELAY_MS="30")
-    assert strag.returncode == 0, strag.stderr[-3000:]
-    inp = _run(logs, "inp", INPUT_BOUND, 2, ["--steps", "60"], ["--export", "tensorboard"])
-    assert inp.returncode == 0, inp.stderr[-3000:]
-    return {"strag": logs / "strag", "inp": logs / "inp", "strag_proc": strag, "inp_proc": inp}
+    procs = {
+        "strag": _start(logs, "strag", STRAGGLER, 3, ["--steps", "160"], ["--export", "tensorboard,jsonl"],
+                        STRAGGLER_RANK="2", STRAGGLER_DELAY_MS="30"),
+        "inp": _start(logs, "inp", INPUT_BOUND, 2, ["--steps", "60"], ["--export", "tensorboard"]),
+        "dies": _start(logs, "dies", TINY, 2, [], [], TINY_STEPS="400", TINY_SLEEP_MS="3",
+                       TINY_KILL_RANK="1", TINY_KILL_AT="60", PET_MONITOR_INTERVAL="1"),
+    }
+    done = {}
+    try:
+        for name, p in procs.items():
+            out, err = p.communicate(timeout=300)
+            done[name] = subprocess.CompletedProcess(p.args, p.returncode, out, err)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for name in ("strag", "inp"):
+        assert done[name].returncode == 0, (name, done[name].stderr[-3000:])
+    return {"strag": logs / "strag", "inp": logs / "inp", "dies": logs / "dies",
+            "strag_proc": done["strag"], "inp_proc": done["inp"], "dies_proc": done["dies"]}
 
 
 def _summary(run_dir: Path) -> dict:
@@ -239,29 +258,25 @@ def test_compare_html_shows_both_runs_side_by_side(runs, tmp_path):
 
 
 @needs_chromium
-def test_html_of_a_failed_run_leads_with_the_failure(tmp_path):
+def test_html_of_a_failed_run_leads_with_the_failure(runs, tmp_path):
     """A rank SIGKILLs itself: the page opens on how the run ended, and the rank's fate is in
     the table, so nobody reads a bottleneck verdict of a run that died."""
-    from tinyrun import run_tiny
-
-    p = run_tiny(tmp_path, "dies", TINY_STEPS="400", TINY_SLEEP_MS="3", TINY_KILL_RANK="1",
-                 TINY_KILL_AT="60", PET_MONITOR_INTERVAL="1")
-    assert p.returncode != 0
-    c = _open(tmp_path / "dies" / "final_summary.html", "dies", tmp_path)
+    assert runs["dies_proc"].returncode != 0
+    c = _open(runs["dies"] / "final_summary.html", "dies", tmp_path)
     try:
         text = c.eval("document.body.innerText")
         first = c.eval("document.querySelector('.badbox').innerText")
         assert "The run ended failed" in first, first
         assert "crashed" in text and "How each rank ended" in text
         # a rank ended without a goodbye: the count is incomplete, and the page never says "none" lost
-        tel = _summary(tmp_path / "dies")["telemetry"]
+        tel = _summary(runs["dies"])["telemetry"]
         assert tel["complete"] is False, tel
         if not tel["records_lost"]:
             n = tel["ranks_without_goodbye"]
             assert n >= 1 and f"none known (incomplete: {n} rank(s) ended without a goodbye" in text, text
         # what each rank measured before the end is still drawn (a rank killed before its
         # first batch left nothing to draw)
-        sent = [r for r in _summary(tmp_path / "dies")["ranks"] if r["steps"] > 0]
+        sent = [r for r in _summary(runs["dies"])["ranks"] if r["steps"] > 0]
         assert _charts(c)["own"]["series"] == len(sent) >= 1
         c.screenshot(ARTIFACTS / "report-failed.png")
     finally:

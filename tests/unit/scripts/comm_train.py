@@ -14,6 +14,10 @@ compares the telemetry against (``COMM_FACTS {...}``):
 ``user_hook``  DDP with a user comm hook registered after construction (fp16 compression)
 ``grads``      DDP for COMM_STEPS steps; prints a checksum of the final parameters (the test runs
                it with and without TraceML: the gradients must be bit-identical)
+``bitwise``    ``grads`` three times in one launch, each on a fresh model with the same seeds: first
+               before ``traceml.init()`` (nothing patched: the reference), then traced (CPU: DDP's
+               reducer timings), then traced through TraceML's comm hook (CUDA's path, forced on
+               CPU); prints the three checksums
 ``fsdp``       FSDP2 ``fully_shard`` on CPU, if gloo can run it
 ``prehooked``  a DDP model with a built-in comm hook, built *before* ``traceml.init()`` (on CPU
                DDP's own reducer timer still times it), plus a small explicit all_reduce
@@ -26,6 +30,7 @@ Sizes: ``COMM_LAYERS`` x ``COMM_WIDTH`` (model), ``COMM_BATCH`` (DDP batch), ``C
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -56,6 +61,43 @@ def model() -> nn.Module:
     return nn.Sequential(*layers, nn.Linear(WIDTH, 1))
 
 
+def train_ddp(dev: torch.device, step_ctx, rank: int) -> dict:  # noqa: ANN001
+    """DDP on a fresh seeded model for STEPS steps (MODE picks the variant); its facts: gradient
+    bytes, buckets and a checksum of the final parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ddp = DDP(model().to(dev), bucket_cap_mb=BUCKET_MB, device_ids=[dev.index] if CUDA else None)
+    if MODE == "user_hook":
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    accum = ACCUM if MODE == "nosync" else 1
+    g = torch.Generator().manual_seed(1234 + rank)
+    for _ in range(STEPS):
+        with step_ctx(ddp):
+            for micro in range(accum):
+                x = torch.randn(BATCH, WIDTH, generator=g).to(dev)
+                if micro < accum - 1:
+                    with ddp.no_sync():
+                        ddp(x).square().mean().backward()
+                else:
+                    ddp(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    facts: dict = {"grad_bytes": 4 * sum(p.numel() for p in ddp.parameters())}
+    facts["buckets"] = len(ddp.reducer._get_zeros_like_grad_buckets()) if hasattr(
+        ddp.reducer, "_get_zeros_like_grad_buckets") else None
+    digest = hashlib.sha256()
+    for p in ddp.parameters():
+        digest.update(p.detach().cpu().numpy().tobytes())
+    facts["checksum"] = digest.hexdigest()
+    #: which path timed it: TraceML's comm hook leaves its state on the model (sdk/comm.py)
+    facts["comm_hook"] = type(getattr(ddp, "_traceml_comm", None)).__name__
+    del ddp, opt
+    return facts
+
+
 def main() -> None:
     dev = torch.device("cpu")
     if CUDA:
@@ -67,6 +109,12 @@ def main() -> None:
 
         early = DDP(model(), bucket_cap_mb=0.25)
         early._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    if MODE == "bitwise":      # the untraced reference, before TraceML patches anything
+        from contextlib import nullcontext
+
+        dist.init_process_group("gloo")
+        plain = train_ddp(dev, lambda model=None: nullcontext(), dist.get_rank())
+        gc.collect()
     if TRACE:
         import traceml_core as traceml
 
@@ -99,36 +147,17 @@ def main() -> None:
         # outside any traced step: must not be counted
         dist.all_reduce(torch.ones(NUMEL, device=dev))
     elif MODE in ("ddp", "nosync", "user_hook", "grads"):
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        facts.update(train_ddp(dev, step_ctx, rank))
+    elif MODE == "bitwise":
+        facts["checksum_plain"] = plain["checksum"]
+        traced = train_ddp(dev, step_ctx, rank)
+        facts["checksum_traced"], facts["comm_hook_traced"] = traced["checksum"], traced["comm_hook"]
+        from traceml_core.sdk import comm
 
-        ddp = DDP(model().to(dev), bucket_cap_mb=BUCKET_MB, device_ids=[dev.index] if CUDA else None)
-        if MODE == "user_hook":
-            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-            ddp.register_comm_hook(dist.group.WORLD, default_hooks.fp16_compress_hook)
-        opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        accum = ACCUM if MODE == "nosync" else 1
-        g = torch.Generator().manual_seed(1234 + rank)
-        for _ in range(STEPS):
-            with step_ctx(ddp):
-                for micro in range(accum):
-                    x = torch.randn(BATCH, WIDTH, generator=g).to(dev)
-                    if micro < accum - 1:
-                        with ddp.no_sync():
-                            ddp(x).square().mean().backward()
-                    else:
-                        ddp(x).square().mean().backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        params = sum(p.numel() for p in ddp.parameters())
-        facts["grad_bytes"] = 4 * params
-        facts["buckets"] = len(ddp.reducer._get_zeros_like_grad_buckets()) if hasattr(
-            ddp.reducer, "_get_zeros_like_grad_buckets") else None
-        digest = hashlib.sha256()
-        for p in ddp.parameters():
-            digest.update(p.detach().cpu().numpy().tobytes())
-        facts["checksum"] = digest.hexdigest()
-        del ddp, opt
+        # the test hook (TRACEML_TEST_DDP_COMM_HOOK=1, read at import) for the models built from now on
+        comm._HOOK_ON_CPU = True
+        hooked = train_ddp(dev, step_ctx, rank)
+        facts["checksum_hooked"], facts["comm_hook_hooked"] = hooked["checksum"], hooked["comm_hook"]
     elif MODE == "prehooked":
         opt = torch.optim.SGD(early.parameters(), lr=0.01)
         for _ in range(STEPS):

@@ -83,13 +83,19 @@ HOOK = {"TRACEML_TEST_DDP_COMM_HOOK": "1"}
 
 
 def test_timing_ddp_leaves_the_gradients_bit_identical(sink):
-    """Three ranks (1/3 is inexact in binary): traced and untraced runs end with the same bits,
-    with DDP's timings read (CPU) and with TraceML's comm hook doing the averaging (CUDA's path)."""
-    _, plain = run(sink, "grads", world=3, COMM_STEPS="5", COMM_TRACE="0")
-    _, traced = run(sink, "grads", world=3, COMM_STEPS="5")
-    _, hooked = run(sink, "grads", world=3, COMM_STEPS="5", **HOOK)
-    assert {f["checksum"] for f in traced.values()} == {plain[0]["checksum"]}
-    assert {f["checksum"] for f in hooked.values()} == {plain[0]["checksum"]}
+    """Three ranks (1/3 is inexact in binary): traced and untraced training end with the same bits,
+    with DDP's timings read (CPU) and with TraceML's comm hook doing the averaging (CUDA's path).
+    One launch: each rank trains a fresh seeded model untraced (before traceml.init()), then
+    traced, then traced through the comm hook."""
+    cols, facts = run(sink, "bitwise", world=3, COMM_STEPS="5")
+    plain = facts[0]["checksum_plain"]
+    assert {f["checksum_plain"] for f in facts.values()} == {plain}
+    assert {f["checksum_traced"] for f in facts.values()} == {plain}
+    assert {f["checksum_hooked"] for f in facts.values()} == {plain}
+    # the two traced models took the two paths, and their steps reached the receiver
+    assert {f["comm_hook_traced"] for f in facts.values()} == {"Watched"}, "CPU: DDP's reducer timings"
+    assert {f["comm_hook_hooked"] for f in facts.values()} == {"DdpHookState"}, "the comm hook"
+    assert all(len(cols[r]["step"]) == 10 for r in range(3)), {r: len(cols[r]["step"]) for r in cols}
 
 
 def test_the_comm_hook_path_times_every_bucket(sink):
