@@ -22,6 +22,7 @@ from traceml_core.aggregator.state import RunState
 from traceml_core.report.nextjob import amend
 from traceml_core.report.summary import build_summary
 from traceml_core.report.verdicts import say
+from traceml_core.rundata import LaunchEnd, RankBye
 from traceml_slurm.cpus import cpu_request, passes_on
 
 S = 1_000_000_000
@@ -50,13 +51,13 @@ def summary(facts: Optional[dict[str, Any]], input_ms: float = 30.0) -> dict[str
         rs.node, rs.host = 0, "node1"
         if facts is not None:
             rs.note_event("cpu_threads", json.dumps(facts), 1.0)
-        rs.bye = {"status": "clean", "steps": 200, "error": None, "at": 0.0}
+        rs.bye = RankBye("clean", 200, None, 0.0)
         for seq in range(0, 200, 50):
             rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": 50, "dropped": 0,
                                     "cols": columns(50, seq, t0_ns=1_700_000_000 * S, step_ms=50.0,
                                                     input_ms=input_ms, forward_ms=8.0, backward_ms=8.0,
                                                     optimizer_ms=2.0)}))
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=0)
     s = json.loads(json.dumps(build_summary(run_data(st))))
     for v in [s["verdict"]] + s["other_verdicts"]:  # the sentences come back from the evidence alone
         assert say(v["kind"], v["evidence"]) == (v["why"], v["next_step"])

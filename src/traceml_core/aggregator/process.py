@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
-from ..livesnapshot import LiveSnapshot, decode
+from ..codec import decode
+from ..livesnapshot import LiveSnapshot
 from ..wire.auth import AGGREGATOR, make_hello
 from ..wire.client import Link, LinkError
 from .settings import ERROR, READY, AggregatorSettings

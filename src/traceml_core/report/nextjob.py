@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
+from ..codec import encode
 from .document import NextJobSection
 
 J = dict[str, Any]
@@ -46,20 +47,20 @@ def amend(summary: J, cluster: str = "") -> Optional[Keep]:
     if cluster and cluster != "none":
         keep = _from_plugin(summary, cluster, section)
     if section:
-        summary["next_job"] = section.to_json()
+        summary["next_job"] = encode(section)
     return keep
 
 
 def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> Optional[Keep]:
     try:
         from ..plugins import load_cluster_environment
-        from .document import Summary
+        from .document import read
         from .nodeevidence import run_evidence
 
         cls = load_cluster_environment(cluster)
         if cls is None:
             return None
-        plugin, evidence = cls(), run_evidence(Summary.from_json(summary))
+        plugin, evidence = cls(), run_evidence(read(summary))
         answer = plugin.run_ended(evidence, os.environ)
     except Exception as exc:  # noqa: BLE001 - the plugin must never cost the summary
         section.notes.append(f"the {cluster} plugin could not judge this run's nodes "
