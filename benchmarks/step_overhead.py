@@ -116,9 +116,9 @@ BARE = Bare()
 def _sampler(on: bool) -> None:
     """The work sampler armed as it ships (``on``), or held off (``armed`` stays set, so its
     periodic tick never puts it in the hooks' slot)."""
-    from traceml_core.sdk import api
+    from traceml_core.sdk import session
 
-    s = api._session
+    s = session.current
     sampler = getattr(getattr(s, "cpu", None), "sampler", None)
     if sampler is None:
         return

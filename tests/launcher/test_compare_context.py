@@ -31,6 +31,11 @@ a = torch.randn(192, 192)
 model = torch.nn.Linear(192, 192)
 for step in range(70):
     if step == 10:  # started and settled: the test puts its busy loops beside the steps from here
+        # the CPU probe (every 0.5 s on the client thread) has taken its baseline: the steps
+        # measured are the ones beside the loops, whatever the load delays the probe by
+        from traceml_core.sdk import session
+        while session.current.cpu.settled is None:
+            time.sleep(0.01)
         open("ready", "w").close()
         while not os.path.exists("go"):
             time.sleep(0.01)
@@ -134,6 +139,9 @@ def test_a_code_change_on_the_same_quiet_core_is_not_put_down_to_the_node(runs):
 
     c = compare(load_run(str(runs["idle"]), "A"), load_run(str(runs["half"]), "B"))
     assert c.verdict["kind"] == "faster", c.verdict
+    # measured in both runs: a wait that was not measured would explain nothing for that reason
+    wait = next(r for r in c.context if r.what.startswith("CPU wait"))
+    assert wait.effect != "not_measured", c.context
     assert not c.verdict["explained_by_context"], c.verdict
     assert "not by the code" not in c.verdict["why"]
     assert all(r.effect != "explains" for r in c.context), c.context

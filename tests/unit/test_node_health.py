@@ -113,7 +113,7 @@ def test_a_corrupt_store_is_moved_aside_with_a_note_and_a_new_one_started(tmp_pa
     path.write_bytes(b"\0" * 4096)
     path.chmod(0o600)
     recs, notes = NodeStore(path).records("c")
-    assert recs == [] and "not a TraceML node store" in notes[0] and "next run moves it aside" in notes[0]
+    assert recs == [] and "not a TraceML node store" in notes[0] and "the next run that records node evidence moves it aside" in notes[0]
 
 
 def test_an_unwritable_store_is_a_note(tmp_path):

@@ -38,10 +38,16 @@ def at(values: Optional[list[Any]], i: int) -> Any:
 
 def rank_rows(summary: Union[Summary, dict[str, Any]]) -> Iterator[dict[str, Any]]:
     """One dict per rank and step bucket (the JSONL lines of kind ``rank``)."""
-    tl = _doc(summary).timeline or Timeline()
+    doc = _doc(summary)
+    tl = doc.timeline or Timeline()
+    recorded = {r.rank: r.steps for r in doc.ranks}
     for r in tl.ranks:
+        # the newest bucket ends at the rank's last recorded step, not at its nominal end: a
+        # resumed attempt's first bucket would otherwise repeat the previous attempt's last point
+        end = tl.step_offset + recorded[r.rank] - 1 if recorded.get(r.rank) else None
         for i in range(tl.buckets):
             first, last = tl.step_range(i)
+            last = last if end is None else max(first, min(last, end))
             row: dict[str, Any] = {"kind": "rank", "rank": r.rank, "node": r.node, "host": r.host,
                                    "bucket": i, "step_first": first, "step_last": last,
                                    "t_s": r.t_s[i], "step_ms": r.step_ms[i],
@@ -52,8 +58,10 @@ def rank_rows(summary: Union[Summary, dict[str, Any]]) -> Iterator[dict[str, Any
             yield row
     env = tl.envelope
     if env:
+        most = max(recorded.values(), default=0)
         for i in range(tl.buckets):
             first, last = tl.step_range(i)
+            last = last if not most else max(first, min(last, tl.step_offset + most - 1))
             row = {"kind": "all_ranks", "ranks": env.ranks, "bucket": i,
                    "step_first": first, "step_last": last}
             for metric, series in (("step_ms", env.step_ms), ("own_ms", env.own_ms)):

@@ -280,8 +280,9 @@ class NodeStore:
         aside = self.path.with_name(f"{self.path.name}.unreadable-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         what = f"the node store {self.path} is not a TraceML node store ({_why(exc)})"
         if not create:
-            return Opened(None, [f"{what}; it is moved aside and a new one started when this run's node "
-                                 "evidence is recorded (after this summary)"])
+            # read by a summary (recorded after it is written) and by `traceml slurm nodes`
+            return Opened(None, [f"{what}; the next run that records node evidence moves it aside "
+                                 "and starts a new one (a summary records after it is written)"])
         try:  # one job at a time moves it, and only the file it found bad (not another's new store)
             with open(f"{self.path}.lock", "a") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)

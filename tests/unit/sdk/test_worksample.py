@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from sdk_helpers import tiny_mlp
 
 from traceml_core.report.model import CpuThreads
+from traceml_core.sdk import session as sessions
 from traceml_core.sdk.recorder import C_FWD
 from traceml_core.sdk.worksample import WorkSampler, batch_size
 
@@ -38,8 +39,9 @@ def _steps(sdk, model, batches, opt, *, arm=True, extra=None):
     probe, and the sampler's arming)."""
     for x, y in batches:
         if arm:
-            sdk._session.cpu()
-            sdk._session.cpu.sampler.tick()
+            probe = sessions.current.cpu
+            probe()
+            probe.sampler.tick()
         with sdk.trace_step(model):
             out = model(x) if not isinstance(x, dict) else model(**x)
             loss = ((out - y) ** 2).mean()
@@ -110,7 +112,7 @@ def test_the_sampler_leaves_the_slot_empty_between_samples(sdk, sink):
     batches = [(torch.randn(8, 32), torch.randn(8, 1)) for _ in range(12)]
     _steps(sdk, model, batches, opt, arm=False)
     assert TRACER.events is None
-    sampler = sdk._session.cpu.sampler
+    sampler = sessions.current.cpu.sampler
     assert sampler.n == 0
     sampler.arm()
     assert TRACER.events is sampler

@@ -110,7 +110,10 @@ CONTRADICTS: dict[str, tuple[str, ...]] = {
 
 
 def causes_of(kind: str) -> list[Link]:
-    return [lk for lk in LINKS if lk.effect == kind]
+    """The links into ``kind``, those that make it information first: an effect that is only its
+    cause seen from another side (the pacing rank of an input-bound run) is that, whatever else
+    may also slow it."""
+    return sorted((lk for lk in LINKS if lk.effect == kind), key=lambda lk: lk.becomes != INFO)
 
 
 def explains(link: Link, cause: Finding, effect: Finding, node_of: dict[int, Any]) -> bool:
