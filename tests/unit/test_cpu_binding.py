@@ -19,6 +19,7 @@ import pytest
 from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
+from traceml_core.report.document import document, read
 from traceml_core.report.nextjob import amend
 from traceml_core.report.summary import build_summary
 from traceml_core.report.verdicts import say
@@ -76,7 +77,9 @@ def test_four_busy_workers_on_one_cpu_are_the_binding_cause_with_the_sbatch_fix(
     assert "Slurm gave each task 1 CPU: Slurm's default: no --cpus-per-task" in v["why"]
     assert v["next_step"].endswith("in the next job script: #SBATCH --cpus-per-task=5; "
                                    "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"), v["next_step"]
-    amend(s)
+    doc = read(s)
+    amend(doc)
+    s = document(doc)
     assert s["next_job"]["lines"] == ["#SBATCH --cpus-per-task=5", "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"]
 
 
@@ -85,7 +88,9 @@ def test_sleeping_workers_are_not_blamed_on_the_cpu():
     v = input_bound(s)
     assert v["evidence"]["cpu"]["cause"] == "not_cpu"
     assert "the CPU is not the limit" in v["why"] and "--cpus-per-task" not in v["next_step"]
-    amend(s)
+    doc = read(s)
+    amend(doc)
+    s = document(doc)
     assert "next_job" not in s
 
 

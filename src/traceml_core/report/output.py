@@ -15,7 +15,8 @@ from .render_txt import render
 from .goodput.ledger import AttemptLedger
 from .goodput.previous import previous_attempts
 from .summary_file import dumps
-from .summary import build_document, build_summary
+from .document import document
+from .summary import build_document
 
 
 def write_summary(data: RunData, rd: RunDir, run_name: str, *,
@@ -41,10 +42,11 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
         previous = []
     keep = None
     try:
-        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
-                                previous=previous)
+        doc = build_document(data, files=files, rebuilt=rebuilt, provisional=provisional,
+                             previous=previous)
         if not provisional:
-            keep = amend(summary, cluster if rebuilt is None else "")
+            keep = amend(doc, cluster if rebuilt is None else "")
+        summary = document(doc)  # the typed summary, written: the file's form from here on
         blob = dumps(summary)
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
