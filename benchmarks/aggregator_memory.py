@@ -29,7 +29,9 @@ from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
 from traceml_core.statistics.window import WindowStats  # noqa: E402
-from traceml_core.rundata import RunData  # noqa: E402
+from traceml_core.aggregator.adapter import checkpoint_data  # noqa: E402
+from traceml_core.codec import decode  # noqa: E402
+from traceml_core.rundata import LaunchEnd, RankBye, RunData  # noqa: E402
 
 
 def rss_mb() -> float:
@@ -68,7 +70,7 @@ def memory(args: argparse.Namespace) -> dict:
                 cols = variants[(r + done // args.batch) % 8]
                 rs.ingest_fold(window(done, cols))
             done += args.batch
-        st.to_data()  # checkpoint-equivalent: folds sketches
+        checkpoint_data(st)  # checkpoint-equivalent: folds sketches
         el = time.perf_counter() - t0
         now = rss_mb()
         print(f"{done:>12,} {now:>8.0f} {now - base:>10.1f} {el:>9.1f} {done * args.ranks / el:>11,.0f}")
@@ -85,15 +87,14 @@ def finalize(args: argparse.Namespace) -> dict:
         rs.node, rs.host = r // 8, f"node{r // 8:04d}"
         for b in range(4):
             rs.ingest_fold(window(b * 50, variants[(r + b) % 8]))
-        rs.bye = {"status": "clean", "steps": 200, "error": None, "at": time.time()}
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": [],
-                 "source": "launcher", "at": time.time()}
+        rs.bye = RankBye("clean", 200, None, time.time())
+    st.finish = LaunchEnd(exit_code=0, source="launcher", at=time.time())
     t0 = time.perf_counter()
-    data = st.to_data()
+    data = checkpoint_data(st)
     t1 = time.perf_counter()
     blob = pack_checkpoint(data, final=True)
     t2 = time.perf_counter()
-    summary = build_summary(RunData.from_checkpoint(data))
+    summary = build_summary(decode(RunData, data))
     t3 = time.perf_counter()
     text = json.dumps(summary, indent=1)
     t4 = time.perf_counter()

@@ -27,7 +27,7 @@ import msgpack
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _bench_common import LocalRun  # noqa: E402
 from traceml_core.aggregator.settings import AggregatorSettings
-from traceml_core.livesnapshot import encode as encode_snapshot
+from traceml_core.codec import encode as encode_snapshot
 from traceml_core.wire.auth import make_hello, relay_aud
 from traceml_core.wire.protocol import STEP_COLUMNS, FrameBuffer, encode
 

@@ -62,6 +62,7 @@ RELAY_SAMPLE = 1024
 # --- node 0, in its own process --------------------------------------------------------------------
 def node0(conn: Any, ranks: int, per_node: int, fan: int, at_step: int, tmp: str) -> None:
     """Node 0's aggregator state fed what the links send, second by second, from ``conn``."""
+    from traceml_core.aggregator.adapter import checkpoint_data
     from traceml_core.aggregator.ingest import Ingest
     from traceml_core.rundir import pack_checkpoint
     from traceml_core.aggregator.settings import AggregatorSettings
@@ -116,12 +117,12 @@ def node0(conn: Any, ranks: int, per_node: int, fan: int, at_step: int, tmp: str
     records = state.records
     per_rank = {rs.received for rs in state.ranks.values()}
     t0 = time.process_time()  # CPU time: what it costs node 0, whatever else the machine runs
-    blob = pack_checkpoint(state.to_data(), final=False)
+    blob = pack_checkpoint(checkpoint_data(state), final=False)
     ckpt = time.process_time() - t0
     size = len(blob)
     del blob
     t0 = time.process_time()  # again: in steady state (the first one folded every sketch's keys)
-    pack_checkpoint(state.to_data(), final=False)
+    pack_checkpoint(checkpoint_data(state), final=False)
     ckpt2 = time.process_time() - t0
     conn.send({"cpu": cpu, "records": records, "per_rank": sorted(per_rank), "ranks": len(state.ranks),
                "ckpt_s": ckpt, "ckpt2_s": ckpt2, "ckpt_mb": size / 1e6, "rss_ingest_mb": rss_ingest,

@@ -27,19 +27,20 @@ from traceml_core.aggregator.state import RunState  # noqa: E402
 from traceml_core.report.render_html import render_html  # noqa: E402
 from traceml_core.report.render_txt import render  # noqa: E402
 from traceml_core.report.summary import build_summary  # noqa: E402
-from traceml_core.rundata import RunData  # noqa: E402
+from traceml_core.aggregator.adapter import run_data  # noqa: E402
+from traceml_core.rundata import LaunchEnd  # noqa: E402
 
 
 def one(nodes: int, nproc: int) -> dict[str, float]:
     st = RunState(AggregatorSettings(run_name="scale", token="t", run_dir=Path("/nonexistent"),
                                      nnodes=nodes, nproc_per_node=nproc))
     st.note_join(0, "node0", "relay", time.time())
-    data = st.to_data()
-    data["finish"] = {"exit_code": 1, "interrupted": False, "reason": "nodes never joined",
-                      "failed_nodes": list(range(1, nodes)), "at": time.time()}
+    st.finish = LaunchEnd(exit_code=1, reason="nodes never joined", failed_nodes=list(range(1, nodes)),
+                          at=time.time())
+    data = run_data(st)
     out: dict[str, float] = {}
     t = time.perf_counter()
-    summary = build_summary(RunData.from_checkpoint(data))
+    summary = build_summary(data)
     out["build_s"] = time.perf_counter() - t
     t = time.perf_counter()
     text = render(summary)

@@ -1,13 +1,12 @@
 """The live snapshot: what node 0's aggregator tells the live views, as one typed record.
 
 Below both, so that neither reads the other's code: the aggregator builds it (aggregator/snapshot.py),
-the launcher's views read it (views/snapshot.py). One codec, pydantic's ``TypeAdapter`` over these
-dataclasses, writes the ``snapshot`` frame and reads it back: the fields are declared once, here.
+the launcher's views read it (views/snapshot.py). The one codec (``traceml_core/codec.py``) writes
+the ``snapshot`` frame and reads it back: the fields are declared once, here.
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -96,21 +95,3 @@ class LiveSnapshot:
     #: asked for every few seconds; None when not asked for this time
     verdict: Optional[LiveVerdict] = None
     error: Optional[str] = None
-
-
-@functools.lru_cache(maxsize=None)
-def _adapter(kind: type) -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(kind)
-
-
-def encode(value: Any) -> dict[str, Any]:
-    """A record as plain data (a frame's fields)."""
-    return _adapter(type(value)).dump_python(value)
-
-
-def decode(kind: type, data: Any) -> Any:
-    """A record of ``kind`` from plain data (keys it does not know are ignored); raises
-    pydantic's ValidationError on a malformed one."""
-    return _adapter(kind).validate_python(data)

@@ -55,15 +55,6 @@ class Span:
     def start(self) -> float:
         return self.end - self.dur_ns / 1e9
 
-    @classmethod
-    def from_checkpoint(cls, d: dict[str, Any]) -> "Span":
-        return cls(float(d.get("end") or 0.0), int(d.get("dur_ns") or 0), d.get("step"), d.get("gstep"),
-                   bool(d.get("in_step")), str(d.get("api") or ""))
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"end": self.end, "dur_ns": self.dur_ns, "step": self.step, "gstep": self.gstep,
-                "in_step": self.in_step, "api": self.api}
-
 
 @dataclass(slots=True)
 class SpanTotals:
@@ -89,15 +80,6 @@ class SpanTotals:
     def last(self) -> Optional[Span]:
         return self.recent[-1] if self.recent else None
 
-    @classmethod
-    def from_checkpoint(cls, d: dict[str, Any]) -> "SpanTotals":
-        return cls(d.get("count", 0), d.get("sum_ns", 0), d.get("max_ns", 0), d.get("in_step_ns", 0),
-                   [Span.from_checkpoint(s) for s in d.get("recent") or []])
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"count": self.count, "sum_ns": self.sum_ns, "max_ns": self.max_ns,
-                "in_step_ns": self.in_step_ns, "recent": [s.to_checkpoint() for s in self.recent]}
-
 
 @dataclass(slots=True)
 class Mark:
@@ -107,15 +89,6 @@ class Mark:
     gstep: Optional[int] = None
     start: Optional[float] = None
     end: Optional[float] = None
-
-    @classmethod
-    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Mark"]:
-        if not d:
-            return None
-        return cls(int(d.get("step") or 0), d.get("gstep"), d.get("start"), d.get("end"))
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"step": self.step, "gstep": self.gstep, "start": self.start, "end": self.end}
 
 
 @dataclass(slots=True)
@@ -150,15 +123,6 @@ class Progress:
             return None
         return ref.gstep + (step - ref.step)
 
-    @classmethod
-    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "Progress":
-        d = d or {}
-        return cls(Mark.from_checkpoint(d.get("first")), Mark.from_checkpoint(d.get("last")), d.get("jumps", 0))
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"first": self.first.to_checkpoint() if self.first else None,
-                "last": self.last.to_checkpoint() if self.last else None, "jumps": self.jumps}
-
 
 @dataclass(slots=True)
 class Work:
@@ -169,17 +133,6 @@ class Work:
     dtype: Optional[str] = None
     device: Optional[str] = None
     samples_per_step: Optional[float] = None
-
-    @classmethod
-    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> Optional["Work"]:
-        if not d:
-            return None
-        return cls(d.get("tokens_per_step"), d.get("flops_per_step"), d.get("dtype"), d.get("device"),
-                   d.get("samples_per_step"))
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"tokens_per_step": self.tokens_per_step, "flops_per_step": self.flops_per_step,
-                "dtype": self.dtype, "device": self.device, "samples_per_step": self.samples_per_step}
 
 
 @dataclass(slots=True)
@@ -209,14 +162,3 @@ class RankFacts:
     @property
     def empty(self) -> bool:
         return not self.spans and self.progress.first is None and self.work is None
-
-    @classmethod
-    def from_checkpoint(cls, d: Optional[dict[str, Any]]) -> "RankFacts":
-        d = d or {}
-        return cls({k: SpanTotals.from_checkpoint(v) for k, v in (d.get("spans") or {}).items()},
-                   Progress.from_checkpoint(d.get("progress")), Work.from_checkpoint(d.get("work")))
-
-    def to_checkpoint(self) -> dict[str, Any]:
-        return {"spans": {k: v.to_checkpoint() for k, v in self.spans.items()},
-                "progress": self.progress.to_checkpoint(),
-                "work": self.work.to_checkpoint() if self.work else None}

@@ -85,11 +85,12 @@ def test_forged_and_unreadable_files_in_a_run_directory_never_stall_the_run_nor_
         # the attacker's forged attempt of another job: 16 ranks for 90,006 s = 1,440,096 rank-seconds
         attacker.python(
             "import json, os, sys, time\n"
+            "from traceml_core.codec import encode\n"
             "from traceml_core.report.goodput.ledger import AttemptLedger\n"
             "d = os.path.join(sys.argv[1], 'attempt-2'); os.mkdir(d, 0o755)\n"
             "end = time.time() - 600\n"
-            "row = AttemptLedger(job_id='424242', run_id='forged', start=end - 90006, end=end, slots=16,\n"
-            "                    ended='completed').to_json()\n"
+            "row = encode(AttemptLedger(job_id='424242', run_id='forged', start=end - 90006, end=end, slots=16,\n"
+            "                    ended='completed'))\n"
             "json.dump({'schema_version': 1, 'run': {}, 'goodput': {'attempts': [row]}},\n"
             "          open(os.path.join(d, 'final_summary.json'), 'w'))\n", str(run))
 

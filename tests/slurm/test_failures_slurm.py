@@ -40,7 +40,7 @@ def test_a_collective_mismatch_on_node_2_is_quoted_in_the_headline(slurm_cluster
     # the worker's own output still reached the job's log, unchanged
     assert "terminate called after throwing an instance of 'gloo::EnforceNotMet'" in out
     # a mismatch is the script's: node2 gets no evidence against it in the node store
-    from traceml_core.report.document import Summary
+    from traceml_core.report.document import read
     from traceml_core.report.nodeevidence import run_evidence
 
-    assert not [o for o in run_evidence(Summary.from_json(data)).observations if o.kind == "failure"]
+    assert not [o for o in run_evidence(read(data)).observations if o.kind == "failure"]

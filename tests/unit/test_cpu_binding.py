@@ -19,9 +19,11 @@ import pytest
 from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
+from traceml_core.report.document import document, read
 from traceml_core.report.nextjob import amend
 from traceml_core.report.summary import build_summary
 from traceml_core.report.verdicts import say
+from traceml_core.rundata import LaunchEnd, RankBye
 from traceml_slurm.cpus import cpu_request, passes_on
 
 S = 1_000_000_000
@@ -50,13 +52,13 @@ def summary(facts: Optional[dict[str, Any]], input_ms: float = 30.0) -> dict[str
         rs.node, rs.host = 0, "node1"
         if facts is not None:
             rs.note_event("cpu_threads", json.dumps(facts), 1.0)
-        rs.bye = {"status": "clean", "steps": 200, "error": None, "at": 0.0}
+        rs.bye = RankBye("clean", 200, None, 0.0)
         for seq in range(0, 200, 50):
             rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": 50, "dropped": 0,
                                     "cols": columns(50, seq, t0_ns=1_700_000_000 * S, step_ms=50.0,
                                                     input_ms=input_ms, forward_ms=8.0, backward_ms=8.0,
                                                     optimizer_ms=2.0)}))
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=0)
     s = json.loads(json.dumps(build_summary(run_data(st))))
     for v in [s["verdict"]] + s["other_verdicts"]:  # the sentences come back from the evidence alone
         assert say(v["kind"], v["evidence"]) == (v["why"], v["next_step"])
@@ -75,7 +77,9 @@ def test_four_busy_workers_on_one_cpu_are_the_binding_cause_with_the_sbatch_fix(
     assert "Slurm gave each task 1 CPU: Slurm's default: no --cpus-per-task" in v["why"]
     assert v["next_step"].endswith("in the next job script: #SBATCH --cpus-per-task=5; "
                                    "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"), v["next_step"]
-    amend(s)
+    doc = read(s)
+    amend(doc)
+    s = document(doc)
     assert s["next_job"]["lines"] == ["#SBATCH --cpus-per-task=5", "export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK"]
 
 
@@ -84,7 +88,9 @@ def test_sleeping_workers_are_not_blamed_on_the_cpu():
     v = input_bound(s)
     assert v["evidence"]["cpu"]["cause"] == "not_cpu"
     assert "the CPU is not the limit" in v["why"] and "--cpus-per-task" not in v["next_step"]
-    amend(s)
+    doc = read(s)
+    amend(doc)
+    s = document(doc)
     assert "next_job" not in s
 
 

@@ -13,6 +13,7 @@ from traceml_core.report.failure import diagnose, did_not_start
 from traceml_core.report.model import ExitRecord, RankSummary
 from traceml_core.report.stderr import library_message, script_message
 from traceml_core.report.tracebacks import consequence_of, raised_where
+from traceml_core.codec import decode
 from traceml_core.rundata import RankEvent
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "failures"
@@ -187,7 +188,7 @@ def _summary(name: str) -> dict:
     from traceml_core.rundata import RunData
     from traceml_core.rundir import load_checkpoint
 
-    return build_summary(RunData.from_checkpoint(load_checkpoint(FIXTURES / name)["state"]))
+    return build_summary(decode(RunData, load_checkpoint(FIXTURES / name)["state"]))
 
 
 def test_a_failure_does_not_become_the_input_verdicts_cpu_evidence():
@@ -214,7 +215,7 @@ def test_recorded_runs_read_whole_and_blame_no_host():
     out of data after 150 steps; mismatch.py, rank 0's extra all_reduce at step 40, with its
     stderr as `traceml run` kept it): the headline, and no evidence against the host in the node
     store (a collective mismatch and a rank that finished early follow the script, not the node)."""
-    from traceml_core.report.document import Summary
+    from traceml_core.report.document import read
     from traceml_core.report.nodeevidence import run_evidence
 
     left = _summary("left_early.state")
@@ -225,5 +226,5 @@ def test_recorded_runs_read_whole_and_blame_no_host():
     v = mism["verdict"]
     assert v["evidence"]["cause"] == "collective_mismatch" and GLOO_MISMATCH in v["why"], v
     for s in (left, mism):
-        failures = [o for o in run_evidence(Summary.from_json(s)).observations if o.kind == "failure"]
+        failures = [o for o in run_evidence(read(s)).observations if o.kind == "failure"]
         assert failures == [], failures

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from traceml_core.report.failure import consequence_of, diagnose, raised_where, split_exception
 from traceml_core.report.model import ExitRecord, RankSummary
-from traceml_core.rundata import OomReport, RankEvent
+from traceml_core.codec import decode
+from traceml_core.rundata import HangReport, LaunchEnd, OomReport, RankEvent
 
 TB = '''Traceback (most recent call last):
   File "/home/u/proj/train.py", line 88, in <module>
@@ -146,9 +147,9 @@ def _hung_summary(records_after: int):
     for r in (0, 1):
         a.add(r, {"source": "relay", "gone": False, "state": "S"})
     assert a.done()
-    st.hangs.append(a.report())
+    st.hangs.append(decode(HangReport, a.report()))
     st.records += records_after
-    st.finish = {"exit_code": 124, "interrupted": False, "reason": "training looks hung", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=124, reason="training looks hung")
     return build_summary(run_data(st))
 
 
@@ -181,7 +182,7 @@ def test_a_killed_torchrun_or_a_vanished_launcher_is_the_first_failure_unless_a_
     vanished launcher reads the same way. A rank that raised by itself before the node failed
     stays the first failure."""
     from traceml_core.report.status import node_failures
-    from traceml_core.rundata import Finish, NodeBye, NodeData, TorchrunEnd
+    from traceml_core.rundata import LaunchEnd, NodeData, TorchrunEnd
 
     gloo = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection reset by peer"
 
@@ -190,9 +191,9 @@ def test_a_killed_torchrun_or_a_vanished_launcher_is_the_first_failure_unless_a_
                 rank(1, "error", error=gloo, tb=gloo, at=100.2, fail_step=40),
                 rank(2, "vanished", node=1, at=101.0, steps=38), rank(3, "vanished", node=1, at=101.0, steps=38)]
 
-    killed = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", bye=NodeBye("error", 137, 103.0, torchrun=TorchrunEnd(
+    killed = {0: NodeData(0, "n0"), 1: NodeData(1, "n1", bye=LaunchEnd("error", 137, 103.0, torchrun=TorchrunEnd(
         -9, "SIGKILL", 100.0)))}
-    nodes = node_failures(killed, Finish(exit_code=1, torchrun=TorchrunEnd(1, None, 104.0)))
+    nodes = node_failures(killed, LaunchEnd(exit_code=1, torchrun=TorchrunEnd(1, None, 104.0)))
     assert [(n.node, n.cause, n.signal, n.exit_code) for n in nodes] == [(1, "torchrun_killed", "SIGKILL", 137)]
     rs = ranks()
     v = diagnose(rs, {}, "failed", nodes)
@@ -208,7 +209,7 @@ def test_a_killed_torchrun_or_a_vanished_launcher_is_the_first_failure_unless_a_
     v = diagnose(ranks(), {}, "failed", node_failures(lost, None))
     assert v["why"].startswith("node 1 (n1): its TraceML launcher vanished"), v["why"]
     # a torchrun stopped by its launcher's own SIGTERM is no node failure
-    stopped = {1: NodeData(1, bye=NodeBye("interrupted", 143, torchrun=TorchrunEnd(-15, "SIGTERM")))}
+    stopped = {1: NodeData(1, bye=LaunchEnd("interrupted", 143, torchrun=TorchrunEnd(-15, "SIGTERM")))}
     assert node_failures(stopped, None) == []
 
     first = [rank(2, "error", node=1, error="ValueError: bad label 7", tb=TB, at=99.0, fail_step=38)] + ranks()[:2]

@@ -18,7 +18,9 @@ import pytest
 
 from aggpeers import folded, make_settings
 from test_stats_window import check_against_reference
+from traceml_core.aggregator.adapter import checkpoint_data, rank_data
 from traceml_core.aggregator.ingest import Ingest
+from traceml_core.codec import decode, encode as encode_record
 from traceml_core.aggregator.state import RunState
 from traceml_core.launcher.outqueue import OutQueue
 from traceml_core.launcher.relayframes import merge_into, steps_frame
@@ -159,7 +161,7 @@ def test_windows_merged_on_the_way_or_not_give_the_same_summary(tmp_path, cut):
     plain = replay(tmp_path / "plain", per_rank, tails=True)
     alone = replay(tmp_path / "alone", per_rank)
     merged = replay(tmp_path / "merged", per_rank, group=random.Random(3))
-    a, b = plain.to_data(), merged.to_data()
+    a, b = checkpoint_data(plain), checkpoint_data(merged)
     assert plain.ranks[0].tail_end > 0 and merged.ranks[0].tail_end == 0  # the live views' tail
     for rank, ra, rb in zip(sorted(frames), a["ranks"], b["ranks"]):
         assert ra["received"] == rb["received"] == 600
@@ -170,10 +172,10 @@ def test_windows_merged_on_the_way_or_not_give_the_same_summary(tmp_path, cut):
         check_against_reference(ra, cols)   # every bucket exact, from the records themselves
         check_against_reference(rb, cols)
         assert rb["series"]["width"] >= ra["series"]["width"]  # longer windows: wider buckets
-    summary = lambda d: stable(build_summary(RunData.from_checkpoint(d)))  # noqa: E731
+    summary = lambda d: stable(build_summary(decode(RunData, d)))  # noqa: E731
     sa, sb = summary(a), summary(b)
     # the tails the live modes add change nothing of the statistics: the same summary
-    assert not diff(sa, summary(alone.to_data()))
+    assert not diff(sa, summary(checkpoint_data(alone)))
     # merged on the way: the same summary, but for what is read per series bucket (timeline
     # points, the memory trend's medians), at the resolution of the longer windows
     assert sa["telemetry"] == sb["telemetry"] and sa["telemetry"]["records_received"] == 1200
@@ -204,7 +206,7 @@ def test_a_folded_window_keeps_the_loss_accounting_of_its_records(tmp_path):
     rs = state.ranks[0]
     assert rs.received == state.records == sent == 600 - wins[3]["n"]
     assert rs.gaps == wins[3]["n"] and rs.duplicates == wins[4]["n"] and rs.client_dropped == 5
-    assert rs.to_data()["phases"]["step_ns"]["count"] == sent and rs.next_seq == 600
+    assert encode_record(rank_data(rs))["phases"]["step_ns"]["count"] == sent and rs.next_seq == 600
 
 
 def test_malformed_fold_frames_are_refused_at_the_trust_boundary():
@@ -284,7 +286,7 @@ def test_a_window_whose_sums_do_not_fit_goes_up_in_smaller_windows(tmp_path):
     ingest.node_frame(link, ident, validate("node", {"t": "join", "rank": 0, "host": "h", "new": True}))
     for msg in msgs:
         ingest.node_frame(link, ident, validate("node", msg))
-    d = state.ranks[0].to_data()
+    d = encode_record(rank_data(state.ranks[0]))
     assert d["phases"]["forward_ns"]["max"] == big and state.records == w["n"]
     assert d["phases"]["forward_ns"]["sum"] == n * big > MAX_VALUE
 

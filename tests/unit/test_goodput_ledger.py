@@ -16,13 +16,15 @@ import pytest
 from aggpeers import relayed
 
 from traceml_core.aggregator.rankstate import RankState
+from traceml_core.codec import encode
 from traceml_core.attempts import archive_previous, attempt_dirs
 from traceml_core.report.goodput.account import Context, account
 from traceml_core.report.goodput.advice import ADVICE_MIN_FRACTION, assemble
 from traceml_core.report.goodput.buckets import KEYS
 from traceml_core.report.goodput.ledger import AttemptLedger, Progress
 from traceml_core.report.goodput.previous import previous_attempts
-from traceml_core.rundata import Finish, LaunchLifecycle, NodeData, RankData, RunData, RunSettings
+from traceml_core.aggregator.adapter import rank_data as typed_rank
+from traceml_core.rundata import LaunchEnd, LaunchLifecycle, NodeData, RankBye, RunData, RunSettings
 from traceml_core.wire.protocol import STEP_COLUMNS
 
 T0 = 1_800_000_000.0  # the allocation's start
@@ -66,9 +68,8 @@ def rank_data(rank, node, steps, *, gstep0=None, checkpoints=(), compute_ms=80.0
         rs.facts.apply("span", {"span": "checkpoint", "dur_ns": int(dur * NS), "end": end, "step": step,
                                 "gstep": None if gstep0 is None else gstep0 + step - 1, "in_step": False,
                                 "api": "torch.save"})
-    rs.bye = {"status": "clean", "steps": len(steps), "error": None, "at": None, "fail_step": None,
-              "fail_in_step": False}
-    return RankData.from_checkpoint(rs.to_data())
+    rs.bye = RankBye("clean", len(steps))
+    return typed_rank(rs)
 
 
 def run_data(ranks, *, end, nnodes=2, nproc=1, job="17", restarts=0):
@@ -77,7 +78,7 @@ def run_data(ranks, *, end, nnodes=2, nproc=1, job="17", restarts=0):
                       lifecycle=LaunchLifecycle({"preflight": T0 + 1.0}, None, T0, restarts))
              for n in range(nnodes)]
     return RunData(settings, T0 + 2.0, ranks=ranks, nodes=nodes,
-                   finish=Finish(exit_code=0, at=end, source="launcher"))
+                   finish=LaunchEnd(exit_code=0, at=end, source="launcher"))
 
 
 def ctx(data, end, status="completed", reason="", rows=None):
@@ -232,7 +233,7 @@ def test_a_bucket_that_was_not_measured_is_null_with_how_to_measure_it():
     assert a.split.ms["input"] is None and a.split.ms["comm"] is None and a.split.ms["straggler"] is None
     assert "wrap_dataloader" in a.not_measured["input"]
     assert a.nodes[0].split.ms["input"] is None
-    doc = ledger.to_json()
+    doc = encode(ledger)
     assert doc["total"]["buckets"]["input"] is None
     assert set(doc["total"]["buckets"]) == set(KEYS)
 
@@ -267,7 +268,7 @@ def test_the_earlier_attempts_files_move_aside_and_are_read_back(tmp_path):
     run.mkdir()
     row = AttemptLedger(attempt=0, job_id="17", run_id="first", start=T0, end=T0 + 50, slots=2,
                         ended="interrupted", progress=Progress("step", 51, 0, 51, 40, 1))
-    doc = {"goodput": {"attempts": [row.to_json()]}}
+    doc = {"goodput": {"attempts": [encode(row)]}}
     (run / "final_summary.json").write_text(json.dumps(doc))
     (run / "final_summary.txt").write_text("attempt 0\n")
     (run / "steps.jsonl").write_text("")
@@ -282,7 +283,7 @@ def test_the_earlier_attempts_files_move_aside_and_are_read_back(tmp_path):
     assert archive_previous(run, "second") is None          # nothing at the top any more
     # a third attempt after the second wrote its files: attempt-1
     (run / "final_summary.json").write_text(json.dumps({"goodput": {"attempts": [
-        row.to_json(), {**row.to_json(), "attempt": 1, "run_id": "second"}]}}))
+        encode(row), {**encode(row), "attempt": 1, "run_id": "second"}]}}))
     assert "attempt-1" in (archive_previous(run, "third") or "")
     assert [a.run_id for a in previous_attempts(run)] == ["first", "second"]
 
@@ -295,7 +296,7 @@ def test_an_attempt_without_a_summary_is_rebuilt_from_its_checkpoint(tmp_path):
 
     def rebuild(path: Path):
         calls.append(path)
-        return {"goodput": {"attempts": [AttemptLedger(attempt=0, run_id="dead").to_json()]}}
+        return AttemptLedger(attempt=0, run_id="dead")  # the row its rebuilt summary holds
 
     prev = previous_attempts(run, rebuild=rebuild)
     assert calls == [run / "attempt-0" / "aggregate.state"]
@@ -351,7 +352,7 @@ def test_without_the_workers_facts_checkpoints_and_redone_work_are_not_measured(
     assert ledger.total.ms["checkpoint"] is None and ledger.total.ms["redone"] is None   # not a silent 0
     # the unseen save is between-step work of attempt 0: 0.5 s more than the 20 ms gaps, per rank
     assert a0.split.ms["between"] / 1000 == pytest.approx(2 * (50 * 0.02 + 0.5), abs=0.02)
-    doc = ledger.to_json()
+    doc = encode(ledger)
     assert doc["attempts"][1]["buckets"]["redone"] is None and doc["attempts"][1]["progress"]["redone_steps"] is None
     assert ledger.advice is None or ledger.advice.bucket not in ("redone", "checkpoint")
 

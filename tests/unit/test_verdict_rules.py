@@ -27,6 +27,7 @@ from traceml_core.aggregator.state import RunState
 from traceml_core.report.render_txt import render
 from traceml_core.report.summary import build_summary
 from traceml_core.report.verdicts import say
+from traceml_core.rundata import LaunchEnd, RankBye
 
 MS = 1_000_000
 MiB = 1024 * 1024
@@ -60,7 +61,7 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
             if facts is not None:
                 fact.update(facts(rank))
             rs.note_event("cpu_threads", json.dumps(fact), 1.0)
-        rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
+        rs.bye = RankBye("clean", steps, None, 0.0)
         t = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
             n = min(batch, steps - seq)
@@ -81,7 +82,7 @@ def _run(nproc: int, steps: int, step: Callable[[int, int], dict[str, Any]], bat
                 cols["comm_calls"].append(1 if comm else -1)
             # one relay window per batch, through the wire and node 0's trust boundary
             rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": n, "dropped": 0, "cols": cols}))
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=0)
     s = build_summary(run_data(st))
     _evidence_backs_every_claim(s)
     return s

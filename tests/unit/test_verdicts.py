@@ -9,6 +9,7 @@ from aggpeers import columns, make_settings, relayed
 from traceml_core.aggregator.adapter import run_data
 from traceml_core.aggregator.state import RunState
 from traceml_core.report.summary import build_summary
+from traceml_core.rundata import LaunchEnd, RankBye
 
 MiB = 1024 * 1024
 
@@ -19,14 +20,14 @@ def _run(nnodes: int, nproc: int, per_rank: Callable[[int], dict[str, Any]], ste
     for rank in range(nnodes * nproc):
         rs = st.rank(rank)
         rs.node, rs.host = rank // nproc, f"gpu-node-{rank // nproc}"
-        rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
+        rs.bye = RankBye("clean", steps, None, 0.0)
         t0 = 1_700_000_000_000_000_000
         for seq in range(0, steps, batch):
             rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0,
                                     "cols": columns(batch, seq, t0_ns=t0, **per_rank(rank))}))
     for node, samples in (system or {}).items():
         st.node_system(node).ingest(f"gpu-node-{node}", samples)
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=0)
     return build_summary(run_data(st))
 
 
@@ -274,7 +275,7 @@ def _paused(where: str, slow_ms: float = 0.0, steps: int = 1200, batch: int = 10
     for rank in range(4):
         rs = st.rank(rank)
         rs.node, rs.host = rank // 2, f"gpu-node-{rank // 2}"
-        rs.bye = {"status": "clean", "steps": steps, "error": None, "at": 0.0}
+        rs.bye = RankBye("clean", steps, None, 0.0)
         for seq in range(0, steps, batch):
             me = rank == 3
             cols = columns(batch, seq, t0_ns=1_700_000_000_000_000_000, step_ms=20.0 + slow_ms,
@@ -291,7 +292,7 @@ def _paused(where: str, slow_ms: float = 0.0, steps: int = 1200, batch: int = 10
                         cols["forward_ns"][i] += pause
                         cols["step_ns"][i] += pause
             rs.ingest_fold(relayed({"t": "steps", "rank": rank, "seq": seq, "n": batch, "dropped": 0, "cols": cols}))
-    st.finish = {"exit_code": 0, "interrupted": False, "reason": "", "failed_nodes": []}
+    st.finish = LaunchEnd(exit_code=0)
     return build_summary(run_data(st))
 
 

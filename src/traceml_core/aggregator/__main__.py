@@ -63,7 +63,7 @@ def main() -> int:
     from .settings import AggregatorSettings
 
     try:
-        settings = AggregatorSettings.from_json(sys.stdin.readline())
+        settings = AggregatorSettings.model_validate_json(sys.stdin.readline())
     except (ValueError, TypeError, KeyError) as exc:
         _say(f"{ERROR} " + json.dumps({"kind": "settings", "message": f"bad aggregator settings: {exc}"}))
         return 3

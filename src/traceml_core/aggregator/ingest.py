@@ -13,7 +13,9 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional
 
+from ..codec import decode
 from ..rankfacts import FACT_KINDS
+from ..rundata import LaunchEnd, LaunchLifecycle, RankBye, StepSource
 from ..statistics.sketch import merged_quantiles
 from ..wire.auth import Identity
 from ..wire.protocol import ProtocolError
@@ -39,9 +41,16 @@ class SubLink:
         return bool(getattr(self.conn, "closed", False))
 
 
-def _torchrun(msg: dict[str, Any]) -> dict[str, Any]:
-    """How the node's torchrun ended (frames.worker_report), when its launcher said."""
-    return {"torchrun": msg["torchrun"]} if msg.get("torchrun") is not None else {}
+def _launch_end(msg: dict[str, Any], **fields: Any) -> LaunchEnd:
+    """A launcher's end report (a node ``bye`` or the ``finish``), its worker report checked by
+    frames.worker_report."""
+    return decode(LaunchEnd, dict(fields, exit_code=msg.get("exit_code"), at=time.time(), workers=msg["workers"],
+                                  oom=msg["oom"], torchrun=msg.get("torchrun")))
+
+
+def _lifecycle(msg: dict[str, Any]) -> Optional[LaunchLifecycle]:
+    """The launcher's lifecycle record (normalised by frames.launch_lifecycle), if it sent one."""
+    return None if msg["lifecycle"] is None else decode(LaunchLifecycle, msg["lifecycle"])
 
 
 class Ingest:
@@ -80,7 +89,7 @@ class Ingest:
         self.carried[link] = set()
         # a node seen on a link before (this process, or the checkpoint it resumed from)
         rejoin = ident.node in self._linked or any(
-            n.get("node") == ident.node and n.get("joined_at") for n in (st.base or {}).get("nodes", []))
+            n.node == ident.node and n.joined_at for n in (st.base.nodes if st.base else ()))
         self._linked.add(ident.node)
         st.note_join(ident.node, ident.host, "node", now)
         ni = st.node(ident.node)
@@ -213,10 +222,8 @@ class Ingest:
             return
         rank = msg.get("rank")
         if rank is None:  # the node launcher's own end (bye without a rank), with its worker report
-            st.node(ident.node).bye = {"status": msg.get("status"), "exit_code": msg.get("exit_code"),
-                                       "at": time.time(), "workers": msg["workers"], "oom": msg["oom"],
-                                       **_torchrun(msg)}
-            st.node(ident.node).lifecycle = msg["lifecycle"]
+            st.node(ident.node).bye = _launch_end(msg, status=msg.get("status"))
+            st.node(ident.node).lifecycle = _lifecycle(msg)
             st.dirty = True
             return
         if not 0 <= rank < st.settings.world_size:
@@ -246,7 +253,7 @@ class Ingest:
             self._rank_bye(rs, msg)
         elif t == "event":
             if msg["kind"] == "step_source":
-                rs.step_source = msg["source"]
+                rs.step_source = None if msg["source"] is None else decode(StepSource, msg["source"])
             elif msg["kind"] in FACT_KINDS:  # a checkpoint span, progress, declared work
                 if msg.get("fact") is not None:
                     rs.facts.apply(msg["kind"], msg["fact"])
@@ -309,8 +316,8 @@ class Ingest:
         dropped = msg.get("dropped")
         if dropped is not None and dropped > rs.client_dropped:
             rs.client_dropped = dropped
-        rs.bye = {"status": msg["status"], "steps": msg.get("steps"), "error": msg.get("error"),
-                  "at": time.time(), "fail_step": msg["fail_step"], "fail_in_step": msg["fail_in_step"]}
+        rs.bye = RankBye(msg["status"], msg.get("steps"), msg.get("error"), time.time(), msg["fail_step"],
+                         msg["fail_in_step"])
 
     def resp(self, rs: RankState, msg: dict[str, Any]) -> None:
         """A rank's answer to a request (see wire/frames.REQUESTS)."""
@@ -350,11 +357,9 @@ class Ingest:
 
     # --- the launcher ----------------------------------------------------------------------------
     def finish(self, msg: dict[str, Any]) -> None:
-        self.state.finish = {"exit_code": msg.get("exit_code"), "interrupted": msg["interrupted"],
-                             "reason": msg["reason"], "failed_nodes": msg["failed_nodes"],
-                             "source": "launcher", "at": time.time(), "workers": msg["workers"],
-                             "oom": msg["oom"], **_torchrun(msg)}
-        self.state.node(0).lifecycle = msg["lifecycle"]
+        self.state.finish = _launch_end(msg, interrupted=msg["interrupted"], reason=msg["reason"],
+                                        failed_nodes=msg["failed_nodes"], source="launcher")
+        self.state.node(0).lifecycle = _lifecycle(msg)
         self.state.dirty = True
 
     def status(self, checkpoint_s: float) -> dict[str, Any]:
@@ -366,9 +371,9 @@ class Ingest:
                 "ranks_seen": len(st.ranks), "records": st.records,
                 "nodes_lost": sorted(n for n, ni in st.nodes.items()
                                      if ni.left_at is not None and ni.bye is None),
-                "nodes_failed": {str(n): ni.bye.get("exit_code") for n, ni in st.nodes.items()
+                "nodes_failed": {str(n): ni.bye.exit_code for n, ni in st.nodes.items()
                                  if ni.bye is not None
-                                 and ni.bye.get("status") not in ("clean", "interrupted", None)},
+                                 and ni.bye.status not in ("clean", "interrupted", None)},
                 "hosts": {str(n): ni.host for n, ni in st.nodes.items() if ni.host},
                 "checkpoint_s": round(checkpoint_s, 4), "refused": st.counters["refused"],
                 "silent": self.silent_ranks(), "median_step_ms": self.median_step_ms()}

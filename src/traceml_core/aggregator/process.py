@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from ..errors import TraceMLError
-from ..livesnapshot import LiveSnapshot, decode
+from ..codec import decode
+from ..livesnapshot import LiveSnapshot
 from ..wire.auth import AGGREGATOR, make_hello
 from ..wire.client import Link, LinkError
 from .settings import ERROR, READY, AggregatorSettings
@@ -236,7 +237,7 @@ def start_aggregator(settings: AggregatorSettings, *, ready_timeout: float = 15.
         raise AggregatorStartError(f"Cannot start the TraceML aggregator ({python}): {exc}") from None
     assert proc.stdin is not None and proc.stdout is not None
     try:
-        proc.stdin.write((settings.to_json() + "\n").encode())
+        proc.stdin.write((settings.model_dump_json() + "\n").encode())
         proc.stdin.close()
     except OSError:
         pass

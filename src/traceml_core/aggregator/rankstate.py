@@ -13,6 +13,7 @@ from collections import deque
 from typing import Any, Optional
 
 from ..rankfacts import RankFacts
+from ..rundata import RankBye, RankEvent, StepSource
 from ..statistics.columns import STEP_COLUMNS
 from ..statistics.series import BUCKETS, Series
 from ..statistics.window import WindowStats
@@ -42,7 +43,7 @@ class RankState:
         self.connected = False
         self.closed_at: Optional[float] = None
         self.connections = 0  # accepted hellos (>1 means it reconnected)
-        self.bye: Optional[dict[str, Any]] = None
+        self.bye: Optional[RankBye] = None
         self.received = 0  # unique records ingested
         self.gaps = 0  # records skipped in seq (never received)
         self.duplicates = 0  # records received twice (a batch resent after a reconnect)
@@ -64,11 +65,11 @@ class RankState:
         self.tail: Optional[dict[str, deque]] = (
             {c: deque(maxlen=tail_records) for c in STEP_COLUMNS} if tail_records > 0 else None)
         self.tail_end = 0
-        self.events: Optional[deque] = None  # the last 8, made at the first (most ranks have none)
+        self.events: Optional[deque[RankEvent]] = None  # the last 8, made at the first (most have none)
         self.event_count = 0
         #: how this rank's steps are found (the latest ``step_source`` event; None: not said,
         #: i.e. a process that called traceml itself without the worker bootstrap)
-        self.step_source: Optional[dict[str, Any]] = None
+        self.step_source: Optional[StepSource] = None
         #: checkpoint spans, progress and declared work (its span/progress/work events)
         self.facts = RankFacts()
 
@@ -122,23 +123,4 @@ class RankState:
         self.event_count += 1
         if self.events is None:
             self.events = deque(maxlen=8)
-        self.events.append({"kind": kind[:64], "text": text[:2000], "ts": ts})
-
-    def to_data(self) -> dict[str, Any]:
-        """Plain data for checkpoints and the summary: the rank's own fields, and its statistics
-        in the value's plain-data shape (WindowStats.to_data)."""
-        out = {
-            "rank": self.rank, "node": self.node, "host": self.host, "local_rank": self.local_rank,
-            "pid": self.pid, "joined_at": self.joined_at, "last_seen": self.last_seen,
-            "connected": self.connected, "closed_at": self.closed_at,
-            "connections": self.connections, "bye": self.bye, "received": self.received,
-            "gaps": self.gaps, "duplicates": self.duplicates, "client_dropped": self.client_dropped,
-            "relay_dropped": self.relay_dropped, "relay_seq_end": self.relay_seq_end,
-            "open_bound": self.open_bound, "last_open": self.last_open, "counts": self.counts,
-            "next_seq": self.next_seq,
-            "events": list(self.events or ()), "event_count": self.event_count,
-            "step_source": self.step_source,
-            "facts": self.facts.to_checkpoint(),
-        }
-        out.update(self.stats.to_data())
-        return out
+        self.events.append(RankEvent(kind[:64], text[:2000], ts))

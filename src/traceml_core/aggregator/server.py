@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
 from ..exporters import live_kinds
+from ..codec import decode, encode
 from ..options import BY_KEY
-from ..rundata import RunData
+from ..rundata import HangReport, LaunchEnd, RunData
 from ..wire.auth import AGGREGATOR, Endpoint, Identity, NonceCache, check_hello
 from ..wire.frames import REFUSED, validate
 from ..wire.protocol import ProtocolError
 from ..wire.server import Conn, FramedServer, Handler, Limits, listen
-from .adapter import checkpoint_data, run_data
+from .adapter import run_data
 from .ingest import Ingest
 from .claim import Claim
 from ..rundir import CHECKPOINT_NAME, RunDir, foreign_checkpoint, pack_checkpoint, write_file
@@ -215,7 +216,7 @@ class Server(Handler):
             log(f"not resuming from {path}: it is the checkpoint of {other}, not of this run; "
                 "starting from nothing: the summary counts every earlier record as lost")
             return
-        self.state.go_on_from(doc["state"])
+        self.state.go_on_from(decode(RunData, doc["state"]))
         log(f"resumed from the checkpoint taken {max(0.0, time.time() - doc['taken_at']):.1f} s "
             f"before this restart ({self.state.records:,} records); records the previous "
             "aggregator received after it are counted as lost")
@@ -275,21 +276,20 @@ class Server(Handler):
             doc = None
         took = time.perf_counter() - t0
         self._next_live_verdicts = time.monotonic() + max(LIVE_VERDICTS_S, 20 * took)
-        for v in ([doc["verdict"]] + list(doc["other_verdicts"])) if doc else []:
-            if v.get("kind") not in LIVE_VERDICT_KINDS or v.get("severity") not in ("warning", "critical"):
+        for v in doc.verdicts if doc else []:
+            if v.kind not in LIVE_VERDICT_KINDS or v.severity not in ("warning", "critical"):
                 continue
-            key = (v["kind"], (v.get("culprit") or {}).get("rank"))
+            key = (v.kind, (v.culprit or {}).get("rank"))
             if key not in self._said:
                 self._said.add(key)
-                self.notices.say(f"{v['kind'].replace('_', ' ')} confirmed ({v['severity']}, "
-                                 f"{self.state.records:,} step records in): {v.get('why', '')}")
+                self.notices.say(f"{v.kind.replace('_', ' ')} confirmed ({v.severity}, "
+                                 f"{self.state.records:,} step records in): {v.why}")
 
-    def _summary_so_far(self) -> dict[str, Any]:
+    def _summary_so_far(self) -> Any:
         """The provisional summary of the run so far (a live export's batch is built from it)."""
-        from ..report.summary import build_summary
-        from .adapter import run_data
+        from ..report.summary import build_document
 
-        return build_summary(run_data(self.state), provisional=True)
+        return build_document(run_data(self.state), provisional=True)
 
     def _on_signal(self, now: float) -> None:
         if self.term_until is None:
@@ -319,29 +319,25 @@ class Server(Handler):
         if self.term_until is not None and (now >= self.term_until or
                                             (ing.control is None and ing.control_seen)):
             if st.finish is None:
-                st.finish = {"exit_code": None, "interrupted": True,
-                             "reason": "the aggregator received SIGTERM (scancel or time limit?) "
-                                       "and the launcher sent no exit report", "failed_nodes": [],
-                             "source": "aggregator"}
+                st.finish = LaunchEnd(interrupted=True, source="aggregator",
+                                      reason="the aggregator received SIGTERM (scancel or time limit?) "
+                                             "and the launcher sent no exit report")
             return True
         if self.launcher_lost_until is not None:
             if not ing.open_ranks() or now >= self.launcher_lost_until:
                 if st.finish is None:
-                    st.finish = {"exit_code": None, "interrupted": False,
-                                 "reason": "the launcher's connection to the aggregator closed "
-                                           "without an exit report (launcher killed?)",
-                                 "failed_nodes": [], "source": "aggregator"}
+                    st.finish = LaunchEnd(source="aggregator",
+                                          reason="the launcher's connection to the aggregator closed "
+                                                 "without an exit report (launcher killed?)")
                 return True
             return False
         if ing.control is None and len(st.ranks) >= self.settings.world_size:
             byes = [rs.bye for rs in st.ranks.values()]
             if all(byes):
                 if st.finish is None:
-                    failed = any(b["status"] != "clean" for b in byes)  # type: ignore[index]
-                    st.finish = {"exit_code": None, "interrupted": False,
-                                 "reason": "every rank ended (" + ("some with an error" if failed
-                                                                   else "all cleanly") + ")",
-                                 "failed_nodes": [], "source": "ranks"}
+                    failed = any(b.status != "clean" for b in byes)  # type: ignore[union-attr]
+                    st.finish = LaunchEnd(source="ranks", reason="every rank ended (" + (
+                        "some with an error" if failed else "all cleanly") + ")")
                 return True
         return False
 
@@ -439,7 +435,7 @@ class Server(Handler):
         if conn is not None:
             declared = self._declared_for_silence()
             if declared is not None:
-                self.net.send(conn, {"t": "autopsy", "id": msg.get("id"), "report": declared})
+                self.net.send(conn, {"t": "autopsy", "id": msg.get("id"), "report": encode(declared)})
                 return
         if self.ingest.autopsy is not None:  # one at a time: this caller gets that one's report
             if conn is not None:
@@ -455,11 +451,11 @@ class Server(Handler):
         if conn is not None:
             self._autopsy_for = (conn, msg.get("id"))
 
-    def _declared_for_silence(self) -> Optional[dict[str, Any]]:
+    def _declared_for_silence(self) -> Optional[HangReport]:
         """The hang report of the current silence, if the detection declared one."""
         s = self.hangwatch.silence
         if s is not None and s.declared and self.state.hangs \
-                and int(self.state.hangs[-1].get("records_at") or -1) == self.state.records:
+                and self.state.hangs[-1].records_at == self.state.records:
             return self.state.hangs[-1]
         return None
 
@@ -468,13 +464,13 @@ class Server(Handler):
         had (from the last records before it: the report's time less its collection and the
         silence it was asked about) goes into the report, for the summary."""
         h = self.state.hangs[-1]
-        if h.get("stall_s") is not None or self.state.records <= int(h.get("records_at") or 0):
+        if h.stall_s is not None or self.state.records <= h.records_at:
             return
         now = time.time()
-        began = float(h.get("at") or now) - float(h.get("collect_s") or 0.0) - float(h.get("silent_s") or 0.0)
-        h["resolved_at"], h["stall_s"] = now, round(max(0.0, now - began), 1)
+        began = (h.at or now) - (h.collect_s or 0.0) - h.silent_s
+        h.resolved_at, h.stall_s = now, round(max(0.0, now - began), 1)
         self.state.dirty = True
-        self.notices.say(f"the stall is over: step records arrive again, {h['stall_s']:.1f} s after "
+        self.notices.say(f"the stall is over: step records arrive again, {h.stall_s:.1f} s after "
                               f"the last ones before it (since {time.strftime('%H:%M:%S', time.localtime(began))})")
 
     def _autopsy_done(self) -> None:
@@ -492,7 +488,7 @@ class Server(Handler):
                 except Exception as exc:  # never take the loop down
                     log(f"could not judge the ranks' state: {type(exc).__name__}: {exc}")
             if declared is not None:
-                self.state.hangs.append(declared)
+                self.state.hangs.append(decode(HangReport, declared))
                 self.state.dirty = True
                 if self.exports is not None and not self.finishing:
                     self.exports.tick(self._summary_so_far)   # the hang goes out live at once
@@ -501,10 +497,10 @@ class Server(Handler):
             if declared is not None:
                 report = declared
             elif report is not None:   # the launcher asked meanwhile: its report is this reading
-                self.state.hangs.append(report)
+                self.state.hangs.append(decode(HangReport, report))
                 self.state.dirty = True
         elif report is not None:
-            self.state.hangs.append(report)
+            self.state.hangs.append(decode(HangReport, report))
             self.state.dirty = True
         target = self._autopsy_for
         self._autopsy_for = None
@@ -536,17 +532,17 @@ class Server(Handler):
         return self._req_id
 
     # --- persistence and the end ----------------------------------------------------------------
-    def checkpoint(self, *, final: bool = False,
-                   data: Optional[dict[str, Any]] = None) -> Optional[float]:
-        """Write the aggregate state atomically; returns the seconds it took (None = skipped)."""
+    def checkpoint(self, *, final: bool = False, run: Optional[RunData] = None) -> Optional[float]:
+        """Write the aggregate state (``run``: the run data of it, when made already) atomically;
+        returns the seconds it took (None = skipped)."""
         now = time.monotonic()
-        if not self.state.dirty and not final and data is None:
+        if not self.state.dirty and not final and run is None:
             self._next_checkpoint = now + self.settings.checkpoint_interval_s
             return None
         t0 = time.perf_counter()
         blob = b""
         try:
-            blob = pack_checkpoint(data if data is not None else checkpoint_data(self.state), final=final)
+            blob = pack_checkpoint(encode(run if run is not None else run_data(self.state)), final=final)
             write_file(self.run_dir, self.settings.run_name, CHECKPOINT_NAME, blob, sync=final)
             self.state.run_dir_note = self.run_dir.note
             self.state.dirty = False
@@ -565,9 +561,8 @@ class Server(Handler):
         return dt
 
     def write_outputs(self, *, provisional: bool = False) -> dict[str, Any]:
-        data = checkpoint_data(self.state)
-        self.checkpoint(final=not provisional, data=data)
-        run = run_data(self.state, plain=data)
+        run = run_data(self.state)
+        self.checkpoint(final=not provisional, run=run)
         run.run_dir_note = self.run_dir.note
         return self._finalize_cb(self, run, provisional)
 

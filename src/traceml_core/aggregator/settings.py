@@ -113,14 +113,6 @@ class AggregatorSettings(BaseModel):
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
-    def to_json(self) -> str:
-        return self.model_dump_json()
-
-    @classmethod
-    def from_json(cls, text: str) -> "AggregatorSettings":
-        """Parse the launcher's line; ``ValueError`` (pydantic's ValidationError) names what is wrong."""
-        return cls.model_validate_json(text)
-
     def public(self) -> dict[str, Any]:
         """The settings without the token, as plain data (what checkpoints and summaries keep)."""
         return self.model_dump(mode="json", exclude={"token", "control_token"})

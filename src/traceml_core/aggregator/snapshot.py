@@ -14,7 +14,8 @@ import time
 from itertools import islice
 from typing import Any
 
-from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSeries, RankSnap, Recent, encode
+from ..codec import encode
+from ..livesnapshot import PHASES, LiveSnapshot, LiveVerdict, RankSeries, RankSnap, Recent
 from ..rundata import RankData
 from ..statistics.columns import DURATION_COLUMNS
 from ..statistics.window import WindowStats
@@ -66,11 +67,11 @@ def _series(rs: Any) -> RankSeries:
 
 
 def _rank(rs: Any, series: bool) -> RankSnap:
-    bye = rs.bye or {}
+    bye = rs.bye
     return RankSnap(
         rank=rs.rank, node=rs.node, host=rs.host, local_rank=rs.local_rank, connected=rs.connected,
-        last_seen=rs.last_seen, closed_at=rs.closed_at, bye=bye.get("status"),
-        error=(bye.get("error") or "")[:300] or None, received=rs.received, last_step=rs.last_step,
+        last_seen=rs.last_seen, closed_at=rs.closed_at, bye=bye.status if bye else None,
+        error=((bye.error if bye else None) or "")[:300] or None, received=rs.received, last_step=rs.last_step,
         recent=_recent_stats(rs), series=_series(rs) if series else None)
 
 
@@ -80,14 +81,13 @@ def build(st: RunState, series: bool = False, verdict: bool = False) -> LiveSnap
     s = st.settings
     so_far = None
     if verdict and s.world_size <= MAX_RANKS:
-        from ..report.summary import build_summary
+        from ..report.summary import build_document
         from .adapter import run_data
 
-        v = build_summary(run_data(st), provisional=True)["verdict"]
-        so_far = LiveVerdict(v.get("kind") or "", v.get("severity") or "", v.get("why") or "",
-                             v.get("next_step") or "", v.get("culprit"))
+        v = build_document(run_data(st), provisional=True).verdict
+        so_far = LiveVerdict(v.kind, v.severity, v.why, v.next_step, v.culprit)
     return LiveSnapshot(
         server_time=time.time(), started_at=s.started_at, run_name=s.run_name, world_size=s.world_size,
         nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, records=st.records, finishing=st.finish is not None,
         ranks=[_rank(st.ranks[r], series) for r in sorted(st.ranks)[:MAX_RANKS]],
-        nodes=[st.system[n].now() for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)
+        nodes=[st.system[n].now(over_time=False) for n in sorted(st.system)[:MAX_RANKS]], verdict=so_far)

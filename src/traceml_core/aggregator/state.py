@@ -1,9 +1,8 @@
 """The whole aggregate of one run: ranks, nodes, system evidence, counters and the launcher's finish.
 
-:meth:`RunState.to_data` turns it into plain data (dicts, lists, ints, bytes). That one shape is
-what checkpoints store, and the report reads it as typed run data (``RunData.from_checkpoint``,
-through ``aggregator/adapter.py``), so a summary rebuilt from a checkpoint after the aggregator
-died goes through exactly the same code as the live one.
+``aggregator/adapter.py`` reads it as typed run data (:class:`~traceml_core.rundata.RunData`),
+which checkpoints store through the one codec, so a summary rebuilt from a checkpoint after the
+aggregator died goes through exactly the same code as the live one.
 """
 
 from __future__ import annotations
@@ -11,12 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Optional
 
+from ..rundata import HangReport, LaunchEnd, NodeData, RunData
 from ..statistics.series import run_buckets
-from ..wire.protocol import DURATION_COLUMNS
 from ..wire.server import SERVER_COUNTERS as COUNTERS
-from .nodeinfo import NodeInfo
 from .rankstate import TAIL_RECORDS, RankState
-from .resume import combine, seed_node, seed_rank
+from .resume import seed_node, seed_rank
 from .settings import AggregatorSettings
 from .system import NodeSystem
 
@@ -32,13 +30,13 @@ class RunState:
         self.aggregator_started_at = time.time()
         self.tail_records = 0 if settings.mode == "summary" else TAIL_RECORDS
         self.ranks: dict[int, RankState] = {}
-        self.nodes: dict[int, NodeInfo] = {}
+        self.nodes: dict[int, NodeData] = {}
         self.system: dict[int, NodeSystem] = {}
         self.counters = dict.fromkeys((*COUNTERS, VALUES_REFUSED), 0)
-        self.finish: Optional[dict[str, Any]] = None
+        self.finish: Optional[LaunchEnd] = None
         self.run_dir_note: Optional[str] = None
         #: hang reports, oldest first (aggregator/autopsy.py); kept in checkpoints and the summary
-        self.hangs: list[dict[str, Any]] = []
+        self.hangs: list[HangReport] = []
         #: the link probe's section from node 0's launcher (``probe`` frame), or None
         self.probe: Optional[dict[str, Any]] = None
         self.records = 0
@@ -46,7 +44,7 @@ class RunState:
         #: buckets per rank's series (fewer for very large runs: statistics/series.run_buckets)
         self.buckets = run_buckets(settings.world_size)
         #: a restarted aggregator: the checkpoint it went on from (aggregator/resume.py)
-        self.base: Optional[dict[str, Any]] = None
+        self.base: Optional[RunData] = None
 
     def rank(self, rank: int) -> RankState:
         rs = self.ranks.get(rank)
@@ -54,10 +52,10 @@ class RunState:
             rs = self.ranks[rank] = RankState(rank, self.tail_records, self.buckets)
         return rs
 
-    def node(self, node: int) -> NodeInfo:
+    def node(self, node: int) -> NodeData:
         ni = self.nodes.get(node)
         if ni is None:
-            ni = self.nodes[node] = NodeInfo(node)
+            ni = self.nodes[node] = NodeData(node)
         return ni
 
     def node_system(self, node: int) -> NodeSystem:
@@ -76,28 +74,11 @@ class RunState:
         elif via != "rank" and ni.via == "rank":
             ni.via = via
 
-    def go_on_from(self, base: dict[str, Any]) -> None:
+    def go_on_from(self, base: RunData) -> None:
         """A restarted aggregator: start where the checkpoint ``base`` left off (resume.py)."""
         self.base = base
-        self.records = int(base.get("records", 0))
-        for r in base.get("ranks", []):
-            seed_rank(self.rank(r["rank"]), r, self.buckets)
-        for n in base.get("nodes", []):
-            seed_node(self.node(n["node"]), n)
-
-    def to_data(self) -> dict[str, Any]:
-        """Plain data; for a restarted aggregator, combined with the checkpoint it went on from."""
-        return combine(self.base, {
-            "settings": self.settings.public(),
-            "aggregator_started_at": self.aggregator_started_at,
-            "phases": list(DURATION_COLUMNS),
-            "ranks": [self.ranks[r].to_data() for r in sorted(self.ranks)],
-            "nodes": [self.nodes[n].to_data() for n in sorted(self.nodes)],
-            "system": [self.system[n].to_data() for n in sorted(self.system)],
-            "counters": dict(self.counters),
-            "records": self.records,
-            "finish": self.finish,
-            "run_dir_note": self.run_dir_note,
-            "hangs": list(self.hangs),
-            "probe": self.probe,
-        })
+        self.records = base.records
+        for r in base.ranks:
+            seed_rank(self.rank(r.rank), r, self.buckets)
+        for n in base.nodes:
+            seed_node(self.node(n.node), n)

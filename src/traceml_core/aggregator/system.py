@@ -12,7 +12,7 @@ from __future__ import annotations
 from array import array
 from typing import Any, Optional
 
-from ..rundata import GpuData, Running, SystemData
+from ..rundata import GpuData, OverTime, Running, SystemData
 from ..statistics.series import BUCKETS
 from ..wire.frames import GPU_LIMITS, MAX_GPUS
 
@@ -77,12 +77,12 @@ class TimeBuckets:
         if i + 1 > self.used:
             self.used = i + 1
 
-    def to_data(self) -> dict[str, Any]:
+    def now(self) -> OverTime:
         u = self.used
-        return {"t0": self.t0, "width_s": self.width_s, "used": u,
-                "mean": {k: [round(s / c, 2) if c else None for s, c in zip(a[:u], self.cnts[k][:u])]
+        return OverTime(self.t0, self.width_s, u,
+                        {k: [round(s / c, 2) if c else None for s, c in zip(a[:u], self.cnts[k][:u])]
                          for k, a in self.sums.items()},
-                "max": {k: [v if v >= 0 else None for v in a[:u]] for k, a in self.maxes.items()}}
+                        {k: [v if v >= 0 else None for v in a[:u]] for k, a in self.maxes.items()})
 
 
 class NodeSystem:
@@ -131,11 +131,8 @@ class NodeSystem:
                 maxes[f"gpu{index}.mem_used"] = vals[1]
             self.over_time.add(ts, means, maxes)
 
-    def to_data(self) -> dict[str, Any]:
-        """Plain data for checkpoints and the summary: the run data's, with the samples over time."""
-        return {**self.now().to_checkpoint(), "over_time": self.over_time.to_data()}
-
-    def now(self) -> SystemData:
-        """The samples so far as the run data's type, without those over time (the live views')."""
+    def now(self, over_time: bool = True) -> SystemData:
+        """The samples so far as the run data's type (without those over time: the live views')."""
         return SystemData(self.node, self.host, self.samples, self.first_ts, self.last_ts, self.cpu,
-                          self.ram_used, self.ram_total, [g for _, g in sorted(self.gpus.items())])
+                          self.ram_used, self.ram_total, [g for _, g in sorted(self.gpus.items())],
+                          self.over_time.now() if over_time else OverTime())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..report.document import Summary
+from ..report.document import Summary, read
 from .output import registry
 
 
@@ -21,7 +21,7 @@ def export_summary(summary: Union[Summary, dict[str, Any]], run_dir: Path, kind:
     if kind not in ends:
         return [f"export {kind!r} skipped: not an output written at the end (those: {', '.join(ends)})"]
     try:
-        doc = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+        doc = summary if isinstance(summary, Summary) else read(summary)
     except Exception as exc:  # an export must never cost the run anything
         return [f"{kind} export failed ({type(exc).__name__}: {exc}); the summary is complete"]
     if not (doc.timeline and doc.timeline.buckets):

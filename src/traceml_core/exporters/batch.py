@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from ..report.document import Summary
+from ..report.document import Summary, read
 from ..report.export import node_rows, rank_rows
 
 #: row fields that say where a point belongs, not what was measured
@@ -126,7 +126,7 @@ class BatchBuilder:
     def build(self, summary: Union[Summary, dict[str, Any]], *, at: float,
               final: Optional[FinalFiles] = None) -> Batch:
         """The batch of everything new in ``summary``; ``final``: the end (newest buckets too)."""
-        doc = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+        doc = summary if isinstance(summary, Summary) else read(summary)
         rows = [(self._point(r), r) for gen in (rank_rows(doc), node_rows(doc)) for r in gen]
         newest: dict[str, float] = {}
         for p, _ in rows:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from ..report.document import Summary
+from ..report.document import Summary, read
 from .batch import BatchBuilder, FinalFiles, RunIdentity
 from .hub import Exporter, ExportHub, ExportStats
 from .output import registry
@@ -73,7 +73,7 @@ class LiveExports:
     def finish(self, summary: dict[str, Any], files: dict[str, Any]) -> list[str]:
         """The final batch (after the summary is written): returns the lines to log."""
         try:
-            doc = Summary.from_json(summary)
+            doc = read(summary)
             final = FinalFiles(doc.run.status or "completed", files.get("summary_json"),
                                files.get("summary_txt"), files.get("summary_html"))
             batch = self.builder.build(doc, at=time.time(), final=final)

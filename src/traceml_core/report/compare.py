@@ -38,7 +38,7 @@ from typing import Any, Optional
 
 from ..statistics.sketch import ENCODING, bucket_value
 from ..errors import TraceMLError
-from .document import Summary, Timeline
+from .document import Summary, Timeline, read
 from .goodput.compare import compare_ledgers, render_compare
 from .summary_file import read_summary
 from .thresholds import (COMPARE_LEVEL, COMPARE_MIN_CHANGE_MS, COMPARE_MIN_CHANGE_PCT,
@@ -70,7 +70,7 @@ class Run:
     doc: Summary = field(init=False)
 
     def __post_init__(self) -> None:
-        self.doc = Summary.from_json(self.summary)
+        self.doc = read(self.summary)
 
     @property
     def name(self) -> str:
@@ -375,7 +375,7 @@ class Comparison:
 
 
 def _gpu_count(s: Summary) -> int:
-    return sum(len(n.gpus) for n in s.system_nodes)
+    return sum(len(n.gpus) for n in s.system.nodes)
 
 
 def _hosts(s: Summary) -> list[Optional[str]]:

@@ -1,9 +1,10 @@
 """``final_summary.json`` as types: the one definition of the summary document.
 
 The summary builder (``report/summary.py``) assembles a :class:`Summary` from its steps' typed
-sections and writes ``to_json()``; every view of a finished run (the text summary, ``traceml
-compare``, the exports, the report page) reads ``Summary.from_json(doc)``. ``from_json`` accepts
-every summary of ``schema_version`` 1, older ones too: a field they lack takes the value
+sections; every view of a run (the text summary, the next job's advice, ``traceml compare``, the
+exports, the report page) reads the typed :class:`Summary`, which the one codec
+(``traceml_core/codec.py``) writes as ``final_summary.json`` and reads back (:func:`read`): every
+summary of ``schema_version`` 1, older ones too, a field they lack taking the value
 ``docs/summary-schema.md`` documents for it ("null", empty).
 
 Sections that hold statistics in their own serialised form (``compare.sketches``), the link probe
@@ -14,51 +15,34 @@ and each verdict.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
+from ..codec import FLAT, OMIT, REST, Number, Record, decode, encode
 from .goodput.ledger import Ledger
 from ..rundata import HangReport
 from .model import Communication, GpuSummary, RankSummary
-from .runcontext import RunContext, context_from_json, context_to_json
+from .runcontext import RunContext
 
 J = dict[str, Any]
 
 
-def _d(v: Any) -> J:
-    return v if isinstance(v, dict) else {}
-
-
 @dataclass(slots=True)
-class Verdict:
+class Verdict(Record):
     """One verdict: what was found, how bad, why (with the numbers), what to do, who."""
 
-    kind: str
-    severity: str
-    why: str
-    next_step: str
+    kind: str = ""
+    severity: str = ""
+    why: str = ""
+    next_step: str = ""
     culprit: Optional[J] = None
     evidence: J = field(default_factory=dict)
     #: fields a verdict carries besides these (kept for the round trip)
-    extra: J = field(default_factory=dict)
-
-    _KEYS = ("kind", "severity", "why", "next_step", "culprit", "evidence")
+    extra: Annotated[J, REST] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
         """``RUN-FAILED``: how the text names its kind."""
         return self.kind.upper().replace("_", "-")
-
-    @classmethod
-    def from_json(cls, v: Any) -> "Verdict":
-        v = _d(v)
-        return cls(str(v.get("kind") or ""), str(v.get("severity") or ""), str(v.get("why") or ""),
-                   str(v.get("next_step") or ""), v.get("culprit"), _d(v.get("evidence")),
-                   {k: x for k, x in v.items() if k not in cls._KEYS})
-
-    def to_json(self) -> J:
-        return {"kind": self.kind, "severity": self.severity, "why": self.why,
-                "next_step": self.next_step, "culprit": self.culprit, "evidence": self.evidence,
-                **self.extra}
 
 
 @dataclass(slots=True)
@@ -78,21 +62,6 @@ class RunSection:
     reason: str = ""
     finish_reported_by: Optional[str] = None
 
-    @classmethod
-    def from_json(cls, r: Any) -> "RunSection":
-        r = _d(r)
-        return cls(r.get("name"), r.get("job_id"), r.get("mode"), r.get("script"), r.get("script_args"),
-                   r.get("started_at"), r.get("ended_at"), r.get("duration_s") or 0.0,
-                   r.get("status"), r.get("exit_code"), r.get("reason") or "",
-                   r.get("finish_reported_by"))
-
-    def to_json(self) -> J:
-        return {"name": self.name, "job_id": self.job_id, "mode": self.mode, "script": self.script,
-                "script_args": self.script_args, "started_at": self.started_at,
-                "ended_at": self.ended_at, "duration_s": self.duration_s, "status": self.status,
-                "exit_code": self.exit_code, "reason": self.reason,
-                "finish_reported_by": self.finish_reported_by}
-
 
 @dataclass(slots=True)
 class NodeLifecycle:
@@ -103,18 +72,6 @@ class NodeLifecycle:
     first_step: Optional[str] = None
     allocation_start: Optional[str] = None
     restarts: Optional[int] = None
-
-    @classmethod
-    def from_json(cls, n: Any) -> Optional["NodeLifecycle"]:
-        if n is None:
-            return None
-        n = _d(n)
-        return cls(dict(n.get("phases") or {}), n.get("first_step"), n.get("allocation_start"),
-                   n.get("restarts"))
-
-    def to_json(self) -> J:
-        return {"phases": self.phases, "first_step": self.first_step,
-                "allocation_start": self.allocation_start, "restarts": self.restarts}
 
 
 @dataclass(slots=True)
@@ -132,19 +89,6 @@ class TopoNode:
     ranks: list[int] = field(default_factory=list)
     lifecycle: Optional[NodeLifecycle] = None
 
-    @classmethod
-    def from_json(cls, n: Any) -> "TopoNode":
-        n = _d(n)
-        return cls(n.get("node", 0), n.get("hostname"), bool(n.get("joined")), n.get("joined_at"),
-                   n.get("join_delay_s"), bool(n.get("late")), bool(n.get("left_early")),
-                   n.get("exit_code"), list(n.get("ranks") or []), NodeLifecycle.from_json(n.get("lifecycle")))
-
-    def to_json(self) -> J:
-        return {"node": self.node, "hostname": self.hostname, "joined": self.joined,
-                "joined_at": self.joined_at, "join_delay_s": self.join_delay_s, "late": self.late,
-                "left_early": self.left_early, "exit_code": self.exit_code, "ranks": self.ranks,
-                "lifecycle": self.lifecycle.to_json() if self.lifecycle else None}
-
 
 @dataclass(slots=True)
 class Topology:
@@ -154,18 +98,6 @@ class Topology:
     master_addr: Optional[str] = None
     nodes_joined: int = 0
     nodes: list[TopoNode] = field(default_factory=list)
-
-    @classmethod
-    def from_json(cls, t: Any) -> "Topology":
-        t = _d(t)
-        return cls(t.get("nnodes") or 0, t.get("nproc_per_node") or 0, t.get("world_size") or 0,
-                   t.get("master_addr"), t.get("nodes_joined") or 0,
-                   [TopoNode.from_json(n) for n in t.get("nodes") or []])
-
-    def to_json(self) -> J:
-        return {"nnodes": self.nnodes, "nproc_per_node": self.nproc_per_node,
-                "world_size": self.world_size, "master_addr": self.master_addr,
-                "nodes_joined": self.nodes_joined, "nodes": [n.to_json() for n in self.nodes]}
 
 
 @dataclass(slots=True)
@@ -183,19 +115,6 @@ class StepsBlock:
     #: the lines the text summary shows about it
     explain: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, s: Any) -> "StepsBlock":
-        s = _d(s)
-        return cls(s.get("source"), dict(s.get("by_source") or {}), s.get("framework"),
-                   s.get("accumulation"), s.get("backward_per_step"), s.get("forward_measured"),
-                   s.get("recorded") or 0, list(s.get("notes") or []), list(s.get("explain") or []))
-
-    def to_json(self) -> J:
-        return {"source": self.source, "by_source": self.by_source, "framework": self.framework,
-                "accumulation": self.accumulation, "backward_per_step": self.backward_per_step,
-                "forward_measured": self.forward_measured, "recorded": self.recorded,
-                "notes": self.notes, "explain": self.explain}
-
 
 @dataclass(slots=True)
 class StepTime:
@@ -206,37 +125,17 @@ class StepTime:
     p99_ms: Optional[float] = None
     steps: int = 0
 
-    @classmethod
-    def from_json(cls, s: Any) -> "StepTime":
-        s = _d(s)
-        return cls(s.get("median_ms"), s.get("p90_ms"), s.get("p99_ms"), s.get("steps") or 0)
-
-    def to_json(self) -> J:
-        return {"median_ms": self.median_ms, "p90_ms": self.p90_ms, "p99_ms": self.p99_ms,
-                "steps": self.steps}
-
 
 @dataclass(slots=True)
 class Across:
     """One phase across ranks: how many measured it, the median, the worst rank, the skew."""
 
-    ranks: int
-    median_ms: Optional[float]
-    worst_rank: int
-    worst_node: Optional[int]
-    worst_ms: float
-    skew: Optional[float]
-
-    @classmethod
-    def from_json(cls, a: Any) -> Optional["Across"]:
-        if not isinstance(a, dict):
-            return None
-        return cls(a.get("ranks") or 0, a.get("median_ms"), a.get("worst_rank", -1), a.get("worst_node"),
-                   a.get("worst_ms") or 0.0, a.get("skew"))
-
-    def to_json(self) -> J:
-        return {"ranks": self.ranks, "median_ms": self.median_ms, "worst_rank": self.worst_rank,
-                "worst_node": self.worst_node, "worst_ms": self.worst_ms, "skew": self.skew}
+    ranks: int = 0
+    median_ms: Optional[float] = None
+    worst_rank: int = -1
+    worst_node: Optional[int] = None
+    worst_ms: float = 0.0
+    skew: Optional[float] = None
 
 
 @dataclass(slots=True)
@@ -248,23 +147,22 @@ class SystemNode:
     samples: int = 0
     cpu_pct_mean: Optional[float] = None
     cpu_pct_max: Optional[float] = None
-    ram_used_max: Optional[float] = None
-    ram_total: Optional[float] = None
+    ram_used_max: Optional[Number] = None
+    ram_total: Optional[Number] = None
     gpus: list[GpuSummary] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, n: Any) -> "SystemNode":
-        n = _d(n)
-        node = n.get("node", 0)
-        return cls(node, n.get("host") or "", n.get("samples") or 0, n.get("cpu_pct_mean"),
-                   n.get("cpu_pct_max"), n.get("ram_used_max"), n.get("ram_total"),
-                   [GpuSummary.from_json(g, node) for g in n.get("gpus") or []])
+    def __post_init__(self) -> None:
+        for g in self.gpus:  # a GPU's node is the node it is listed under
+            g.node = self.node
 
-    def to_json(self) -> J:
-        return {"node": self.node, "host": self.host, "samples": self.samples,
-                "cpu_pct_mean": self.cpu_pct_mean, "cpu_pct_max": self.cpu_pct_max,
-                "ram_used_max": self.ram_used_max, "ram_total": self.ram_total,
-                "gpus": [g.to_json() for g in self.gpus]}
+
+@dataclass(slots=True)
+class SystemSection:
+    """The nodes' system evidence over the run (``system``), and every GPU's mean utilisation,
+    averaged (None without GPUs)."""
+
+    nodes: list[SystemNode] = field(default_factory=list)
+    gpu_util_pct_mean: Optional[float] = None
 
 
 @dataclass(slots=True)
@@ -286,25 +184,6 @@ class Telemetry:
     aggregator_restarts: int = 0
     wire: dict[str, int] = field(default_factory=dict)
 
-    @classmethod
-    def from_json(cls, t: Any) -> "Telemetry":
-        t = _d(t)
-        return cls(t.get("records_received") or 0, t.get("records_expected") or 0,
-                   t.get("records_lost") or 0, t.get("gaps") or 0, t.get("duplicates") or 0,
-                   t.get("client_dropped") or 0, t.get("relay_dropped") or 0,
-                   t.get("records_unsent_max"), t.get("ranks_without_goodbye") or 0,
-                   bool(t.get("complete")), t.get("sketched_fraction"),
-                   t.get("aggregator_restarts") or 0, dict(t.get("wire") or {}))
-
-    def to_json(self) -> J:
-        return {"records_received": self.records_received, "records_expected": self.records_expected,
-                "records_lost": self.records_lost, "gaps": self.gaps, "duplicates": self.duplicates,
-                "client_dropped": self.client_dropped, "relay_dropped": self.relay_dropped,
-                "records_unsent_max": self.records_unsent_max,
-                "ranks_without_goodbye": self.ranks_without_goodbye, "complete": self.complete,
-                "sketched_fraction": self.sketched_fraction,
-                "aggregator_restarts": self.aggregator_restarts, "wire": self.wire}
-
 
 @dataclass(slots=True)
 class StepSeries:
@@ -314,14 +193,6 @@ class StepSeries:
     mean_ms: list[Optional[float]] = field(default_factory=list)
     max_ms: list[Optional[float]] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, s: Any) -> "StepSeries":
-        s = _d(s)
-        return cls(s.get("steps_per_bucket") or 1, list(s.get("mean_ms") or []), list(s.get("max_ms") or []))
-
-    def to_json(self) -> J:
-        return {"steps_per_bucket": self.steps_per_bucket, "mean_ms": self.mean_ms, "max_ms": self.max_ms}
-
 
 @dataclass(slots=True)
 class CompareSection:
@@ -330,14 +201,6 @@ class CompareSection:
 
     sketches: dict[str, J] = field(default_factory=dict)
     step_series: StepSeries = field(default_factory=StepSeries)
-
-    @classmethod
-    def from_json(cls, c: Any) -> "CompareSection":
-        c = _d(c)
-        return cls(dict(c.get("sketches") or {}), StepSeries.from_json(c.get("step_series")))
-
-    def to_json(self) -> J:
-        return {"sketches": self.sketches, "step_series": self.step_series.to_json()}
 
 
 @dataclass(slots=True)
@@ -355,18 +218,6 @@ class RankSeries:
     mem_max_bytes: Optional[list[Optional[int]]] = None
     t_s: list[Optional[float]] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, r: Any) -> "RankSeries":
-        r = _d(r)
-        return cls(r.get("rank", -1), r.get("node"), r.get("host") or "", list(r.get("step_ms") or []),
-                   list(r.get("step_max_ms") or []), list(r.get("own_ms") or []),
-                   dict(r.get("phases_ms") or {}), r.get("mem_max_bytes"), list(r.get("t_s") or []))
-
-    def to_json(self) -> J:
-        return {"rank": self.rank, "node": self.node, "host": self.host, "step_ms": self.step_ms,
-                "step_max_ms": self.step_max_ms, "own_ms": self.own_ms, "phases_ms": self.phases_ms,
-                "mem_max_bytes": self.mem_max_bytes, "t_s": self.t_s}
-
 
 @dataclass(slots=True)
 class GpuSeries:
@@ -374,15 +225,6 @@ class GpuSeries:
     util_pct: Optional[list[Optional[float]]] = None
     mem_used_bytes: Optional[list[Optional[float]]] = None
     mem_total_bytes: Optional[float] = None
-
-    @classmethod
-    def from_json(cls, g: Any) -> "GpuSeries":
-        g = _d(g)
-        return cls(g.get("index", 0), g.get("util_pct"), g.get("mem_used_bytes"), g.get("mem_total_bytes"))
-
-    def to_json(self) -> J:
-        return {"index": self.index, "util_pct": self.util_pct, "mem_used_bytes": self.mem_used_bytes,
-                "mem_total_bytes": self.mem_total_bytes}
 
 
 @dataclass(slots=True)
@@ -398,18 +240,6 @@ class NodeSeries:
     ram_total_bytes: Optional[float] = None
     gpus: list[GpuSeries] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, n: Any) -> "NodeSeries":
-        n = _d(n)
-        return cls(n.get("node", 0), n.get("host") or "", n.get("seconds_per_bucket") or 1.0,
-                   list(n.get("t_s") or []), n.get("cpu_pct"), n.get("ram_used_bytes"),
-                   n.get("ram_total_bytes"), [GpuSeries.from_json(g) for g in n.get("gpus") or []])
-
-    def to_json(self) -> J:
-        return {"node": self.node, "host": self.host, "seconds_per_bucket": self.seconds_per_bucket,
-                "t_s": self.t_s, "cpu_pct": self.cpu_pct, "ram_used_bytes": self.ram_used_bytes,
-                "ram_total_bytes": self.ram_total_bytes, "gpus": [g.to_json() for g in self.gpus]}
-
 
 @dataclass(slots=True)
 class Envelope:
@@ -419,15 +249,6 @@ class Envelope:
     #: ``{"min": [...], "median": [...], "max": [...]}`` per metric
     step_ms: dict[str, list[Optional[float]]]
     own_ms: dict[str, list[Optional[float]]]
-
-    @classmethod
-    def from_json(cls, e: Any) -> Optional["Envelope"]:
-        if not isinstance(e, dict):
-            return None
-        return cls(e.get("ranks") or 0, dict(e.get("step_ms") or {}), dict(e.get("own_ms") or {}))
-
-    def to_json(self) -> J:
-        return {"ranks": self.ranks, "step_ms": self.step_ms, "own_ms": self.own_ms}
 
 
 @dataclass(slots=True)
@@ -455,39 +276,13 @@ class Timeline:
         w = max(1, self.steps_per_bucket)
         return self.step_offset + bucket * w, self.step_offset + (bucket + 1) * w - 1
 
-    @classmethod
-    def from_json(cls, t: Any) -> "Timeline":
-        t = _d(t)
-        return cls(t.get("steps_per_bucket") or 1, t.get("buckets") or 0, t.get("bucket_limit") or 0,
-                   t.get("rank_limit") or 0, t.get("ranks_total") or 0, t.get("ranks_shown") or "all",
-                   list(t.get("phases") or []), [RankSeries.from_json(r) for r in t.get("ranks") or []],
-                   Envelope.from_json(t.get("envelope")), [NodeSeries.from_json(n) for n in t.get("nodes") or []],
-                   int(t.get("step_offset") or 0))
-
-    def to_json(self) -> J:
-        return {"steps_per_bucket": self.steps_per_bucket, "buckets": self.buckets,
-                "bucket_limit": self.bucket_limit, "rank_limit": self.rank_limit,
-                "ranks_total": self.ranks_total, "ranks_shown": self.ranks_shown, "phases": self.phases,
-                "ranks": [r.to_json() for r in self.ranks],
-                "envelope": self.envelope.to_json() if self.envelope else None,
-                "nodes": [n.to_json() for n in self.nodes], "step_offset": self.step_offset}
-
 
 @dataclass(slots=True)
-class HangSection:
+class HangSection(Record):
     """The last hang report as the summary shows it: the report, and whether steps resumed."""
 
-    report: HangReport
-    resumed: bool
-
-    @classmethod
-    def from_json(cls, h: Any) -> Optional["HangSection"]:
-        if not isinstance(h, dict):
-            return None
-        return cls(HangReport.from_checkpoint(h), bool(h.get("resumed")))
-
-    def to_json(self) -> J:
-        return {**self.report.to_checkpoint(), "resumed": self.resumed}
+    report: Annotated[HangReport, FLAT]
+    resumed: bool = False
 
 
 @dataclass(slots=True)
@@ -499,22 +294,12 @@ class NextJobSection:
     why: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    @classmethod
-    def from_json(cls, d: Any) -> Optional["NextJobSection"]:
-        if not isinstance(d, dict):
-            return None
-        return cls([str(x) for x in d.get("lines") or []], [str(x) for x in d.get("why") or []],
-                   [str(x) for x in d.get("notes") or []])
-
-    def to_json(self) -> J:
-        return {"lines": self.lines, "why": self.why, "notes": self.notes}
-
     def __bool__(self) -> bool:
         return bool(self.lines or self.notes)
 
 
 @dataclass(slots=True)
-class Summary:
+class Summary(Record):
     """The whole ``final_summary.json`` (docs/summary-schema.md)."""
 
     schema_version: int = 1
@@ -535,8 +320,7 @@ class Summary:
     communication: Optional[Communication] = None
     ranks: list[RankSummary] = field(default_factory=list)
     rank_endings: dict[str, int] = field(default_factory=dict)
-    system_nodes: list[SystemNode] = field(default_factory=list)
-    gpu_util_pct_mean: Optional[float] = None
+    system: SystemSection = field(default_factory=SystemSection)
     telemetry: Telemetry = field(default_factory=Telemetry)
     compare: CompareSection = field(default_factory=CompareSection)
     timeline: Optional[Timeline] = None
@@ -544,14 +328,14 @@ class Summary:
     hang: Optional[HangSection] = None
     hangs: list[HangReport] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
-    #: the last resort's mark (report/partial.py); None for a whole summary
-    partial: Optional[J] = None
     #: the goodput ledger over the run's attempts (goodput/ledger.py); None in older summaries
-    goodput: Optional[Ledger] = None
+    goodput: Annotated[Optional[Ledger], OMIT] = None
+    #: the last resort's mark (report/partial.py); None for a whole summary
+    partial: Annotated[Optional[J], OMIT] = None
     #: lines for the next job script (report/nextjob.py); None when there are none
-    next_job: Optional[NextJobSection] = None
+    next_job: Annotated[Optional[NextJobSection], OMIT] = None
     #: what the run ran on (report/runcontext.py); None in older summaries
-    context: Optional[RunContext] = None
+    context: Annotated[Optional[RunContext], OMIT] = None
 
     @property
     def verdicts(self) -> list[Verdict]:
@@ -562,60 +346,13 @@ class Summary:
     def whole(self) -> bool:
         return self.partial is None or bool(self.partial.get("whole", True))
 
-    @classmethod
-    def from_json(cls, doc: Any) -> "Summary":
-        doc = _d(doc)
-        sysd = _d(doc.get("system"))
-        comm = doc.get("communication")
-        return cls(
-            schema_version=doc.get("schema_version") or 1, provisional=bool(doc.get("provisional")),
-            rebuilt=doc.get("rebuilt"), run=RunSection.from_json(doc.get("run")),
-            topology=Topology.from_json(doc.get("topology")), steps=StepsBlock.from_json(doc.get("steps")),
-            verdict=Verdict.from_json(doc.get("verdict")),
-            other_verdicts=[Verdict.from_json(v) for v in doc.get("other_verdicts") or []],
-            phases=list(doc.get("phases") or []), warmup_steps=doc.get("warmup_steps") or 0,
-            step_time=StepTime.from_json(doc.get("step_time")),
-            across_ranks={k: Across.from_json(v) for k, v in _d(doc.get("across_ranks")).items()},
-            device=doc.get("device") or "unknown",
-            communication=Communication.from_json(comm) if isinstance(comm, dict) else None,
-            ranks=[RankSummary.from_json(r) for r in doc.get("ranks") or []],
-            rank_endings=dict(doc.get("rank_endings") or {}),
-            system_nodes=[SystemNode.from_json(n) for n in sysd.get("nodes") or []],
-            gpu_util_pct_mean=sysd.get("gpu_util_pct_mean"),
-            telemetry=Telemetry.from_json(doc.get("telemetry")),
-            compare=CompareSection.from_json(doc.get("compare")),
-            timeline=Timeline.from_json(doc["timeline"]) if isinstance(doc.get("timeline"), dict) else None,
-            files=dict(doc.get("files") or {}), hang=HangSection.from_json(doc.get("hang")),
-            hangs=[HangReport.from_checkpoint(h) for h in doc.get("hangs") or [] if isinstance(h, dict)],
-            notes=list(doc.get("notes") or []), partial=doc.get("partial"),
-            goodput=Ledger.from_json(doc.get("goodput")),
-            next_job=NextJobSection.from_json(doc.get("next_job")),
-            context=context_from_json(doc.get("context")))
 
-    def to_json(self) -> J:
-        out: J = {
-            "schema_version": self.schema_version, "provisional": self.provisional,
-            "rebuilt": self.rebuilt, "run": self.run.to_json(), "topology": self.topology.to_json(),
-            "steps": self.steps.to_json(), "verdict": self.verdict.to_json(),
-            "other_verdicts": [v.to_json() for v in self.other_verdicts], "phases": self.phases,
-            "warmup_steps": self.warmup_steps, "step_time": self.step_time.to_json(),
-            "across_ranks": {k: a.to_json() if a else None for k, a in self.across_ranks.items()},
-            "device": self.device,
-            "communication": self.communication.to_json() if self.communication else None,
-            "ranks": [r.to_json() for r in self.ranks], "rank_endings": self.rank_endings,
-            "system": {"nodes": [n.to_json() for n in self.system_nodes],
-                       "gpu_util_pct_mean": self.gpu_util_pct_mean},
-            "telemetry": self.telemetry.to_json(), "compare": self.compare.to_json(),
-            "timeline": self.timeline.to_json() if self.timeline else None, "files": self.files,
-            "hang": self.hang.to_json() if self.hang else None,
-            "hangs": [h.to_checkpoint() for h in self.hangs], "notes": self.notes,
-        }
-        if self.goodput is not None:
-            out["goodput"] = self.goodput.to_json()
-        if self.partial is not None:
-            out["partial"] = self.partial
-        if self.next_job is not None:
-            out["next_job"] = self.next_job.to_json()
-        if self.context is not None:
-            out["context"] = context_to_json(self.context)
-        return out
+def read(doc: Any) -> Summary:
+    """A summary document (``final_summary.json``'s JSON) as the typed :class:`Summary`;
+    pydantic's ``ValidationError`` (a ``ValueError``) when it is not one."""
+    return decode(Summary, doc)
+
+
+def document(summary: Summary) -> J:
+    """The summary as ``final_summary.json`` holds it (plain JSON data)."""
+    return encode(summary)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterator, Optional, Union
 
-from .document import NodeSeries, Summary, Timeline
+from .document import NodeSeries, Summary, Timeline, read
 
 
 def started(doc: Summary) -> Optional[float]:
@@ -29,7 +29,7 @@ def started(doc: Summary) -> Optional[float]:
 
 
 def _doc(summary: Union[Summary, dict[str, Any]]) -> Summary:
-    return summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    return summary if isinstance(summary, Summary) else read(summary)
 
 
 def at(values: Optional[list[Any]], i: int) -> Any:

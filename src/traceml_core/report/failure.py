@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
+from ..codec import encode
 from ..rundata import OomReport
 from .model import RankSummary
 from .ranklist import ranks_phrase
@@ -105,7 +106,7 @@ def classify(rank: RankSummary, oom: Optional[OomReport]) -> dict[str, Any]:
                            "at": rank.failed_at, "library": None, "said": None}
     lib = _library(rank)
     if lib is not None:
-        out["library"] = lib.to_json()
+        out["library"] = encode(lib)
     record = recorded_error(rank)
     if status != "error" and record is not None:
         # the worker never told TraceML (it failed before init(), or its connection was gone),

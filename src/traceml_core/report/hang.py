@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from ..codec import encode
 from ..rundata import HangReport
 from .ranklist import ranks_phrase
 
@@ -179,9 +180,6 @@ class RankAutopsy:
     io_bytes: Optional[int] = None
     #: when the relay read the process (its node's monotonic clock, ns)
     at_ns: Optional[int] = None
-
-    def to_data(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 def _counters(a: RankAutopsy, proc: Optional[dict[str, Any]], snapshot: Optional[dict[str, Any]]) -> RankAutopsy:
@@ -402,7 +400,7 @@ def build(ranks_in: Sequence[dict[str, Any]], *, world: int, silent_s: float, th
             a.stack = []
     return {"at": at, "silent_s": round(silent_s, 1), "threshold_s": round(threshold_s, 1),
             "threshold_source": threshold_source, "finding": d["finding"], "culprits": d["culprits"],
-            "groups": d["groups"], "ranks": [a.to_data() for a in autopsies]}
+            "groups": d["groups"], "ranks": [encode(a) for a in autopsies]}
 
 
 def verdict(report: HangReport, *, ended_hung: bool) -> dict[str, Any]:

@@ -2,48 +2,34 @@
 
 The summary is built from :class:`~traceml_core.rundata.RunData` by small pure steps
 (``report/summary.py``); each rank becomes a :class:`RankSummary`, the run's figures the verdicts
-need travel in a :class:`VerdictContext`. ``to_json`` of each class writes its part of
-``final_summary.json`` exactly as documented in ``docs/summary-schema.md`` (same keys, same order).
+need travel in a :class:`VerdictContext`. The one codec (``traceml_core/codec.py``) writes each
+class as its part of ``final_summary.json``, as documented in ``docs/summary-schema.md`` (its
+fields are the keys, in order).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
+from ..codec import OMIT, SKIP, Number, Record
 from ..rundata import RankEvent
 from .pauses import BetweenSteps
-
-
-def _d(v: Any) -> dict[str, Any]:
-    return v if isinstance(v, dict) else {}
 
 
 @dataclass(slots=True)
 class PhaseSummary:
     """One rank's phase in ms: mean over all steps, steady mean (without warm-up), quantiles."""
 
-    count: int
-    mean_ms: Optional[float]
-    steady_mean_ms: Optional[float]
+    count: int = 0
+    mean_ms: Optional[float] = None
+    steady_mean_ms: Optional[float] = None
+    #: the 10th percentile: for ``comm``, what even the last rank to arrive waits (the verdicts)
+    p10_ms: Optional[float] = None
     p50_ms: Optional[float] = None
     p90_ms: Optional[float] = None
     p99_ms: Optional[float] = None
     max_ms: Optional[float] = None
-    #: the 10th percentile: for ``comm``, what even the last rank to arrive waits (the verdicts)
-    p10_ms: Optional[float] = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"count": self.count, "mean_ms": self.mean_ms, "steady_mean_ms": self.steady_mean_ms,
-                "p10_ms": self.p10_ms, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
-                "p99_ms": self.p99_ms, "max_ms": self.max_ms}
-
-    @classmethod
-    def from_json(cls, p: Any) -> Optional["PhaseSummary"]:
-        if not isinstance(p, dict):
-            return None
-        return cls(p.get("count") or 0, p.get("mean_ms"), p.get("steady_mean_ms"), p.get("p50_ms"),
-                   p.get("p90_ms"), p.get("p99_ms"), p.get("max_ms"), p.get("p10_ms"))
 
 
 @dataclass(slots=True)
@@ -64,18 +50,9 @@ class CommSummary:
     FIGURES = ("exposed_ms", "exposed_fraction", "busy_ms", "overlap_fraction", "bytes_per_step",
                "calls_per_step", "algbw_gbps", "busbw_gbps")
 
-    def to_json(self) -> dict[str, Any]:
-        return {"steps": self.steps, **{k: getattr(self, k) for k in self.FIGURES}}
-
-    @classmethod
-    def from_json(cls, c: Any) -> Optional["CommSummary"]:
-        if not isinstance(c, dict):
-            return None
-        return cls(c.get("steps") or 0, *(c.get(k) for k in cls.FIGURES))
-
 
 @dataclass(slots=True)
-class MemTrend:
+class MemTrend(Record):
     """A rank's peak-memory trend over its run (report/trend.py): the robust (Theil-Sen) line
     through its windows of steps, the growth it fits from the first steady window to the last,
     whether it was still rising at the end, and the smallest growth it could tell from the
@@ -98,27 +75,15 @@ class MemTrend:
     #: a growth over the run below this cannot be told from that scatter (or is under the floor)
     min_detectable_bytes: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "windows": self.windows, "steps": self.steps,
-                "start_bytes": self.start_bytes, "end_bytes": self.end_bytes,
-                "growth_bytes": self.growth_bytes, "growth_pct": self.growth_pct,
-                "slope_bytes_per_step": self.slope_bytes_per_step,
-                "late_slope_bytes_per_step": self.late_slope_bytes_per_step, "rising": self.rising,
-                "noise_bytes": self.noise_bytes, "min_detectable_bytes": self.min_detectable_bytes}
-
     @classmethod
-    def from_json(cls, t: Any) -> Optional["MemTrend"]:
-        if not isinstance(t, dict):
-            return None
-        if "start_bytes" not in t:  # an older summary's early/middle/late trend
-            early, late = t.get("early_bytes") or 0, t.get("late_bytes") or 0
-            return cls("early-late", 0, 0, early, late, t.get("growth_bytes") or 0, t.get("growth_pct"),
-                       0.0, 0.0, bool(t.get("rising")), 0, 0)
-        return cls(str(t.get("method") or ""), t.get("windows") or 0, t.get("steps") or 0,
-                   t.get("start_bytes") or 0, t.get("end_bytes") or 0, t.get("growth_bytes") or 0,
-                   t.get("growth_pct"), t.get("slope_bytes_per_step") or 0.0,
-                   t.get("late_slope_bytes_per_step") or 0.0, bool(t.get("rising")),
-                   t.get("noise_bytes") or 0, t.get("min_detectable_bytes") or 0)
+    def _upgrade(cls, t: dict[str, Any]) -> dict[str, Any]:
+        """An older summary's early/middle/late trend: its first and last thirds, no line."""
+        if "start_bytes" in t:
+            return t
+        return {"method": "early-late", "windows": 0, "steps": 0, "start_bytes": t.get("early_bytes") or 0,
+                "end_bytes": t.get("late_bytes") or 0, "growth_bytes": t.get("growth_bytes") or 0,
+                "growth_pct": t.get("growth_pct"), "slope_bytes_per_step": 0.0, "late_slope_bytes_per_step": 0.0,
+                "rising": bool(t.get("rising")), "noise_bytes": 0, "min_detectable_bytes": 0}
 
 
 @dataclass(slots=True)
@@ -128,17 +93,6 @@ class MemPeak:
     trend: Optional[MemTrend]
     #: why there is no trend (too few windows, and how many it needs); None when there is one
     trend_why: Optional[str] = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"max_bytes": self.max_bytes, "mean_bytes": self.mean_bytes,
-                "trend": self.trend.to_json() if self.trend else None, "trend_why": self.trend_why}
-
-    @classmethod
-    def from_json(cls, m: Any) -> Optional["MemPeak"]:
-        if not isinstance(m, dict):
-            return None
-        return cls(m.get("max_bytes") or 0, m.get("mean_bytes") or 0, MemTrend.from_json(m.get("trend")),
-                   m.get("trend_why"))
 
 
 @dataclass(slots=True)
@@ -159,20 +113,6 @@ class RankTelemetry:
     reconnects: int = 0
     sketched: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return {"received": self.received, "expected": self.expected, "lost": self.lost,
-                "unsent_max": self.unsent_max, "gaps": self.gaps, "duplicates": self.duplicates,
-                "client_dropped": self.client_dropped, "relay_dropped": self.relay_dropped,
-                "rejected": self.rejected, "reconnects": self.reconnects, "sketched": self.sketched}
-
-    @classmethod
-    def from_json(cls, t: Any) -> "RankTelemetry":
-        t = _d(t)
-        return cls(t.get("received") or 0, t.get("expected"), t.get("lost"), t.get("unsent_max"),
-                   t.get("gaps") or 0, t.get("duplicates") or 0, t.get("client_dropped") or 0,
-                   t.get("relay_dropped") or 0, t.get("rejected") or 0, t.get("reconnects") or 0,
-                   t.get("sketched") or 0)
-
 
 @dataclass(slots=True)
 class ExitRecord:
@@ -186,26 +126,16 @@ class ExitRecord:
     #: the end of the worker's stderr (launcher/stderrtee.py; read by report/stderr.py)
     stderr: Optional[str] = None
 
-    def to_json(self) -> dict[str, Any]:
-        return {"exitcode": self.exitcode, "signal": self.signal, "message": self.message,
-                "traceback": self.traceback, "stderr": self.stderr}
-
-    @classmethod
-    def from_json(cls, e: Any) -> Optional["ExitRecord"]:
-        if not isinstance(e, dict):
-            return None
-        return cls(e.get("exitcode"), e.get("signal"), e.get("message"), e.get("traceback"), e.get("stderr"))
-
 
 @dataclass(slots=True)
-class RankSummary:
+class RankSummary(Record):
     """One rank in the summary (``ranks[]``): how it ended, its phases and its telemetry."""
 
     rank: int
-    node: Optional[int]
-    host: str
-    local_rank: Optional[int]
-    status: str
+    node: Optional[int] = None
+    host: str = ""
+    local_rank: Optional[int] = None
+    status: str = "unknown"
     error: Optional[str] = None
     #: records received (= traced steps that reached node 0)
     steps: int = 0
@@ -233,7 +163,7 @@ class RankSummary:
     events: int = 0
     last_events: list[RankEvent] = field(default_factory=list)
     #: set by the failure diagnosis (report/failure.py) on a failed run's failed ranks
-    failure: Optional[dict[str, Any]] = None
+    failure: Annotated[Optional[dict[str, Any]], OMIT] = None
 
     def steady_ms(self, phase: str) -> Optional[float]:
         """Steady mean (ms) of a phase, ``outside`` included; None when not measured."""
@@ -251,44 +181,6 @@ class RankSummary:
     def culprit(self) -> dict[str, Any]:
         return {"rank": self.rank, "node": self.node, "host": self.host or None}
 
-    def to_json(self) -> dict[str, Any]:
-        out = {
-            "rank": self.rank, "node": self.node, "host": self.host, "local_rank": self.local_rank,
-            "status": self.status, "error": self.error, "steps": self.steps,
-            "steady_steps": self.steady_steps, "last_step": self.last_step,
-            "steps_produced": self.steps_produced, "fail_step": self.fail_step,
-            "fail_in_step": self.fail_in_step, "failed_at": self.failed_at, "ended_at": self.ended_at,
-            "exit": self.exit.to_json() if self.exit else None,
-            "phases": {k: v.to_json() if v else None for k, v in self.phases.items()},
-            "outside_ms": self.outside_ms, "between": self.between.to_json() if self.between else None,
-            "comm": self.comm.to_json() if self.comm else None,
-            "mem_peak": self.mem_peak.to_json() if self.mem_peak else None,
-            "telemetry": self.telemetry.to_json(), "events": self.events,
-            "last_events": [e.to_checkpoint() for e in self.last_events],
-        }
-        if self.failure is not None:
-            out["failure"] = self.failure
-        return out
-
-    @classmethod
-    def from_json(cls, r: Any) -> "RankSummary":
-        """A rank row of a summary (a partial summary's too: it has fewer fields)."""
-        r = _d(r)
-        return cls(
-            rank=r.get("rank", -1), node=r.get("node"), host=r.get("host") or "",
-            local_rank=r.get("local_rank"), status=r.get("status") or "unknown", error=r.get("error"),
-            steps=r.get("steps") or r.get("received") or 0, steady_steps=r.get("steady_steps") or 0,
-            last_step=r.get("last_step", -1), steps_produced=r.get("steps_produced"),
-            fail_step=r.get("fail_step"), fail_in_step=bool(r.get("fail_in_step")),
-            failed_at=r.get("failed_at"), ended_at=r.get("ended_at"), exit=ExitRecord.from_json(r.get("exit")),
-            phases={k: PhaseSummary.from_json(v) for k, v in _d(r.get("phases")).items()},
-            outside_ms=r.get("outside_ms"), between=BetweenSteps.from_json(r.get("between")),
-            comm=CommSummary.from_json(r.get("comm")),
-            mem_peak=MemPeak.from_json(r.get("mem_peak")),
-            telemetry=RankTelemetry.from_json(r.get("telemetry")), events=r.get("events") or 0,
-            last_events=[RankEvent.from_checkpoint(e) for e in r.get("last_events") or [] if isinstance(e, dict)],
-            failure=r.get("failure"))
-
 
 @dataclass(slots=True)
 class Spread:
@@ -300,75 +192,48 @@ class Spread:
     max: Any
     max_rank: int
 
-    def to_json(self) -> dict[str, Any]:
-        return {"median": self.median, "min": self.min, "min_rank": self.min_rank,
-                "max": self.max, "max_rank": self.max_rank}
-
-    @classmethod
-    def from_json(cls, s: Any) -> Optional["Spread"]:
-        if not isinstance(s, dict):
-            return None
-        return cls(s.get("median") or 0.0, s.get("min"), s.get("min_rank", -1), s.get("max"),
-                   s.get("max_rank", -1))
-
 
 @dataclass(slots=True)
 class Communication:
-    """The run's communication: each rank's figures side by side, and the link probe."""
+    """The run's communication: each rank's figures side by side (:data:`CommSummary.FIGURES`;
+    None where no rank has it), and the link probe."""
 
-    measured: bool
-    ranks_measured: int
-    not_measured_why: Optional[str]
-    #: by :data:`CommSummary.FIGURES` name; None where no rank has it
-    spreads: dict[str, Optional[Spread]] = field(default_factory=dict)
+    measured: bool = False
+    ranks_measured: int = 0
+    not_measured_why: Optional[str] = None
+    exposed_ms: Optional[Spread] = None
+    exposed_fraction: Optional[Spread] = None
+    busy_ms: Optional[Spread] = None
+    overlap_fraction: Optional[Spread] = None
+    bytes_per_step: Optional[Spread] = None
+    calls_per_step: Optional[Spread] = None
+    algbw_gbps: Optional[Spread] = None
+    busbw_gbps: Optional[Spread] = None
     probe: Optional[dict[str, Any]] = None
 
+    def spread(self, figure: str) -> Optional[Spread]:
+        return getattr(self, figure) if figure in CommSummary.FIGURES else None
+
     def median(self, figure: str) -> Optional[float]:
-        s = self.spreads.get(figure)
+        s = self.spread(figure)
         return None if s is None else s.median
-
-    def to_json(self) -> dict[str, Any]:
-        return {"measured": self.measured, "ranks_measured": self.ranks_measured,
-                "not_measured_why": self.not_measured_why,
-                **{k: (s.to_json() if s else None) for k, s in self.spreads.items()},
-                "probe": self.probe}
-
-    @classmethod
-    def from_json(cls, c: Any) -> "Communication":
-        c = _d(c)
-        return cls(bool(c.get("measured")), c.get("ranks_measured") or 0, c.get("not_measured_why"),
-                   {k: Spread.from_json(c.get(k)) for k in CommSummary.FIGURES}, c.get("probe"))
 
 
 @dataclass(slots=True)
-class GpuSummary:
-    """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node."""
+class GpuSummary(Record):
+    """One GPU over the run (the summary's ``system.nodes[].gpus[]``), with its node (which its
+    node's row says: set by the row, not written)."""
 
-    node: int
-    index: int
-    samples: int
-    util_pct_mean: Optional[float]
-    util_pct_max: Optional[float]
-    mem_used_max: Optional[float]
-    mem_total: Optional[float]
-    temp_c_max: Optional[float]
-    power_w_mean: Optional[float]
-    power_w_max: Optional[float]
-
-    def to_json(self) -> dict[str, Any]:
-        """The node's row (without ``node``, which its node row says)."""
-        return {"index": self.index, "samples": self.samples, "util_pct_mean": self.util_pct_mean,
-                "util_pct_max": self.util_pct_max, "mem_used_max": self.mem_used_max,
-                "mem_total": self.mem_total, "temp_c_max": self.temp_c_max,
-                "power_w_mean": self.power_w_mean, "power_w_max": self.power_w_max}
-
-    @classmethod
-    def from_json(cls, g: Any, node: int) -> "GpuSummary":
-        """A GPU of node ``node``'s row."""
-        g = _d(g)
-        return cls(node, g.get("index", 0), g.get("samples") or 0, g.get("util_pct_mean"),
-                   g.get("util_pct_max"), g.get("mem_used_max"), g.get("mem_total"), g.get("temp_c_max"),
-                   g.get("power_w_mean"), g.get("power_w_max"))
+    node: Annotated[int, SKIP] = 0
+    index: int = 0
+    samples: int = 0
+    util_pct_mean: Optional[float] = None
+    util_pct_max: Optional[Number] = None
+    mem_used_max: Optional[Number] = None
+    mem_total: Optional[Number] = None
+    temp_c_max: Optional[Number] = None
+    power_w_mean: Optional[float] = None
+    power_w_max: Optional[Number] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,7 +254,7 @@ class CpuRequest:
     pass_on: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, raw: Any) -> Optional["CpuRequest"]:
+    def bounded(cls, raw: Any) -> Optional["CpuRequest"]:
         """Bounded reading of what a rank sent (it crossed the wire: sizes and types checked)."""
         if not isinstance(raw, dict):
             return None
@@ -433,7 +298,7 @@ class StepWork:
         return dict(self.phase_cpu_ms).get(phase)
 
     @classmethod
-    def from_json(cls, raw: Any) -> Optional["StepWork"]:
+    def bounded(cls, raw: Any) -> Optional["StepWork"]:
         """Bounded reading of the ``work`` part of a ``cpu_threads`` event (it crossed the wire)."""
         if not isinstance(raw, dict):
             return None
@@ -492,7 +357,7 @@ class CpuThreads:
     work: Optional[StepWork] = None
 
     @classmethod
-    def from_event_text(cls, text: str) -> Optional["CpuThreads"]:
+    def of_event(cls, text: str) -> Optional["CpuThreads"]:
         """The ``cpu_threads`` event's text (sdk/threads.py), or None when it is not one."""
         import json
 
@@ -520,10 +385,10 @@ class CpuThreads:
                                   _delta(raw, "thr_ns"))]
             omp = raw.get("omp")
             omp = omp[:32] if isinstance(omp, str) else None
-            request = CpuRequest.from_json(raw.get("request"))
+            request = CpuRequest.bounded(raw.get("request"))
             torch_v = raw.get("torch")
             torch_v = torch_v[:40] if isinstance(torch_v, str) else None
-            work = StepWork.from_json(raw.get("work"))
+            work = StepWork.bounded(raw.get("work"))
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if not 0 < threads < 1 << 16:

@@ -7,7 +7,7 @@ from the user's history of those nodes (``ClusterEnvironment.run_ended``; the Sl
 node health, ``traceml_slurm/nodes``). A verdict whose culprit is a node the plugin excludes ends
 in the line, so the advice of a slow-node run ends in something to paste.
 
-:func:`amend` changes the summary dict in place and never raises: a plugin that fails costs a
+:func:`amend` adds it to the typed summary in place and never raises: a plugin that fails costs a
 note, not the summary. The plugin only reads on the summary's path (``run_ended``); the run's
 evidence is kept by the function :func:`amend` returns, which node 0's aggregator calls once the
 summary is written (``keep_evidence``): a store that is slow or busy never delays the summary.
@@ -19,26 +19,20 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from .document import NextJobSection
+from .document import NextJobSection, Summary
 
-J = dict[str, Any]
 #: keeps the run's node evidence after the summary is written; returns notes for the log
 Keep = Callable[[], list[str]]
 
 
-def verdicts_of(summary: J) -> list[J]:
-    return [v for v in [summary.get("verdict")] + list(summary.get("other_verdicts") or [])
-            if isinstance(v, dict)]
-
-
-def amend(summary: J, cluster: str = "") -> Optional[Keep]:
+def amend(summary: Summary, cluster: str = "") -> Optional[Keep]:
     """Add ``next_job`` to a final summary: the verdicts' fix lines, then the cluster plugin's.
     Returns what keeps the run's node evidence, to call after the summary is written (None: no
     plugin)."""
     section = NextJobSection()
     keep: Optional[Keep] = None
-    for v in verdicts_of(summary):
-        ev = (v.get("evidence") or {}).get("cpu") or {}  # the input-bound verdict's CPU cause
+    for v in summary.verdicts:
+        ev = v.evidence.get("cpu") or {}  # the input-bound verdict's CPU cause
         for line, why in zip(ev.get("fix_lines") or [], ev.get("fix_why") or []):
             if line not in section.lines:
                 section.lines.append(line)
@@ -46,20 +40,19 @@ def amend(summary: J, cluster: str = "") -> Optional[Keep]:
     if cluster and cluster != "none":
         keep = _from_plugin(summary, cluster, section)
     if section:
-        summary["next_job"] = section.to_json()
+        summary.next_job = section
     return keep
 
 
-def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> Optional[Keep]:
+def _from_plugin(summary: Summary, cluster: str, section: NextJobSection) -> Optional[Keep]:
     try:
         from ..plugins import load_cluster_environment
-        from .document import Summary
         from .nodeevidence import run_evidence
 
         cls = load_cluster_environment(cluster)
         if cls is None:
             return None
-        plugin, evidence = cls(), run_evidence(Summary.from_json(summary))
+        plugin, evidence = cls(), run_evidence(summary)
         answer = plugin.run_ended(evidence, os.environ)
     except Exception as exc:  # noqa: BLE001 - the plugin must never cost the summary
         section.notes.append(f"the {cluster} plugin could not judge this run's nodes "
@@ -78,7 +71,7 @@ def _from_plugin(summary: J, cluster: str, section: NextJobSection) -> Optional[
     return keep
 
 
-def _use(answer: Any, summary: J, section: NextJobSection) -> None:
+def _use(answer: Any, summary: Summary, section: NextJobSection) -> None:
     """The plugin's answer into the section; a verdict naming an excluded host ends in the line."""
     section.notes += list(answer.notes)
     for line, why in zip(answer.lines, answer.why):
@@ -88,10 +81,10 @@ def _use(answer: Any, summary: J, section: NextJobSection) -> None:
     if not answer.excluded:
         return
     line = next((ln for ln in answer.lines if "--exclude" in ln), None)
-    for v in verdicts_of(summary):
-        host = (v.get("culprit") or {}).get("host")
-        if line and host in answer.excluded and line not in str(v.get("next_step")):
-            v["next_step"] = f"{v.get('next_step') or ''}; in the next job script: {line}".lstrip("; ")
+    for v in summary.verdicts:
+        host = (v.culprit or {}).get("host")
+        if line and host in answer.excluded and line not in v.next_step:
+            v.next_step = f"{v.next_step}; in the next job script: {line}".lstrip("; ")
 
 
 def _warn(text: str) -> None:

@@ -7,13 +7,16 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..rundir import SUMMARY_HTML, SUMMARY_JSON, SUMMARY_TXT, RunDir, load_checkpoint, write_file
+from ..codec import decode, encode
 from ..rundata import RunData
 from .partial import finite, last_resort, render_partial
 from .nextjob import amend
 from .render_txt import render
+from .goodput.ledger import AttemptLedger
 from .goodput.previous import previous_attempts
 from .summary_file import dumps
-from .summary import build_summary
+from .document import document
+from .summary import build_document
 
 
 def write_summary(data: RunData, rd: RunDir, run_name: str, *,
@@ -39,15 +42,16 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
         previous = []
     keep = None
     try:
-        summary = build_summary(data, files=files, rebuilt=rebuilt, provisional=provisional,
-                                previous=previous)
+        doc = build_document(data, files=files, rebuilt=rebuilt, provisional=provisional,
+                             previous=previous)
         if not provisional:
-            keep = amend(summary, cluster if rebuilt is None else "")
+            keep = amend(doc, cluster if rebuilt is None else "")
+        summary = document(doc)  # the typed summary, written: the file's form from here on
         blob = dumps(summary)
     except Exception as exc:  # noqa: BLE001 - never lose the run's summary (report/partial.py)
         _warn(f"the summary could not be built whole ({type(exc).__name__}: {str(exc)[:200]}); "
               "writing what is known")
-        summary = finite(last_resort(data.to_checkpoint(), exc, files=files, rebuilt=rebuilt,
+        summary = finite(last_resort(encode(data), exc, files=files, rebuilt=rebuilt,
                                      provisional=provisional))[0]
         blob = dumps(summary)
     jpath = write_file(rd, run_name, SUMMARY_JSON, blob, sync=not provisional)
@@ -65,11 +69,13 @@ def write_summary(data: RunData, rd: RunDir, run_name: str, *,
             "summary_html": None if hpath is None else str(hpath), "summary": summary, "keep_evidence": keep}
 
 
-def rebuild_attempt(checkpoint: Path) -> dict[str, Any]:
-    """An earlier attempt's summary from its checkpoint (it ended before writing one)."""
+def rebuild_attempt(checkpoint: Path) -> Optional[AttemptLedger]:
+    """An earlier attempt's own ledger row, from the summary its checkpoint rebuilds (it ended
+    before writing one)."""
     doc = load_checkpoint(checkpoint)
-    return build_summary(RunData.from_checkpoint(doc["state"]), previous=[], rebuilt={
-        "checkpoint": str(checkpoint), "taken_at": doc["taken_at"], "final_checkpoint": bool(doc.get("final"))})
+    ledger = build_document(decode(RunData, doc["state"]), previous=[], rebuilt={
+        "checkpoint": str(checkpoint), "taken_at": doc["taken_at"], "final_checkpoint": bool(doc.get("final"))}).goodput
+    return ledger.attempts[-1] if ledger is not None and ledger.attempts else None
 
 
 def render_text(summary: dict[str, Any]) -> str:

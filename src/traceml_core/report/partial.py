@@ -57,6 +57,7 @@ def last_resort(data: dict[str, Any], exc: BaseException, *, files: dict[str, An
     """The summary to write when the builder (or writing its JSON) raised ``exc``: the whole
     summary of the data without its non-finite values when that can be built, else the partial
     one. Never raises."""
+    from ..codec import decode
     from ..rundata import RunData
     from .summary_file import dumps
     from .summary import build_summary
@@ -65,7 +66,7 @@ def last_resort(data: dict[str, Any], exc: BaseException, *, files: dict[str, An
     error = _describe(exc)
     if bad:
         try:
-            summary = build_summary(RunData.from_checkpoint(clean), files=files, rebuilt=rebuilt,
+            summary = build_summary(decode(RunData, clean), files=files, rebuilt=rebuilt,
                                     provisional=provisional)
             dumps(summary)
             note = (f"{bad:,} value(s) of the run's data were not finite numbers (NaN or infinity) and "
@@ -141,12 +142,13 @@ def partial_summary(data: dict[str, Any], error: str, *, files: dict[str, Any],
 
 def _status(finish: Optional[dict[str, Any]], ranks: list[dict[str, Any]], provisional: bool) -> str:
     """The run's status by the summary's own rule, from the ranks' goodbyes."""
-    from ..rundata import Finish
+    from ..codec import decode
+    from ..rundata import LaunchEnd
     from .model import RankSummary
     from .status import run_status
 
     try:
-        return run_status(Finish.from_checkpoint(finish),
+        return run_status(None if finish is None else decode(LaunchEnd, finish),
                            [RankSummary(rank=r["rank"], node=r["node"], host=r["host"], local_rank=None,
                                         status=r["status"] or "vanished") for r in ranks], provisional)
     except Exception:  # noqa: BLE001

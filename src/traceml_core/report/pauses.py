@@ -21,7 +21,7 @@ window on a fast run)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Optional
 
 from ..rundata import OutsideData
 from ..statistics.sketch import QuantileSketch
@@ -46,22 +46,6 @@ class BetweenSteps:
     pause_share: float
     #: how long a gap had to be to be a pause (ms; None in an older summary)
     cut_ms: Optional[float] = None
-
-    _KEYS = ("gaps", "typical_ms", "p90_ms", "max_ms", "pauses", "pause_excess_ms", "uniform_ms", "pause_share")
-
-    def to_json(self) -> dict[str, Any]:
-        return {"gaps": self.gaps, "typical_ms": self.typical_ms, "p90_ms": self.p90_ms,
-                "max_ms": self.max_ms, "pauses": self.pauses, "pause_excess_ms": self.pause_excess_ms,
-                "uniform_ms": self.uniform_ms, "pause_share": self.pause_share, "cut_ms": self.cut_ms}
-
-    @classmethod
-    def from_json(cls, d: Any) -> Optional["BetweenSteps"]:
-        if not isinstance(d, dict):
-            return None
-        try:
-            return cls(**{k: d[k] for k in cls._KEYS}, cut_ms=d.get("cut_ms"))
-        except (KeyError, TypeError):
-            return None
 
     @property
     def pause_ms(self) -> float:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..assets import chart_assets, fill
+from ..codec import decode
 from .document import RunSection
 from .goodput.buckets import BUCKETS
 
@@ -47,7 +48,10 @@ def _page(title: str, doc: dict[str, Any]) -> str:
 
 def render_html(summary: dict[str, Any]) -> str:
     """The report page of one run."""
-    run = RunSection.from_json(summary.get("run"))
+    try:
+        run = decode(RunSection, summary.get("run") or {})
+    except ValueError:  # a partial summary's run section: the page is still made
+        run = RunSection()
     title = f"TraceML report: {run.name or '?'} ({run.status or '?'})"
     return _page(title, {"kind": "report", "summary": _slim(summary)})
 

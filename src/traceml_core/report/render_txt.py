@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any, Optional, Union
 
-from .document import Summary, Verdict
+from ..codec import encode
+from .document import Summary, Verdict, read
 from .goodput.render import render_ledger
 from .ranklist import rank_ranges
 from .status import OK_ENDINGS
@@ -48,15 +49,13 @@ def _communication_lines(doc: Summary) -> list[str]:
     if not c:
         return []
     out = []
-    sp = c.spreads
-    x = sp.get("exposed_ms")
+    x = c.exposed_ms
     if not c.measured or x is None:
         if doc.topology.world_size > 1:
             out.append(f"Communication: not measured ({c.not_measured_why or '?'})")
     else:
-        f, busy = sp.get("exposed_fraction"), sp.get("busy_ms")
-        by, calls, bus, alg = sp.get("bytes_per_step"), sp.get("calls_per_step"), sp.get("busbw_gbps"), \
-            sp.get("algbw_gbps")
+        f, busy = c.exposed_fraction, c.busy_ms
+        by, calls, bus, alg = c.bytes_per_step, c.calls_per_step, c.busbw_gbps, c.algbw_gbps
         line = (f"Communication: waits {_f(x.median, ' ms', 2)} per step (median rank; least "
                 f"{_f(x.min, ' ms', 2)}, rank {x.min_rank}")
         if f:
@@ -96,7 +95,7 @@ def _probe_lines(probe: dict[str, Any]) -> list[str]:
 
 
 def render(summary: Union[Summary, dict[str, Any]]) -> str:
-    doc = summary if isinstance(summary, Summary) else Summary.from_json(summary)
+    doc = summary if isinstance(summary, Summary) else read(summary)
     run, topo, tel = doc.run, doc.topology, doc.telemetry
     lines = []
     head = f"TraceML summary: run {run.name}"
@@ -145,7 +144,7 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
     if doc.hang is not None:
         from .hang import render as render_hang
 
-        head, *rest = render_hang(doc.hang.to_json())
+        head, *rest = render_hang(encode(doc.hang))
         lines.append("")
         stall = doc.hang.report.stall_s
         lines.append((f"Hang report (the stall lasted {stall:.0f} s, then steps resumed): " if stall is not None
@@ -187,7 +186,7 @@ def render(summary: Union[Summary, dict[str, Any]]) -> str:
             trend = ""
         lines.append(f"Memory peak: {_bytes(mx)} (rank {r.rank}){trend}")
     sys_parts = []
-    for n in doc.system_nodes[:MAX_RANK_LINES]:
+    for n in doc.system.nodes[:MAX_RANK_LINES]:
         part = f"node {n.node}: cpu {_f(n.cpu_pct_mean, '%', 0)}"
         if n.gpus:
             utils = [g.util_pct_mean for g in n.gpus if g.util_pct_mean is not None]

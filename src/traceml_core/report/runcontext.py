@@ -7,12 +7,11 @@ the code. Every figure comes from what the ranks measured (sdk/threads.py: the t
 run-queue wait from the kernel's schedstat, its threads, OMP_NUM_THREADS, torch's version; the
 nodes' CPU samples); a figure not measured is None, never 0.
 
-The codec is pydantic's (``TypeAdapter`` over the dataclass): no hand-written ``to_json``.
+The one codec (``traceml_core/codec.py``) writes and reads it: no hand-written ``to_json``.
 """
 
 from __future__ import annotations
 
-import functools
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -44,27 +43,6 @@ class RunContext:
     other_load_pct: Optional[float] = None
     #: how many ranks said their CPU facts
     ranks_measured: int = 0
-
-
-@functools.lru_cache(maxsize=1)
-def _adapter() -> Any:
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(RunContext)
-
-
-def context_from_json(d: Any) -> Optional[RunContext]:
-    """The summary's ``context`` (None: an older summary without it, or a malformed one)."""
-    if not isinstance(d, dict):
-        return None
-    try:
-        return _adapter().validate_python(d)
-    except ValueError:
-        return None
-
-
-def context_to_json(c: RunContext) -> dict[str, Any]:
-    return _adapter().dump_python(c, mode="json")
 
 
 def build_context(hosts: Sequence[Optional[str]], gpus: int, cpu_threads: Mapping[int, CpuThreads],

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..rundata import Finish, NodeData, RankData
+from ..rundata import LaunchEnd, NodeData, RankData
 from .model import ExitRecord, RankSummary
 from .tracebacks import peer_loss, raised_an_exception
 
@@ -44,7 +44,7 @@ def exit_failed_by_itself(exit_: Optional[ExitRecord]) -> bool:
     return exit_.exitcode not in (None, 0)
 
 
-def rank_status(r: RankData, finish: Optional[Finish], node: Optional[NodeData], failed_nodes: set[int],
+def rank_status(r: RankData, finish: Optional[LaunchEnd], node: Optional[NodeData], failed_nodes: set[int],
                 provisional: bool, exit_: Optional[ExitRecord] = None) -> str:
     """How a rank that joined ended: its own bye wins; then torchrun's record of it (a worker
     torchrun saw die by a signal or a failing exit crashed, on any node: its node's launcher passes
@@ -91,7 +91,7 @@ class NodeFailure:
         return f"node {self.node}" + (f" ({self.host})" if self.host else "")
 
 
-def node_failures(nodes: dict[int, NodeData], finish: Optional[Finish],
+def node_failures(nodes: dict[int, NodeData], finish: Optional[LaunchEnd],
                   hostnames: Sequence[str] = ()) -> list[NodeFailure]:
     """Nodes whose own launcher or torchrun ended abnormally, not by the run's stop: torchrun
     killed by a signal its launcher did not send (its node report: ``torchrun.signal``; node 0's
@@ -139,7 +139,7 @@ def _from_ranks(ranks: Sequence[RankSummary]) -> str:
     return "failed" if statuses & {"error", "crashed"} else "unknown"
 
 
-def run_status(finish: Optional[Finish], ranks: Sequence[RankSummary], provisional: bool,
+def run_status(finish: Optional[LaunchEnd], ranks: Sequence[RankSummary], provisional: bool,
                failed_first: bool = False) -> str:
     """The run's status (:data:`RUN_STATUSES`). ``failed_first``: :func:`failed_before_interrupt`."""
     if finish is None:
@@ -151,7 +151,7 @@ def run_status(finish: Optional[Finish], ranks: Sequence[RankSummary], provision
     return "completed" if finish.exit_code == 0 else "failed"
 
 
-def after_training_note(finish: Optional[Finish], ranks: Sequence[RankSummary]) -> str:
+def after_training_note(finish: Optional[LaunchEnd], ranks: Sequence[RankSummary]) -> str:
     """A failing exit although every rank said a clean goodbye: the crash came after training
     (typically at interpreter exit), which torchrun's log alone makes look like a training failure."""
     code = finish.exit_code if finish else None
@@ -166,7 +166,7 @@ def after_training_note(finish: Optional[Finish], ranks: Sequence[RankSummary]) 
             "call gc.collect() (or train inside main(), which TraceML collects at exit)")
 
 
-def failed_run_reason(finish: Optional[Finish], ranks: Sequence[RankSummary]) -> str:
+def failed_run_reason(finish: Optional[LaunchEnd], ranks: Sequence[RankSummary]) -> str:
     """The reason of a failed run that no failure headline explains (the launcher gave none)."""
     if after_training_note(finish, ranks):
         died = [f"rank {r.rank} ({r.exit.signal or 'exit code ' + str(r.exit.exitcode)})"

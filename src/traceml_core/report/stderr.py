@@ -96,9 +96,6 @@ class LibraryMessage:
         """A lost connection or a timeout is what a rank sees when a peer died or stopped."""
         return self.kind in ("closed", "timeout")
 
-    def to_json(self) -> dict[str, str]:
-        return {"library": self.library, "kind": self.kind, "text": self.text}
-
 
 def clean(line: str) -> str:
     """``line`` without the decorations of :data:`_NOISE`, its spaces collapsed, shortened."""

@@ -21,7 +21,8 @@ from typing import Any, Optional
 from ..rundir import (CHECKPOINT_NAME, fallback_dir, fallback_root, load_checkpoint, owned_problem,
                                  prepare_run_dir)
 from ..errors import TraceMLError
-from ..rundata import Finish, LaunchLifecycle, NodeData, RunData
+from ..codec import decode
+from ..rundata import LaunchEnd, LaunchLifecycle, NodeData, RunData
 from .output import write_summary
 from .summary import iso
 
@@ -104,7 +105,7 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {exc}. The checkpoint is "
                              "damaged or from another traceml version.") from None
     try:
-        data = RunData.from_checkpoint(doc["state"])
+        data = decode(RunData, doc["state"])
     except (KeyError, TypeError, ValueError) as exc:
         raise SummarizeError(f"Cannot rebuild the summary of {run_dir}: {path} holds no usable run "
                              f"data ({type(exc).__name__}: {exc}). The checkpoint is damaged or from "
@@ -114,13 +115,12 @@ def summarize(run_dir: Path | str, *, finish: Optional[dict[str, Any]] = None,
     # summary is exact
     end_recorded = bool(doc.get("final")) or data.finish is not None
     if finish is not None and data.finish is None:  # what the launcher knows about the end
-        data.finish = replace(Finish.from_checkpoint(finish), has_oom=True,
-                              source="launcher (after the aggregator was gone)")
+        data.finish = replace(decode(LaunchEnd, finish), source="launcher (after the aggregator was gone)")
         if isinstance(finish.get("lifecycle"), dict):   # node 0's launcher's own record
             node0 = next((n for n in data.nodes if n.node == 0), None)
             if node0 is None:
                 data.nodes.insert(0, node0 := NodeData(0))
-            node0.lifecycle = LaunchLifecycle.from_checkpoint(finish["lifecycle"])
+            node0.lifecycle = decode(LaunchLifecycle, finish["lifecycle"])
     run_name = data.settings.run_name
     try:
         rd = prepare_run_dir(path.parent, run_name)

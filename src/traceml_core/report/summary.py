@@ -1,9 +1,10 @@
 """Build ``final_summary.json`` (``schema_version`` 1) from typed run data, by small pure steps.
 
 The input is :class:`~traceml_core.rundata.RunData`, from the live aggregator
-(``aggregator/adapter.py``) or from a checkpoint (``RunData.from_checkpoint``); the shape of the
-output is documented in ``docs/summary-schema.md``. :func:`build_summary` is a pipeline, each step
-a pure function of the run data and what the steps before it made:
+(``aggregator/adapter.py``) or from a checkpoint (the one codec, ``traceml_core/codec.py``); the
+output is the typed :class:`~.document.Summary`, written only at the file, whose shape is
+documented in ``docs/summary-schema.md``. :func:`build_summary` is a pipeline, each step a pure
+function of the run data and what the steps before it made:
 
     ranks -> topology -> timing -> communication -> status -> verdicts -> telemetry
 
@@ -27,13 +28,14 @@ from typing import Any, Optional, Sequence
 from .goodput.account import Context, account
 from .goodput.advice import assemble
 from .goodput.ledger import AttemptLedger, Ledger
-from ..rundata import Finish, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
+from ..codec import decode
+from ..rundata import LaunchEnd, LaunchLifecycle, NodeData, OomReport, PhaseData, RankData, RunData
 from ..wire.protocol import CPU_THREADS_EVENT as THREADS_EVENT, DURATION_COLUMNS
 from . import status as S
 from .failure import diagnose, did_not_start, failure_began
 from .hang import verdict as hang_verdict
 from .document import (Across, CompareSection, HangSection, NodeLifecycle, RunSection, StepSeries, StepTime, Summary,
-                       SystemNode, Telemetry, Timeline, TopoNode, Topology, Verdict)
+                       SystemNode, SystemSection, Telemetry, Timeline, TopoNode, Topology, Verdict, document)
 from .pauses import between_steps
 from .runcontext import build_context
 from .model import (Communication, CommSummary, CpuThreads, ExitRecord, GpuSummary, MemPeak, PhaseSummary,
@@ -66,7 +68,16 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
                   rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
                   now: Optional[float] = None,
                   previous: Optional[Sequence[AttemptLedger]] = None) -> dict[str, Any]:
-    """The final summary dict. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
+    """``final_summary.json``'s document: :func:`build_document`, written as the file holds it."""
+    return document(build_document(data, files=files, rebuilt=rebuilt, provisional=provisional, now=now,
+                                   previous=previous))
+
+
+def build_document(data: RunData, *, files: Optional[dict[str, Any]] = None,
+                   rebuilt: Optional[dict[str, Any]] = None, provisional: bool = False,
+                   now: Optional[float] = None,
+                   previous: Optional[Sequence[AttemptLedger]] = None) -> Summary:
+    """The final summary. ``rebuilt``: ``{"checkpoint": path, "taken_at": ts}`` when it comes
     from a checkpoint instead of the live aggregator; ``provisional``: written on SIGTERM before
     the launcher reported the exit (a later write replaces it); ``previous``: the run's earlier
     attempts' ledger rows (goodput/attempts.py), in order."""
@@ -112,14 +123,13 @@ def build_summary(data: RunData, *, files: Optional[dict[str, Any]] = None,
         phases=[phase_name(c) for c in DURATION_COLUMNS] + ["nophase", "outside"], warmup_steps=WARMUP_STEPS,
         step_time=timing.step_time, across_ranks=timing.across_ranks, device=timing.device,
         communication=communication, ranks=rows.ranks, rank_endings=S.endings(rows.ranks),
-        system_nodes=timing.system_nodes, gpu_util_pct_mean=timing.gpu_util_pct,
+        system=SystemSection(timing.system_nodes, timing.gpu_util_pct),
         telemetry=telemetry_of(data, rows.ranks, rebuilt),
         compare=CompareSection(timing.sketches, StepSeries(**merged_series(data.ranks))),
         timeline=_global_steps(build_timeline(data, rows.ranks, verdicts[0]), ledger),
         files=files or {}, hang=end.hang, hangs=list(data.hangs), goodput=ledger,
         notes=[n for n in (data.run_dir_note, S.after_training_note(finish, rows.ranks),
-                           _restart_note(data), _refused_note(data), ledger_note) if n],
-    ).to_json()
+                           _restart_note(data), _refused_note(data), ledger_note) if n])
 
 
 def _global_steps(timeline: Optional[Timeline], ledger: Optional[Ledger]) -> Optional[Timeline]:
@@ -175,7 +185,7 @@ def node_host(data: RunData, nodes: dict[int, NodeData], node: int) -> str:
     return (ni.host if ni else "") or (hostnames[node] if node < len(hostnames) else "")
 
 
-def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
+def worker_reports(finish: Optional[LaunchEnd], nodes: dict[int, NodeData]
                    ) -> tuple[dict[int, ExitRecord], dict[int, Optional[OomReport]]]:
     """torchrun's failed-worker rows by global rank, and each node's OOM report by node (node 0's
     come with the launcher's finish, the others' with their node launcher's goodbye)."""
@@ -190,7 +200,7 @@ def worker_reports(finish: Optional[Finish], nodes: dict[int, NodeData]
             workers[w.rank] = ExitRecord(exitcode=w.exitcode, signal=w.signal,
                                          message=w.message or None, traceback=w.traceback or None,
                                          stderr=w.stderr or None)
-        if rep.has_oom:
+        if rep.oom is not None:
             oom[node] = rep.oom
     return workers, oom
 
@@ -320,7 +330,7 @@ def cpu_threads_of(ranks: Sequence[RankData], before: Optional[float] = None) ->
             if before is not None and isinstance(e.ts, (int, float)) and e.ts >= before:
                 continue
             if e.kind == THREADS_EVENT:
-                fact = CpuThreads.from_event_text(e.text)
+                fact = CpuThreads.of_event(e.text)
                 if fact is not None:
                     out[r.rank] = fact
                 break
@@ -479,7 +489,7 @@ def communication_of(ranks: Sequence[RankSummary], world: int, probe: Optional[d
                "no rank measured it (no process group in the traced steps, or a DDP model TraceML "
                "could not time: see the ranks' logs)")
     return Communication(measured=bool(measured), ranks_measured=len(measured), not_measured_why=why,
-                         spreads={k: spread(k) for k in CommSummary.FIGURES}, probe=probe)
+                         probe=probe, **{k: spread(k) for k in CommSummary.FIGURES})
 
 
 # --- status ----------------------------------------------------------------------------------------
@@ -530,8 +540,8 @@ def ending(data: RunData, rows: RankRows, provisional: bool) -> Ending:
     elif status == "failed" and not reason:
         reason = S.failed_run_reason(finish, ranks)
     stall = hang_verdict(data.hangs[-1], ended_hung=False) if hang is not None and not ended_hung else None
-    return Ending(status, reason, Verdict.from_json(found) if found is not None else None, alone,
-                  Verdict.from_json(stall) if stall is not None else None, hang)
+    return Ending(status, reason, decode(Verdict, found) if found is not None else None, alone,
+                  decode(Verdict, stall) if stall is not None else None, hang)
 
 
 def last_hang(data: RunData) -> tuple[Optional[HangSection], bool]:
@@ -566,7 +576,7 @@ def _restart_note(data: RunData) -> str:
 def verdicts_of(ranks: Sequence[RankSummary], end: Ending, ctx: VerdictContext) -> list[Verdict]:
     """The verdicts step: the ending's headline first (failures first), then why the run was
     slow (``report/rules/``), a resolved stall right after the primary verdict."""
-    found = [Verdict.from_json(v) for v in judge(ranks, ctx)]
+    found = [decode(Verdict, v) for v in judge(ranks, ctx)]
     if end.headline is not None:
         perf = [v for v in found if v.kind != "no_clear_bottleneck"] or found
         for v in perf:  # the failure is what to fix: the steps before it are information

@@ -29,7 +29,7 @@ def _fact(sdk, sink) -> CpuThreads:
     assert sink.wait_for(lambda s: 0 in s.ranks and s.ranks[0].bye is not None)
     events = [e for e in sink.ranks[0].events if e["kind"] == "cpu_threads"]
     assert events, "no cpu_threads event"
-    fact = CpuThreads.from_event_text(events[-1]["text"])
+    fact = CpuThreads.of_event(events[-1]["text"])
     assert fact is not None
     return fact
 
@@ -147,5 +147,5 @@ def test_figures_are_sums_the_report_reads_back():
         s.begin_step()
     raw = s.figures()
     assert raw["n"] == 6 and raw["samples"] == 60 and raw["elements"] == 240 and raw["measured"] == 6
-    fact = CpuThreads.from_event_text(json.dumps({"threads": 1, "cpus": 1, "work": raw}))
+    fact = CpuThreads.of_event(json.dumps({"threads": 1, "cpus": 1, "work": raw}))
     assert fact is not None and fact.work is not None and fact.work.samples == 10 and fact.work.sampled == 6

@@ -60,7 +60,7 @@ def assemble(current: AttemptLedger, previous: Sequence[AttemptLedger], data: Op
         if all(not a.split.ms.get(k) for a in attempts):
             total.ms[k] = None
     ledger = Ledger(unit=current.unit, attempts=attempts, total=total,
-                    queued_s=sum(a.queued_before_s or 0.0 for a in attempts))
+                    queued_s=round(sum(a.queued_before_s or 0.0 for a in attempts), 3))
     ledger.advice = advise(ledger)
     ledger.throughput = throughput(data, current, device) if data is not None else Throughput()
     return ledger

@@ -10,15 +10,10 @@ bucket, named in ``not_measured`` with how to measure it), never 0.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Optional
+from typing import Annotated, Any, Iterable, Mapping, Optional
 
+from ...codec import FLAT, Convert, Key, Record, written_after
 from .buckets import KEYS
-
-J = dict[str, Any]
-
-
-def _d(v: Any) -> J:
-    return v if isinstance(v, dict) else {}
 
 
 def seconds(ms: Optional[int]) -> Optional[float]:
@@ -27,6 +22,14 @@ def seconds(ms: Optional[int]) -> Optional[float]:
 
 def to_ms(s: Any) -> Optional[int]:
     return None if s is None else int(round(float(s) * 1000.0))
+
+
+#: whole milliseconds kept, seconds written (a total; None read as 0)
+SECONDS = Convert(lambda s: to_ms(s) or 0, seconds)
+#: milliseconds per bucket, written as seconds in the buckets' order (a bucket this version does
+#: not know is not read)
+BUCKET_SECONDS = Convert(lambda b: {k: to_ms(v) for k, v in b.items() if k in KEYS} if isinstance(b, dict) else b,
+                         lambda ms: {k: seconds(ms[k]) for k in KEYS if k in ms})
 
 
 def apportion(parts: Mapping[str, float], total_ms: int) -> dict[str, int]:
@@ -48,11 +51,11 @@ def apportion(parts: Mapping[str, float], total_ms: int) -> dict[str, int]:
 
 
 @dataclass(slots=True)
-class Split:
+class Split(Record):
     """Milliseconds per bucket (None: not measured), summing exactly to ``total_ms``."""
 
-    total_ms: int = 0
-    ms: dict[str, Optional[int]] = field(default_factory=dict)
+    total_ms: Annotated[int, Key("total_s"), SECONDS] = 0
+    ms: Annotated[dict[str, Optional[int]], Key("buckets"), BUCKET_SECONDS] = field(default_factory=dict)
 
     def get(self, key: str) -> Optional[int]:
         return self.ms.get(key)
@@ -75,38 +78,23 @@ class Split:
         v = self.ms.get(key)
         return None if v is None or not self.total_ms else v / self.total_ms
 
-    @classmethod
-    def from_json(cls, d: Any) -> "Split":
-        d = _d(d)
-        return cls(to_ms(d.get("total_s")) or 0,
-                   {k: to_ms(v) for k, v in _d(d.get("buckets")).items() if k in KEYS})
-
-    def to_json(self) -> J:
-        return {"total_s": seconds(self.total_ms),
-                "buckets": {k: seconds(self.ms[k]) for k in KEYS if k in self.ms},
-                "productive_fraction": (round(self.ms["productive"] / self.total_ms, 4)
-                                        if self.total_ms and self.ms.get("productive") is not None else None)}
+    @written_after()
+    def productive_fraction(self) -> Optional[float]:
+        p = self.ms.get("productive")
+        return round(p / self.total_ms, 4) if self.total_ms and p is not None else None
 
 
 @dataclass(slots=True)
-class NodeLedger:
-    node: int
+class NodeLedger(Record):
+    node: int = 0
     host: str = ""
     #: the node's device (or rank) slots in the ledger
     slots: int = 0
-    split: Split = field(default_factory=Split)
-
-    @classmethod
-    def from_json(cls, d: Any) -> "NodeLedger":
-        d = _d(d)
-        return cls(d.get("node", 0), str(d.get("host") or ""), d.get("slots") or 0, Split.from_json(d))
-
-    def to_json(self) -> J:
-        return {"node": self.node, "host": self.host, "slots": self.slots, **self.split.to_json()}
+    split: Annotated[Split, FLAT] = field(default_factory=Split)
 
 
 @dataclass(slots=True)
-class Progress:
+class Progress(Record):
     """Where training stood in an attempt, in steps completed (``position``s): where it began,
     where it ended, what its last checkpoint held, and what it redid.
 
@@ -132,25 +120,9 @@ class Progress:
     end_position_max: Optional[int] = None
     redone_steps_max: Optional[int] = None
 
-    @property
+    @written_after("source")
     def exact(self) -> bool:
         return self.source == "step"
-
-    @classmethod
-    def from_json(cls, d: Any) -> "Progress":
-        d = _d(d)
-        return cls(str(d.get("source") or "none"), d.get("steps") or 0, d.get("first_position"),
-                   d.get("end_position"), d.get("checkpoint_position"), d.get("checkpoints") or 0,
-                   d.get("last_checkpoint_at"), d.get("unsaved_s"), d.get("redone_steps"),
-                   d.get("end_position_max"), d.get("redone_steps_max"))
-
-    def to_json(self) -> J:
-        return {"source": self.source, "exact": self.exact, "steps": self.steps,
-                "first_position": self.first_position, "end_position": self.end_position,
-                "checkpoint_position": self.checkpoint_position, "checkpoints": self.checkpoints,
-                "last_checkpoint_at": self.last_checkpoint_at, "unsaved_s": self.unsaved_s,
-                "redone_steps": self.redone_steps, "end_position_max": self.end_position_max,
-                "redone_steps_max": self.redone_steps_max}
 
 
 @dataclass(slots=True)
@@ -175,23 +147,9 @@ class Ending:
     ended_before_limit_s: Optional[float] = None
     words: str = ""
 
-    @classmethod
-    def from_json(cls, d: Any) -> Optional["Ending"]:
-        if not isinstance(d, dict):
-            return None
-        return cls(d.get("warning"), d.get("warning_at"), d.get("scheduled_end"), d.get("warning_lead_s"),
-                   d.get("saved_after_warning"), d.get("sigterm_at"), d.get("ended_before_limit_s"),
-                   str(d.get("words") or ""))
-
-    def to_json(self) -> J:
-        return {"warning": self.warning, "warning_at": self.warning_at, "scheduled_end": self.scheduled_end,
-                "warning_lead_s": self.warning_lead_s, "saved_after_warning": self.saved_after_warning,
-                "sigterm_at": self.sigterm_at, "ended_before_limit_s": self.ended_before_limit_s,
-                "words": self.words}
-
 
 @dataclass(slots=True)
-class AttemptLedger:
+class AttemptLedger(Record):
     """One attempt: one allocation period of the run (a job, or one requeue of it)."""
 
     attempt: int = 0
@@ -209,8 +167,10 @@ class AttemptLedger:
     #: running, unknown; and the run's reason in words
     ended: str = "unknown"
     reason: str = ""
-    split: Split = field(default_factory=Split)
+    split: Annotated[Split, FLAT] = field(default_factory=Split)
     nodes: list[NodeLedger] = field(default_factory=list)
+    #: the attempt's nodes, listed in ``nodes`` or not (account.MAX_NODE_ROWS)
+    nodes_total: int = 0
     #: bucket -> why it was not measured and how to measure it
     not_measured: dict[str, str] = field(default_factory=dict)
     #: bucket -> how it was measured here when that differs from docs/goodput.md's rule
@@ -221,38 +181,12 @@ class AttemptLedger:
     #: this attempt's own summary: where it is, whether it was rebuilt from a checkpoint
     summary: Optional[str] = None
     rebuilt: bool = False
-    #: the attempt's nodes, listed in ``nodes`` or not (account.MAX_NODE_ROWS); 0: as many as listed
-    nodes_total: int = 0
     #: the early warning and the time limit, where either came (None: neither)
     ending: Optional[Ending] = None
 
-    @property
+    @written_after("end_source")
     def wall_s(self) -> float:
-        return max(0.0, self.end - self.start)
-
-    @classmethod
-    def from_json(cls, d: Any) -> "AttemptLedger":
-        d = _d(d)
-        return cls(d.get("attempt") or 0, d.get("job_id"), d.get("restart_count"), d.get("run_id"),
-                   d.get("start") or 0.0, str(d.get("start_source") or ""), d.get("end") or 0.0,
-                   str(d.get("end_source") or ""), d.get("slots") or 0, str(d.get("unit") or "rank-seconds"),
-                   str(d.get("ended") or "unknown"), str(d.get("reason") or ""), Split.from_json(d),
-                   [NodeLedger.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
-                   dict(_d(d.get("notes"))), Progress.from_json(d.get("progress")), d.get("queued_before_s"),
-                   d.get("summary"), bool(d.get("rebuilt")), int(d.get("nodes_total") or 0),
-                   Ending.from_json(d.get("ending")))
-
-    def to_json(self) -> J:
-        return {"attempt": self.attempt, "job_id": self.job_id, "restart_count": self.restart_count,
-                "run_id": self.run_id, "start": self.start, "start_source": self.start_source,
-                "end": self.end, "end_source": self.end_source, "wall_s": round(self.wall_s, 3),
-                "slots": self.slots, "unit": self.unit, "ended": self.ended, "reason": self.reason,
-                **self.split.to_json(), "nodes": [n.to_json() for n in self.nodes],
-                "nodes_total": self.nodes_total or len(self.nodes),
-                "not_measured": self.not_measured, "notes": self.notes,
-                "progress": self.progress.to_json(), "queued_before_s": self.queued_before_s,
-                "summary": self.summary, "rebuilt": self.rebuilt,
-                "ending": self.ending.to_json() if self.ending else None}
+        return round(max(0.0, self.end - self.start), 3)
 
 
 @dataclass(slots=True)
@@ -260,43 +194,21 @@ class Advice:
     """The largest avoidable bucket, with its figure and a next step."""
 
     bucket: str
-    seconds: float
-    fraction: float
-    why: str
-    next_step: str
-
-    @classmethod
-    def from_json(cls, d: Any) -> Optional["Advice"]:
-        if not isinstance(d, dict) or not d.get("bucket"):
-            return None
-        return cls(str(d["bucket"]), d.get("seconds") or 0.0, d.get("fraction") or 0.0,
-                   str(d.get("why") or ""), str(d.get("next_step") or ""))
-
-    def to_json(self) -> J:
-        return {"bucket": self.bucket, "seconds": self.seconds, "fraction": self.fraction,
-                "why": self.why, "next_step": self.next_step}
+    seconds: float = 0.0
+    fraction: float = 0.0
+    why: str = ""
+    next_step: str = ""
 
 
 @dataclass(slots=True)
 class NodeThroughput:
-    node: int
+    node: int = 0
     tokens_per_s: Optional[float] = None
     #: tokens per second of step time (while training), beside per second of allocation
     tokens_per_step_s: Optional[float] = None
-    mfu: Optional[float] = None
     samples_per_s: Optional[float] = None
     samples_per_step_s: Optional[float] = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> "NodeThroughput":
-        d = _d(d)
-        return cls(d.get("node", 0), d.get("tokens_per_s"), d.get("tokens_per_step_s"), d.get("mfu"),
-                   d.get("samples_per_s"), d.get("samples_per_step_s"))
-
-    def to_json(self) -> J:
-        return {"node": self.node, "tokens_per_s": self.tokens_per_s,
-                "tokens_per_step_s": self.tokens_per_step_s, "samples_per_s": self.samples_per_s,
-                "samples_per_step_s": self.samples_per_step_s, "mfu": self.mfu}
+    mfu: Optional[float] = None
 
 
 @dataclass(slots=True)
@@ -305,26 +217,13 @@ class Throughput:
     step (``traceml.declare_work``) and, for MFU, the device's peak is known; else why not."""
 
     tokens_per_s: Optional[float] = None
+    samples_per_s: Optional[float] = None
     mfu: Optional[float] = None
     #: the peak MFU is measured against, and where it comes from (device name, dtype)
     peak_flops: Optional[float] = None
     peak_source: Optional[str] = None
     nodes: list[NodeThroughput] = field(default_factory=list)
     not_measured: dict[str, str] = field(default_factory=dict)
-    samples_per_s: Optional[float] = None
-
-    @classmethod
-    def from_json(cls, d: Any) -> "Throughput":
-        d = _d(d)
-        return cls(d.get("tokens_per_s"), d.get("mfu"), d.get("peak_flops"), d.get("peak_source"),
-                   [NodeThroughput.from_json(n) for n in d.get("nodes") or []], dict(_d(d.get("not_measured"))),
-                   d.get("samples_per_s"))
-
-    def to_json(self) -> J:
-        return {"tokens_per_s": self.tokens_per_s, "samples_per_s": self.samples_per_s, "mfu": self.mfu,
-                "peak_flops": self.peak_flops,
-                "peak_source": self.peak_source, "nodes": [n.to_json() for n in self.nodes],
-                "not_measured": self.not_measured}
 
 
 @dataclass(slots=True)
@@ -335,6 +234,7 @@ class Ledger:
     unit: str = "rank-seconds"
     attempts: list[AttemptLedger] = field(default_factory=list)
     total: Split = field(default_factory=Split)
+    #: wall seconds queued between attempts (ms resolution)
     queued_s: float = 0.0
     advice: Optional[Advice] = None
     throughput: Throughput = field(default_factory=Throughput)
@@ -342,17 +242,3 @@ class Ledger:
     @property
     def current(self) -> Optional[AttemptLedger]:
         return self.attempts[-1] if self.attempts else None
-
-    @classmethod
-    def from_json(cls, d: Any) -> Optional["Ledger"]:
-        if not isinstance(d, dict):
-            return None
-        return cls(str(d.get("unit") or "rank-seconds"), [AttemptLedger.from_json(a) for a in d.get("attempts") or []],
-                   Split.from_json(d.get("total")), d.get("queued_s") or 0.0, Advice.from_json(d.get("advice")),
-                   Throughput.from_json(d.get("throughput")))
-
-    def to_json(self) -> J:
-        return {"unit": self.unit, "attempts": [a.to_json() for a in self.attempts],
-                "total": self.total.to_json(), "queued_s": round(self.queued_s, 3),
-                "advice": self.advice.to_json() if self.advice else None,
-                "throughput": self.throughput.to_json()}

@@ -7,18 +7,19 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from ...attempts import attempts_before, read_summary_json
+from ...codec import decode
 from ...rundir import CHECKPOINT_NAME, SUMMARY_JSON, owned_problem
 from ...safeio import UnsafeFileError, entry_problem
 from .ledger import AttemptLedger
 
-#: builds a summary (a dict) from a checkpoint's path: report/output.py passes the summary builder
-Rebuild = Callable[[Path], dict[str, Any]]
+#: an attempt's own ledger row rebuilt from its checkpoint's path: report/output.py passes it
+Rebuild = Callable[[Path], Optional[AttemptLedger]]
 
 
 def own_row(doc: Any) -> Optional[AttemptLedger]:
     """An attempt's own ledger row: the last of its summary's ``goodput.attempts``."""
     rows = ((doc or {}).get("goodput") or {}).get("attempts") or [] if isinstance(doc, dict) else []
-    return AttemptLedger.from_json(rows[-1]) if rows else None
+    return decode(AttemptLedger, rows[-1]) if rows else None
 
 
 def previous_attempts(run_dir: Path, rebuild: Optional[Rebuild] = None) -> list[AttemptLedger]:
@@ -49,7 +50,7 @@ def previous_attempts(run_dir: Path, rebuild: Optional[Rebuild] = None) -> list[
             row = None
         if row is None and rebuild is not None and entry_problem(path / CHECKPOINT_NAME) != "it does not exist":
             try:
-                row = own_row(rebuild(path / CHECKPOINT_NAME))
+                row = rebuild(path / CHECKPOINT_NAME)
             except Exception as exc:  # noqa: BLE001 - a damaged attempt must not cost the run's summary
                 _warn(f"{path}: this earlier attempt's checkpoint could not be read ({type(exc).__name__}: {exc})")
             if row is not None:

@@ -86,7 +86,7 @@ def throughput(data: RunData, current: AttemptLedger, device: str) -> Throughput
         def rate(amounts: dict[int, float], per: float) -> Optional[float]:
             return round(amounts[node] / per, 2) if node in amounts and per > 0 else None
 
-        out.nodes.append(NodeThroughput(node, rate(tokens, wall), rate(tokens, mean_step), None,
+        out.nodes.append(NodeThroughput(node, rate(tokens, wall), rate(tokens, mean_step),
                                         rate(samples, wall), rate(samples, mean_step)))
     for key, amounts, name in (("tokens_per_s", tokens, "tokens_per_step"), ("samples_per_s", samples, "samples_per_step")):
         if declared[name] and wall > 0:
