@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-from ..rundir import MAX_SIBLINGS, own_dir, siblings
+from ..rundir import own_dir, siblings
 from ..safeio import read_file
 
 #: the claim file in a run directory

@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import deque
-from typing import Any, Optional
+from typing import Any
 
 #: lines kept of each worker's stderr (the end), and characters kept of each line
 TAIL_LINES = 60

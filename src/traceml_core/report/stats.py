@@ -14,7 +14,6 @@ from ..statistics.series import step_across
 from ..statistics.sketch import merge_serialised as merge_sketches  # noqa: F401  (the summary's name)
 from ..statistics.sketch import quantiles_of
 from ..rundata import PhaseData, RankData
-from .model import MemTrend
 
 NS_PER_MS = 1_000_000.0
 

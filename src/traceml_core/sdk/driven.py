@@ -27,7 +27,6 @@ off (:meth:`StepDriver.failed`). A step left open by an exception is dropped, no
 from __future__ import annotations
 
 import logging
-from time import perf_counter_ns
 from typing import Any, Optional
 
 from .recorder import C_FWD, C_OPT

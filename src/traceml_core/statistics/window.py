@@ -46,7 +46,7 @@ from typing import Any, Optional, Sequence
 
 from .columns import DURATION_COLUMNS, PEAK_COLUMNS, SUM_COLUMNS
 from .series import (
-    BUCKETS, MAX_ROWS, R, R_MAX0, R_MEM_MAX, R_OUT_CNT, R_PHASE_CNT, R_PHASE_SUM, R_STEP_CNT, R_STEP_MAX,
+    BUCKETS, MAX_ROWS, R, R_MEM_MAX, R_OUT_CNT, R_PHASE_CNT, R_PHASE_SUM, R_STEP_CNT, R_STEP_MAX,
     R_STEP_SUM, R_T_END, ROW, ROW_COUNTS, SERIES_PHASES, SPAN, Series, series_width,
 )
 from .sketch import QuantileSketch, bucket_value, column_keys

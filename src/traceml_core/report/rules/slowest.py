@@ -30,7 +30,7 @@ from typing import Any, Optional, Sequence
 from .. import thresholds as T
 from ..model import CpuThreads, RankSummary
 from ..stats import median
-from .base import OWN_PHASES, Run, iteration, mean_ms, own, own_time, quantile, severity
+from .base import IN, OWN_PHASES, Run, iteration, mean_ms, own, own_time, quantile, severity
 
 #: what the slowest rank's excess is made of (:func:`assess`)
 WORK, CPU_WORK, CONTENTION, SLOW_CORE, WAIT = "work", "cpu_work", "contention", "slow_core", "wait"
@@ -503,3 +503,16 @@ def of_rank(run: Run, worst: RankSummary, metric: str = "own") -> Slowest:
                    persistent=persistent, lower=lower, windows=windows, slower=slower, pause=pause,
                    starved=starved(run, worst, others), quota=quota_wait(fact) if fact is not None else 0.0,
                    deltas=deltas, work=work_of(run, worst, others), weighed=judged)
+
+
+def where_in_step(deltas: dict[str, float], phase: Optional[str], share: float, excess_ms: float) -> str:
+    """Where the slowest rank's excess lies, as a clause: "mostly in backward (+3.1 ms)" when one
+    phase holds most of it, else the phases holding a real part of it; "" when not measured.
+    One wording for every rule that names a slower rank (a straggler, a work imbalance)."""
+    if phase not in deltas:
+        return ""
+    if share >= T.ATTRIBUTION_MOSTLY:
+        return f", mostly {IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
+    big = [p for p in sorted(deltas, key=lambda p: -deltas[p])
+           if deltas[p] >= T.ATTRIBUTION_LIST * excess_ms] or [phase]
+    return ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)

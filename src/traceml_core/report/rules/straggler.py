@@ -21,7 +21,7 @@ from typing import Optional
 
 from .. import thresholds as T
 from .base import IN, Evidence, Finding, Run, rounded
-from .slowest import WAIT, Slowest, assess
+from .slowest import WAIT, Slowest, assess, where_in_step
 
 KIND = "straggler"
 THRESHOLDS = ("STRAGGLER_EXCESS_WARN", "STRAGGLER_EXCESS_CRIT", "STRAGGLER_FLOOR_MS",
@@ -99,13 +99,8 @@ def say(ev: StragglerEvidence) -> tuple[str, str]:
     quota = ev.quota_wait_ms
     if quota is not None and quota >= 0.05:
         why += f"; its cgroup's CPU quota held it back {quota:.1f} ms per step (throttled)"
-    deltas, phase = ev.phase_ms, ev.phase
-    if phase in deltas and ev.phase_share >= T.ATTRIBUTION_MOSTLY:
-        why += f", mostly {IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
-    elif phase in deltas:
-        big = [p for p in sorted(deltas, key=lambda p: -deltas[p])
-               if deltas[p] >= T.ATTRIBUTION_LIST * ev.excess_ms] or [phase]
-        why += ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
+    phase = ev.phase
+    why += where_in_step(ev.phase_ms, phase, ev.phase_share, ev.excess_ms)
     cpu, theirs = ev.cpu_ms, ev.others_cpu_ms
     off, off_theirs = ev.blocked_ms, ev.others_blocked_ms
     if off is not None and off_theirs is not None and off - off_theirs >= T.CAUSE_SHARE * ev.excess_ms:

@@ -30,8 +30,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import thresholds as T
-from .base import IN, Evidence, Finding, Run, rounded
-from .slowest import CPU_WORK, WORK, assess, most_work, of_rank
+from .base import Evidence, Finding, Run, rounded
+from .slowest import CPU_WORK, WORK, assess, most_work, of_rank, where_in_step
 
 KIND = "work_imbalance"
 THRESHOLDS = ("WORK_RATIO_MIN", "WORK_EXPLAINS", "WORK_CPU_RATIO_MIN", "CPU_UNIFORM", "CAUSE_SHARE",
@@ -100,13 +100,7 @@ def say(ev: WorkEvidence) -> tuple[str, str]:
     r = ev.rank
     slower = (f"it takes {ev.excess_ms:.1f} ms more per step than the other ranks' median "
               f"({ev.excess_fraction:.0%} of the median step, {ev.median_step_ms:.1f} ms)")
-    deltas, phase = ev.phase_ms, ev.phase
-    if phase in deltas and ev.phase_share >= T.ATTRIBUTION_MOSTLY:
-        slower += f", mostly {IN.get(phase, phase)} (+{deltas[phase]:.1f} ms)"
-    elif phase in deltas:
-        big = [p for p in sorted(deltas, key=lambda p: -deltas[p])
-               if deltas[p] >= T.ATTRIBUTION_LIST * ev.excess_ms] or [phase]
-        slower += ", spread over " + ", ".join(f"{IN.get(p, p)} (+{deltas[p]:.1f} ms)" for p in big)
+    slower += where_in_step(ev.phase_ms, ev.phase, ev.phase_share, ev.excess_ms)
     cpu = ""
     if ev.cpu_ms is not None and ev.others_cpu_ms is not None:
         cpu = (f"; its training thread used {ev.cpu_ratio or 0:.2g}x their CPU time per step "
@@ -132,9 +126,9 @@ def say(ev: WorkEvidence) -> tuple[str, str]:
     src = "declared with traceml.declare_work" if declared else "measured"
     if unit == "samples":
         what = f"rank {r}'s batches are {ev.ratio:.2g}x the other ranks' ({_n(ev.mine)} vs {_n(ev.theirs)} samples per step, {src})"
-        nxt = (f"give every rank the same work per step: the same batch size on every rank, and a sampler "
-               f"that gives each rank an equal share (DistributedSampler splits the dataset evenly; a "
-               f"custom or weighted sampler may not)")
+        nxt = ("give every rank the same work per step: the same batch size on every rank, and a sampler "
+               "that gives each rank an equal share (DistributedSampler splits the dataset evenly; a "
+               "custom or weighted sampler may not)")
     else:
         same = f" for {_n(ev.samples)} samples" if ev.samples else ""
         what = (f"rank {r}'s batches hold {ev.ratio:.2g}x the other ranks' {unit} ({_n(ev.mine)} vs "
